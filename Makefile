@@ -1,0 +1,40 @@
+# pgrace developer tasks. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.DEFAULT_GOAL := help
+.PHONY: help install test lint format typecheck demo bench conformance clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the dev tools
+
+test: install lint ## Lint, type-check and run the test suite against a real PostgreSQL
+	$(BIN)/pytest -q
+
+lint: install ## ruff (lint and format check) and mypy --strict
+	$(BIN)/ruff check pgrace tests bench
+	$(BIN)/ruff format --check pgrace tests bench
+	$(BIN)/mypy
+
+format: install ## Apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix pgrace tests bench
+	$(BIN)/ruff format pgrace tests bench
+
+demo: install ## Run the lost-update scenario, bug then fix
+	$(BIN)/pgrace run lost-update
+	$(BIN)/pgrace run lost-update --fix
+
+bench: install ## Run every benchmark in bench/
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

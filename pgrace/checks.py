@@ -1,0 +1,194 @@
+"""Evaluate a scenario's expectations against what a run recorded.
+
+Pure functions over a :class:`~pgrace.timeline.Run`: no database, no printing. Each
+expectation becomes one :class:`~pgrace.timeline.CheckResult` saying what was expected
+and what happened, so ``pgrace check`` can explain a failure in one line.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from pgrace.model import RowRef, Scenario, StepExpectation
+from pgrace.timeline import CheckResult, Outcome, RowLock, Run, StepRun
+
+NULL = "NULL"  # TOML has no null: the string "NULL" in expected rows matches SQL NULL
+
+
+def evaluate(run: Run) -> list[CheckResult]:
+    """Every step expectation, in step order, then every final-state check."""
+    results: list[CheckResult] = []
+    scenario = run.scenario
+    for step_run in run.step_runs():
+        step = scenario.step(step_run.step)
+        if not step.expect.is_empty():
+            results.extend(_step_checks(step_run, step.expect, step.line, run.row_locks_available))
+    outcomes = run.check_outcomes()
+    for index, check in enumerate(scenario.checks):
+        outcome = outcomes.get(index)
+        expected = format_rows(check.rows)
+        if outcome is None:
+            results.append(CheckResult(check.description, False, expected, "not run", line=check.line))
+            continue
+        actual = _rows_of(outcome)
+        ok = outcome.error is None and rows_equal(actual, check.rows)
+        shown = _describe_outcome(outcome)
+        results.append(CheckResult(check.description, ok, expected, shown, line=check.line))
+    return results
+
+
+def _step_checks(run: StepRun, expect: StepExpectation, line: int | None, locks_known: bool) -> list[CheckResult]:
+    out: list[CheckResult] = []
+    name = run.step
+
+    def add(description: str, ok: bool, expected: str, actual: str) -> None:
+        out.append(CheckResult(f"{name}: {description}", ok, expected, actual, step=name, line=line))
+
+    waited_desc = _describe_wait(run)
+    if expect.waits is not None:
+        add(
+            "waits" if expect.waits else "does not wait",
+            run.waited == expect.waits,
+            "a wait" if expect.waits else "no wait",
+            waited_desc,
+        )
+    if expect.waits_for is not None:
+        seen = set(run.blocked_by) | {w.holder for w in run.waits if w.holder}
+        add(
+            f"waits for {', '.join(expect.waits_for)}",
+            run.waited and set(expect.waits_for) <= seen,
+            "waits for " + ", ".join(expect.waits_for),
+            waited_desc,
+        )
+    if expect.waits_on is not None:
+        rows = [w.row for w in run.waits if w.row is not None]
+        add(
+            f"waits on {expect.waits_on}",
+            run.waited and any(row_matches(r, expect.waits_on) for r in rows),
+            f"waits on {expect.waits_on}",
+            waited_desc,
+        )
+    error = run.outcome.error if run.outcome else None
+    actual_error = f"{error.sqlstate} {error.message}" if error else ("no error" if run.outcome else run.status)
+    if expect.sqlstate is not None:
+        if expect.sqlstate:
+            add(
+                f"fails with {expect.sqlstate}",
+                error is not None and error.sqlstate == expect.sqlstate,
+                f"error {expect.sqlstate}",
+                actual_error,
+            )
+        else:
+            add(
+                "succeeds",
+                run.outcome is not None and error is None,
+                "no error",
+                actual_error,
+            )
+    if expect.rows is not None:
+        actual_rows = _rows_of(run.outcome) if run.outcome else []
+        add(
+            f"returns {format_rows(expect.rows)}",
+            run.outcome is not None and error is None and rows_equal(actual_rows, expect.rows),
+            format_rows(expect.rows),
+            _describe_outcome(run.outcome) if run.outcome else run.status,
+        )
+    if expect.locks is not None:
+        expected = "; ".join(f"{e.session}: {e.row} {e.mode or 'any mode'}" for e in expect.locks) or "no row locks"
+        if not locks_known or run.locks_after is None:
+            add(
+                "row locks after it",
+                False,
+                expected,
+                "unknown (pgrowlocks is not available)",
+            )
+        else:
+            held = list(run.locks_after)
+            ok = len(held) == len(expect.locks) and all(
+                any(_lock_matches(h, e.row, e.session, e.mode) for h in held) for e in expect.locks
+            )
+            add("row locks after it", ok, expected, format_locks(held))
+    return out
+
+
+def _lock_matches(lock: RowLock, row: RowRef, session: str, mode: str | None) -> bool:
+    return (
+        lock.row is not None
+        and row_matches(lock.row, row)
+        and lock.session == session
+        and (mode is None or lock.mode == mode)
+    )
+
+
+def row_matches(actual: RowRef, expected: RowRef) -> bool:
+    """Tables compare without schema qualification; key values loosely (1 == Decimal(1))."""
+    if actual.table.split(".")[-1].strip('"') != expected.table.split(".")[-1].strip('"'):
+        return False
+    return dict(actual.key).keys() == dict(expected.key).keys() and all(
+        values_equal(dict(actual.key)[k], v) for k, v in expected.key
+    )
+
+
+def values_equal(actual: Any, expected: Any) -> bool:
+    if isinstance(actual, bool) or isinstance(expected, bool):
+        return type(actual) is bool and type(expected) is bool and actual == expected
+    if isinstance(actual, (int, float, Decimal)) and isinstance(expected, (int, float)):
+        return Decimal(str(actual)) == Decimal(str(expected))
+    if actual is None or expected is None:
+        return actual is expected or (actual is None and expected == NULL)
+    if isinstance(expected, str) and not isinstance(actual, str):
+        return str(actual) == expected
+    return bool(actual == expected)
+
+
+def rows_equal(actual: list[tuple[Any, ...]], expected: tuple[tuple[Any, ...], ...]) -> bool:
+    return len(actual) == len(expected) and all(
+        len(a) == len(e) and all(values_equal(x, y) for x, y in zip(a, e, strict=True))
+        for a, e in zip(actual, expected, strict=True)
+    )
+
+
+def _rows_of(outcome: Outcome | None) -> list[tuple[Any, ...]]:
+    last = outcome.last_rows if outcome else None
+    return list(last.rows) if last else []
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def format_rows(rows: tuple[tuple[Any, ...], ...] | list[tuple[Any, ...]]) -> str:
+    if not rows:
+        return "no rows"
+    return ", ".join("(" + ", ".join(format_value(v) for v in row) + ")" for row in rows)
+
+
+def format_locks(locks: list[RowLock] | tuple[RowLock, ...]) -> str:
+    return "; ".join(f"{lock.session}: {lock.describe_row()} {lock.mode}" for lock in locks) or "no row locks"
+
+
+def _describe_outcome(outcome: Outcome) -> str:
+    if outcome.error is not None:
+        return f"error {outcome.error.sqlstate} {outcome.error.message}"
+    return format_rows(_rows_of(outcome))
+
+
+def _describe_wait(run: StepRun) -> str:
+    if not run.waited:
+        return "no wait"
+    parts = []
+    for wait in run.waits:
+        target = str(wait.row) if wait.row else (wait.table or wait.kind)
+        parts.append(f"waited for {', '.join(wait.blocked_by) or '?'} on {target}")
+    return "; ".join(parts) or "waited"
+
+
+def expectations_count(scenario: Scenario) -> int:
+    return sum(1 for s in scenario.steps if not s.expect.is_empty()) + len(scenario.checks)

@@ -1,0 +1,1 @@
+"""Front ends: scenario file formats that become a pgrace Scenario."""

@@ -1,0 +1,638 @@
+"""pgrace's own scenario format: a TOML file that reads like a story.
+
+Parsing happens in two passes (as isolationtester's ``check_testspec``): ``tomllib``
+turns text into plain data, then :func:`build` checks every key and reference and turns
+it into a :class:`~pgrace.model.Scenario`, raising one :class:`ScenarioError` that names
+the file and line of the first problem, with a "did you mean" hint where one helps.
+``tomllib`` keeps no positions, so :class:`Locator` finds lines by scanning the text.
+
+The format is documented, with a complete example, in the README.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import replace
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from pgrace.errors import ScenarioError
+from pgrace.model import (
+    FinalCheck,
+    LockExpectation,
+    PermutationStep,
+    RowRef,
+    Scenario,
+    Session,
+    Step,
+    StepExpectation,
+)
+from pgrace.runner import variables_in
+
+TOP_KEYS = {
+    "name",
+    "title",
+    "narrative",
+    "variant",
+    "params",
+    "setup",
+    "teardown",
+    "sessions",
+    "step",
+    "check",
+}
+VARIANTS = ("bug", "fix")
+SESSION_KEYS = {"name", "count", "setup", "teardown"}
+STEP_KEYS = {"name", "session", "except", "sql", "note", "capture", "expect"}
+OVERRIDE_KEYS = {"sql", "note", "capture", "expect"}
+VARIANT_KEYS = {"title", "narrative", "step", "check", "setup"}
+EXPECT_KEYS = {"waits", "waits_for", "waits_on", "error", "rows", "locks"}
+CHECK_KEYS = {"description", "sql", "rows"}
+LOCK_KEYS = {"table", "key", "session", "mode"}
+ROW_MODES = {
+    "FOR UPDATE",
+    "FOR NO KEY UPDATE",
+    "FOR SHARE",
+    "FOR KEY SHARE",
+    "UPDATE",
+    "NO KEY UPDATE",
+}
+KeyPath = tuple[str | int, ...]
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # "." joins a step name to its session
+SCENARIO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+SQLSTATE = re.compile(r"^[0-9A-Z]{5}$")
+
+
+def load_toml_scenario(path: Path, params: dict[str, str] | None = None) -> Scenario:
+    """Read and validate a scenario file; ``params`` override its ``[params]`` defaults."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"cannot read scenario: {exc.__class__.__name__}: {exc}", str(path)) from None
+    return parse_toml_scenario(text, str(path), params or {})
+
+
+def parse_toml_scenario(text: str, source: str, params: dict[str, str] | None = None) -> Scenario:
+    locator = Locator(text, source)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        match = re.search(r"\(at line (\d+), column \d+\)$", message)
+        line = int(match.group(1)) if match else None
+        message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)$", "", message)
+        raise ScenarioError(f"invalid TOML: {message}", source, line) from None
+    return Builder(data, locator, params or {}).build()
+
+
+class Locator:
+    """Finds the line of a key in the TOML text, since ``tomllib`` does not say."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.lines = text.splitlines()
+        self.source = source
+
+    def error(self, message: str, *path: str | int) -> ScenarioError:
+        return ScenarioError(message, self.source, self.line_of(*path))
+
+    def line_of(self, *path: str | int) -> int | None:
+        """Best effort: the header of the table in ``path``, then the deepest key below it."""
+        start, end = 0, len(self.lines)
+        found: int | None = None
+        i = 0
+        while i < len(path):
+            part = path[i]
+            if i + 1 < len(path) and isinstance(path[i + 1], int):
+                header = self._nth_header(str(part), int(path[i + 1]), start, end)
+                if header is not None:
+                    start, end, found = header, self._next_header(header), header + 1
+                    i += 2
+                    continue
+            line = self._key_line(str(part), start, end)
+            if line is None:
+                table = self._table_header(path[: i + 1], start)
+                if table is None:
+                    break
+                start, end, found = table, self._next_header(table), table + 1
+            else:
+                found = line + 1
+                start = line
+            i += 1
+        return found
+
+    def _nth_header(self, name: str, n: int, start: int, end: int) -> int | None:
+        pattern = re.compile(rf"^\s*\[\[\s*([\w.-]+\.)?{re.escape(name)}\s*\]\]")
+        hits = [k for k in range(start, len(self.lines)) if pattern.match(self.lines[k])]
+        return hits[n] if n < len(hits) else None
+
+    def _table_header(self, path: tuple[str | int, ...], start: int) -> int | None:
+        last = str(path[-1])
+        pattern = re.compile(rf"^\s*\[\s*([\w.\"-]+\.)?\"?{re.escape(last)}\"?\s*\]")
+        return next(
+            (k for k in range(start, len(self.lines)) if pattern.match(self.lines[k])),
+            None,
+        )
+
+    def _next_header(self, line: int) -> int:
+        return next(
+            (k for k in range(line + 1, len(self.lines)) if self.lines[k].lstrip().startswith("[")),
+            len(self.lines),
+        )
+
+    def _key_line(self, key: str, start: int, end: int) -> int | None:
+        pattern = re.compile(rf"(^|[{{,\s.])\"?{re.escape(key)}\"?\s*[=.]")
+        return next((k for k in range(start, end) if pattern.search(self.lines[k])), None)
+
+
+def did_you_mean(word: str, choices: set[str] | list[str]) -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class Builder:
+    """The validating second pass: plain TOML data -> Scenario (both variants)."""
+
+    def __init__(self, data: dict[str, Any], locator: Locator, overrides: dict[str, str]) -> None:
+        self.data = data
+        self.loc = locator
+        self.source = locator.source
+        self.overrides = overrides
+
+    def build(self) -> Scenario:
+        data = self.data
+        self._check_keys(data, TOP_KEYS | set(VARIANTS), (), "top-level key")
+        name = self._str(data.get("name", Path(self.source).stem), "name")
+        if not SCENARIO_NAME.match(name):
+            raise self.loc.error(
+                f"scenario name {name!r} must be letters, digits, '_', '-' or '.'",
+                "name",
+            )
+        variant = self._str(data.get("variant", "bug"), "variant")
+        if variant not in VARIANTS:
+            raise self.loc.error(f"variant must be 'bug' or 'fix', not {variant!r}", "variant")
+        other_name = "fix" if variant == "bug" else "bug"
+        if variant in data:
+            raise self.loc.error(
+                f"[{variant}] describes this file's main story; the other variant is [{other_name}]",
+                variant,
+            )
+        params = self._params()
+        sessions, groups = self._sessions(params)
+        steps = self._steps(data.get("step"), sessions, groups, ("step",))
+        checks = self._checks(data.get("check", []), ("check",))
+        setup = self._sql_list(data.get("setup", []), "setup")
+        main = Scenario(
+            name=name,
+            title=self._str(data.get("title", name), "title"),
+            source=self.source,
+            narrative=self._str(data.get("narrative", ""), "narrative").strip(),
+            variant=variant,
+            setup=setup,
+            setup_line=self.loc.line_of("setup"),
+            teardown=self._sql_list(data.get("teardown", []), "teardown"),
+            sessions=sessions,
+            steps=steps,
+            permutations=(tuple(PermutationStep(s.name) for s in steps),),
+            checks=checks,
+            params=tuple(params.items()),
+        )
+        self._check_variables(main)
+        if other_name not in data:
+            return main
+        other = self._other_variant(main, other_name, data[other_name], sessions, groups)
+        self._check_variables(other)
+        return replace(main, other=replace(other, other=None))
+
+    # -- pieces -----------------------------------------------------------------------
+
+    def _params(self) -> dict[str, Any]:
+        declared = self.data.get("params", {})
+        if not isinstance(declared, dict):
+            raise self.loc.error("params must be a table of name = default value", "params")
+        params: dict[str, Any] = {}
+        for key, value in declared.items():
+            if not isinstance(value, (int, float, str, bool)):
+                raise self.loc.error(f"param {key!r} must be a number, string or boolean", "params", key)
+            params[key] = value
+        for key, raw in self.overrides.items():
+            if key not in params:
+                known = ", ".join(sorted(params)) or "none"
+                raise ScenarioError(
+                    f"unknown param {key!r}{did_you_mean(key, set(params))}; this scenario has: {known}",
+                    self.source,
+                )
+            params[key] = _coerce(raw, params[key], key, self.source)
+        return params
+
+    def _sessions(self, params: dict[str, Any]) -> tuple[tuple[Session, ...], dict[str, list[str]]]:
+        raw = self.data.get("sessions")
+        if not isinstance(raw, list) or not raw:
+            raise self.loc.error(
+                'sessions must be a non-empty list, e.g. sessions = ["alice", "bob"]',
+                "sessions",
+            )
+        sessions: list[Session] = []
+        groups: dict[str, list[str]] = {}
+        line = self.loc.line_of("sessions")
+        for item in raw:
+            if isinstance(item, str):
+                item = {"name": item}
+            if not isinstance(item, dict):
+                raise self.loc.error(
+                    "each session is a name or a table {name = ..., count = ...}",
+                    "sessions",
+                )
+            self._check_keys(item, SESSION_KEYS, ("sessions",), "session key")
+            name = self._str(item.get("name"), "sessions", what="session name")
+            if not NAME.match(name):
+                raise self.loc.error(
+                    f"session name {name!r} must be letters, digits, '_' or '-'",
+                    "sessions",
+                )
+            count = item.get("count")
+            members = [name]
+            if count is not None:
+                n = params.get(count) if isinstance(count, str) else count
+                if isinstance(count, str) and count not in params:
+                    raise self.loc.error(
+                        f"session {name!r}: count names param {count!r}, which is not in [params]"
+                        + did_you_mean(count, set(params)),
+                        "sessions",
+                    )
+                if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+                    raise self.loc.error(
+                        f"session {name!r}: count must be a whole number from 1 to 64",
+                        "sessions",
+                    )
+                members = [f"{name}{i}" for i in range(1, n + 1)]
+                groups[name] = members
+            for member in members:
+                if member in {s.name for s in sessions}:
+                    raise self.loc.error(f"duplicate session name {member!r}", "sessions")
+                sessions.append(
+                    Session(
+                        member,
+                        self._opt_str(item.get("setup"), "sessions", "setup"),
+                        self._opt_str(item.get("teardown"), "sessions", "teardown"),
+                        line,
+                    )
+                )
+        return tuple(sessions), groups
+
+    def _steps(
+        self,
+        raw: Any,
+        sessions: tuple[Session, ...],
+        groups: dict[str, list[str]],
+        path: KeyPath,
+    ) -> tuple[Step, ...]:
+        if not isinstance(raw, list) or not raw:
+            raise self.loc.error("a scenario needs at least one [[step]]", *path)
+        names = [s.name for s in sessions]
+        steps: list[Step] = []
+        counters: dict[str, int] = {}
+        for index, item in enumerate(raw):
+            where: KeyPath = (*path, index)
+            if not isinstance(item, dict):
+                raise self.loc.error("each step is a [[step]] table", *where)
+            self._check_keys(item, STEP_KEYS, where, "step key")
+            session_ref = self._str(item.get("session"), *where, "session", what="step session")
+            members = self._expand(session_ref, names, groups, where)
+            excluded = item.get("except", [])
+            if isinstance(excluded, str):
+                excluded = [excluded]
+            for ex in excluded:
+                if ex not in members:
+                    raise self.loc.error(
+                        f"except names {ex!r}, which is not among {session_ref!r}",
+                        *where,
+                        "except",
+                    )
+            members = [m for m in members if m not in excluded]
+            sql_text = self._str(item.get("sql"), *where, "sql", what="step sql")
+            base = item.get("name")
+            if base is not None:
+                base = self._str(base, *where, "name", what="step name")
+                if not NAME.match(base):
+                    raise self.loc.error(
+                        f"step name {base!r} must be letters, digits, '_' or '-'",
+                        *where,
+                        "name",
+                    )
+            for member in members:
+                counters[member] = counters.get(member, 0) + 1
+                if base is None:
+                    step_name = f"{member}-{counters[member]}"
+                else:
+                    step_name = base if len(members) == 1 and session_ref == member else f"{base}.{member}"
+                if step_name in {s.name for s in steps}:
+                    raise self.loc.error(f"duplicate step name {step_name!r}", *where, "name")
+                steps.append(
+                    Step(
+                        name=step_name,
+                        session=member,
+                        sql=sql_text,
+                        note=self._str(item.get("note", ""), *where, "note"),
+                        capture=self._capture(item.get("capture"), where),
+                        expect=self._expect(item.get("expect"), names, (*where, "expect")),
+                        line=self.loc.line_of(*where),
+                    )
+                )
+        return tuple(steps)
+
+    def _expand(
+        self,
+        ref: str,
+        names: list[str],
+        groups: dict[str, list[str]],
+        where: tuple[str | int, ...],
+    ) -> list[str]:
+        if any(ch in ref for ch in "*?["):
+            members = [n for n in names if fnmatchcase(n, ref)]
+            if not members:
+                raise self.loc.error(f"session pattern {ref!r} matches no session", *where, "session")
+            return members
+        if ref in names:
+            return [ref]
+        if ref in groups:
+            return groups[ref]
+        raise self.loc.error(
+            f"unknown session {ref!r}{did_you_mean(ref, names + list(groups))}",
+            *where,
+            "session",
+        )
+
+    def _capture(self, raw: Any, where: tuple[str | int, ...]) -> tuple[tuple[str, str], ...]:
+        if raw is None:
+            return ()
+        if isinstance(raw, str):
+            raw = [raw]
+        if isinstance(raw, list) and all(isinstance(c, str) for c in raw):
+            pairs = [(c, c) for c in raw]
+        elif isinstance(raw, dict) and all(isinstance(v, str) for v in raw.values()):
+            pairs = list(raw.items())
+        else:
+            raise self.loc.error(
+                'capture is a column name, a list of them, or a table {variable = "column"}',
+                *where,
+                "capture",
+            )
+        for variable, _ in pairs:
+            if not re.match(r"^[A-Za-z_]\w*$", variable):
+                raise self.loc.error(
+                    f"variable name {variable!r} must be an identifier",
+                    *where,
+                    "capture",
+                )
+        return tuple(pairs)
+
+    def _expect(self, raw: Any, sessions: list[str], where: tuple[str | int, ...]) -> StepExpectation:
+        if raw is None:
+            return StepExpectation()
+        if not isinstance(raw, dict):
+            raise self.loc.error("expect must be a table", *where)
+        self._check_keys(raw, EXPECT_KEYS, where, "expectation")
+        waits = raw.get("waits")
+        if waits is not None and not isinstance(waits, bool):
+            raise self.loc.error("expect.waits must be true or false", *where, "waits")
+        waits_for = raw.get("waits_for")
+        if waits_for is not None:
+            waits_for = [waits_for] if isinstance(waits_for, str) else waits_for
+            if not isinstance(waits_for, list) or not all(isinstance(w, str) for w in waits_for):
+                raise self.loc.error(
+                    "expect.waits_for is a session name or a list of them",
+                    *where,
+                    "waits_for",
+                )
+            for who in waits_for:
+                if who not in sessions:
+                    raise self.loc.error(
+                        f"expect.waits_for names unknown session {who!r}{did_you_mean(who, sessions)}",
+                        *where,
+                        "waits_for",
+                    )
+            waits_for = tuple(waits_for)
+        error = raw.get("error")
+        sqlstate: str | None = None
+        if error is not None:
+            if error is False:
+                sqlstate = ""
+            elif isinstance(error, str) and SQLSTATE.match(error):
+                sqlstate = error
+            else:
+                raise self.loc.error(
+                    'expect.error is a five-character SQLSTATE such as "55P03", or false for no error',
+                    *where,
+                    "error",
+                )
+        rows = raw.get("rows")
+        return StepExpectation(
+            waits=waits,
+            waits_for=waits_for,
+            waits_on=self._row_ref(raw.get("waits_on"), (*where, "waits_on")) if "waits_on" in raw else None,
+            sqlstate=sqlstate,
+            rows=self._rows(rows, (*where, "rows")) if rows is not None else None,
+            locks=self._locks(raw.get("locks"), sessions, (*where, "locks")) if "locks" in raw else None,
+        )
+
+    def _row_ref(self, raw: Any, where: tuple[str | int, ...]) -> RowRef:
+        if not isinstance(raw, dict) or not isinstance(raw.get("table"), str) or not isinstance(raw.get("key"), dict):
+            raise self.loc.error('a row is {table = "jobs", key = {id = 1}}', *where)
+        return RowRef(raw["table"], tuple(raw["key"].items()))
+
+    def _locks(self, raw: Any, sessions: list[str], where: tuple[str | int, ...]) -> tuple[LockExpectation, ...]:
+        if not isinstance(raw, list):
+            raise self.loc.error("expect.locks is a list of {table, key, session, mode}", *where)
+        out = []
+        for item in raw:
+            if not isinstance(item, dict):
+                raise self.loc.error("expect.locks is a list of {table, key, session, mode}", *where)
+            self._check_keys(item, LOCK_KEYS, where, "lock key")
+            session = item.get("session")
+            if session not in sessions:
+                raise self.loc.error(
+                    f"expect.locks names unknown session {session!r}{did_you_mean(str(session), sessions)}",
+                    *where,
+                )
+            mode = item.get("mode")
+            if mode is not None and (not isinstance(mode, str) or mode.upper() not in ROW_MODES):
+                raise self.loc.error(f"lock mode must be one of {', '.join(sorted(ROW_MODES))}", *where)
+            out.append(LockExpectation(self._row_ref(item, where), session, mode.upper() if mode else None))
+        return tuple(out)
+
+    def _rows(self, raw: Any, where: tuple[str | int, ...]) -> tuple[tuple[Any, ...], ...]:
+        if not isinstance(raw, list) or not all(isinstance(r, list) for r in raw):
+            raise self.loc.error(
+                'rows is a list of rows, each a list of values: rows = [[1, "a"]]',
+                *where,
+            )
+        return tuple(tuple(r) for r in raw)
+
+    def _checks(self, raw: Any, path: KeyPath) -> tuple[FinalCheck, ...]:
+        if not isinstance(raw, list):
+            raise self.loc.error("checks are [[check]] tables", *path)
+        checks = []
+        for index, item in enumerate(raw):
+            where: KeyPath = (*path, index)
+            if not isinstance(item, dict):
+                raise self.loc.error("each check is a [[check]] table", *where)
+            self._check_keys(item, CHECK_KEYS, where, "check key")
+            query = self._str(item.get("sql"), *where, "sql", what="check sql")
+            if "rows" not in item:
+                raise self.loc.error(
+                    "a check needs rows = [[...]], the rows its query must return",
+                    *where,
+                )
+            checks.append(
+                FinalCheck(
+                    description=self._str(item.get("description", query), *where, "description"),
+                    sql=query,
+                    rows=self._rows(item["rows"], (*where, "rows")),
+                    line=self.loc.line_of(*where),
+                )
+            )
+        return tuple(checks)
+
+    def _other_variant(
+        self,
+        main: Scenario,
+        variant: str,
+        raw: Any,
+        sessions: tuple[Session, ...],
+        groups: dict[str, list[str]],
+    ) -> Scenario:
+        if not isinstance(raw, dict):
+            raise self.loc.error(f"[{variant}] must be a table", variant)
+        self._check_keys(raw, VARIANT_KEYS, (variant,), f"[{variant}] key")
+        overrides = raw.get("step", {})
+        if not isinstance(overrides, dict):
+            raise self.loc.error(
+                f"[{variant}.step.NAME] tables change the steps named NAME",
+                variant,
+                "step",
+            )
+        bases = {_base_name(s.name) for s in main.steps} | {s.name for s in main.steps}
+        steps = list(main.steps)
+        for base, change in overrides.items():
+            where = (variant, "step", base)
+            if base not in bases:
+                raise self.loc.error(
+                    f"[{variant}.step.{base}] names no step{did_you_mean(base, bases)}",
+                    *where,
+                )
+            if not isinstance(change, dict):
+                raise self.loc.error(f"[{variant}.step.{base}] must be a table", *where)
+            self._check_keys(change, OVERRIDE_KEYS, where, "step key")
+            for i, step in enumerate(steps):
+                if step.name != base and _base_name(step.name) != base:
+                    continue
+                fields: dict[str, Any] = {}
+                if "sql" in change:
+                    fields["sql"] = self._str(change["sql"], *where, "sql")
+                if "note" in change:
+                    fields["note"] = self._str(change["note"], *where, "note")
+                if "capture" in change:
+                    fields["capture"] = self._capture(change["capture"], where)
+                if "expect" in change:
+                    fields["expect"] = self._expect(change["expect"], [s.name for s in sessions], (*where, "expect"))
+                steps[i] = replace(step, **fields)
+        checks = self._checks(raw["check"], (variant, "check")) if "check" in raw else main.checks
+        setup = self._sql_list(raw["setup"], variant, "setup") if "setup" in raw else main.setup
+        return replace(
+            main,
+            variant=variant,
+            title=self._str(raw.get("title", main.title), variant, "title"),
+            narrative=self._str(raw.get("narrative", main.narrative), variant, "narrative").strip(),
+            steps=tuple(steps),
+            permutations=(tuple(PermutationStep(s.name) for s in steps),),
+            checks=checks,
+            setup=setup,
+        )
+
+    def _check_variables(self, scenario: Scenario) -> None:
+        """Every ``:name`` must be a param, or captured by an earlier step of the same session."""
+        known: dict[str, set[str]] = {s.name: set() for s in scenario.sessions}
+        params = {k for k, _ in scenario.params}
+        for text, where in [(t, ("setup",)) for t in scenario.setup]:
+            self._check_known(variables_in(text), params, where, "setup")
+        for step in scenario.steps:
+            for variable in variables_in(step.sql):
+                if variable not in params | known[step.session]:
+                    hint = did_you_mean(variable, params | known[step.session])
+                    raise ScenarioError(
+                        f"step {step.name!r} uses :{variable}, which no earlier step of session "
+                        f"{step.session!r} captures and no param defines{hint}",
+                        self.source,
+                        step.line,
+                    )
+            known[step.session] |= {v for v, _ in step.capture}
+        for check in scenario.checks:
+            for variable in variables_in(check.sql):
+                if variable not in params:
+                    raise ScenarioError(
+                        f"check uses :{variable}, which is not a param{did_you_mean(variable, params)}",
+                        self.source,
+                        check.line,
+                    )
+
+    def _check_known(self, used: list[str], params: set[str], where: tuple[str, ...], what: str) -> None:
+        for variable in used:
+            if variable not in params:
+                raise self.loc.error(
+                    f"{what} uses :{variable}, which is not a param{did_you_mean(variable, params)}",
+                    *where,
+                )
+
+    # -- small typed readers ----------------------------------------------------------
+
+    def _check_keys(
+        self,
+        table: dict[str, Any],
+        allowed: set[str],
+        where: tuple[str | int, ...],
+        what: str,
+    ) -> None:
+        for key in table:
+            if key not in allowed:
+                raise self.loc.error(f"unknown {what} {key!r}{did_you_mean(key, allowed)}", *where, key)
+
+    def _str(self, value: Any, *path: str | int, what: str | None = None) -> str:
+        label = what or str(path[-1])
+        if value is None:
+            raise self.loc.error(f"missing {label}", *path[:-1] if len(path) > 1 else path)
+        if not isinstance(value, str):
+            raise self.loc.error(f"{label} must be a string", *path)
+        return value
+
+    def _opt_str(self, value: Any, *path: str | int) -> str | None:
+        return None if value is None else self._str(value, *path)
+
+    def _sql_list(self, value: Any, *path: str | int) -> tuple[str, ...]:
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise self.loc.error(f"{path[-1]} must be SQL text or a list of SQL texts", *path)
+
+
+def _base_name(step_name: str) -> str:
+    return step_name.rsplit(".", 1)[0] if "." in step_name else step_name
+
+
+def _coerce(raw: str, default: Any, key: str, source: str) -> Any:
+    """A ``--param name=value`` string, converted to the type of the param's default."""
+    try:
+        if isinstance(default, bool):
+            if raw.lower() not in {"true", "false"}:
+                raise ValueError(raw)
+            return raw.lower() == "true"
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise ScenarioError(f"param {key!r} must be a {type(default).__name__}, not {raw!r}", source) from None
+    return raw

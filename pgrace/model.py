@@ -1,0 +1,160 @@
+"""The one scenario model every front end produces and the runner consumes.
+
+A scenario file (pgrace's TOML) and an isolation ``.spec`` file both become a
+:class:`Scenario`: plain frozen dataclasses, no behaviour beyond small lookups, so the
+runner, the validator and the renderers all agree on what a scenario *is*.
+
+Vocabulary, shared with PostgreSQL's isolationtester:
+
+* a *session* is one connection;
+* a *step* is SQL that one session sends (it may hold several statements);
+* a *permutation* is the order in which steps are launched. A pgrace scenario has one
+  (its steps in file order); a spec may have many.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Format = Literal["pgrace", "spec"]
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """A row named by its table and primary key, as a person would name it."""
+
+    table: str
+    key: tuple[tuple[str, Any], ...]
+
+    def key_dict(self) -> dict[str, Any]:
+        return dict(self.key)
+
+    def __str__(self) -> str:
+        return f"{self.table} " + " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in self.key)
+
+
+@dataclass(frozen=True)
+class LockExpectation:
+    """One row lock a session should hold after a step (``mode`` None: any mode)."""
+
+    row: RowRef
+    session: str
+    mode: str | None = None
+
+
+@dataclass(frozen=True)
+class StepExpectation:
+    """What a scenario author pins about one step; every field None means "not checked".
+
+    ``sqlstate`` is an SQLSTATE, or the empty string for "must not fail".
+    ``locks`` is the exact set of row locks held by all sessions after the step.
+    """
+
+    waits: bool | None = None
+    waits_for: tuple[str, ...] | None = None
+    waits_on: RowRef | None = None
+    sqlstate: str | None = None
+    rows: tuple[tuple[Any, ...], ...] | None = None
+    locks: tuple[LockExpectation, ...] | None = None
+
+    def is_empty(self) -> bool:
+        return self == StepExpectation()
+
+
+@dataclass(frozen=True)
+class Step:
+    """SQL one session sends; ``capture`` maps variable names to result columns."""
+
+    name: str
+    session: str
+    sql: str
+    note: str = ""
+    capture: tuple[tuple[str, str], ...] = ()
+    expect: StepExpectation = field(default_factory=StepExpectation)
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """An isolationtester completion marker: ``(*)``, ``(step)`` or ``(step notices N)``."""
+
+    step: str | None  # None for "*"
+    notices: int | None = None
+
+    def __str__(self) -> str:
+        if self.step is None:
+            return "*"
+        return self.step if self.notices is None else f"{self.step} notices {self.notices}"
+
+
+@dataclass(frozen=True)
+class PermutationStep:
+    step: str
+    blockers: tuple[Blocker, ...] = ()
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    setup: str | None = None
+    teardown: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class FinalCheck:
+    """A query run on the final state, and the rows it must return."""
+
+    description: str
+    sql: str
+    rows: tuple[tuple[Any, ...], ...]
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A complete, validated scenario for one variant ("bug" or "fix") of one file."""
+
+    name: str
+    title: str
+    source: str
+    format: Format = "pgrace"
+    narrative: str = ""
+    variant: str = "bug"
+    setup: tuple[str, ...] = ()
+    setup_line: int | None = None
+    teardown: tuple[str, ...] = ()
+    sessions: tuple[Session, ...] = ()
+    steps: tuple[Step, ...] = ()
+    permutations: tuple[tuple[PermutationStep, ...], ...] = ()
+    checks: tuple[FinalCheck, ...] = ()
+    params: tuple[tuple[str, Any], ...] = ()
+    other: Scenario | None = None  # the other variant: the cure of a bug, or the bug a cure avoids
+
+    @property
+    def session_names(self) -> list[str]:
+        return [s.name for s in self.sessions]
+
+    def step(self, name: str) -> Step:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+    @property
+    def application_name_prefix(self) -> str:
+        """isolationtester's harness names sessions ``isolation/<test>/<s>``; specs rely on it."""
+        return "isolation" if self.format == "spec" else "pgrace"
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return (self.variant,) if self.other is None else (self.variant, self.other.variant)
+
+    def variant_named(self, variant: str | None) -> Scenario:
+        """``None`` is the variant the file tells first; KeyError when it has no such one."""
+        if variant is None or variant == self.variant:
+            return self
+        if self.other is not None and self.other.variant == variant:
+            return self.other
+        raise KeyError(variant)

@@ -1,0 +1,1 @@
+"""Renderers: turn a recorded Run into text."""

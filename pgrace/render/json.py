@@ -1,0 +1,138 @@
+"""The machine-readable timeline: a documented, stable JSON contract (see the README).
+
+Times are milliseconds since the run started; they live here, never in the text output.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from pgrace.timeline import Outcome, RowLock, Run, StepRun, Wait
+
+SCHEMA_VERSION = 1
+
+
+def to_json_value(value: Any) -> Any:
+    """Python values from the server as JSON values; exact decimals stay numbers when whole."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    return str(value)
+
+
+def run_to_dict(run: Run) -> dict[str, Any]:
+    scenario = run.scenario
+    return {
+        "schema": SCHEMA_VERSION,
+        "scenario": scenario.name,
+        "title": scenario.title,
+        "variant": scenario.variant,
+        "source": scenario.source,
+        "server_version": run.server_version,
+        "server": run.server_label,
+        "row_locks_available": run.row_locks_available,
+        "sessions": scenario.session_names,
+        "params": {k: to_json_value(v) for k, v in scenario.params},
+        "steps": [_step(s) for s in run.step_runs()],
+        "final": [
+            {"description": check.description, "sql": check.sql, **_result(run.check_outcomes().get(i))}
+            for i, check in enumerate(scenario.checks)
+        ],
+        "checks": [
+            {
+                "description": c.description,
+                "ok": c.ok,
+                "expected": c.expected,
+                "actual": c.actual,
+                "step": c.step,
+                "line": c.line,
+            }
+            for c in run.checks
+        ],
+        "ok": run.ok,
+    }
+
+
+def render_json(run: Run) -> str:
+    return json.dumps(run_to_dict(run), indent=2, ensure_ascii=False) + "\n"
+
+
+def _step(run: StepRun) -> dict[str, Any]:
+    outcome = run.outcome
+    error = outcome.error if outcome else None
+    return {
+        "index": run.seq,
+        "permutation": run.permutation,
+        "name": run.step,
+        "session": run.session,
+        "sql": run.sql,
+        "status": run.status,
+        "waited": run.waited,
+        "blocked_by": run.blocked_by,
+        "waited_on": [_wait(w) for w in run.waits],
+        **_result(outcome),
+        "error": {
+            "sqlstate": error.sqlstate,
+            "message": error.message,
+            "severity": error.severity,
+            "detail": error.detail,
+        }
+        if error
+        else None,
+        "released_by": run.released_by,
+        "locks_after": [_lock(lock) for lock in run.locks_after] if run.locks_after is not None else None,
+        "started_ms": round(run.started_ms, 3),
+        "wait_detected_ms": round(run.wait_detected_ms, 3) if run.wait_detected_ms is not None else None,
+        "finished_ms": round(run.finished_ms, 3) if run.finished_ms is not None else None,
+    }
+
+
+def _result(outcome: Outcome | None) -> dict[str, Any]:
+    last = outcome.last_rows if outcome else None
+    return {
+        "columns": list(last.columns) if last else None,
+        "rows": [[to_json_value(v) for v in row] for row in last.rows] if last else None,
+        "commands": list(outcome.commands) if outcome else [],
+    }
+
+
+def _wait(wait: Wait) -> dict[str, Any]:
+    return {
+        "kind": wait.kind,
+        "table": wait.row.table if wait.row else wait.table,
+        "key": {k: to_json_value(v) for k, v in wait.row.key} if wait.row else None,
+        "ctid": wait.ctid,
+        "holder": wait.holder if wait.holder else (wait.blocked_by[0] if wait.blocked_by else None),
+        "mode": wait.mode,
+        "holder_mode": wait.holder_mode,
+        "blocked_by": list(wait.blocked_by),
+        "queued_behind": list(wait.queued_behind),
+        "detail": wait.detail or None,
+    }
+
+
+def _lock(lock: RowLock) -> dict[str, Any]:
+    return {
+        "table": lock.row.table if lock.row else lock.table,
+        "key": {k: to_json_value(v) for k, v in lock.row.key} if lock.row else None,
+        "ctid": lock.ctid,
+        "session": lock.session,
+        "mode": lock.mode,
+    }

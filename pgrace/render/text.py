@@ -1,0 +1,254 @@
+"""The default output: a timeline table with one column per session, then the verdict.
+
+Deterministic by design: no pids, xids or clock times, so the text of a run is
+byte-stable and can serve as a golden file. How long a step waited is counted in steps.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+import click
+from tabulate import tabulate
+
+from pgrace.checks import format_value
+from pgrace.timeline import (
+    CheckQueried,
+    CheckResult,
+    LocksObserved,
+    NoticeReceived,
+    NotifyReceived,
+    Outcome,
+    PermutationStarted,
+    RowLock,
+    Run,
+    StepCancelled,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+    Wait,
+)
+
+SESSION_COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "red", "bright_cyan", "bright_magenta")
+DEFAULT_WIDTH = 120
+MAX_ROWS_SHOWN = 4
+QUIET_TAGS = {"BEGIN", "COMMIT", "SET", "START TRANSACTION"}  # a COMMIT that rolled back still shows
+
+
+@dataclass(frozen=True)
+class Style:
+    """Whether to colour, and how wide the whole table may be."""
+
+    colour: bool = False
+    width: int = DEFAULT_WIDTH
+
+
+@dataclass
+class Row:
+    number: str
+    session: str
+    lines: list[str]
+    locks: list[str] = field(default_factory=list)
+
+
+def render_text(run: Run, style: Style | None = None) -> str:
+    """Header, narrative, one table per permutation, final state and verdict."""
+    style = style or Style()
+    scenario = run.scenario
+    out: list[str] = []
+    title = f"{scenario.name} ({scenario.variant}): {scenario.title}"
+    out.append(click.style(title, bold=True) if style.colour else title)
+    out.append(f"server: {run.server_label or 'PostgreSQL ' + run.server_version}")
+    if scenario.narrative:
+        out.append("")
+        out.extend(textwrap.fill(p, width=min(style.width, 100)) for p in scenario.narrative.split("\n\n"))
+    for heading, rows in _permutation_rows(run):
+        out.append("")
+        if heading:
+            out.append(heading)
+        out.append(_table(run, rows, style))
+    if not run.row_locks_available:
+        out.append("")
+        out.append("row locks: unknown (pgrowlocks is not installed in the scratch database)")
+    out.extend(_final_state(run))
+    out.extend(render_verdict(run.checks, style))
+    return "\n".join(out) + "\n"
+
+
+def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
+    """Fold the events into table rows, one table per permutation."""
+    tables: list[tuple[str, list[Row]]] = []
+    launched: dict[int, StepLaunched] = {}
+    rows: list[Row] = []
+    last_locks: tuple[RowLock, ...] | None = ()
+    many = len(run.scenario.permutations) > 1
+    for event in run.events:
+        if isinstance(event, PermutationStarted):
+            rows = []
+            heading = f"permutation {event.index + 1}: {' '.join(event.steps)}" if many else ""
+            tables.append((heading, rows))
+            last_locks = ()
+        elif isinstance(event, StepLaunched):
+            launched[event.seq] = event
+        elif isinstance(event, StepWaiting):
+            step = launched[event.seq]
+            lines = _sql_lines(run, step) + [_describe_wait(w) for w in event.waits]
+            if event.by_marker:
+                lines.append("… reported later (completion marker)")
+            rows.append(Row(str(event.seq), step.session, lines))
+        elif isinstance(event, StepFinished):
+            step = launched[event.seq]
+            lines = [_released(event, launched)] if event.after_wait else _sql_lines(run, step)
+            lines += _outcome_lines(event.outcome)
+            rows.append(Row("" if event.after_wait else str(event.seq), step.session, lines))
+        elif isinstance(event, StepCancelled):
+            step = launched[event.seq]
+            graph = "; ".join(f"{who} waits for {', '.join(on)}" for who, on in event.graph) or "no lock waits"
+            rows.append(Row("", step.session, [f"⌛ {step.step} cancelled after {event.after_s:g} s ({graph})"]))
+        elif isinstance(event, NoticeReceived):
+            rows.append(Row("", event.session, [f"{event.severity}: {event.message}"]))
+        elif isinstance(event, NotifyReceived):
+            rows.append(Row("", event.session, [f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}']))
+        elif isinstance(event, LocksObserved) and rows and event.locks != last_locks:
+            rows[-1].locks = _lock_lines(event)
+            last_locks = event.locks
+    return tables
+
+
+def _sql_lines(run: Run, step: StepLaunched) -> list[str]:
+    sql = " ".join(step.sql.split()) or "(empty step)"
+    lines = [sql]
+    note = run.scenario.step(step.step).note
+    if note:
+        lines.append(f"» {note}")
+    return lines
+
+
+def _describe_wait(wait: Wait) -> str:
+    who = ", ".join(wait.blocked_by) or "another backend"
+    if wait.kind == "row":
+        row = str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
+        text = f"⏳ waits for {who} on row {row}"
+        if wait.mode:
+            text += f" (wants {wait.mode}"
+            if wait.holder and wait.holder_mode:
+                text += f"; {wait.holder} holds {wait.holder_mode}"
+            text += ")"
+        if wait.queued_behind and wait.holder and wait.holder not in wait.blocked_by:
+            text += f", queued behind {', '.join(wait.queued_behind)}, row held by {wait.holder}"
+        return text
+    if wait.kind == "relation":
+        return f"⏳ waits for {who} on table {wait.table} ({wait.mode})"
+    if wait.kind == "advisory":
+        return f"⏳ waits for {who} on advisory lock {wait.detail} ({wait.mode})"
+    if wait.kind == "transaction":
+        return f"⏳ waits for {who}'s transaction to end"
+    return f"⏳ waits for {who} on a {wait.lock_type} lock ({wait.mode})"
+
+
+def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
+    step = launched[event.seq]
+    if event.released_by is None:
+        return f"↳ {step.step} (step {event.seq}) ends"
+    trigger = launched[event.released_by]
+    waited = event.released_by - event.seq
+    plural = "s" if waited != 1 else ""
+    sql = " ".join(trigger.sql.split())
+    short = sql if len(sql) <= 24 else sql[:21] + "..."
+    return (
+        f"↳ step {event.seq} resumes after {trigger.session}'s {short} "
+        f"(step {event.released_by}); waited {waited} step{plural}"
+    )
+
+
+def _outcome_lines(outcome: Outcome) -> list[str]:
+    lines: list[str] = []
+    for result in outcome.results:
+        if not result.rows:
+            lines.append("→ no rows" if result.columns else "→ (no columns)")
+        elif len(result.rows) == 1:
+            pairs = [f"{c}={format_value(v)}" for c, v in zip(result.columns, result.rows[0], strict=True)]
+            lines.append("→ " + ", ".join(pairs))
+        else:
+            shown = ["(" + ", ".join(format_value(v) for v in row) + ")" for row in result.rows[:MAX_ROWS_SHOWN]]
+            more = f" … {len(result.rows) - MAX_ROWS_SHOWN} more" if len(result.rows) > MAX_ROWS_SHOWN else ""
+            lines.append(f"→ {len(result.rows)} rows: " + ", ".join(shown) + more)
+    if not outcome.results:
+        tags = [c for c in outcome.commands if c and c not in QUIET_TAGS]
+        if tags:
+            lines.append("→ " + ", ".join(tags))
+    if outcome.error is not None:
+        lines.append(f"✗ {outcome.error.severity} {outcome.error.sqlstate}: {outcome.error.message}")
+    return lines
+
+
+def _lock_lines(event: LocksObserved) -> list[str]:
+    if event.locks is None:
+        return ["unknown"]
+    lines = [f"{lock.session}: {lock.describe_row()} {lock.mode}" for lock in event.locks] or ["none"]
+    lines += [f"{table}: unknown (exclusively locked)" for table in event.skipped]
+    return lines
+
+
+def _table(run: Run, rows: list[Row], style: Style) -> str:
+    sessions = run.scenario.session_names
+    with_locks = run.row_locks_available
+    lock_width = 30 if with_locks else 0
+    column = max(24, (style.width - 6 - lock_width - 2 * len(sessions)) // max(1, len(sessions)))
+    colours = {name: SESSION_COLOURS[i % len(SESSION_COLOURS)] for i, name in enumerate(sessions)}
+
+    def paint(text: str, session: str) -> str:
+        if not style.colour:
+            return text
+        return "\n".join(click.style(line, fg=colours[session]) for line in text.split("\n"))
+
+    table = []
+    for row in rows:
+        cells: list[str] = [row.number]
+        for name in sessions:
+            if name == row.session:
+                wrapped = [
+                    w
+                    for line in row.lines
+                    for w in textwrap.wrap(line, column, subsequent_indent="  ", break_on_hyphens=False) or [""]
+                ]
+                cells.append(paint("\n".join(wrapped), name))
+            else:
+                cells.append("")
+        if with_locks:
+            cells.append("\n".join(w for line in row.locks for w in textwrap.wrap(line, lock_width) or [""]))
+        table.append(cells)
+    headers = ["#"] + [paint(name, name) for name in sessions] + (["row locks held"] if with_locks else [])
+    return tabulate(table, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+def _final_state(run: Run) -> list[str]:
+    queried = [e for e in run.events if isinstance(e, CheckQueried)]
+    if not queried:
+        return []
+    lines = ["", "final state:"]
+    for event in queried:
+        got = "; ".join(_outcome_lines(event.outcome)) or "→ nothing"
+        lines.append(f"  {' '.join(event.sql.split())}  {got}")
+    return lines
+
+
+def render_verdict(checks: list[CheckResult], style: Style) -> list[str]:
+    if not checks:
+        return ["", "verdict: no expectations to check"]
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        head = f"verdict: ✘ {len(failed)} of {len(checks)} expectations did not hold"
+    else:
+        head = f"verdict: ✔ all {len(checks)} expectations held"
+    if style.colour:
+        head = click.style(head, fg="red" if failed else "green", bold=True)
+    lines = ["", head]
+    for check in checks:
+        mark = "✔" if check.ok else "✘"
+        line = f"  {mark} {check.description}"
+        if not check.ok:
+            line += f": expected {check.expected}, got {check.actual}"
+        lines.append(line)
+    return lines

@@ -1,0 +1,525 @@
+"""Run a scenario's steps in their fixed interleaving and record what happened.
+
+One connection per session, one *control* connection for setup, teardown and final
+checks (as isolationtester), and one *observer* connection that watches: the lock-wait
+probe, ``pg_locks`` and ``pgrowlocks``.
+
+Scheduling follows isolationtester (see ``shared/pg-isolation/ISOLATIONTESTER.md``):
+a step is sent asynchronously; the runner then waits until it either finishes or the
+server says it is blocked by another session of the scenario. It never sleeps to guess.
+A blocked step stays pending while later steps run; completions are recorded right after
+the step that released them, oldest launch first. Completion markers (``(*)``,
+``(step)``, ``(step notices N)``) hold back the report of a finished step.
+
+The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.adapt import Transformer
+
+from pgrace.errors import RunAborted, ScenarioError, SetupFailed
+from pgrace.locks import LockInspector
+from pgrace.model import PermutationStep, Scenario, Step
+from pgrace.timeline import (
+    CheckQueried,
+    Event,
+    LocksObserved,
+    NoticeReceived,
+    NotifyReceived,
+    Outcome,
+    PermutationStarted,
+    ResultSet,
+    Run,
+    SetupRan,
+    SqlError,
+    StepCancelled,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+)
+
+# The pg_regress environment that upstream isolation specs assume.
+SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run. ``before_step`` lets a presenter pace the run (it may block)."""
+
+    step_timeout: float = 10.0
+    track_row_locks: bool = True
+    before_step: Callable[[Step], None] | None = None
+    on_event: Callable[[Event], None] | None = None
+
+
+@dataclass
+class Active:
+    """A launched step whose completion has not been reported yet."""
+
+    seq: int
+    step: Step
+    entry: PermutationStep
+    sent: float
+    waiting_reported: bool = False
+    cancelled: bool = False
+    notice_targets: dict[str, int] = field(default_factory=dict)
+    outcome: Outcome | None = None
+
+
+class SessionConnection:
+    """One scenario session: a raw libpq connection driven asynchronously."""
+
+    def __init__(self, name: str, conn: psycopg.Connection[Any], recorder: Recorder) -> None:
+        self.name = name
+        self.conn = conn
+        self.pgconn = conn.pgconn
+        self.pid = self.pgconn.backend_pid
+        self.notices = 0
+        self.active: Active | None = None
+        self.variables: dict[str, Any] = {}
+        self.pgconn.notice_handler = self._on_notice
+        self._recorder = recorder
+
+    def _on_notice(self, res: pq.abc.PGresult) -> None:
+        severity = _field(res, pq.DiagnosticField.SEVERITY_NONLOCALIZED) or "NOTICE"
+        self.notices += 1
+        self._recorder.add(
+            NoticeReceived(
+                self.name,
+                severity,
+                _field(res, pq.DiagnosticField.MESSAGE_PRIMARY),
+                _field(res, pq.DiagnosticField.SQLSTATE),
+                self._recorder.now(),
+            )
+        )
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None
+
+
+class Recorder:
+    """Appends events to the run, stamping them, and forwards them to a live listener."""
+
+    def __init__(self, run: Run, listener: Callable[[Event], None] | None) -> None:
+        self.run = run
+        self.listener = listener
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        return (time.perf_counter() - self.start) * 1000.0
+
+    def add(self, event: Event) -> None:
+        self.run.events.append(event)
+        if self.listener is not None:
+            self.listener(event)
+
+
+def run_scenario(
+    scenario: Scenario,
+    dsn: str,
+    *,
+    server_version: str = "",
+    server_label: str = "",
+    row_locks_available: bool = True,
+    options: RunOptions | None = None,
+) -> Run:
+    """Run every permutation of ``scenario`` in the database at ``dsn``; return the record."""
+    options = options or RunOptions()
+    run = Run(
+        scenario,
+        server_version,
+        server_label,
+        row_locks_available and options.track_row_locks,
+    )
+    with Runner(scenario, dsn, run, options) as runner:
+        runner.run_all()
+    return run
+
+
+class Runner:
+    """The scheduler. Use as a context manager so every connection is closed."""
+
+    def __init__(self, scenario: Scenario, dsn: str, run: Run, options: RunOptions) -> None:
+        self.scenario = scenario
+        self.dsn = dsn
+        self.run = run
+        self.options = options
+        self.recorder = Recorder(run, options.on_event)
+        self.stack = ExitStack()
+        self.sessions: dict[str, SessionConnection] = {}
+        self.waiting: list[Active] = []
+        self.seq = 0
+        self.last_launched = 0
+
+    # -- connections ------------------------------------------------------------------
+
+    def __enter__(self) -> Runner:
+        self.stack.__enter__()
+        try:
+            prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+            self.control = self._connect(f"{prefix}/control connection")
+            for session in self.scenario.sessions:
+                conn = self._connect(f"{prefix}/{session.name}", session=True)
+                self.sessions[session.name] = SessionConnection(session.name, conn, self.recorder)
+            self.observer = self._connect(f"pgrace/{self.scenario.name}/observer")
+            self.observer.execute("SET lock_timeout = '200ms'")
+            self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()})
+        except BaseException:
+            self.stack.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.__exit__(None, None, None)
+
+    def _connect(self, application_name: str, session: bool = False) -> psycopg.Connection[Any]:
+        kwargs: dict[str, Any] = {
+            "application_name": application_name[:63],
+            "client_encoding": "UTF8",
+        }
+        if session and self.scenario.format == "spec":
+            kwargs["options"] = SPEC_SESSION_OPTIONS
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, **kwargs)
+        except psycopg.Error as exc:
+            raise RunAborted(f"could not connect a session: {_first_line(str(exc))}") from None
+        self.stack.callback(conn.close)
+        return conn
+
+    # -- the schedule ------------------------------------------------------------------
+
+    def run_all(self) -> None:
+        try:
+            for index, permutation in enumerate(self.scenario.permutations):
+                self._run_permutation(index, permutation)
+        except psycopg.OperationalError as exc:
+            raise RunAborted(f"lost the server during the run: {_first_line(str(exc))}") from None
+
+    def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...]) -> None:
+        self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
+        for setup in self.scenario.setup:
+            self._exec_setup(self.control.pgconn, setup, None)
+        for declared in self.scenario.sessions:
+            if declared.setup is not None:
+                self._exec_setup(self.sessions[declared.name].pgconn, declared.setup, declared.name)
+        for entry in permutation:
+            step = self.scenario.step(entry.step)
+            session = self.sessions[step.session]
+            if session.busy:
+                self._wait_for_session(session)
+            if self.options.before_step is not None:
+                self.options.before_step(step)
+            active = self._launch(step, entry)
+            done = self._try_complete(active, blocking=False)
+            self._poll_waiting(blocking=False)
+            if not done:
+                self.waiting.append(active)
+            self._observe_locks(active.seq)
+        self._finish_permutation()
+        if index == len(self.scenario.permutations) - 1:
+            self._run_checks()
+        for declared in self.scenario.sessions:
+            if declared.teardown is not None:
+                self._exec_teardown(self.sessions[declared.name].pgconn, declared.teardown, declared.name)
+        for teardown in self.scenario.teardown:
+            self._exec_teardown(self.control.pgconn, teardown, None)
+
+    def _wait_for_session(self, session: SessionConnection) -> None:
+        """The next step's session still runs an earlier step: wait, reporting others."""
+        while session.busy:
+            self._poll_waiting(blocking=False)
+            if session.busy:
+                self._pause_until_input()
+
+    def _pause_until_input(self) -> None:
+        sockets = [s.pgconn.socket for s in self.sessions.values() if s.active is not None]
+        select.select(sockets, [], [], 0.001)
+
+    def _launch(self, step: Step, entry: PermutationStep) -> Active:
+        session = self.sessions[step.session]
+        self.seq += 1
+        text = step.sql
+        if self.scenario.format == "pgrace":
+            text = substitute(text, {**dict(self.scenario.params), **session.variables})
+        active = Active(self.seq, step, entry, time.perf_counter())
+        for blocker in entry.blockers:
+            if blocker.step is not None and blocker.notices is not None:
+                other = self.sessions[self.scenario.step(blocker.step).session]
+                active.notice_targets[other.name] = other.notices + blocker.notices
+        self.recorder.add(StepLaunched(active.seq, step.name, step.session, text, self.recorder.now()))
+        session.active = active
+        self.last_launched = active.seq
+        try:
+            session.pgconn.send_query(text.encode())
+            while session.pgconn.flush():
+                select.select([], [session.pgconn.socket], [], 0.01)
+        except psycopg.OperationalError as exc:
+            active.outcome = Outcome(error=SqlError("08006", _first_line(str(exc)), "ERROR"))
+        return active
+
+    def _poll_waiting(self, blocking: bool) -> None:
+        """Try every waiting step in launch order; repeat while markers may have cleared."""
+        while True:
+            progressed = False
+            notices_before = self._notice_count()
+            for active in list(self.waiting):
+                if self._try_complete(active, blocking=blocking, retry=True):
+                    self.waiting.remove(active)
+                    progressed = True
+            has_markers = any(a.entry.blockers for a in self.waiting)
+            if not (has_markers and (progressed or self._notice_count() != notices_before)):
+                return
+
+    def _finish_permutation(self) -> None:
+        """Wait for every pending step; finished steps held by markers must get free."""
+        while self.waiting:
+            pending = len(self.waiting)
+            self._poll_waiting(blocking=True)
+            if len(self.waiting) == pending:
+                names = ", ".join(a.step.name for a in self.waiting)
+                raise RunAborted(f"failed to complete permutation due to mutually-blocking steps: {names}")
+
+    def _notice_count(self) -> int:
+        return sum(s.notices for s in self.sessions.values())
+
+    def _try_complete(self, active: Active, blocking: bool, retry: bool = False) -> bool:
+        """isolationtester's try_complete_step: True when the step has been reported done."""
+        session = self.sessions[active.step.session]
+        pgconn = session.pgconn
+        if not retry and any(b.step is None for b in active.entry.blockers):
+            self._report_waiting(active, by_marker=True)
+            return False
+        slice_s = 0.0001
+        while active.outcome is None and pgconn.is_busy():
+            readable, _, _ = select.select([pgconn.socket], [], [], slice_s)
+            slice_s = min(slice_s * 2, 0.001)
+            if readable:
+                self._consume(pgconn)
+                continue
+            if self._timed_out(active):
+                continue
+            if not blocking and self.inspector.is_blocked(session.pid):
+                self._consume(pgconn)
+                if pgconn.is_busy():
+                    if not active.waiting_reported:
+                        self._report_waiting(active, by_marker=False)
+                    return False
+        if active.outcome is None:
+            active.outcome = self._collect(pgconn)
+            self._capture(session, active)
+        if self._held_by_marker(active):
+            if not active.waiting_reported:
+                self._report_waiting(active, by_marker=True)
+            return False
+        self._report_done(session, active)
+        return True
+
+    def _consume(self, pgconn: pq.abc.PGconn) -> None:
+        with suppress(psycopg.OperationalError):  # collecting the result reports a broken connection
+            pgconn.consume_input()
+
+    def _timed_out(self, active: Active) -> bool:
+        """Cancel a step that waited longer than the step timeout (once), recording why."""
+        elapsed = time.perf_counter() - active.sent
+        if active.cancelled or elapsed < self.options.step_timeout:
+            if active.cancelled and elapsed > 3 * self.options.step_timeout:
+                raise RunAborted(f"step {active.step.name} did not finish even after it was cancelled")
+            return False
+        graph = self.inspector.blocking_graph()
+        active.cancelled = True
+        self.recorder.add(StepCancelled(active.seq, self.options.step_timeout, graph, self.recorder.now()))
+        self.sessions[active.step.session].pgconn.get_cancel().cancel()
+        return True
+
+    def _held_by_marker(self, active: Active) -> bool:
+        for blocker in active.entry.blockers:
+            if blocker.step is None:
+                continue
+            other = self.sessions[self.scenario.step(blocker.step).session]
+            if blocker.notices is not None:
+                if other.notices < active.notice_targets.get(other.name, 0):
+                    return True
+            elif other.active is not None and other.active.step.name == blocker.step:
+                return True
+        return False
+
+    def _report_waiting(self, active: Active, by_marker: bool) -> None:
+        active.waiting_reported = True
+        session = self.sessions[active.step.session]
+        waits = () if by_marker else self.inspector.describe_waits(session.pid)
+        self.recorder.add(StepWaiting(active.seq, waits, self.recorder.now(), by_marker=by_marker))
+
+    def _report_done(self, session: SessionConnection, active: Active) -> None:
+        assert active.outcome is not None
+        released_by = self.last_launched if active.waiting_reported and not active.cancelled else None
+        self.recorder.add(
+            StepFinished(
+                active.seq,
+                active.outcome,
+                self.recorder.now(),
+                after_wait=active.waiting_reported,
+                released_by=released_by,
+            )
+        )
+        while (notify := session.pgconn.notifies()) is not None:
+            pid = notify.be_pid
+            sender = self.inspector.name_of(pid) if pid in self.inspector.sessions else f"PID {pid}"
+            self.recorder.add(
+                NotifyReceived(
+                    session.name, notify.relname.decode(), notify.extra.decode(), sender, self.recorder.now()
+                )
+            )
+        session.active = None
+
+    def _collect(self, pgconn: pq.abc.PGconn) -> Outcome:
+        results: list[ResultSet] = []
+        commands: list[str] = []
+        error: SqlError | None = None
+        while (res := pgconn.get_result()) is not None:
+            status = res.status
+            if status == pq.ExecStatus.TUPLES_OK:
+                results.append(result_set(res))
+            elif status == pq.ExecStatus.COMMAND_OK:
+                commands.append((res.command_status or b"").decode())
+            elif status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
+                error = sql_error(res)
+            elif status != pq.ExecStatus.EMPTY_QUERY:
+                error = SqlError("0A000", f"unexpected result status: PGRES_{pq.ExecStatus(status).name}", "ERROR")
+        if error is None and pgconn.status == pq.ConnStatus.BAD:
+            error = SqlError("08006", _first_line(pgconn.get_error_message()), "FATAL")
+        return Outcome(tuple(results), tuple(commands), error)
+
+    def _capture(self, session: SessionConnection, active: Active) -> None:
+        step, outcome = active.step, active.outcome
+        if not step.capture or outcome is None:
+            return
+        if outcome.error is not None:  # a failed claim captured nothing: later steps see NULL
+            session.variables.update({variable: None for variable, _ in step.capture})
+            return
+        last = outcome.last_rows
+        for variable, column in step.capture:
+            if last is None or column not in last.columns:
+                found = ", ".join(last.columns) if last else "no result set"
+                raise ScenarioError(
+                    f"step {step.name!r} captures column {column!r}, but its result has {found}",
+                    self.scenario.source,
+                    step.line,
+                )
+            index = last.columns.index(column)
+            session.variables[variable] = last.rows[0][index] if last.rows else None
+
+    # -- setup, teardown, checks, locks ------------------------------------------------
+
+    def _exec_setup(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
+        outcome = self._exec(pgconn, text)
+        if outcome.error is not None:
+            where = f"setup of session {session}" if session else "setup"
+            raise SetupFailed(
+                f"{where} failed: {outcome.error.severity}:  {outcome.error.message}",
+                self.scenario.source,
+                self.scenario.setup_line,
+            )
+        self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
+
+    def _exec_teardown(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
+        self.recorder.add(SetupRan("teardown", session, self._exec(pgconn, text), self.recorder.now()))
+
+    def _exec(self, pgconn: pq.abc.PGconn, text: str) -> Outcome:
+        """PQexec semantics: only the last result of a multi-statement block is kept."""
+        if self.scenario.format == "pgrace":
+            text = substitute(text, dict(self.scenario.params))
+        res = pgconn.exec_(text.encode())
+        if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
+            return Outcome(error=sql_error(res))
+        if pgconn.status == pq.ConnStatus.BAD:
+            raise RunAborted(f"lost the server during setup: {_first_line(pgconn.get_error_message())}")
+        if res.status == pq.ExecStatus.TUPLES_OK:
+            return Outcome((result_set(res),))
+        return Outcome(commands=((res.command_status or b"").decode(),))
+
+    def _run_checks(self) -> None:
+        for index, check in enumerate(self.scenario.checks):
+            text = substitute(check.sql, dict(self.scenario.params))
+            self.recorder.add(CheckQueried(index, self._exec(self.control.pgconn, text), self.recorder.now()))
+
+    def _observe_locks(self, seq: int) -> None:
+        if not self.run.row_locks_available:
+            return
+        snapshot = self.inspector.row_locks()
+        self.recorder.add(LocksObserved(seq, snapshot.locks, self.recorder.now(), snapshot.skipped))
+
+
+# -- results -----------------------------------------------------------------------------
+
+_transformer = Transformer()
+
+
+def result_set(res: pq.abc.PGresult) -> ResultSet:
+    """A tuple result as exact text (for printing) and as Python values (for checks)."""
+    columns = tuple((res.fname(i) or b"").decode() for i in range(res.nfields))
+    text_rows = tuple(tuple(_decode(res.get_value(r, c)) for c in range(res.nfields)) for r in range(res.ntuples))
+    _transformer.set_pgresult(res)
+    rows = tuple(_transformer.load_rows(0, res.ntuples, tuple)) if res.nfields else ()
+    command = (res.command_status or b"").decode()
+    return ResultSet(columns, text_rows, rows, command)
+
+
+def sql_error(res: pq.abc.PGresult) -> SqlError:
+    message = _field(res, pq.DiagnosticField.MESSAGE_PRIMARY)
+    if not message:  # built by libpq itself: no fields, the whole message
+        message = _first_line(res.get_error_message())
+    return SqlError(
+        _field(res, pq.DiagnosticField.SQLSTATE) or "XX000",
+        message,
+        _field(res, pq.DiagnosticField.SEVERITY_NONLOCALIZED) or "ERROR",
+        _field(res, pq.DiagnosticField.MESSAGE_DETAIL) or None,
+    )
+
+
+def _field(res: pq.abc.PGresult, code: pq.DiagnosticField) -> str:
+    value = res.error_field(code)
+    return value.decode("utf-8", "replace") if value is not None else ""
+
+
+def _decode(value: bytes | None) -> str | None:
+    return value.decode("utf-8", "replace") if value is not None else None
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text.strip()
+
+
+# -- variables ---------------------------------------------------------------------------
+
+# A quoted string or identifier is skipped whole; `::type` casts are not variables.
+_VARIABLE = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(?<![:\w]):([A-Za-z_]\w*)""")
+
+
+def variables_in(text: str) -> list[str]:
+    """The ``:name`` variables a SQL text uses, outside quotes and casts."""
+    return [m.group(1) for m in _VARIABLE.finditer(text) if m.group(1)]
+
+
+def substitute(text: str, values: dict[str, Any]) -> str:
+    """Replace each ``:name`` by the SQL literal of its captured value or parameter."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None or name not in values:
+            return match.group(0)  # validated statically; leave PostgreSQL to complain
+        return sql.Literal(values[name]).as_string(None)
+
+    return _VARIABLE.sub(replace, text)

@@ -1,0 +1,137 @@
+"""Where pgrace gets a PostgreSQL server from: a throwaway embedded one, or one the user names.
+
+Everything downstream only needs a `ServerInfo`: a conninfo string to an admin database
+plus a description that is safe to print.  `open_server` picks the backend so that the
+CLI, the tests and the benchmarks all choose servers the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+
+import psycopg.conninfo
+
+__all__ = ["ServerInfo", "open_server", "redact_dsn"]
+
+#: Environment variable naming an existing server; used when no DSN is passed explicitly.
+DSN_ENV_VAR = "PGRACE_DSN"
+
+#: conninfo keywords whose values are secrets and must never be printed.
+_SECRET_KEYS = ("password", "sslpassword")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """A reachable server, described once so nobody has to re-derive it."""
+
+    dsn: str
+    """libpq conninfo of an admin database on the server; may contain a password."""
+    version: str
+    """``server_version`` as the server reports it, e.g. ``"18.1"``."""
+    label: str
+    """Human description without any password, safe for logs and reports."""
+
+
+def open_server(
+    dsn: str | None = None,
+) -> contextlib.AbstractContextManager[ServerInfo]:
+    """Give a server for the duration of a ``with`` block.
+
+    ``dsn`` None -> the ``PGRACE_DSN`` environment variable if set -> else a throwaway
+    embedded server.  An explicit DSN always wins so a command line can override the
+    environment.
+    """
+    if dsn is None:
+        dsn = os.environ.get(DSN_ENV_VAR) or None
+    if dsn is None:
+        # Imported lazily: the embedded backend is only needed when no DSN is given.
+        from pgrace.servers.embedded import embedded_server
+
+        return embedded_server()
+    from pgrace.servers.existing import existing_server
+
+    return existing_server(dsn)
+
+
+_URI_RE = re.compile(r"^(?P<scheme>postgres(?:ql)?://)(?P<userinfo>[^@/?]*@)?", re.IGNORECASE)
+_URI_QUERY_SECRET_RE = re.compile(r"(?P<sep>[?&])(?:ssl)?password=[^&]*&?", re.IGNORECASE)
+_KV_SECRET_RE = re.compile(
+    r"\b(?:ssl)?password\s*=\s*(?:'(?:[^'\\]|\\.)*'|(?:\\.|[^\s'\\])(?:\\.|[^\s\\])*)\s*",
+    re.IGNORECASE,
+)
+
+
+def redact_dsn(dsn: str) -> str:
+    """Remove any password from a URI or key=value conninfo, so the result can be shown.
+
+    Works textually (no parsing by libpq), so it also redacts strings that libpq would
+    reject; error messages about a malformed DSN must not leak its secret either.
+    """
+    m = _URI_RE.match(dsn)
+    if m is not None:
+        userinfo = m.group("userinfo")
+        head = m.group("scheme")
+        if userinfo is not None:
+            head += userinfo[:-1].split(":", 1)[0] + "@"
+        rest = dsn[m.end() :]
+
+        def _drop_param(pm: re.Match[str]) -> str:
+            # Keep the separator only when something follows it.
+            tail = pm.group(0)
+            return pm.group("sep") if tail.endswith("&") else ""
+
+        rest = _URI_QUERY_SECRET_RE.sub(_drop_param, rest)
+        return head + rest.rstrip("?&")
+    return _KV_SECRET_RE.sub("", dsn).strip()
+
+
+def scrub_secrets(text: str, dsn: str) -> str:
+    """Remove the DSN's password from an arbitrary message (e.g. a libpq error) before it is shown."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return text
+    for key in _SECRET_KEYS:
+        value = params.get(key)
+        # Very short values would turn the message into noise and carry little risk.
+        if isinstance(value, str) and len(value) >= 3:
+            text = text.replace(value, "***")
+    return text
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold back Ctrl-C while cleanup runs, then deliver it.
+
+    A second Ctrl-C during cleanup would otherwise leave a server or a scratch database
+    behind.  Only the main thread can install signal handlers; elsewhere this is a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def _remember(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    try:
+        previous = signal.signal(signal.SIGINT, _remember)
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)

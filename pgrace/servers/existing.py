@@ -1,0 +1,55 @@
+"""A server the user already runs, named by a DSN: checked once, never started or stopped."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgrace.errors import ServerUnavailable
+from pgrace.servers import ServerInfo, redact_dsn, scrub_secrets
+
+__all__ = ["existing_server"]
+
+#: Seconds to wait for an unreachable host before giving up, unless the DSN says otherwise.
+CONNECT_TIMEOUT_S = 5
+
+
+@contextlib.contextmanager
+def existing_server(dsn: str) -> Iterator[ServerInfo]:
+    """Check that ``dsn`` is reachable and describe it; the server is left as it was.
+
+    Failing here, with the (redacted) address in the message, beats failing later in
+    the middle of a scenario with a bare libpq error.
+    """
+    where = redact_dsn(dsn) or "(libpq defaults from the environment)"
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        # libpq's parse errors quote pieces of the string, so they are not shown.
+        raise ServerUnavailable(f"invalid PostgreSQL connection string: {where}") from exc
+    if "connect_timeout" not in params:
+        # Also in the DSN handed on, so no later connection hangs on a dead host either.
+        dsn = make_conninfo(dsn, connect_timeout=str(CONNECT_TIMEOUT_S))
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            version = conn.info.parameter_status("server_version")
+            if version is None:
+                row = conn.execute("SHOW server_version").fetchone()
+                version = str(row[0]) if row else "unknown"
+            label = _label(conn.info)
+    except psycopg.Error as exc:
+        detail = " ".join(scrub_secrets(str(exc), dsn).split())
+        raise ServerUnavailable(f"cannot connect to PostgreSQL at {where}: {detail}") from exc
+    yield ServerInfo(dsn=dsn, version=version, label=label)
+
+
+def _label(info: psycopg.ConnectionInfo) -> str:
+    """``postgresql://user@host:port/db`` as actually connected, never with a password."""
+    host = info.host
+    if host.startswith("/"):  # unix socket directory
+        host = quote(host, safe="")
+    return f"postgresql://{quote(info.user, safe='')}@{host}:{info.port}/{quote(info.dbname, safe='')}"

@@ -1,0 +1,302 @@
+"""What happened during a run, as typed events in the order they were observed.
+
+The runner appends events; it never prints. Renderers read a :class:`Run` and turn it
+into text, JSON, isolationtester output and so on. Events keep the order in which
+isolationtester would have *decided* them: a step's :class:`StepFinished` (done at once)
+or :class:`StepWaiting` is recorded when its fate is known, so notices that arrived while
+it ran come before it, exactly as isolationtester prints them.
+
+Times are milliseconds since the run started. They belong in JSON, never in the text
+timeline, which must be byte-stable from run to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pgrace.model import RowRef, Scenario
+
+WaitKind = Literal["row", "transaction", "relation", "advisory", "other"]
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """One result of a statement: raw text cells (for exact printing) and Python values."""
+
+    columns: tuple[str, ...]
+    text_rows: tuple[tuple[str | None, ...], ...]
+    rows: tuple[tuple[Any, ...], ...]
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class SqlError:
+    """A server error as data; classify by ``sqlstate``, never by message text."""
+
+    sqlstate: str
+    message: str
+    severity: str = "ERROR"
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything one step's SQL produced: every tuple result, command tags, the error."""
+
+    results: tuple[ResultSet, ...] = ()
+    commands: tuple[str, ...] = ()
+    error: SqlError | None = None
+
+    @property
+    def last_rows(self) -> ResultSet | None:
+        return self.results[-1] if self.results else None
+
+
+@dataclass(frozen=True)
+class RowLock:
+    """A row lock held by a session, from pgrowlocks."""
+
+    row: RowRef | None  # None when the row's key could not be read
+    ctid: str
+    table: str
+    session: str  # a scenario session, or "pid N" for an outsider
+    mode: str  # "FOR UPDATE", "FOR NO KEY UPDATE", "FOR SHARE", "FOR KEY SHARE", "UPDATE", "NO KEY UPDATE"
+
+    def describe_row(self) -> str:
+        return str(self.row) if self.row is not None else f"{self.table} ctid={self.ctid}"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a step is blocked: one heavyweight-lock wait, attributed to sessions and a row.
+
+    ``blocked_by`` is what ``pg_blocking_pids`` says (the next link of the chain);
+    ``holder`` is the session that holds the row itself (the end of the chain), which
+    differs from ``blocked_by`` when the step is queued behind another waiter.
+    """
+
+    kind: WaitKind
+    blocked_by: tuple[str, ...]
+    mode: str | None = None
+    row: RowRef | None = None
+    ctid: str | None = None
+    table: str | None = None
+    holder: str | None = None
+    holder_mode: str | None = None
+    queued_behind: tuple[str, ...] = ()
+    lock_type: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PermutationStarted:
+    index: int
+    steps: tuple[str, ...]
+    t: float
+
+
+@dataclass(frozen=True)
+class SetupRan:
+    """Global or session setup/teardown SQL ran (isolationtester prints its last result)."""
+
+    phase: Literal["setup", "teardown"]
+    session: str | None
+    outcome: Outcome
+    t: float
+
+
+@dataclass(frozen=True)
+class StepLaunched:
+    seq: int
+    step: str
+    session: str
+    sql: str
+    t: float
+
+
+@dataclass(frozen=True)
+class StepWaiting:
+    """The step is blocked (seen by the server) or held back by a completion marker."""
+
+    seq: int
+    waits: tuple[Wait, ...]
+    t: float
+    by_marker: bool = False
+
+
+@dataclass(frozen=True)
+class StepCancelled:
+    """The step timed out; pgrace sent a cancel request. ``graph`` is who waited on whom."""
+
+    seq: int
+    after_s: float
+    graph: tuple[tuple[str, tuple[str, ...]], ...]
+    t: float
+
+
+@dataclass(frozen=True)
+class StepFinished:
+    """The step's result is known. ``released_by`` is the seq of the step that freed it."""
+
+    seq: int
+    outcome: Outcome
+    t: float
+    after_wait: bool = False
+    released_by: int | None = None
+
+
+@dataclass(frozen=True)
+class NoticeReceived:
+    session: str
+    severity: str
+    message: str
+    sqlstate: str
+    t: float
+
+
+@dataclass(frozen=True)
+class NotifyReceived:
+    session: str
+    channel: str
+    payload: str
+    sender: str
+    t: float
+
+
+@dataclass(frozen=True)
+class LocksObserved:
+    """Row locks held by every session after step ``after_seq`` (None: unknowable)."""
+
+    after_seq: int
+    locks: tuple[RowLock, ...] | None
+    t: float
+    skipped: tuple[str, ...] = ()  # tables whose locks could not be read safely
+
+
+@dataclass(frozen=True)
+class CheckQueried:
+    """A final-state check query ran; its rows are compared by :mod:`pgrace.checks`."""
+
+    index: int
+    outcome: Outcome
+    t: float
+    sql: str = ""
+
+
+Event = (
+    PermutationStarted
+    | SetupRan
+    | StepLaunched
+    | StepWaiting
+    | StepCancelled
+    | StepFinished
+    | NoticeReceived
+    | NotifyReceived
+    | LocksObserved
+    | CheckQueried
+)
+
+
+@dataclass
+class StepRun:
+    """One launched step with everything known about it, folded from the events."""
+
+    seq: int
+    permutation: int
+    step: str
+    session: str
+    sql: str
+    started_ms: float
+    waits: list[Wait] = field(default_factory=list)
+    by_marker: bool = False
+    wait_detected_ms: float | None = None
+    finished_ms: float | None = None
+    outcome: Outcome | None = None
+    released_by: int | None = None
+    cancelled: bool = False
+    locks_after: tuple[RowLock, ...] | None = None
+
+    @property
+    def waited(self) -> bool:
+        return self.wait_detected_ms is not None and not self.by_marker
+
+    @property
+    def status(self) -> Literal["ok", "error", "cancelled", "pending"]:
+        if self.cancelled:
+            return "cancelled"
+        if self.outcome is None:
+            return "pending"
+        return "error" if self.outcome.error is not None else "ok"
+
+    @property
+    def blocked_by(self) -> list[str]:
+        seen: list[str] = []
+        for wait in self.waits:
+            for who in wait.blocked_by:
+                if who not in seen:
+                    seen.append(who)
+        return seen
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One expectation evaluated against the run."""
+
+    description: str
+    ok: bool
+    expected: str = ""
+    actual: str = ""
+    step: str | None = None
+    line: int | None = None
+
+
+@dataclass
+class Run:
+    """The record of running one scenario variant on one server."""
+
+    scenario: Scenario
+    server_version: str
+    server_label: str
+    row_locks_available: bool
+    events: list[Event] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    def step_runs(self) -> list[StepRun]:
+        """Fold the events into one record per launched step, in launch order."""
+        runs: dict[int, StepRun] = {}
+        permutation = 0
+        for event in self.events:
+            if isinstance(event, PermutationStarted):
+                permutation = event.index
+            elif isinstance(event, StepLaunched):
+                runs[event.seq] = StepRun(
+                    event.seq,
+                    permutation,
+                    event.step,
+                    event.session,
+                    event.sql,
+                    event.t,
+                )
+            elif isinstance(event, StepWaiting):
+                run = runs[event.seq]
+                run.waits = list(event.waits)
+                run.by_marker = event.by_marker
+                run.wait_detected_ms = event.t
+            elif isinstance(event, StepCancelled):
+                runs[event.seq].cancelled = True
+            elif isinstance(event, StepFinished):
+                run = runs[event.seq]
+                run.outcome = event.outcome
+                run.finished_ms = event.t
+                run.released_by = event.released_by
+            elif isinstance(event, LocksObserved) and event.after_seq in runs:
+                runs[event.after_seq].locks_after = event.locks
+        return list(runs.values())
+
+    def check_outcomes(self) -> dict[int, Outcome]:
+        return {e.index: e.outcome for e in self.events if isinstance(e, CheckQueried)}
