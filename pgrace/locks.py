@@ -69,9 +69,9 @@ class Table:
 
 @dataclass(frozen=True)
 class LockSnapshot:
-    """Row locks of every table, and the tables whose locks could not be read."""
+    """Row locks of every table (None: pgrowlocks is missing), and tables that could not be read."""
 
-    locks: tuple[RowLock, ...]
+    locks: tuple[RowLock, ...] | None
     skipped: tuple[str, ...]
 
 
@@ -256,6 +256,8 @@ class LockInspector:
 
     def row_locks(self) -> LockSnapshot:
         """Every row lock held in the scratch database, via pgrowlocks, sorted stably."""
+        if self.observer.execute("SELECT to_regproc('pgrowlocks') IS NULL").fetchone() != (False,):
+            return LockSnapshot(None, ())
         locks: list[RowLock] = []
         skipped: list[str] = []
         for table in self.tables():

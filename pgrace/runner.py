@@ -169,9 +169,9 @@ class Runner:
         self.stack.__enter__()
         try:
             prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
-            self.control = self._connect(f"{prefix}/control connection")
+            self.control = self._connect(f"{prefix}/control connection", tester=True)
             for session in self.scenario.sessions:
-                conn = self._connect(f"{prefix}/{session.name}", session=True)
+                conn = self._connect(f"{prefix}/{session.name}", tester=True)
                 self.sessions[session.name] = SessionConnection(session.name, conn, self.recorder)
             self.observer = self._connect(f"pgrace/{self.scenario.name}/observer")
             self.observer.execute("SET lock_timeout = '200ms'")
@@ -184,12 +184,18 @@ class Runner:
     def __exit__(self, *exc: object) -> None:
         self.stack.__exit__(None, None, None)
 
-    def _connect(self, application_name: str, session: bool = False) -> psycopg.Connection[Any]:
+    def _connect(self, application_name: str, tester: bool = False) -> psycopg.Connection[Any]:
+        """``tester``: a connection isolationtester would open (control or session).
+
+        pg_regress sets PGTZ, PGDATESTYLE and intervalstyle in the environment, so they
+        apply to the control connection too: setup SQL must read timestamps the way the
+        sessions do (classroom-scheduling inserts its rows in setup).
+        """
         kwargs: dict[str, Any] = {
             "application_name": application_name[:63],
             "client_encoding": "UTF8",
         }
-        if session and self.scenario.format == "spec":
+        if tester and self.scenario.format == "spec":
             kwargs["options"] = SPEC_SESSION_OPTIONS
         try:
             conn = psycopg.connect(self.dsn, autocommit=True, **kwargs)

@@ -216,6 +216,7 @@ class StepRun:
     released_by: int | None = None
     cancelled: bool = False
     locks_after: tuple[RowLock, ...] | None = None
+    locks_unreadable: tuple[str, ...] = ()  # tables whose row locks could not be read
 
     @property
     def waited(self) -> bool:
@@ -296,6 +297,7 @@ class Run:
                 run.released_by = event.released_by
             elif isinstance(event, LocksObserved) and event.after_seq in runs:
                 runs[event.after_seq].locks_after = event.locks
+                runs[event.after_seq].locks_unreadable = event.skipped
         return list(runs.values())
 
     def check_outcomes(self) -> dict[int, Outcome]:

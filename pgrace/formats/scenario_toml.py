@@ -89,62 +89,55 @@ def parse_toml_scenario(text: str, source: str, params: dict[str, str] | None = 
 
 
 class Locator:
-    """Finds the line of a key in the TOML text, since ``tomllib`` does not say."""
+    """Finds the line of a key in the TOML text, since ``tomllib`` does not say.
+
+    A path such as ``("step", 2, "expect", "rows")`` is looked up as the longest prefix
+    that names a table header (``[[step]]`` number 2), then key by key inside it.
+    """
+
+    HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]")
 
     def __init__(self, text: str, source: str) -> None:
         self.lines = text.splitlines()
         self.source = source
+        self.headers: dict[tuple[str | int, ...], int] = {}
+        self.starts: list[int] = []
+        counts: dict[tuple[str, ...], int] = {}
+        for number, line in enumerate(self.lines):
+            match = self.HEADER.match(line)
+            if not match:
+                continue
+            parts = tuple(p.strip().strip('"').strip("'") for p in match.group(2).split("."))
+            self.starts.append(number)
+            if match.group(1) == "[[":
+                counts[parts] = counts.get(parts, -1) + 1
+                self.headers[(*parts, counts[parts])] = number
+            else:
+                self.headers[parts] = number
 
     def error(self, message: str, *path: str | int) -> ScenarioError:
         return ScenarioError(message, self.source, self.line_of(*path))
 
     def line_of(self, *path: str | int) -> int | None:
-        """Best effort: the header of the table in ``path``, then the deepest key below it."""
-        start, end = 0, len(self.lines)
-        found: int | None = None
-        i = 0
-        while i < len(path):
-            part = path[i]
-            if i + 1 < len(path) and isinstance(path[i + 1], int):
-                header = self._nth_header(str(part), int(path[i + 1]), start, end)
-                if header is not None:
-                    start, end, found = header, self._next_header(header), header + 1
-                    i += 2
-                    continue
-            line = self._key_line(str(part), start, end)
+        start, end, found, rest = 0, self._end_of(-1), None, path
+        for cut in range(len(path), 0, -1):
+            if path[:cut] in self.headers:
+                start = self.headers[path[:cut]]
+                end, found, rest = self._end_of(start), start + 1, path[cut:]
+                break
+        for key in rest:
+            if isinstance(key, int):
+                continue
+            pattern = re.compile(rf"(^|[{{,\s.])[\"']?{re.escape(key)}[\"']?\s*[=.]")
+            line = next((k for k in range(start, end) if pattern.search(self.lines[k])), None)
             if line is None:
-                table = self._table_header(path[: i + 1], start)
-                if table is None:
-                    break
-                start, end, found = table, self._next_header(table), table + 1
-            else:
-                found = line + 1
-                start = line
-            i += 1
+                break
+            start, found = line, line + 1
         return found
 
-    def _nth_header(self, name: str, n: int, start: int, end: int) -> int | None:
-        pattern = re.compile(rf"^\s*\[\[\s*([\w.-]+\.)?{re.escape(name)}\s*\]\]")
-        hits = [k for k in range(start, len(self.lines)) if pattern.match(self.lines[k])]
-        return hits[n] if n < len(hits) else None
-
-    def _table_header(self, path: tuple[str | int, ...], start: int) -> int | None:
-        last = str(path[-1])
-        pattern = re.compile(rf"^\s*\[\s*([\w.\"-]+\.)?\"?{re.escape(last)}\"?\s*\]")
-        return next(
-            (k for k in range(start, len(self.lines)) if pattern.match(self.lines[k])),
-            None,
-        )
-
-    def _next_header(self, line: int) -> int:
-        return next(
-            (k for k in range(line + 1, len(self.lines)) if self.lines[k].lstrip().startswith("[")),
-            len(self.lines),
-        )
-
-    def _key_line(self, key: str, start: int, end: int) -> int | None:
-        pattern = re.compile(rf"(^|[{{,\s.])\"?{re.escape(key)}\"?\s*[=.]")
-        return next((k for k in range(start, end) if pattern.search(self.lines[k])), None)
+    def _end_of(self, header: int) -> int:
+        """The line where the section starting at ``header`` (-1: the top) ends."""
+        return next((k for k in self.starts if k > header), len(self.lines))
 
 
 def did_you_mean(word: str, choices: set[str] | list[str]) -> str:

@@ -185,7 +185,7 @@ def _outcome_lines(outcome: Outcome) -> list[str]:
 
 def _lock_lines(event: LocksObserved) -> list[str]:
     if event.locks is None:
-        return ["unknown"]
+        return ["unknown (no pgrowlocks)"]
     lines = [f"{lock.session}: {lock.describe_row()} {lock.mode}" for lock in event.locks] or ["none"]
     lines += [f"{table}: unknown (exclusively locked)" for table in event.skipped]
     return lines

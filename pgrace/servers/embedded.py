@@ -83,6 +83,9 @@ _SERVER_SETTINGS = {
     # PG 18's default io_method=worker starts 3 more processes: 5 ms of every start.
     "io_method": "sync",
     "huge_pages": "off",
+    # Dynamic shared memory as files in the data directory instead of /dev/shm/PostgreSQL.*:
+    # removed with the run directory, even after a postmaster was SIGKILLed.
+    "dynamic_shared_memory_type": "mmap",
     # The WAL lives in tmpfs (RAM): keep it small, checkpoints are cheap without fsync.
     "max_wal_size": "64MB",
 }

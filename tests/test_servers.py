@@ -1,0 +1,213 @@
+"""Server backends and scratch databases, against real PostgreSQL servers (no mocks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from pgrace.errors import ServerUnavailable
+from pgrace.scratch import scratch_database, scratch_name
+from pgrace.servers import ServerInfo, open_server, redact_dsn
+from pgrace.servers.embedded import embedded_server
+from pgrace.servers.existing import existing_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerInfo]:
+    """One embedded server for the whole module: starting one costs ~50 ms."""
+    with embedded_server() as info:
+        yield info
+
+
+def _rundir(info: ServerInfo) -> str:
+    host = conninfo_to_dict(info.dsn)["host"]
+    assert isinstance(host, str)
+    return host
+
+
+def _postmaster_pid(rundir: str) -> int:
+    with open(os.path.join(rundir, "data", "postmaster.pid")) as f:
+        return int(f.readline())
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (an orphaned postmaster may stay unreaped here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                found.append(int(entry))
+    return found
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
+
+
+# --- embedded server --------------------------------------------------------------------
+
+
+def test_embedded_server_starts_and_cleans_up() -> None:
+    with embedded_server() as info:
+        with psycopg.connect(info.dsn) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert info.version.startswith("18")
+        assert info.label == f"embedded PostgreSQL {info.version}"
+        rundir = _rundir(info)
+        pid = _postmaster_pid(rundir)
+        assert _alive(pid)
+    assert not _alive(pid)
+    assert not os.path.exists(rundir)
+
+
+def test_embedded_server_dies_with_sigkilled_parent() -> None:
+    child_code = textwrap.dedent(
+        """
+        import os, sys, time
+        from psycopg.conninfo import conninfo_to_dict
+        from pgrace.servers.embedded import embedded_server
+        with embedded_server() as info:
+            rundir = conninfo_to_dict(info.dsn)["host"]
+            with open(os.path.join(rundir, "data", "postmaster.pid")) as f:
+                print(f.readline().strip(), rundir, flush=True)
+            time.sleep(60)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    with subprocess.Popen([sys.executable, "-c", child_code], stdout=subprocess.PIPE, text=True, env=env) as child:
+        assert child.stdout is not None
+        line = child.stdout.readline().split()
+        assert len(line) == 2, "child did not report its server"
+        postmaster, rundir = int(line[0]), line[1]
+        processes = [postmaster, *_children(postmaster)]
+        assert len(processes) > 1  # checkpointer, background writer, ...
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert _wait_gone(processes) == []
+    # The killed run's directory is stale now; the next start sweeps it away.
+    assert os.path.isdir(rundir)
+    with embedded_server():
+        assert not os.path.exists(rundir)
+
+
+def test_pgrowlocks_works_on_embedded_server(server: ServerInfo) -> None:
+    with scratch_database(server, "pgrowlocks") as db, psycopg.connect(db.dsn, autocommit=True) as conn:
+        assert db.has_pgrowlocks
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)")
+        with psycopg.connect(db.dsn) as locker:
+            locker.execute("SELECT * FROM t FOR UPDATE")
+            rows = conn.execute("SELECT modes FROM pgrowlocks('t')").fetchall()
+        assert rows == [(["For Update"],)]
+
+
+# --- scratch databases ----------------------------------------------------------------
+
+
+def _databases(server: ServerInfo) -> set[str]:
+    with psycopg.connect(server.dsn) as conn:
+        return {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+
+
+def test_scratch_database_is_created_and_dropped(server: ServerInfo) -> None:
+    before = _databases(server)
+    with scratch_database(server, "Lost update!") as db:
+        assert db.name.startswith("pgrace_lost_update_")
+        assert db.name in _databases(server)
+        assert db.name not in before
+        assert db.has_pgrowlocks
+        # A session still open at the end must not prevent the drop.
+        session = psycopg.connect(db.dsn)
+        assert session.execute("SELECT current_database()").fetchone() == (db.name,)
+    session.close()
+    assert _databases(server) == before
+
+
+def test_scratch_database_is_dropped_on_error(server: ServerInfo) -> None:
+    before = _databases(server)
+    with pytest.raises(RuntimeError), scratch_database(server, "boom"):
+        raise RuntimeError("the run failed")
+    assert _databases(server) == before
+
+
+def test_scratch_name_is_a_short_safe_identifier() -> None:
+    name = scratch_name("Ünïcode & spaces / " * 10)
+    assert len(name.encode()) <= 63
+    assert name.replace("_", "").isalnum() and name.isascii() and name == name.lower()
+    assert scratch_name("") != scratch_name("")
+
+
+# --- existing servers and server selection -----------------------------------------------
+
+
+def test_existing_server_reachable(server: ServerInfo) -> None:
+    with existing_server(server.dsn) as info:
+        assert info.version == server.version
+        assert info.label.startswith("postgresql://postgres@")
+        assert info.label.endswith(":5432/postgres")
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    ["postgresql://u:secret@127.0.0.1:1/x", "host=127.0.0.1 port=1 user=u password=secret dbname=x"],
+)
+def test_existing_server_unreachable(dsn: str) -> None:
+    with pytest.raises(ServerUnavailable) as excinfo, existing_server(dsn):
+        pass
+    message = str(excinfo.value)
+    assert "127.0.0.1" in message
+    assert "secret" not in message
+    assert "\n" not in message
+
+
+def test_open_server_prefers_explicit_dsn_then_env(server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGRACE_DSN", "postgresql://u:secret@127.0.0.1:1/x")
+    with pytest.raises(ServerUnavailable), open_server():
+        pass
+    with open_server(server.dsn) as info:
+        assert info.label.startswith("postgresql://")
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://u:secret@db.example:5432/app", "postgresql://u@db.example:5432/app"),
+        ("postgres://u@h/db", "postgres://u@h/db"),
+        ("postgresql://u:s%40cret@h/db?sslmode=require&password=x", "postgresql://u@h/db?sslmode=require"),
+        ("postgresql://h/db?password=secret", "postgresql://h/db"),
+        ("host=h user=u password=secret dbname=d", "host=h user=u dbname=d"),
+        ("host=h password='sec ret' port=5", "host=h port=5"),
+        ("password = secret host=h", "host=h"),
+        ("host=h sslpassword=secret", "host=h"),
+        ("host=h dbname=d", "host=h dbname=d"),
+    ],
+)
+def test_redact_dsn(dsn: str, expected: str) -> None:
+    assert redact_dsn(dsn) == expected
