@@ -51,8 +51,22 @@ def test_run_json_follows_the_contract(cli: CliRunner, pgrace_server: ServerInfo
     assert {"scenario", "variant", "server_version", "sessions", "steps", "checks", "ok"} <= data.keys()
     assert data["variant"] == "bug" and data["ok"] is True
     step = data["steps"][0]
-    for key in ["index", "session", "sql", "status", "waited", "blocked_by", "waited_on", "columns", "rows",
-                "error", "locks_after", "started_ms", "wait_detected_ms", "finished_ms"]:
+    for key in [
+        "index",
+        "session",
+        "sql",
+        "status",
+        "waited",
+        "blocked_by",
+        "waited_on",
+        "columns",
+        "rows",
+        "error",
+        "locks_after",
+        "started_ms",
+        "wait_detected_ms",
+        "finished_ms",
+    ]:
         assert key in step, key
     assert all(set(c) >= {"description", "ok"} for c in data["checks"])
 
@@ -94,7 +108,7 @@ def test_failed_expectation_exits_1_and_says_what_differed(
         '[[step]]\nsession = "a"\nsql = "BEGIN"\n'
         '[[step]]\nsession = "a"\nsql = "SELECT id FROM t FOR UPDATE"\n'
         '[[step]]\nname = "nowait"\nsession = "b"\nsql = "SELECT id FROM t FOR UPDATE NOWAIT"\n'
-        'expect = { error = false }\n'
+        "expect = { error = false }\n"
     )
     result = cli.invoke(main, ["run", str(story), "--dsn", pgrace_server.dsn])
     assert result.exit_code == 1

@@ -9,8 +9,11 @@ from pgrace.pytest_plugin import RunScenario
 from pgrace.timeline import NoticeReceived, Run, StepCancelled, StepFinished, StepRun
 
 
-def scenario(body: str, sessions: str = '["a", "b"]', setup: str = "CREATE TABLE t (id int PRIMARY KEY, v int);"
-             " INSERT INTO t VALUES (1, 10), (2, 20);"):  # type: ignore[no-untyped-def]
+def scenario(
+    body: str,
+    sessions: str = '["a", "b"]',
+    setup: str = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);",
+):  # type: ignore[no-untyped-def]
     text = f"setup = {setup!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
     return parse_toml_scenario(text, "inline.toml")
 

@@ -627,5 +627,6 @@ def _coerce(raw: str, default: Any, key: str, source: str) -> Any:
         if isinstance(default, float):
             return float(raw)
     except ValueError:
-        raise ScenarioError(f"param {key!r} must be a {type(default).__name__}, not {raw!r}", source) from None
+        kind = {bool: "true or false", int: "a whole number", float: "a number"}[type(default)]
+        raise ScenarioError(f"param {key!r} must be {kind}, not {raw!r}", source) from None
     return raw
