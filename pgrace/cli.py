@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+from contextlib import suppress
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -28,18 +31,31 @@ from pgrace.timeline import Run
 FORMATS = ("text", "json", "isolation")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that every context manager cleans up."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
 class PgraceGroup(click.Group):
     """Turns pgrace's own errors into one line on stderr and the error's exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        with suppress(ValueError):  # only the main thread may install handlers
+            signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             return super().invoke(ctx)
         except PgraceError as exc:
             click.echo(f"pgrace: {exc}", err=True)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("pgrace: interrupted; cleaned up", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:
+            signum = getattr(exc, "signum", signal.SIGINT)
+            click.echo(f"pgrace: {'terminated' if signum == signal.SIGTERM else 'interrupted'}; cleaned up", err=True)
+            ctx.exit(128 + signum)
 
 
 @click.group(cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]})

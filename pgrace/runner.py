@@ -362,10 +362,11 @@ class Runner:
         return False
 
     def _report_waiting(self, active: Active, by_marker: bool) -> None:
+        detected = self.recorder.now()  # before describing: the latency is detection's alone
         active.waiting_reported = True
         session = self.sessions[active.step.session]
         waits = () if by_marker else self.inspector.describe_waits(session.pid)
-        self.recorder.add(StepWaiting(active.seq, waits, self.recorder.now(), by_marker=by_marker))
+        self.recorder.add(StepWaiting(active.seq, waits, detected, by_marker=by_marker))
 
     def _report_done(self, session: SessionConnection, active: Active) -> None:
         assert active.outcome is not None

@@ -88,34 +88,53 @@ def test_embedded_server_starts_and_cleans_up() -> None:
     assert not os.path.exists(rundir)
 
 
-def test_embedded_server_dies_with_sigkilled_parent() -> None:
-    child_code = textwrap.dedent(
-        """
-        import os, sys, time
-        from psycopg.conninfo import conninfo_to_dict
-        from pgrace.servers.embedded import embedded_server
-        with embedded_server() as info:
-            rundir = conninfo_to_dict(info.dsn)["host"]
-            with open(os.path.join(rundir, "data", "postmaster.pid")) as f:
-                print(f.readline().strip(), rundir, flush=True)
-            time.sleep(60)
-        """
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    with subprocess.Popen([sys.executable, "-c", child_code], stdout=subprocess.PIPE, text=True, env=env) as child:
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    from psycopg.conninfo import conninfo_to_dict
+    from pgrace.servers.embedded import embedded_server
+    with embedded_server() as info:
+        rundir = conninfo_to_dict(info.dsn)["host"]
+        with open(os.path.join(rundir, "data", "postmaster.pid")) as f:
+            print(f.readline().strip(), rundir, flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def _run_child_and_signal(sig: signal.Signals) -> tuple[list[int], str, int]:
+    """Start a server in a child Python, send it ``sig``; return server pids, run dir, exit code."""
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    ) as child:
         assert child.stdout is not None
         line = child.stdout.readline().split()
         assert len(line) == 2, "child did not report its server"
         postmaster, rundir = int(line[0]), line[1]
         processes = [postmaster, *_children(postmaster)]
         assert len(processes) > 1  # checkpointer, background writer, ...
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        child.send_signal(sig)
+        code = child.wait()
+    return processes, rundir, code
+
+
+def test_embedded_server_dies_with_sigkilled_parent() -> None:
+    processes, rundir, code = _run_child_and_signal(signal.SIGKILL)
+    assert code == -signal.SIGKILL
     assert _wait_gone(processes) == []
     # The killed run's directory is stale now; the next start sweeps it away.
     assert os.path.isdir(rundir)
     with embedded_server():
         assert not os.path.exists(rundir)
+
+
+def test_embedded_server_is_stopped_on_keyboard_interrupt() -> None:
+    processes, rundir, code = _run_child_and_signal(signal.SIGINT)
+    assert code == -signal.SIGINT  # KeyboardInterrupt went on up after the cleanup
+    assert [p for p in processes if _alive(p)] == []  # stopped before the child exited
+    assert not os.path.exists(rundir)
 
 
 def test_pgrowlocks_works_on_embedded_server(server: ServerInfo) -> None:
@@ -126,6 +145,15 @@ def test_pgrowlocks_works_on_embedded_server(server: ServerInfo) -> None:
             locker.execute("SELECT * FROM t FOR UPDATE")
             rows = conn.execute("SELECT modes FROM pgrowlocks('t')").fetchall()
         assert rows == [(["For Update"],)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
+def test_unreachable_cache_dir_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("PGRACE_CACHE_DIR", str(private / "cache"))
+    with pytest.raises(ServerUnavailable, match="cannot enter"), embedded_server():
+        pass
 
 
 # --- scratch databases ----------------------------------------------------------------
@@ -154,6 +182,16 @@ def test_scratch_database_is_dropped_on_error(server: ServerInfo) -> None:
     before = _databases(server)
     with pytest.raises(RuntimeError), scratch_database(server, "boom"):
         raise RuntimeError("the run failed")
+    assert _databases(server) == before
+
+
+def test_scratch_database_is_dropped_with_a_prepared_transaction(server: ServerInfo) -> None:
+    before = _databases(server)
+    with scratch_database(server, "two phase") as db, psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int)")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("PREPARE TRANSACTION 'pgrace-test'")
     assert _databases(server) == before
 
 

@@ -86,6 +86,8 @@ _SERVER_SETTINGS = {
     # Dynamic shared memory as files in the data directory instead of /dev/shm/PostgreSQL.*:
     # removed with the run directory, even after a postmaster was SIGKILLed.
     "dynamic_shared_memory_type": "mmap",
+    # Lets scenarios use two-phase commit (PREPARE TRANSACTION); costs a few kB.
+    "max_prepared_transactions": "10",
     # The WAL lives in tmpfs (RAM): keep it small, checkpoints are cheap without fsync.
     "max_wal_size": "64MB",
 }
@@ -114,13 +116,23 @@ class _User:
 
 @contextlib.contextmanager
 def embedded_server() -> Iterator[ServerInfo]:
-    """Start a throwaway server, yield it, and always stop it and delete its data."""
+    """Start a throwaway server, yield it, and always stop it and delete its data.
+
+    The server is tied to the calling thread: the parent-death signal fires when the
+    thread that started it exits, so enter and leave the block in one long-lived thread.
+    """
     pginstall = _find_pginstall()
     user = _server_user()
-    cache = _cache_dir(user)
-    key = _binaries_key(pginstall)
-    bindir = _ensure_binaries(pginstall, key, cache, user)
-    template = _ensure_template(bindir, key, cache, user)
+    cache = _cache_path(user)
+    try:
+        _create_cache_dir(cache, user)
+        key = _binaries_key(pginstall)
+        bindir = _ensure_binaries(pginstall, key, cache, user)
+        template = _ensure_template(bindir, key, cache, user)
+    except OSError as exc:
+        raise ServerUnavailable(
+            f"cannot prepare the embedded server's cache in {cache}: {exc}; set {CACHE_ENV_VAR} to a writable directory"
+        ) from exc
 
     base = _run_base()
     if user is not None:
@@ -131,26 +143,10 @@ def embedded_server() -> Iterator[ServerInfo]:
         _our_run_dirs.add(rundir)
     proc: subprocess.Popen[bytes] | None = None
     try:
-        owner = None if user is None else (user.uid, user.gid)
-        if owner is not None:
-            os.chown(rundir, *owner)
-        data = os.path.join(rundir, "data")
-        _copy_tree(template, data, owner)
-        log_path = os.path.join(rundir, "postgres.log")
-        argv = [os.path.join(bindir, "bin", "postgres"), "-D", data, "-k", rundir]
-        for name, value in _SERVER_SETTINGS.items():
-            argv += ["-c", f"{name}={value}"]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_child_env(),
-                cwd=rundir,
-                # Only syscalls run in the child; the death signal has no other hook.
-                preexec_fn=_child_setup(user, death_signal=True),
-            )
+        try:
+            proc, log_path = _spawn(bindir, template, rundir, user)
+        except OSError as exc:
+            raise ServerUnavailable(f"cannot start the embedded server in {rundir}: {exc}") from exc
         dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
         version = _wait_ready(proc, dsn, rundir, log_path)
         yield ServerInfo(dsn=dsn, version=version, label=f"embedded PostgreSQL {version}")
@@ -161,6 +157,31 @@ def embedded_server() -> Iterator[ServerInfo]:
             shutil.rmtree(rundir, ignore_errors=True)
             with _run_dirs_lock:
                 _our_run_dirs.discard(rundir)
+
+
+def _spawn(bindir: str, template: str, rundir: str, user: _User | None) -> tuple[subprocess.Popen[bytes], str]:
+    """Copy the template into ``rundir`` and start postgres on it; return it and its log path."""
+    owner = None if user is None else (user.uid, user.gid)
+    if owner is not None:
+        os.chown(rundir, *owner)
+    data = os.path.join(rundir, "data")
+    _copy_tree(template, data, owner)
+    log_path = os.path.join(rundir, "postgres.log")
+    argv = [os.path.join(bindir, "bin", "postgres"), "-D", data, "-k", rundir]
+    for name, value in _SERVER_SETTINGS.items():
+        argv += ["-c", f"{name}={value}"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            cwd=rundir,
+            # The parent-death signal can only be armed from inside the child.
+            preexec_fn=_child_setup(user, death_signal=True),
+        )
+    return proc, log_path
 
 
 # --- locating and caching the binaries -------------------------------------------------
@@ -212,23 +233,24 @@ def _server_user() -> _User | None:
     )
 
 
-def _cache_dir(user: _User | None) -> str:
-    """Where the binaries copy and the template live; created on first use."""
+def _cache_path(user: _User | None) -> str:
+    """Where the binaries copy and the template live: shared by root's runs, per user otherwise."""
     override = os.environ.get(CACHE_ENV_VAR)
     if override:
-        path = os.path.abspath(override)
-    elif user is not None:
-        path = "/var/cache/pgrace"
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = xdg if xdg and os.path.isabs(xdg) else os.path.expanduser("~/.cache")
-        path = os.path.join(base, "pgrace")
+        return os.path.abspath(override)
+    if user is not None:
+        return "/var/cache/pgrace"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg and os.path.isabs(xdg) else os.path.expanduser("~/.cache")
+    return os.path.join(base, "pgrace")
+
+
+def _create_cache_dir(path: str, user: _User | None) -> None:
     if user is None:
         os.makedirs(path, exist_ok=True)
     else:
         _makedirs_world_readable(path)
         _check_reachable(path, user)
-    return path
 
 
 def _makedirs_world_readable(path: str) -> None:
@@ -578,7 +600,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: 
                     version = str(row[0]) if row else "unknown"
                 return version
         except psycopg.OperationalError as exc:
-            last_error = str(exc).strip()
+            last_error = " ".join(str(exc).split())
         if time.monotonic() >= deadline:
             raise ServerUnavailable(
                 f"embedded PostgreSQL did not accept connections on unix socket {rundir} "
