@@ -459,7 +459,8 @@ class Runner:
     def _run_checks(self) -> None:
         for index, check in enumerate(self.scenario.checks):
             text = substitute(check.sql, dict(self.scenario.params))
-            self.recorder.add(CheckQueried(index, self._exec(self.control.pgconn, text), self.recorder.now()))
+            outcome = self._exec(self.control.pgconn, text)
+            self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), text))
 
     def _observe_locks(self, seq: int) -> None:
         if not self.run.row_locks_available:

@@ -53,20 +53,27 @@ def scratch_name(hint: str) -> str:
 def scratch_database(server: ServerInfo, hint: str) -> Iterator[ScratchDatabase]:
     """Create a fresh database, yield it, and always drop it (terminating its connections)."""
     name = scratch_name(hint)
+    dsn = make_conninfo(server.dsn, dbname=name)
     admin = _connect(server)
+    server_version = admin.info.server_version
     try:
-        _create(admin, server, name)
         try:
-            dsn = make_conninfo(server.dsn, dbname=name)
+            _create(admin, server, name)
+        except KeyboardInterrupt:
+            # Interrupted around the CREATE: the database may exist by now.
+            with deferred_interrupts(), contextlib.suppress(RunAborted):
+                admin = _drop(admin, server, name, dsn, server_version)
+            raise
+        try:
             has_pgrowlocks = _try_pgrowlocks(dsn)
             yield ScratchDatabase(dsn=dsn, name=name, has_pgrowlocks=has_pgrowlocks)
         except BaseException:
             # The run's own error is the one to report; a failed drop must not mask it.
             with deferred_interrupts(), contextlib.suppress(RunAborted):
-                admin = _drop(admin, server, name, dsn)
+                admin = _drop(admin, server, name, dsn, server_version)
             raise
         with deferred_interrupts():
-            admin = _drop(admin, server, name, dsn)
+            admin = _drop(admin, server, name, dsn, server_version)
     finally:
         admin.close()
 
@@ -121,12 +128,16 @@ def _try_pgrowlocks(dsn: str) -> bool:
     return True
 
 
-def _drop(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str, dsn: str) -> psycopg.Connection[TupleRow]:
+def _drop(
+    admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str, dsn: str, server_version: int
+) -> psycopg.Connection[TupleRow]:
     """Drop the database, reconnecting once if the admin connection died meanwhile.
 
     Returns the admin connection in use, so the caller closes the right one.
     """
-    statement = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    statement = sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name))
+    if server_version >= 130000:  # FORCE is new in PostgreSQL 13
+        statement += sql.SQL(" WITH (FORCE)")
     try:
         _end_sessions(admin, name)
         admin.execute(statement)

@@ -78,6 +78,7 @@ def test_run_text_is_deterministic_and_ends_with_a_verdict(cli: CliRunner, pgrac
     assert first.exit_code == 0
     assert first.output == second.output
     assert "⏳ waits for alice on row accounts id=1" in first.output
+    assert "final state:\n  SELECT balance FROM accounts WHERE id = 1  → balance=300\n" in first.output
     assert "verdict: ✔ all" in first.output
     assert "\x1b[" not in first.output  # no colour when not on a terminal
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.errors import ServerUnavailable
 from pgrace.scratch import scratch_database, scratch_name
@@ -91,7 +91,7 @@ def test_embedded_server_starts_and_cleans_up() -> None:
 _CHILD = textwrap.dedent(
     """
     import os, sys, time
-    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from pgrace.servers.embedded import embedded_server
     with embedded_server() as info:
         rundir = conninfo_to_dict(info.dsn)["host"]
@@ -192,6 +192,35 @@ def test_scratch_database_is_dropped_with_a_prepared_transaction(server: ServerI
         conn.execute("BEGIN")
         conn.execute("INSERT INTO t VALUES (1)")
         conn.execute("PREPARE TRANSACTION 'pgrace-test'")
+    assert _databases(server) == before
+
+
+@pytest.fixture
+def role(server: ServerInfo) -> Iterator[str]:
+    """A fresh non-superuser login role on the shared server."""
+    name = "pgrace_test_role"
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+        conn.execute(f"CREATE ROLE {name} LOGIN")
+        yield name
+        conn.execute(f"DROP ROLE {name}")
+
+
+def test_scratch_database_without_createdb_is_reported(server: ServerInfo, role: str) -> None:
+    limited = ServerInfo(dsn=make_conninfo(server.dsn, user=role), version=server.version, label="limited")
+    with pytest.raises(ServerUnavailable, match="may not create databases"), scratch_database(limited, "x"):
+        pass
+
+
+def test_scratch_database_without_superuser_lacks_pgrowlocks(server: ServerInfo, role: str) -> None:
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER ROLE {role} CREATEDB")
+    limited = ServerInfo(dsn=make_conninfo(server.dsn, user=role), version=server.version, label="limited")
+    before = _databases(server)
+    with scratch_database(limited, "no superuser") as db:
+        assert not db.has_pgrowlocks  # pgrowlocks is not a trusted extension
+        with psycopg.connect(db.dsn) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == (role,)
     assert _databases(server) == before
 
 
