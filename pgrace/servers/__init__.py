@@ -40,24 +40,32 @@ class ServerInfo:
 
 
 def open_server(
-    dsn: str | None = None,
+    target: str | None = None,
 ) -> contextlib.AbstractContextManager[ServerInfo]:
     """Give a server for the duration of a ``with`` block.
 
-    ``dsn`` None -> the ``PGRACE_DSN`` environment variable if set -> else a throwaway
-    embedded server.  An explicit DSN always wins so a command line can override the
-    environment.
+    ``target`` is what ``--server`` takes: ``"embedded"``, a libpq connection string,
+    the bin directory of a local PostgreSQL installation, or ``docker:IMAGE``.
+    None -> the ``PGRACE_DSN`` environment variable if set -> else the embedded server.
+    Backends are imported lazily: each is only needed when chosen.
     """
-    if dsn is None:
-        dsn = os.environ.get(DSN_ENV_VAR) or None
-    if dsn is None:
-        # Imported lazily: the embedded backend is only needed when no DSN is given.
+    if target is None:
+        target = os.environ.get(DSN_ENV_VAR) or "embedded"
+    if target == "embedded":
         from pgrace.servers.embedded import embedded_server
 
         return embedded_server()
+    if target.startswith("docker:"):
+        from pgrace.servers.docker import docker_server
+
+        return docker_server(target.removeprefix("docker:"))
+    if os.path.isdir(target):
+        from pgrace.servers.embedded import local_server
+
+        return local_server(target)
     from pgrace.servers.existing import existing_server
 
-    return existing_server(dsn)
+    return existing_server(target)
 
 
 _URI_RE = re.compile(r"^(?P<scheme>postgres(?:ql)?://)(?P<userinfo>[^@/?]*@)?", re.IGNORECASE)

