@@ -82,7 +82,7 @@ def parse_toml_scenario(text: str, source: str, params: dict[str, str] | None = 
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         match = re.search(r"\(at line (\d+), column \d+\)$", message)
-        line = int(match.group(1)) if match else None
+        line = int(match.group(1)) if match else max(1, len(text.splitlines()))  # "at end of document"
         message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)$", "", message)
         raise ScenarioError(f"invalid TOML: {message}", source, line) from None
     return Builder(data, locator, params or {}).build()
@@ -118,8 +118,9 @@ class Locator:
     def error(self, message: str, *path: str | int) -> ScenarioError:
         return ScenarioError(message, self.source, self.line_of(*path))
 
-    def line_of(self, *path: str | int) -> int | None:
-        start, end, found, rest = 0, self._end_of(-1), None, path
+    def line_of(self, *path: str | int) -> int:
+        """Never unknown: a key that is missing altogether is reported at its table (or line 1)."""
+        start, end, found, rest = 0, self._end_of(-1), 1, path
         for cut in range(len(path), 0, -1):
             if path[:cut] in self.headers:
                 start = self.headers[path[:cut]]
