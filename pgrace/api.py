@@ -16,16 +16,18 @@ def run(
     dsn: str | None = None,
     server: ServerInfo | None = None,
     options: RunOptions | None = None,
+    allow_scratch_schema: bool = False,
 ) -> Run:
     """Run one scenario variant in a scratch database and evaluate its expectations.
 
     Give ``server`` to reuse a server across runs; otherwise one is opened from ``dsn``
-    (or ``PGRACE_DSN``, or the embedded PostgreSQL) and closed afterwards.
+    (or ``PGRACE_DSN``, or the embedded PostgreSQL) and closed afterwards. Without the
+    CREATEDB privilege, ``allow_scratch_schema`` runs in a throwaway schema instead.
     """
     if server is None:
         with open_server(dsn) as opened:
-            return run(scenario, server=opened, options=options)
-    with scratch_database(server, scenario.name) as db:
+            return run(scenario, server=opened, options=options, allow_scratch_schema=allow_scratch_schema)
+    with scratch_database(server, scenario.name, allow_schema=allow_scratch_schema) as db:
         result = run_scenario(
             scenario,
             db.dsn,
@@ -33,6 +35,7 @@ def run(
             server_label=server.label,
             row_locks_available=db.has_pgrowlocks,
             options=options,
+            schema=db.schema,
         )
     result.checks = evaluate(result)
     return result

@@ -26,6 +26,8 @@ from pgrace.render.json import render_json
 from pgrace.render.live import LivePlayer
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
+from pgrace.scratch import sweep_leftovers
+from pgrace.servers import ServerInfo, open_server
 from pgrace.timeline import Run
 
 FORMATS = ("text", "json", "isolation")
@@ -94,6 +96,20 @@ def _variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
 
 
 scenario_argument = click.argument("scenario", metavar="SCENARIO")
+allow_schema_option = click.option(
+    "--allow-scratch-schema",
+    is_flag=True,
+    help="Without the CREATEDB privilege, run in a throwaway schema of the DSN's database instead.",
+)
+
+
+def report_swept(server: ServerInfo) -> None:
+    """Drop what killed runs left on this server, and say so (a failure here never stops a run)."""
+    with suppress(PgraceError):
+        for name in sweep_leftovers(server):
+            click.echo(f"pgrace: removed {name}, left behind by a killed pgrace run", err=True)
+
+
 fix_option = click.option("--fix", is_flag=True, help="Run the variant with the cure applied.")
 bug_option = click.option("--bug", is_flag=True, help="Run the variant that shows the bug.")
 param_option = click.option(
@@ -159,6 +175,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @click.option("--width", type=click.IntRange(min=40), help="Width of the text timeline (default: terminal).")
 @click.option("--color/--no-color", default=None, help="Colour per session (default: on a terminal, unless NO_COLOR).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
+@allow_schema_option
 def run(
     scenario: str,
     fix: bool,
@@ -172,6 +189,7 @@ def run(
     width: int | None,
     color: bool | None,
     output: str | None,
+    allow_scratch_schema: bool,
 ) -> None:
     """Run a scenario and print its timeline and verdict.
 
@@ -191,7 +209,9 @@ def run(
         before_step=player.before_step if player else None,
         on_event=player.on_event if player else None,
     )
-    result = api.run(chosen, dsn=dsn, options=options)
+    with open_server(dsn) as server:
+        report_swept(server)
+        result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
     text = _render(result, fmt, style)
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
@@ -202,6 +222,17 @@ def run(
     else:
         click.echo(text, nl=False)
     sys.exit(0 if result.ok else 1)
+
+
+@main.command()
+@click.option("--dsn", envvar="PGRACE_DSN", required=True, help="The server to clean (libpq URI or conninfo).")
+def clean(dsn: str) -> None:
+    """Remove scratch databases and schemas that killed pgrace runs left on a server."""
+    with open_server(dsn) as server:
+        removed = sweep_leftovers(server)
+    for name in removed:
+        click.echo(f"removed {name}")
+    click.echo(f"{len(removed)} leftover{'s' if len(removed) != 1 else ''} removed from {server.label}")
 
 
 def _render(result: Run, fmt: str, style: Style) -> str:

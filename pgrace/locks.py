@@ -55,6 +55,7 @@ SELECT c.oid, c.oid::regclass::text,
                WHERE l.locktype = 'relation' AND l.relation = c.oid AND l.mode = 'AccessExclusiveLock')
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind = 'r' AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%%'
+  AND (%(schema)s::text IS NULL OR n.nspname = %(schema)s)
 ORDER BY 2
 """
 
@@ -78,7 +79,8 @@ class LockSnapshot:
 class LockInspector:
     """Answers "blocked?", "on what?" and "who holds which rows?" for one scenario."""
 
-    def __init__(self, observer: psycopg.Connection[Any], sessions: dict[int, str]) -> None:
+    def __init__(self, observer: psycopg.Connection[Any], sessions: dict[int, str], schema: str | None = None) -> None:
+        self.schema = schema  # only this schema's tables are read (a scratch schema in a user's database)
         self.observer = observer
         self.sessions = sessions  # backend pid -> session name
         self.pid_array = "{" + ",".join(str(pid) for pid in sessions) + "}"
@@ -248,7 +250,7 @@ class LockInspector:
     def tables(self) -> list[Table]:
         return [
             Table(oid, name, tuple(keys), locked)
-            for oid, name, keys, locked in self.observer.execute(TABLES_QUERY).fetchall()
+            for oid, name, keys, locked in self.observer.execute(TABLES_QUERY, {"schema": self.schema}).fetchall()
         ]
 
     def _table(self, oid: int | None) -> Table | None:

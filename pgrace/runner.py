@@ -134,6 +134,7 @@ def run_scenario(
     server_label: str = "",
     row_locks_available: bool = True,
     options: RunOptions | None = None,
+    schema: str | None = None,
 ) -> Run:
     """Run every permutation of ``scenario`` in the database at ``dsn``; return the record."""
     options = options or RunOptions()
@@ -143,7 +144,7 @@ def run_scenario(
         server_label,
         row_locks_available and options.track_row_locks,
     )
-    with Runner(scenario, dsn, run, options) as runner:
+    with Runner(scenario, dsn, run, options, schema) as runner:
         runner.run_all()
     return run
 
@@ -151,7 +152,10 @@ def run_scenario(
 class Runner:
     """The scheduler. Use as a context manager so every connection is closed."""
 
-    def __init__(self, scenario: Scenario, dsn: str, run: Run, options: RunOptions) -> None:
+    def __init__(
+        self, scenario: Scenario, dsn: str, run: Run, options: RunOptions, schema: str | None = None
+    ) -> None:
+        self.schema = schema  # a scratch schema in the user's database: watch only its tables
         self.scenario = scenario
         self.dsn = dsn
         self.run = run
@@ -175,7 +179,9 @@ class Runner:
                 self.sessions[session.name] = SessionConnection(session.name, conn, self.recorder)
             self.observer = self._connect(f"pgrace/{self.scenario.name}/observer")
             self.observer.execute("SET lock_timeout = '200ms'")
-            self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()})
+            self.inspector = LockInspector(
+                self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema
+            )
         except BaseException:
             self.stack.__exit__(None, None, None)
             raise
@@ -243,15 +249,24 @@ class Runner:
             self._exec_teardown(self.control.pgconn, teardown, None)
 
     def _wait_for_session(self, session: SessionConnection) -> None:
-        """The next step's session still runs an earlier step: wait, reporting others."""
-        while session.busy:
-            self._poll_waiting(blocking=False)
-            if session.busy:
-                self._pause_until_input()
+        """The next step's session still runs an earlier step: wait for it, then the others.
 
-    def _pause_until_input(self) -> None:
-        sockets = [s.pgconn.socket for s in self.sessions.values() if s.active is not None]
-        select.select(sockets, [], [], 0.001)
+        As isolationtester: the earlier step is waited for in blocking mode (no probe)
+        and reported first; only then are the other waiting steps polled. When one
+        event frees several steps, the busy session's step thus comes before older ones.
+        """
+        deadline = time.perf_counter() + 2 * self.options.step_timeout
+        while session.active is not None:
+            earlier = session.active
+            if self._try_complete(earlier, blocking=True, retry=True):
+                self.waiting.remove(earlier)
+            elif self.waiting == [earlier]:  # held by a marker that nothing left can clear
+                raise RunAborted(f"failed to complete permutation due to mutually-blocking steps: {earlier.step.name}")
+            elif time.perf_counter() > deadline:  # held by a marker that nothing clears in time
+                names = ", ".join(a.step.name for a in self.waiting)
+                raise RunAborted(f"step {earlier.step.name} timed out; active steps are: {names}")
+            if self.waiting:
+                self._poll_waiting(blocking=False)
 
     def _launch(self, step: Step, entry: PermutationStep) -> Active:
         session = self.sessions[step.session]
@@ -308,13 +323,14 @@ class Runner:
             self._report_waiting(active, by_marker=True)
             return False
         slice_s = 0.0001
+        called = time.perf_counter()
         while active.outcome is None and pgconn.is_busy():
             readable, _, _ = select.select([pgconn.socket], [], [], slice_s)
             slice_s = min(slice_s * 2, 0.001)
             if readable:
                 self._consume(pgconn)
                 continue
-            if self._timed_out(active):
+            if self._timed_out(active, called):
                 continue
             if not blocking and self.inspector.is_blocked(session.pid):
                 self._consume(pgconn)
@@ -336,9 +352,15 @@ class Runner:
         with suppress(psycopg.OperationalError):  # collecting the result reports a broken connection
             pgconn.consume_input()
 
-    def _timed_out(self, active: Active) -> bool:
-        """Cancel a step that waited longer than the step timeout (once), recording why."""
-        elapsed = time.perf_counter() - active.sent
+    def _timed_out(self, active: Active, called: float) -> bool:
+        """Cancel a step that waited longer than the step timeout (once), recording why.
+
+        As isolationtester, the wait is counted from the start of this attempt to
+        complete the step, not from its launch: a step seen blocked returns at once
+        from non-blocking polls, so it is only cancelled when the runner itself has
+        to wait for it that long (a blocking wait, or a slow step that is not blocked).
+        """
+        elapsed = time.perf_counter() - called
         if active.cancelled or elapsed < self.options.step_timeout:
             if active.cancelled and elapsed > 3 * self.options.step_timeout:
                 raise RunAborted(f"step {active.step.name} did not finish even after it was cancelled")

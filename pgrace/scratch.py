@@ -8,8 +8,10 @@ server without touching anybody's data.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from psycopg.rows import TupleRow
 from pgrace.errors import RunAborted, ServerUnavailable
 from pgrace.servers import ServerInfo, deferred_interrupts, scrub_secrets
 
-__all__ = ["ScratchDatabase", "scratch_database"]
+__all__ = ["ScratchDatabase", "scratch_database", "sweep_leftovers"]
 
 _PREFIX = "pgrace_"
 _MAX_NAME_BYTES = 63  # NAMEDATALEN - 1: longer names would be silently truncated
@@ -39,6 +41,8 @@ class ScratchDatabase:
     name: str
     has_pgrowlocks: bool
     """Whether the pgrowlocks extension could be created; lock reports need it."""
+    schema: str | None = None
+    """Set when the run uses a scratch *schema* in the user's database instead."""
 
 
 def scratch_name(hint: str) -> str:
@@ -50,8 +54,12 @@ def scratch_name(hint: str) -> str:
 
 
 @contextlib.contextmanager
-def scratch_database(server: ServerInfo, hint: str) -> Iterator[ScratchDatabase]:
-    """Create a fresh database, yield it, and always drop it (terminating its connections)."""
+def scratch_database(server: ServerInfo, hint: str, allow_schema: bool = False) -> Iterator[ScratchDatabase]:
+    """Create a fresh database, yield it, and always drop it (terminating its connections).
+
+    Without the CREATEDB privilege this fails, unless ``allow_schema``: then a uniquely
+    named schema in the connection's own database is used and dropped instead.
+    """
     name = scratch_name(hint)
     dsn = make_conninfo(server.dsn, dbname=name)
     admin = _connect(server)
@@ -59,6 +67,13 @@ def scratch_database(server: ServerInfo, hint: str) -> Iterator[ScratchDatabase]
     try:
         try:
             _create(admin, server, name)
+        except NoCreateDb:
+            if not allow_schema:
+                raise
+            admin.close()
+            with scratch_schema(server, name) as scratch:
+                yield scratch
+            return
         except KeyboardInterrupt:
             # Interrupted around the CREATE: the database may exist by now.
             with deferred_interrupts(), contextlib.suppress(RunAborted):
@@ -76,6 +91,105 @@ def scratch_database(server: ServerInfo, hint: str) -> Iterator[ScratchDatabase]
             admin = _drop(admin, server, name, dsn, server_version)
     finally:
         admin.close()
+
+
+@contextlib.contextmanager
+def scratch_schema(server: ServerInfo, name: str) -> Iterator[ScratchDatabase]:
+    """A uniquely named schema in the server DSN's database, first on every session's search_path.
+
+    Only the schema is created and dropped (CASCADE); pgrowlocks is used only when it is
+    already installed, since installing it would change the user's database.
+    """
+    admin = _connect(server)
+    try:
+        try:
+            admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(sql.Identifier(name), sql.Literal(_marker())))
+        except psycopg.Error as exc:
+            raise ServerUnavailable(
+                f"cannot create scratch schema {name} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
+            ) from exc
+        row = admin.execute("SELECT to_regproc('pgrowlocks') IS NOT NULL").fetchone()
+        options = psycopg.conninfo.conninfo_to_dict(server.dsn).get("options") or ""
+        dsn = make_conninfo(server.dsn, options=f"{options} -c search_path={name}".strip())
+        try:
+            yield ScratchDatabase(dsn=dsn, name=name, has_pgrowlocks=bool(row and row[0]), schema=name)
+        finally:
+            with deferred_interrupts():
+                if admin.closed:
+                    admin = _connect(server)
+                _end_sessions_in_schema(admin, name)
+                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    finally:
+        admin.close()
+
+
+def _end_sessions_in_schema(admin: psycopg.Connection[TupleRow], name: str) -> None:
+    """Sessions of a run are named ``pgrace/...``; end ours so DROP SCHEMA is not blocked by their locks."""
+    with contextlib.suppress(psycopg.Error):
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+            " AND (application_name LIKE 'pgrace/%%' OR application_name LIKE 'isolation/%%')"
+            " AND backend_start >= (SELECT min(backend_start) FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+        )
+
+
+class NoCreateDb(ServerUnavailable):
+    """The role may not create databases (a scratch schema may be allowed instead)."""
+
+
+def _marker() -> str:
+    """Who created a scratch object, so that a later run can tell a dead run's leftovers."""
+    return f"pgrace scratch: host={socket.gethostname()} pid={os.getpid()}"
+
+
+def sweep_leftovers(server: ServerInfo) -> list[str]:
+    """Drop scratch databases and schemas that killed pgrace runs on this host left behind.
+
+    Only objects whose marker names this host and a process that no longer exists, and
+    that nobody is connected to, are dropped. Returns their names, so the caller can say so.
+    """
+    host = socket.gethostname()
+    removed: list[str] = []
+    admin = _connect(server)
+    try:
+        rows = admin.execute(
+            "SELECT d.datname, shobj_description(d.oid, 'pg_database') FROM pg_database d"
+            " WHERE d.datname LIKE 'pgrace\\_%%'"
+            " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)"
+        ).fetchall()
+        for name, comment in rows:
+            if _left_by_dead_process(comment, host):
+                admin = _drop(admin, server, name, make_conninfo(server.dsn, dbname=name), admin.info.server_version)
+                removed.append(name)
+        schemas = admin.execute(
+            "SELECT nspname, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname LIKE 'pgrace\\_%%'"
+        ).fetchall()
+        for name, comment in schemas:
+            if _left_by_dead_process(comment, host):
+                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+                removed.append(name)
+    except psycopg.Error as exc:
+        raise ServerUnavailable(
+            f"cannot look for leftovers on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
+        ) from exc
+    finally:
+        admin.close()
+    return removed
+
+
+def _left_by_dead_process(comment: str | None, host: str) -> bool:
+    match = re.fullmatch(r"pgrace scratch: host=(\S+) pid=(\d+)", comment or "")
+    if match is None or match.group(1) != host:
+        return False
+    try:
+        os.kill(int(match.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _connect(server: ServerInfo) -> psycopg.Connection[TupleRow]:
@@ -97,12 +211,13 @@ def _create(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str) 
             # whole cluster, so the default (WAL_LOG) is kept there.
             statement += sql.SQL(" STRATEGY FILE_COPY")
         admin.execute(statement)
+        admin.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(_marker())))
     except psycopg.errors.InsufficientPrivilege as exc:
         user = admin.info.user
-        raise ServerUnavailable(
+        raise NoCreateDb(
             f"role {user!r} may not create databases on {server.label}; pgrace needs a "
-            f"scratch database per run: grant it CREATEDB (ALTER ROLE {user} CREATEDB) "
-            "or use a superuser"
+            f"scratch database per run: grant it CREATEDB (ALTER ROLE {user} CREATEDB), "
+            "or pass --allow-scratch-schema to use a throwaway schema in its database instead"
         ) from exc
     except psycopg.Error as exc:
         raise ServerUnavailable(
