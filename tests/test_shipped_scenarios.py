@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pgrace import catalog
+from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.json import run_to_dict
 from pgrace.timeline import Run, StepRun
@@ -113,11 +114,41 @@ def test_skip_locked_fanout_claims_distinct_jobs_without_waits(pgrace_run: RunSc
     assert data["ok"] is True
 
 
-def test_fanout_without_skip_locked_queues_every_worker_behind_the_first(pgrace_run: RunScenario) -> None:
+def test_fanout_without_skip_locked_makes_the_workers_take_turns(pgrace_run: RunScenario) -> None:
     run = pgrace_run("skip-locked-fanout", "bug")
     claims = [s for s in run.step_runs() if s.step.startswith("claim.")]
     assert [c.waited for c in claims] == [False, True, True]
-    # worker3 waits in the tuple-lock queue behind worker2, for the row worker1 holds
+    # each worker waits for the one before it, on the job that one holds
+    assert [(w.blocked_by, w.holder, w.row.key_dict() if w.row else None) for c in claims[1:] for w in c.waits] == [
+        (("worker1",), "worker1", {"id": 1}),
+        (("worker2",), "worker2", {"id": 2}),
+    ]
+
+
+def test_a_queue_of_waiters_shows_as_a_chain(pgrace_run: RunScenario) -> None:
+    """worker3 queues for the tuple lock behind worker2, which waits for worker1's row."""
+    run = pgrace_run(
+        parse_toml_scenario(
+            """
+            setup = "CREATE TABLE jobs (id int PRIMARY KEY); INSERT INTO jobs VALUES (1), (2)"
+            sessions = [{ name = "worker", count = 3 }]
+            [[step]]
+            name = "begin"
+            session = "worker"
+            sql = "BEGIN"
+            [[step]]
+            name = "claim"
+            session = "worker"
+            sql = "SELECT id FROM jobs ORDER BY id LIMIT 1 FOR UPDATE"
+            [[step]]
+            name = "end"
+            session = "worker"
+            sql = "ROLLBACK"
+            """,
+            "chain.toml",
+        )
+    )
+    claims = [s for s in run.step_runs() if s.step.startswith("claim.")]
     [wait3] = claims[2].waits
-    assert wait3.blocked_by == ("worker2",) and wait3.holder == "worker1"
+    assert wait3.blocked_by == ("worker2",) and wait3.queued_behind == ("worker2",) and wait3.holder == "worker1"
     assert wait3.row is not None and wait3.row.key_dict() == {"id": 1}

@@ -321,7 +321,8 @@ class Builder:
                 if base is None:
                     step_name = f"{member}-{counters[member]}"
                 else:
-                    step_name = base if len(members) == 1 and session_ref == member else f"{base}.{member}"
+                    grouped = any(member in group for group in groups.values())  # claim.worker2, always
+                    step_name = base if session_ref == member and not grouped else f"{base}.{member}"
                 if step_name in {s.name for s in steps}:
                     raise self.loc.error(f"duplicate step name {step_name!r}", *where, "name")
                 steps.append(
@@ -502,14 +503,18 @@ class Builder:
             raise self.loc.error(f"[{variant}] must be a table", variant)
         self._check_keys(raw, VARIANT_KEYS, (variant,), f"[{variant}] key")
         overrides = raw.get("step", {})
-        if not isinstance(overrides, dict):
+        if isinstance(overrides, list):  # [[fix.step]] tables: this variant tells its own steps
+            steps = list(self._steps(overrides, sessions, groups, (variant, "step")))
+            overrides = {}
+        elif not isinstance(overrides, dict):
             raise self.loc.error(
-                f"[{variant}.step.NAME] tables change the steps named NAME",
+                f"[{variant}.step.NAME] tables change the steps named NAME; [[{variant}.step]] tables replace them all",
                 variant,
                 "step",
             )
+        else:
+            steps = list(main.steps)
         bases = {_base_name(s.name) for s in main.steps} | {s.name for s in main.steps}
-        steps = list(main.steps)
         for base, change in overrides.items():
             where = (variant, "step", base)
             if base not in bases:
