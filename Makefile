@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint format typecheck demo bench conformance clean
+.PHONY: help install test lint format typecheck demo pictures bench conformance clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -33,8 +33,14 @@ demo: install ## Run the lost-update scenario, bug then fix
 	$(BIN)/pgrace run lost-update
 	$(BIN)/pgrace run lost-update --fix
 
+pictures: install ## Redraw the screenshots in docs/ (needs chromium)
+	$(BIN)/python -m pgrace.screenshot docs
+
 bench: install ## Run every benchmark in bench/
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+conformance: install ## Run PostgreSQL's isolation corpus (CORPUS=../shared/pg-isolation), byte for byte
+	$(BIN)/python bench/conformance.py $(CORPUS)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

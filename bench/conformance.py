@@ -91,16 +91,18 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
                 print(f"FAIL  {spec.stem:<{width}}  {time.perf_counter() - t0:6.2f} s  {exc}")
                 continue
-            waiting += waiting_seconds(checked.run)
+            waited = waiting_seconds(checked.run)
+            waiting += waited
             steps += step_count(checked.run)
+            timing = f"{checked.seconds:6.2f} s" + (f" (waiting {waited:.2f} s)" if waited >= 0.01 else "")
             if checked.passed:
                 passed += 1
-                print(f"PASS  {spec.stem:<{width}}  {checked.seconds:6.2f} s")
+                print(f"PASS  {spec.stem:<{width}}  {timing}")
                 continue
             failed += 1
             where = checked.comparison.first_difference
             detail = f"{checked.comparison.closest.name} {where.describe()}" if where else ""
-            print(f"FAIL  {spec.stem:<{width}}  {checked.seconds:6.2f} s  {detail}")
+            print(f"FAIL  {spec.stem:<{width}}  {timing}  {detail}")
             if args.verbose:
                 print(checked.comparison.diff, end="")
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0

@@ -23,14 +23,15 @@ from pgrace import api, catalog
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model import Scenario
 from pgrace.render.json import render_json
-from pgrace.render.live import LivePlayer
+from pgrace.render.presenter import Presenter
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
 from pgrace.scratch import sweep_leftovers
 from pgrace.servers import ServerInfo, open_server
 from pgrace.timeline import Run
 
-FORMATS = ("text", "json", "isolation")
+FORMATS = ("text", "json", "isolation", "html", "svg", "mermaid", "markdown")
+COMPARE_FORMATS = ("text", "html", "svg", "markdown")
 
 
 class Terminated(KeyboardInterrupt):
@@ -175,6 +176,11 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @click.option("--width", type=click.IntRange(min=40), help="Width of the text timeline (default: terminal).")
 @click.option("--color/--no-color", default=None, help="Colour per session (default: on a terminal, unless NO_COLOR).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="Run both variants (bug and fix) and show them side by side (text, html, svg, markdown).",
+)
 @allow_schema_option
 def run(
     scenario: str,
@@ -189,39 +195,161 @@ def run(
     width: int | None,
     color: bool | None,
     output: str | None,
+    compare: bool,
     allow_scratch_schema: bool,
 ) -> None:
     """Run a scenario and print its timeline and verdict.
 
     SCENARIO is a shipped scenario's name (see `pgrace list`) or a path to a
-    `.toml` scenario or an isolation `.spec` file.
+    `.toml` scenario or an isolation `.spec` file. With --step or --pace the run
+    is played live for an audience (a picture format then needs -o FILE).
     """
-    chosen = _variant(catalog.load(scenario, _params(params)), fix, bug)
+    loaded = catalog.load(scenario, _params(params))
     to_terminal = output is None and sys.stdout.isatty()
     colour = color if color is not None else (to_terminal and "NO_COLOR" not in os.environ)
     style = Style(
         colour=colour and fmt == "text", width=width or (shutil.get_terminal_size().columns if to_terminal else 120)
     )
-    live = (step_by_step or pace) and fmt == "text"
-    player = LivePlayer(chosen, style, pace=pace, step_by_step=step_by_step) if live else None
+    if compare:
+        _run_compare(
+            loaded, fix or bug, fmt, dsn, step_by_step or bool(pace), step_timeout, style, output, allow_scratch_schema
+        )
+        return
+    chosen = _variant(loaded, fix, bug)
+    counterpart = loaded.other if chosen is loaded else loaded  # the other variant, for "the cure" or "the bug"
+    live = bool(step_by_step or pace) and (fmt == "text" or output is not None)
+    presenter = None
+    if live:
+        on_screen = sys.stdout.isatty()
+        presenter = Presenter(
+            chosen,
+            Style(
+                colour=color if color is not None else (on_screen and "NO_COLOR" not in os.environ),
+                width=width or (shutil.get_terminal_size().columns if on_screen else 120),
+            ),
+            pace=pace,
+            step_by_step=step_by_step,
+            counterpart=counterpart,
+        )
     options = RunOptions(
         step_timeout=step_timeout,
-        before_step=player.before_step if player else None,
-        on_event=player.on_event if player else None,
+        before_step=presenter.before_step if presenter else None,
+        on_event=presenter.on_event if presenter else None,
+        on_idle=presenter.on_idle if presenter else None,
     )
     with open_server(dsn) as server:
         report_swept(server)
-        result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
-    text = _render(result, fmt, style)
+        if presenter is not None:
+            with presenter:
+                result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
+                presenter.finish(result)
+        else:
+            result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
+    text = _render(result, fmt, style, counterpart)
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
-    elif player is not None:
-        from pgrace.render.text import render_verdict
-
-        click.echo("\n".join(render_verdict(result.checks, style)))
-    else:
+    elif presenter is None:
         click.echo(text, nl=False)
     sys.exit(0 if result.ok else 1)
+
+
+def _run_compare(
+    loaded: Scenario,
+    picked_variant: bool,
+    fmt: str,
+    dsn: str | None,
+    live: bool,
+    step_timeout: float,
+    style: Style,
+    output: str | None,
+    allow_scratch_schema: bool,
+) -> None:
+    """Run the bug and the fix on one server and render them next to each other."""
+    if picked_variant:
+        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
+    if live:
+        raise click.UsageError("--compare cannot be played live; run each variant with --step instead")
+    if fmt not in COMPARE_FORMATS:
+        raise click.UsageError(f"--compare shows --format {', '.join(COMPARE_FORMATS)}, not {fmt}")
+    if loaded.other is None:
+        raise ScenarioError(
+            f"scenario {loaded.name!r} has one variant only; --compare needs a bug and a fix", loaded.source
+        )
+    variants = sorted([loaded, loaded.other], key=lambda s: s.variant != "bug")
+    with open_server(dsn) as server:
+        report_swept(server)
+        options = RunOptions(step_timeout=step_timeout)
+        results = [
+            api.run(v, server=server, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants
+        ]
+    if fmt == "html":
+        from pgrace.render.html import render_html_compare
+
+        text = render_html_compare(results)
+    elif fmt == "svg":
+        from pgrace.render.svg import render_svg_compare
+
+        text = render_svg_compare(results)
+    elif fmt == "markdown":
+        from pgrace.render.markdown import render_markdown_compare
+
+        text = render_markdown_compare(results)
+    else:
+        from pgrace.render.compare import render_text_compare
+
+        text = render_text_compare(results, style)
+    if output is not None:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+    sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+@main.command()
+@click.argument("files", metavar="SPEC...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--expected",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Compare with FILE (and its FILE_N alternatives) instead of the file found next to the spec.",
+)
+@click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one (libpq URI or conninfo).")
+@click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Cancel a step that cannot finish after this long.",
+)
+def check(files: tuple[Path, ...], expected: Path | None, dsn: str | None, step_timeout: float) -> None:
+    """Run isolation specs and compare their output byte for byte with the expected files.
+
+    NAME.spec is compared with NAME.out next to it, or with ../expected/NAME.out as in
+    PostgreSQL's tree; NAME_0.out … NAME_9.out are accepted alternatives, as in
+    pg_regress. Exit status: 0 all match, 1 a mismatch (its unified diff is printed),
+    2 invalid input (a malformed spec, no expected file).
+    """
+    from pgrace import speccheck
+
+    if expected is not None and len(files) > 1:
+        raise click.UsageError("--expected applies to a single SPEC")
+    prepared = [speccheck.prepare_check(path, expected) for path in files]  # invalid input fails before any run
+    options = RunOptions(step_timeout=step_timeout, track_row_locks=False)
+    failed = 0
+    with open_server(dsn) as server:
+        report_swept(server)
+        for item in prepared:
+            checked = speccheck.run_check(item, server, options)
+            verdict = checked.comparison
+            line = f"{'PASS' if verdict.passed else 'FAIL'} {item.path} ({checked.seconds:.2f} s)"
+            if verdict.first_difference is not None:
+                line += f": {verdict.closest.name} {verdict.first_difference.describe()}"
+            click.echo(line)
+            if not verdict.passed:
+                failed += 1
+                click.echo(verdict.diff, nl=False)
+    sys.exit(1 if failed else 0)
 
 
 @main.command()
@@ -235,11 +363,27 @@ def clean(dsn: str) -> None:
     click.echo(f"{len(removed)} leftover{'s' if len(removed) != 1 else ''} removed from {server.label}")
 
 
-def _render(result: Run, fmt: str, style: Style) -> str:
+def _render(result: Run, fmt: str, style: Style, counterpart: Scenario | None = None) -> str:
     if fmt == "json":
         return render_json(result)
     if fmt == "isolation":
         from pgrace.render.isolation import render_isolation
 
         return render_isolation(result)
+    if fmt == "html":
+        from pgrace.render.html import render_html
+
+        return render_html(result, counterpart)
+    if fmt == "svg":
+        from pgrace.render.svg import render_svg
+
+        return render_svg(result)
+    if fmt == "mermaid":
+        from pgrace.render.mermaid import render_mermaid
+
+        return render_mermaid(result)
+    if fmt == "markdown":
+        from pgrace.render.markdown import render_markdown
+
+        return render_markdown(result, counterpart=counterpart)
     return render_text(result, style)

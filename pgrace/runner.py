@@ -61,6 +61,7 @@ class RunOptions:
     track_row_locks: bool = True
     before_step: Callable[[Step], None] | None = None
     on_event: Callable[[Event], None] | None = None
+    on_idle: Callable[[], None] | None = None  # called at most every 100 ms while the runner waits
 
 
 @dataclass
@@ -166,6 +167,7 @@ class Runner:
         self.waiting: list[Active] = []
         self.seq = 0
         self.last_launched = 0
+        self.idle_at = 0.0  # when on_idle last ran
 
     # -- connections ------------------------------------------------------------------
 
@@ -312,6 +314,12 @@ class Runner:
                 names = ", ".join(a.step.name for a in self.waiting)
                 raise RunAborted(f"failed to complete permutation due to mutually-blocking steps: {names}")
 
+    def _idle(self) -> None:
+        """Let a presenter redraw (a growing wait time) while we wait: at most every 100 ms."""
+        if self.options.on_idle is not None and time.perf_counter() - self.idle_at >= 0.1:
+            self.idle_at = time.perf_counter()
+            self.options.on_idle()
+
     def _notice_count(self) -> int:
         return sum(s.notices for s in self.sessions.values())
 
@@ -327,6 +335,7 @@ class Runner:
         while active.outcome is None and pgconn.is_busy():
             readable, _, _ = select.select([pgconn.socket], [], [], slice_s)
             slice_s = min(slice_s * 2, 0.001)
+            self._idle()
             if readable:
                 self._consume(pgconn)
                 continue
@@ -402,6 +411,7 @@ class Runner:
                 released_by=released_by,
             )
         )
+        self._consume(session.pgconn)  # as isolationtester: read what arrived since the result
         while (notify := session.pgconn.notifies()) is not None:
             pid = notify.be_pid
             sender = self.inspector.name_of(pid) if pid in self.inspector.sessions else f"PID {pid}"

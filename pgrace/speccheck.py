@@ -105,6 +105,8 @@ def first_difference(expected: bytes, actual: bytes) -> Difference | None:
         a = want[index] if index < len(want) else None
         b = got[index] if index < len(got) else None
         if a != b:
+            if _chomp(a) == _chomp(b):  # only the final newline differs: show it
+                return Difference(index + 1, a, b)
             return Difference(index + 1, _chomp(a), _chomp(b))
     return Difference(len(want) + 1, None, None)  # unreachable unless decoding merged bytes
 

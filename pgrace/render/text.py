@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 import click
 from tabulate import tabulate
 
-from pgrace.checks import format_value
+from pgrace.render.common import SESSION_COLOURS, describe_wait, outcome_lines
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
-    Outcome,
     PermutationStarted,
     RowLock,
     Run,
@@ -27,13 +26,9 @@ from pgrace.timeline import (
     StepFinished,
     StepLaunched,
     StepWaiting,
-    Wait,
 )
 
-SESSION_COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "red", "bright_cyan", "bright_magenta")
 DEFAULT_WIDTH = 120
-MAX_ROWS_SHOWN = 4
-QUIET_TAGS = {"BEGIN", "COMMIT", "SET", "START TRANSACTION"}  # a COMMIT that rolled back still shows
 
 
 @dataclass(frozen=True)
@@ -42,6 +37,7 @@ class Style:
 
     colour: bool = False
     width: int = DEFAULT_WIDTH
+    show_server: bool = True  # golden files leave it out: the same timeline on every server
 
 
 @dataclass
@@ -59,7 +55,8 @@ def render_text(run: Run, style: Style | None = None) -> str:
     out: list[str] = []
     title = f"{scenario.name} ({scenario.variant}): {scenario.title}"
     out.append(click.style(title, bold=True) if style.colour else title)
-    out.append(f"server: {run.server_label or 'PostgreSQL ' + run.server_version}")
+    if style.show_server:
+        out.append(f"server: {run.server_label or 'PostgreSQL ' + run.server_version}")
     if scenario.narrative:
         out.append("")
         out.extend(textwrap.fill(p, width=min(style.width, 100)) for p in scenario.narrative.split("\n\n"))
@@ -93,14 +90,14 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             launched[event.seq] = event
         elif isinstance(event, StepWaiting):
             step = launched[event.seq]
-            lines = _sql_lines(run, step) + [_describe_wait(w) for w in event.waits]
+            lines = _sql_lines(run, step) + [describe_wait(w) for w in event.waits]
             if event.by_marker:
                 lines.append("… reported later (completion marker)")
             rows.append(Row(str(event.seq), step.session, lines))
         elif isinstance(event, StepFinished):
             step = launched[event.seq]
             lines = [_released(event, launched)] if event.after_wait else _sql_lines(run, step)
-            lines += _outcome_lines(event.outcome)
+            lines += outcome_lines(event.outcome)
             rows.append(Row("" if event.after_wait else str(event.seq), step.session, lines))
         elif isinstance(event, StepCancelled):
             step = launched[event.seq]
@@ -125,28 +122,6 @@ def _sql_lines(run: Run, step: StepLaunched) -> list[str]:
     return lines
 
 
-def _describe_wait(wait: Wait) -> str:
-    who = ", ".join(wait.blocked_by) or "another backend"
-    if wait.kind == "row":
-        row = str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
-        text = f"⏳ waits for {who} on row {row}"
-        if wait.mode:
-            text += f" (wants {wait.mode}"
-            if wait.holder and wait.holder_mode:
-                text += f"; {wait.holder} holds {wait.holder_mode}"
-            text += ")"
-        if wait.queued_behind and wait.holder and wait.holder not in wait.blocked_by:
-            text += f", queued behind {', '.join(wait.queued_behind)}, row held by {wait.holder}"
-        return text
-    if wait.kind == "relation":
-        return f"⏳ waits for {who} on table {wait.table} ({wait.mode})"
-    if wait.kind == "advisory":
-        return f"⏳ waits for {who} on advisory lock {wait.detail} ({wait.mode})"
-    if wait.kind == "transaction":
-        return f"⏳ waits for {who}'s transaction to end"
-    return f"⏳ waits for {who} on a {wait.lock_type} lock ({wait.mode})"
-
-
 def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
     step = launched[event.seq]
     if event.released_by is None:
@@ -160,27 +135,6 @@ def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
         f"↳ step {event.seq} resumes after {trigger.session}'s {short} "
         f"(step {event.released_by}); waited {waited} step{plural}"
     )
-
-
-def _outcome_lines(outcome: Outcome) -> list[str]:
-    lines: list[str] = []
-    for result in outcome.results:
-        if not result.rows:
-            lines.append("→ no rows" if result.columns else "→ (no columns)")
-        elif len(result.rows) == 1:
-            pairs = [f"{c}={format_value(v)}" for c, v in zip(result.columns, result.rows[0], strict=True)]
-            lines.append("→ " + ", ".join(pairs))
-        else:
-            shown = ["(" + ", ".join(format_value(v) for v in row) + ")" for row in result.rows[:MAX_ROWS_SHOWN]]
-            more = f" … {len(result.rows) - MAX_ROWS_SHOWN} more" if len(result.rows) > MAX_ROWS_SHOWN else ""
-            lines.append(f"→ {len(result.rows)} rows: " + ", ".join(shown) + more)
-    if not outcome.results:
-        tags = [c for c in outcome.commands if c and c not in QUIET_TAGS]
-        if tags:
-            lines.append("→ " + ", ".join(tags))
-    if outcome.error is not None:
-        lines.append(f"✗ {outcome.error.severity} {outcome.error.sqlstate}: {outcome.error.message}")
-    return lines
 
 
 def _lock_lines(event: LocksObserved) -> list[str]:
@@ -229,7 +183,7 @@ def _final_state(run: Run) -> list[str]:
         return []
     lines = ["", "final state:"]
     for event in queried:
-        got = "; ".join(_outcome_lines(event.outcome)) or "→ nothing"
+        got = "; ".join(outcome_lines(event.outcome)) or "→ nothing"
         lines.append(f"  {' '.join(event.sql.split())}  {got}")
     return lines
 

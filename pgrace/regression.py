@@ -1,0 +1,136 @@
+"""`pgrace check`: scenario files as regression checks, on one server or several.
+
+A *case* is one thing that passes or fails: one variant of a pgrace scenario (its
+expectations, and with ``golden`` its text timeline against ``NAME.VARIANT.out``), or
+one isolation spec (its isolationtester output against the expected file, as
+``pg_regress`` compares). Cases are prepared (parsed, expected files found) before any
+server starts, so invalid input fails fast with exit code 2.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pgrace import api, catalog, speccheck
+from pgrace.errors import ScenarioError
+from pgrace.model import Scenario
+from pgrace.render.text import Style, render_text
+from pgrace.runner import RunOptions
+from pgrace.servers import ServerInfo
+from pgrace.timeline import Run
+
+GOLDEN_STYLE = Style(colour=False, width=120, show_server=False)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One check to run: a scenario variant, or a spec with its expected output."""
+
+    path: Path
+    scenario: Scenario
+    golden: Path | None = None  # the text timeline to compare with (pgrace scenarios)
+    spec: speccheck.PreparedCheck | None = None  # isolation specs
+
+    @property
+    def name(self) -> str:
+        if self.spec is not None:
+            return self.scenario.name
+        return f"{self.scenario.name} ({self.scenario.variant})"
+
+
+@dataclass
+class CaseResult:
+    """What happened to one case on one server."""
+
+    case: Case
+    server: ServerInfo
+    ok: bool
+    seconds: float
+    problems: list[str] = field(default_factory=list)
+    diff: str = ""
+    run: Run | None = None
+    updated: bool = False
+
+    @property
+    def signature(self) -> str:
+        """What the case did, to tell servers apart in a matrix: verdict and waits/errors per step."""
+        if self.run is None:
+            return "not run"
+        steps = []
+        for step in self.run.step_runs():
+            error = step.outcome.error.sqlstate if step.outcome and step.outcome.error else ""
+            steps.append(f"{step.step}:{'W' if step.waited else ''}{error}")
+        return ("ok" if self.ok else "FAIL") + " " + " ".join(steps)
+
+
+def golden_path(path: Path, variant: str) -> Path:
+    return path.with_name(f"{path.stem}.{variant}.out")
+
+
+def prepare(paths: Sequence[str], golden: bool = False, expected: Path | None = None) -> list[Case]:
+    """Every case under ``paths``; raises ScenarioError for any invalid file before anything runs."""
+    files = catalog.find_files(list(paths))
+    if not files:
+        raise ScenarioError(f"no scenario files (.toml, .spec) under {', '.join(paths)}")
+    if expected is not None and len(files) != 1:
+        raise ScenarioError("--expected needs exactly one spec file")
+    cases: list[Case] = []
+    for path in files:
+        if path.suffix == ".spec":
+            prepared = speccheck.prepare_check(path, expected)
+            cases.append(Case(path, prepared.scenario, spec=prepared))
+            continue
+        scenario = catalog.load(str(path))
+        for variant in scenario.variants:
+            chosen = scenario.variant_named(variant)
+            cases.append(Case(path, chosen, golden_path(path, variant) if golden else None))
+    return cases
+
+
+def run_case(case: Case, server: ServerInfo, options: RunOptions | None = None, update: bool = False) -> CaseResult:
+    """Run one case on one server and judge it."""
+    started = time.perf_counter()
+    if case.spec is not None:
+        checked = speccheck.run_check(case.spec, server, options)
+        problems = [] if checked.passed else [_first_difference(checked.comparison)]
+        return CaseResult(case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run)
+    run = api.run(case.scenario, server=server, options=options)
+    result = CaseResult(case, server, run.ok, 0.0, run=run)
+    for check in run.checks:
+        if not check.ok:
+            where = f"line {check.line}: " if check.line else ""
+            result.problems.append(f"{where}{check.description}: expected {check.expected}, got {check.actual}")
+    if case.golden is not None:
+        _compare_golden(case.golden, render_text(run, GOLDEN_STYLE), result, update)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _compare_golden(path: Path, text: str, result: CaseResult, update: bool) -> None:
+    if update:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            result.updated = True
+        return
+    if not path.is_file():
+        result.ok = False
+        result.problems.append(f"no golden timeline {path} (run with --update to write it)")
+        return
+    comparison = speccheck.compare_output(text, [path], actual_name=f"{path} (this run)")
+    if not comparison.passed:
+        result.ok = False
+        result.problems.append(f"timeline differs from {path}: {_first_difference(comparison)}")
+        result.diff = comparison.diff
+
+
+def _first_difference(comparison: speccheck.Comparison) -> str:
+    difference = comparison.first_difference
+    return difference.describe() if difference is not None else f"differs from {comparison.closest}"
+
+
+def differs_across_servers(results: Sequence[CaseResult]) -> bool:
+    """True when the same case behaved differently on different servers."""
+    return len({r.signature for r in results}) > 1

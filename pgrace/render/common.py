@@ -1,0 +1,482 @@
+"""What every renderer shares, so the text, presenter, HTML, SVG, Mermaid and Markdown
+outputs say the same things in the same words and paint each session the same colour.
+
+* :data:`PALETTE`: one colour per session position, as a terminal colour name, a strong
+  and a light hex colour, and a coloured square for Markdown.
+* wording: :func:`describe_wait` (the long form), :func:`wait_phrase` (the short form
+  pictures use), :func:`outcome_lines`, :func:`sql_lines` (SQL broken at its clauses).
+* :func:`timeline_sections`: the run folded into drawable rows (steps, resumes,
+  cancels, notices) with the row locks held after each, and the spans of every wait.
+* :func:`story_facts`: what happened, in sentences (waits and errors).
+
+Everything here is pure: a :class:`~pgrace.timeline.Run` in, values out.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pgrace.checks import format_value
+from pgrace.timeline import (
+    LocksObserved,
+    NoticeReceived,
+    NotifyReceived,
+    Outcome,
+    PermutationStarted,
+    RowLock,
+    Run,
+    StepCancelled,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+    Wait,
+)
+
+MAX_ROWS_SHOWN = 4
+QUIET_TAGS = {"BEGIN", "COMMIT", "SET", "START TRANSACTION"}  # a COMMIT that rolled back still shows
+
+
+@dataclass(frozen=True)
+class SessionColour:
+    """One session's colour in every format: terminal name, strong and light hex, square."""
+
+    terminal: str
+    strong: str
+    light: str
+    square: str
+
+
+PALETTE = (
+    SessionColour("cyan", "#0e7490", "#cffafe", "🟦"),
+    SessionColour("magenta", "#a21caf", "#fae8ff", "🟪"),
+    SessionColour("yellow", "#a16207", "#fef9c3", "🟨"),
+    SessionColour("green", "#15803d", "#dcfce7", "🟩"),
+    SessionColour("blue", "#1d4ed8", "#dbeafe", "🔷"),
+    SessionColour("red", "#b91c1c", "#fee2e2", "🟥"),
+    SessionColour("bright_cyan", "#0891b2", "#ecfeff", "🔹"),
+    SessionColour("bright_magenta", "#c026d3", "#fdf4ff", "🟣"),
+)
+SESSION_COLOURS = tuple(c.terminal for c in PALETTE)
+
+WAIT_COLOUR = "#ea580c"  # the wait bars and arrows: orange, no session has it
+WAIT_DARK = "#9a3412"
+ERROR_COLOUR = "#dc2626"
+OK_COLOUR = "#15803d"
+
+
+def session_colours(sessions: list[str]) -> dict[str, SessionColour]:
+    """A session's colour follows its position in the scenario, in every format."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(sessions)}
+
+
+def one_line(sql: str) -> str:
+    return " ".join(sql.split()) or "(empty step)"
+
+
+def shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(1, limit - 1)].rstrip() + "…"
+
+
+# -- wording -----------------------------------------------------------------------------
+
+
+def wait_target(wait: Wait) -> str:
+    """What the step waits on, as a person names it: a row by key, a table, a lock."""
+    if wait.kind == "row":
+        return str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
+    if wait.kind == "relation":
+        return f"table {wait.table}"
+    if wait.kind == "advisory":
+        return f"advisory lock {wait.detail}"
+    if wait.kind == "transaction":
+        return "its transaction"
+    return f"a {wait.lock_type} lock"
+
+
+def wait_holder(wait: Wait) -> str:
+    """The session at the end of the chain: the one holding what the step wants."""
+    return wait.holder or (wait.blocked_by[0] if wait.blocked_by else "another backend")
+
+
+def wait_phrase(wait: Wait) -> str:
+    """The short form for pictures: ``waits for worker1 on jobs id=1``."""
+    who = ", ".join(wait.blocked_by) or "another backend"
+    if wait.kind == "transaction":
+        return f"waits for {who}'s transaction to end"
+    text = f"waits for {who} on {wait_target(wait)}"
+    if wait.queued_behind and wait.holder and wait.holder not in wait.blocked_by:
+        text += f" (held by {wait.holder})"
+    return text
+
+
+def describe_wait(wait: Wait) -> str:
+    """The long form the text timeline prints, with lock modes and queues."""
+    who = ", ".join(wait.blocked_by) or "another backend"
+    if wait.kind == "row":
+        row = str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
+        text = f"⏳ waits for {who} on row {row}"
+        if wait.mode:
+            text += f" (wants {wait.mode}"
+            if wait.holder and wait.holder_mode:
+                text += f"; {wait.holder} holds {wait.holder_mode}"
+            text += ")"
+        if wait.queued_behind and wait.holder and wait.holder not in wait.blocked_by:
+            text += f", queued behind {', '.join(wait.queued_behind)}, row held by {wait.holder}"
+        return text
+    if wait.kind == "relation":
+        return f"⏳ waits for {who} on table {wait.table} ({wait.mode})"
+    if wait.kind == "advisory":
+        return f"⏳ waits for {who} on advisory lock {wait.detail} ({wait.mode})"
+    if wait.kind == "transaction":
+        return f"⏳ waits for {who}'s transaction to end"
+    return f"⏳ waits for {who} on a {wait.lock_type} lock ({wait.mode})"
+
+
+def outcome_lines(outcome: Outcome) -> list[str]:
+    """A step's results, command tags and error, one line each (``→`` and ``✗``)."""
+    lines: list[str] = []
+    for result in outcome.results:
+        if not result.rows:
+            lines.append("→ no rows" if result.columns else "→ (no columns)")
+        elif len(result.rows) == 1:
+            pairs = [f"{c}={format_value(v)}" for c, v in zip(result.columns, result.rows[0], strict=True)]
+            lines.append("→ " + ", ".join(pairs))
+        else:
+            shown = ["(" + ", ".join(format_value(v) for v in row) + ")" for row in result.rows[:MAX_ROWS_SHOWN]]
+            more = f" … {len(result.rows) - MAX_ROWS_SHOWN} more" if len(result.rows) > MAX_ROWS_SHOWN else ""
+            lines.append(f"→ {len(result.rows)} rows: " + ", ".join(shown) + more)
+    if not outcome.results:
+        tags = [c for c in outcome.commands if c and c not in QUIET_TAGS]
+        if tags:
+            lines.append("→ " + ", ".join(tags))
+    if outcome.error is not None:
+        lines.append(f"✗ {outcome.error.severity} {outcome.error.sqlstate}: {outcome.error.message}")
+    return lines
+
+
+def lock_label(lock: RowLock) -> str:
+    return f"{lock.session}: {lock.describe_row()} {lock.mode}"
+
+
+_CLAUSE = re.compile(
+    r"\s+(?=(?:FROM|WHERE|ORDER\s+BY|GROUP\s+BY|HAVING|LIMIT|OFFSET|FOR\s+(?:NO\s+KEY\s+)?UPDATE"
+    r"|FOR\s+(?:KEY\s+)?SHARE|SET|VALUES|RETURNING|ON\s+CONFLICT)\b)",
+    re.IGNORECASE,
+)
+
+
+def _statements(sql: str) -> list[str]:
+    """Split on semicolons outside quotes, each statement keeping its semicolon."""
+    out: list[str] = []
+    quote = ""
+    current = ""
+    for char in sql:
+        current += char
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == ";":
+            out.append(current.strip())
+            current = ""
+    if current.strip():
+        out.append(current.strip())
+    return out
+
+
+def _clauses(statement: str) -> list[str]:
+    pieces: list[str] = []
+    start = 0
+    for match in _CLAUSE.finditer(statement):
+        before = statement[: match.start()]
+        if before.count("'") % 2 == 0 and before.count('"') % 2 == 0:
+            pieces.append(statement[start : match.start()])
+            start = match.end()
+    pieces.append(statement[start:])
+    return [p for p in pieces if p]
+
+
+def sql_lines(sql: str, width: int, max_lines: int | None = None) -> list[str]:
+    """SQL on lines of at most ``width`` characters, broken before its clauses.
+
+    Short statements stay on one line; a long one breaks before FROM, WHERE, ORDER BY,
+    FOR UPDATE, SET and so on, continuation lines indented, so a projector or a picture
+    shows its shape. Beyond ``max_lines`` the last line ends with an ellipsis.
+    """
+    width = max(12, width)
+    lines: list[str] = []
+    for statement in _statements(one_line(sql)):
+        chunks: list[str] = []
+        for piece in _clauses(statement):
+            room = width - (2 if chunks else 0)
+            if chunks and len(chunks[-1]) + 1 + len(piece) <= room:
+                chunks[-1] += " " + piece
+            else:
+                chunks.append(piece)
+        for i, chunk in enumerate(chunks):
+            indent = "  " if i else ""
+            lines += textwrap.wrap(
+                chunk, width, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False
+            )
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: width - 2].rstrip() + " …"
+    return lines or ["(empty step)"]
+
+
+# -- the timeline as drawable rows ------------------------------------------------------
+
+EntryKind = Literal["step", "resume", "cancel", "notice"]
+
+
+@dataclass
+class Entry:
+    """One row of a picture: something that happened in one session's lane."""
+
+    kind: EntryKind
+    session: str
+    seq: int | None = None  # the launched step (for a resume: the step that resumes)
+    step: str = ""
+    sql: str = ""
+    note: str = ""
+    waits: tuple[Wait, ...] = ()
+    by_marker: bool = False
+    outcome: Outcome | None = None
+    released_by: int | None = None
+    released_session: str = ""
+    released_sql: str = ""
+    text: str = ""
+    locks: tuple[RowLock, ...] | None = ()  # row locks held after this row (carried forward)
+
+    @property
+    def error_state(self) -> str | None:
+        if self.outcome is not None and self.outcome.error is not None:
+            return self.outcome.error.sqlstate
+        return None
+
+
+@dataclass
+class WaitSpan:
+    """A step that waited: the row where it blocked and the row where it ended."""
+
+    seq: int
+    session: str
+    start: int
+    end: int | None  # None: still waiting when the section ended
+    waits: tuple[Wait, ...]
+    steps_waited: int = 0
+
+
+@dataclass
+class Section:
+    """One permutation: its heading (only when there are several) and its rows."""
+
+    heading: str
+    entries: list[Entry] = field(default_factory=list)
+    spans: list[WaitSpan] = field(default_factory=list)
+
+    def locked_rows(self) -> list[str]:
+        """Every row anyone held during the section, in the order they were first held."""
+        seen: list[str] = []
+        for entry in self.entries:
+            for lock in entry.locks or ():
+                if lock.describe_row() not in seen:
+                    seen.append(lock.describe_row())
+        return seen
+
+
+def timeline_sections(run: Run) -> list[Section]:
+    """Fold the events into rows per permutation, the way the text timeline does."""
+    sections: list[Section] = []
+    launched: dict[int, StepLaunched] = {}
+    section = Section("")
+    locks: tuple[RowLock, ...] | None = ()
+    open_spans: dict[int, WaitSpan] = {}
+    many = len(run.scenario.permutations) > 1
+
+    def add(entry: Entry) -> int:
+        entry.locks = locks
+        section.entries.append(entry)
+        return len(section.entries) - 1
+
+    for event in run.events:
+        if isinstance(event, PermutationStarted):
+            section = Section(f"permutation {event.index + 1}: {' '.join(event.steps)}" if many else "")
+            sections.append(section)
+            locks = ()
+            open_spans = {}
+        elif isinstance(event, StepLaunched):
+            launched[event.seq] = event
+        elif isinstance(event, StepWaiting):
+            step = launched[event.seq]
+            index = add(
+                Entry(
+                    "step",
+                    step.session,
+                    event.seq,
+                    step.step,
+                    step.sql,
+                    _note(run, step.step),
+                    waits=event.waits,
+                    by_marker=event.by_marker,
+                )
+            )
+            if not event.by_marker:
+                span = WaitSpan(event.seq, step.session, index, None, event.waits)
+                section.spans.append(span)
+                open_spans[event.seq] = span
+        elif isinstance(event, StepFinished):
+            step = launched[event.seq]
+            if event.after_wait:
+                trigger = launched.get(event.released_by) if event.released_by is not None else None
+                index = add(
+                    Entry(
+                        "resume",
+                        step.session,
+                        event.seq,
+                        step.step,
+                        step.sql,
+                        outcome=event.outcome,
+                        released_by=event.released_by,
+                        released_session=trigger.session if trigger else "",
+                        released_sql=trigger.sql if trigger else "",
+                    )
+                )
+                resumed = open_spans.pop(event.seq, None)
+                if resumed is not None:
+                    resumed.end = index
+                    resumed.steps_waited = (event.released_by or event.seq) - event.seq
+            else:
+                add(
+                    Entry(
+                        "step",
+                        step.session,
+                        event.seq,
+                        step.step,
+                        step.sql,
+                        _note(run, step.step),
+                        outcome=event.outcome,
+                    )
+                )
+        elif isinstance(event, StepCancelled):
+            step = launched[event.seq]
+            graph = "; ".join(f"{who} waits for {', '.join(on)}" for who, on in event.graph) or "no lock waits"
+            index = add(
+                Entry(
+                    "cancel", step.session, event.seq, step.step, text=f"cancelled after {event.after_s:g} s ({graph})"
+                )
+            )
+            cancelled = open_spans.get(event.seq)
+            if cancelled is not None and cancelled.end is None:
+                cancelled.end = index
+        elif isinstance(event, NoticeReceived):
+            add(Entry("notice", event.session, text=f"{event.severity}: {event.message}"))
+        elif isinstance(event, NotifyReceived):
+            add(Entry("notice", event.session, text=f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}'))
+        elif isinstance(event, LocksObserved):
+            locks = event.locks
+            if section.entries:
+                section.entries[-1].locks = locks
+    return sections
+
+
+def _note(run: Run, step: str) -> str:
+    try:
+        return run.scenario.step(step).note
+    except KeyError:
+        return ""
+
+
+# -- the story ---------------------------------------------------------------------------
+
+
+def story_facts(run: Run) -> list[str]:
+    """What happened, one sentence per wait, error and cancel: the summary's facts."""
+    facts: list[str] = []
+    by_seq = {s.seq: s for s in run.step_runs()}
+    for step in by_seq.values():
+        who = f"{step.session}'s {step.step}"
+        if step.waited:
+            phrases = "; ".join(wait_phrase(w) for w in step.waits) or "waited"
+            fact = f"{who} (step {step.seq}) {phrases}"
+            if step.released_by is not None and step.released_by in by_seq:
+                trigger = by_seq[step.released_by]
+                n = step.released_by - step.seq
+                fact += (
+                    f" until {trigger.session}'s {shorten(one_line(trigger.sql), 30)} (step {trigger.seq}),"
+                    f" {n} step{'s' if n != 1 else ''} later"
+                )
+            facts.append(fact)
+        if step.cancelled:
+            facts.append(f"{who} (step {step.seq}) never finished and was cancelled")
+        elif step.outcome is not None and step.outcome.error is not None:
+            error = step.outcome.error
+            facts.append(f"{who} (step {step.seq}) failed with {error.sqlstate}: {error.message}")
+    if not facts:
+        facts.append("no step waited and none failed")
+    return facts
+
+
+def verdict_line(run: Run) -> str:
+    failed = [c for c in run.checks if not c.ok]
+    if not run.checks:
+        return "no expectations to check"
+    if failed:
+        return f"✘ {len(failed)} of {len(run.checks)} expectations did not hold"
+    return f"✔ all {len(run.checks)} expectations held"
+
+
+def variant_flag(variant: str) -> str:
+    return "--fix" if variant == "fix" else "--bug"
+
+
+# -- steps side by side ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """One launched step in a single cell: its SQL, then how it went (wait, result)."""
+
+    seq: int
+    session: str
+    step: str
+    sql: str
+    note: str
+    lines: tuple[str, ...]
+    waited: bool
+    failed: bool
+
+
+def step_summaries(run: Run) -> list[StepSummary]:
+    """Every launched step in launch order, folded: what a comparison lines up by position."""
+    summaries: list[StepSummary] = []
+    by_seq = {s.seq: s for s in run.step_runs()}
+    for step in by_seq.values():
+        lines: list[str] = []
+        if step.waited:
+            lines += [describe_wait(w) for w in step.waits]
+            if step.released_by is not None and step.released_by in by_seq:
+                trigger = by_seq[step.released_by]
+                lines.append(
+                    f"↳ resumes after {trigger.session}'s {shorten(one_line(trigger.sql), 24)} (step {trigger.seq})"
+                )
+        if step.cancelled:
+            lines.append("⌛ cancelled: it could not finish")
+        if step.outcome is not None:
+            lines += outcome_lines(step.outcome)
+        summaries.append(
+            StepSummary(
+                step.seq,
+                step.session,
+                step.step,
+                step.sql,
+                _note(run, step.step),
+                tuple(lines),
+                step.waited,
+                step.status in ("error", "cancelled"),
+            )
+        )
+    return summaries

@@ -1,0 +1,44 @@
+"""JUnit XML for CI systems: one test case per scenario variant (and per server).
+
+The layout most CI systems read: ``<testsuites>`` holding one ``<testsuite>`` per
+server, each case named ``scenario (variant)`` with its file as ``classname``; a failed
+expectation or differing output becomes a ``<failure>`` with the details as text.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+
+from pgrace.regression import CaseResult
+
+
+def render_junit(results: Sequence[CaseResult]) -> str:
+    root = ET.Element("testsuites", name="pgrace")
+    suites: dict[str, ET.Element] = {}
+    for result in results:
+        label = result.server.label
+        suite = suites.get(label)
+        if suite is None:
+            suite = ET.SubElement(root, "testsuite", name=f"pgrace on {label}")
+            suites[label] = suite
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=str(result.case.path),
+            name=result.case.name,
+            time=f"{result.seconds:.3f}",
+        )
+        if not result.ok:
+            failure = ET.SubElement(case, "failure", message=(result.problems or ["failed"])[0][:500])
+            failure.text = "\n".join(result.problems) + ("\n\n" + result.diff if result.diff else "")
+    for suite in suites.values():
+        cases = suite.findall("testcase")
+        suite.set("tests", str(len(cases)))
+        suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+        suite.set("errors", "0")
+        suite.set("time", f"{sum(float(c.get('time', '0')) for c in cases):.3f}")
+    root.set("tests", str(len(results)))
+    root.set("failures", str(sum(1 for r in results if not r.ok)))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

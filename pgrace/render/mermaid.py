@@ -1,0 +1,105 @@
+"""The timeline as a Mermaid ``sequenceDiagram``: GitHub renders it inside a ```mermaid block.
+
+Each session is a participant in its own coloured box (the colours of the other
+formats), PostgreSQL is the last one. A step is a message to PostgreSQL numbered like
+the text timeline; its result comes back as a reply, an error as a crossed reply. A step
+that waits sends an async arrow to the session holding what it wants and stays
+activated (a bar on its lifeline) until it resumes.
+
+Message text is escaped with Mermaid's entity codes (``#59;`` for ``;``, which would end
+the statement; ``#35;`` for ``#``; ``#lt;``/``#gt;`` so SQL comparisons are not HTML).
+"""
+
+from __future__ import annotations
+
+import json
+
+from pgrace.render.common import (
+    Entry,
+    one_line,
+    outcome_lines,
+    session_colours,
+    shorten,
+    timeline_sections,
+    verdict_line,
+    wait_holder,
+    wait_phrase,
+)
+from pgrace.timeline import Run
+
+MAX_MESSAGE = 90
+ENTITIES = {"#": "#35;", ";": "#59;", "<": "#lt;", ">": "#gt;"}  # one pass: no escaping the escapes
+SERVER = "pg"
+
+
+def escape_text(text: str) -> str:
+    """Text safe after a Mermaid ``:``: entity codes for the characters that mean syntax."""
+    return "".join(ENTITIES.get(char, char) for char in " ".join(text.split()))
+
+
+def _rgb(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r},{g},{b})"
+
+
+def render_mermaid(run: Run) -> str:
+    scenario = run.scenario
+    sessions = scenario.session_names
+    ids = {name: f"s{i + 1}" for i, name in enumerate(sessions)}
+    colours = session_colours(sessions)
+    title = f"{scenario.name} ({scenario.variant}): {scenario.title}"
+    out = ["---", f"title: {json.dumps(title, ensure_ascii=False)}", "---", "sequenceDiagram"]
+    for name in sessions:
+        out.append(f"    box {_rgb(colours[name].light)}")
+        out.append(f"        participant {ids[name]} as {escape_text(name)}")
+        out.append("    end")
+    out.append(f"    participant {SERVER} as PostgreSQL")
+    active: set[str] = set()
+    for section in timeline_sections(run):
+        if section.heading:
+            out.append(f"    Note over {ids[sessions[0]]},{SERVER}: {escape_text(section.heading)}")
+        for entry in section.entries:
+            out.extend("    " + line for line in _entry_lines(entry, ids, active))
+    for who in sorted(active):  # a step still waiting when the run ended
+        out.append(f"    deactivate {who}")
+    out.append(f"    Note over {ids[sessions[0]]},{SERVER}: {escape_text(verdict_line(run))}")
+    return "\n".join(out) + "\n"
+
+
+def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[str]:
+    who = ids.get(entry.session)
+    if who is None:
+        return []
+    lines: list[str] = []
+    if entry.kind == "step":
+        lines.append(f"{who}->>{SERVER}: {escape_text(shorten(f'{entry.seq}. {one_line(entry.sql)}', MAX_MESSAGE))}")
+        if entry.note:
+            lines.append(f"Note over {who}: {escape_text(shorten('» ' + entry.note, MAX_MESSAGE))}")
+        for wait in entry.waits if not entry.by_marker else ():
+            holder = ids.get(wait_holder(wait))
+            text = escape_text("⏳ " + wait_phrase(wait))
+            if holder is not None and holder != who:
+                lines.append(f"{who}--){holder}: {text}")
+            else:
+                lines.append(f"Note over {who}: {text}")
+        if entry.waits and not entry.by_marker and who not in active:
+            lines.append(f"activate {who}")
+            active.add(who)
+    elif entry.kind in ("resume", "cancel"):
+        if who in active:
+            lines.append(f"deactivate {who}")
+            active.discard(who)
+        if entry.kind == "cancel":
+            lines.append(f"{SERVER}--x{who}: {escape_text(f'⌛ {entry.step} {entry.text}')}")
+        else:
+            after = f" (released by step {entry.released_by})" if entry.released_by is not None else ""
+            lines.append(f"{SERVER}-->>{who}: {escape_text(f'↳ step {entry.seq} resumes{after}')}")
+    else:
+        lines.append(f"{SERVER}--){who}: {escape_text(shorten(entry.text, MAX_MESSAGE))}")
+    if entry.outcome is not None:
+        for text in outcome_lines(entry.outcome):
+            if text.startswith("✗"):
+                lines.append(f"{SERVER}--x{who}: {escape_text(shorten(text.replace('ERROR ', ''), MAX_MESSAGE))}")
+            else:
+                lines.append(f"{SERVER}-->>{who}: {escape_text(shorten(text.removeprefix('→ '), MAX_MESSAGE))}")
+    return lines

@@ -1,0 +1,421 @@
+"""Presenter mode: play a run live in front of an audience (``--step`` / ``--pace``).
+
+Made for a projector: lanes per session in bold colours, SQL broken at its clauses, the
+scenario's story first and each step's note as it comes, a blocked step shown at once
+in reverse video, and a status line at the bottom that keeps counting how long it has
+waited (it redraws on the runner's ``on_idle`` tick and while the presenter pauses).
+It ends with what went wrong and how the other variant cures it.
+
+Plain ANSI, no curses: it works over ssh and inside tmux. With ``--step`` the keyboard
+is put in cbreak mode (no echo, no line editing; restored on exit): Enter or space runs
+the next step, ``q`` quits (cleanly, like Ctrl-C). When stdout is not a terminal the
+output is plain text: no colours, no status line, keys read line by line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TextIO
+
+import click
+
+from pgrace.model import Scenario, Step
+from pgrace.render.common import (
+    SESSION_COLOURS,
+    describe_wait,
+    lock_label,
+    one_line,
+    outcome_lines,
+    sql_lines,
+    story_facts,
+    variant_flag,
+    verdict_line,
+    wait_phrase,
+)
+from pgrace.render.text import Style
+from pgrace.runner import variables_in
+from pgrace.timeline import (
+    CheckQueried,
+    Event,
+    LocksObserved,
+    NoticeReceived,
+    NotifyReceived,
+    Run,
+    StepCancelled,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+    Wait,
+)
+
+GUTTER = 6
+TICK = 0.1  # seconds between status-line redraws while pausing
+CLEAR_LINE = "\r\x1b[2K"
+
+
+class Presenter:
+    """Receives the runner's callbacks (``before_step``, ``on_event``, ``on_idle``) and draws.
+
+    Use it as a context manager around the run so the terminal is restored, then call
+    :meth:`finish` with the run for the summary.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        style: Style,
+        *,
+        pace: float | None = None,
+        step_by_step: bool = False,
+        out: TextIO | None = None,
+        keys: TextIO | None = None,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        counterpart: Scenario | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.counterpart = counterpart or scenario.other  # a fix variant does not link back to its bug
+        self.out = out if out is not None else sys.stdout
+        self.keys = keys if keys is not None else sys.stdin
+        self.tty = _isatty(self.out) and os.environ.get("TERM") != "dumb" if tty is None else tty
+        self.colour = style.colour and self.tty
+        self.width = max(40, style.width)
+        self.pace = pace
+        self.step_by_step = step_by_step
+        self.clock = clock
+        self.sessions = scenario.session_names
+        self.lane = max(20, (self.width - GUTTER) // max(1, len(self.sessions)))
+        self.launched: dict[int, StepLaunched] = {}
+        self.announced: dict[int, Step] = {}
+        self.waiting: dict[int, tuple[str, tuple[Wait, ...], float]] = {}  # seq -> session, waits, since
+        self.waited_s: dict[int, float] = {}
+        self.prompt = ""
+        self.status_shown = False
+        self.started = False
+        self.last_locks: object = ()
+        self._saved_mode: list[Any] | None = None
+        self._key_fd: int | None = None
+
+    # -- terminal ----------------------------------------------------------------------
+
+    def __enter__(self) -> Presenter:
+        try:
+            fd = self.keys.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = None
+        self._key_fd = fd
+        if fd is not None and self.step_by_step and os.isatty(fd):
+            try:
+                import termios
+                import tty
+
+                self._saved_mode = termios.tcgetattr(fd)
+                tty.setcbreak(fd)
+            except (ImportError, OSError):
+                self._saved_mode = None
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._clear_status()
+        if self._saved_mode is not None and self._key_fd is not None:
+            import termios
+
+            termios.tcsetattr(self._key_fd, termios.TCSADRAIN, self._saved_mode)
+            self._saved_mode = None
+        self.out.flush()
+
+    # -- the runner's callbacks --------------------------------------------------------
+
+    def before_step(self, step: Step) -> None:
+        """Announce the step about to run, then wait for Enter or the pace."""
+        if not self.started:
+            self._header()
+            self.started = True
+        seq = max(self.launched, default=0) + 1
+        self.announced[seq] = step
+        lines = sql_lines(step.sql, self.lane - 4, max_lines=8)
+        if step.note:
+            lines += textwrap.wrap(f"» {step.note}", self.lane - 4, subsequent_indent="  ")
+        self._lane_print(f"▶ {seq}", step.session, lines, bold=True)
+        if self.step_by_step:
+            self._wait_for_key(f"▶ next: step {seq} ({step.session}): Enter runs it, q quits")
+        elif self.pace:
+            self._pause(self.pace)
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, StepLaunched):
+            self.launched[event.seq] = event
+            step = self.announced.get(event.seq)
+            if step is not None and step.sql != event.sql:
+                self._lane_print("", event.session, [bound_values(step.sql, event.sql)], dim=True)
+        elif isinstance(event, StepWaiting):
+            launched = self.launched[event.seq]
+            if event.by_marker:
+                self._lane_print("", launched.session, ["… reported later (completion marker)"], dim=True)
+                return
+            self.waiting[event.seq] = (launched.session, event.waits, self.clock())
+            blocked = [describe_wait(w) for w in event.waits]  # the text timeline's words
+            self._lane_print("", launched.session, blocked or ["⏳ blocked"], alarm=True)
+        elif isinstance(event, StepFinished):
+            launched = self.launched[event.seq]
+            lines: list[str] = []
+            if event.after_wait:
+                since = self.waiting.pop(event.seq, (None, (), self.clock()))[2]
+                self.waited_s[event.seq] = self.clock() - since
+                trigger = self.launched.get(event.released_by) if event.released_by is not None else None
+                after = f" by {trigger.session}'s {one_line(trigger.sql)[:24]} (step {trigger.seq})" if trigger else ""
+                lines.append(f"↳ step {event.seq} released{after} after {self.waited_s[event.seq]:.1f} s")
+            lines += outcome_lines(event.outcome)
+            if lines:
+                error = event.outcome.error is not None
+                self._lane_print("", launched.session, lines, error=error, resumed=event.after_wait)
+        elif isinstance(event, StepCancelled):
+            launched = self.launched[event.seq]
+            self.waiting.pop(event.seq, None)
+            graph = "; ".join(f"{who} waits for {', '.join(on)}" for who, on in event.graph) or "no lock waits"
+            self._lane_print("", launched.session, [f"⌛ cancelled after {event.after_s:g} s ({graph})"], error=True)
+        elif isinstance(event, NoticeReceived):
+            self._lane_print("", event.session, [f"{event.severity}: {event.message}"], dim=True)
+        elif isinstance(event, NotifyReceived):
+            self._lane_print("", event.session, [f'NOTIFY "{event.channel}" "{event.payload}"'], dim=True)
+        elif isinstance(event, LocksObserved) and event.locks != self.last_locks:
+            self.last_locks = event.locks
+            held = "unknown" if event.locks is None else "; ".join(lock_label(lock) for lock in event.locks) or "none"
+            self._full_print(f"row locks: {held}", dim=True)
+
+    def on_idle(self) -> None:
+        """The runner is waiting on the server: keep the wait counter moving."""
+        self._draw_status()
+
+    # -- the end -----------------------------------------------------------------------
+
+    def finish(self, run: Run) -> None:
+        """The verdict, what went wrong (or what the cure did), and the other variant."""
+        self._clear_status()
+        scenario = run.scenario
+        self._rule("What went wrong" if scenario.variant == "bug" else "What the cure did")
+        verdict = f"verdict: {verdict_line(run)}"  # the text timeline's words
+        self._write(self._style(f"  {verdict}", fg="green" if run.ok else "red", bold=True))
+        for check in (c for c in run.checks if not c.ok):
+            self._write(
+                self._style(f"    ✘ {check.description}: expected {check.expected}, got {check.actual}", fg="red")
+            )
+        for fact in story_facts(run):
+            self._wrap_write(f"• {fact}", indent="  ")
+        for seq, seconds in self.waited_s.items():
+            launched = self.launched[seq]
+            self._wrap_write(f"• {launched.session} sat blocked for {seconds:.1f} s of this talk", indent="  ")
+        for event in (e for e in run.events if isinstance(e, CheckQueried)):
+            got = "; ".join(outcome_lines(event.outcome)) or "→ nothing"
+            self._wrap_write(f"• final state: {one_line(event.sql)}  {got}", indent="  ")
+        if scenario.narrative:
+            self._write("")
+            self._wrap_write(" ".join(scenario.narrative.split()), indent="  ")
+        other = self.counterpart
+        if other is not None:
+            command = f"pgrace run {scenario.name} {variant_flag(other.variant)}"
+            heading = "How the cure fixes it" if other.variant == "fix" else "Without the cure"
+            self._rule(f"{heading}: {command}")
+            self._wrap_write(other.title, indent="  ", bold=True)
+            if other.narrative:
+                self._wrap_write(" ".join(other.narrative.split()), indent="  ")
+        self._write("")
+        self.out.flush()
+
+    # -- drawing -----------------------------------------------------------------------
+
+    def _header(self) -> None:
+        scenario = self.scenario
+        bar = "━" * (self.width - 1)
+        self._write(self._style(bar, bold=True))
+        self._write(self._style(f"  {scenario.name.upper()}  ·  {scenario.variant}", bold=True))
+        self._wrap_write(scenario.title, indent="  ", bold=True)
+        self._write(self._style(bar, bold=True))
+        if scenario.narrative:
+            for paragraph in scenario.narrative.split("\n\n"):
+                if paragraph.strip():
+                    self._wrap_write(" ".join(paragraph.split()), indent="  ")
+        self._write("")
+        heads = "".join(self._paint(name.ljust(self.lane), name, bold=True) for name in self.sessions)
+        rules = "".join(
+            self._paint(("━" * min(len(name) + 4, self.lane - 2)).ljust(self.lane), name) for name in self.sessions
+        )
+        self._write(" " * GUTTER + heads)
+        self._write(" " * GUTTER + rules)
+
+    def _lane_print(
+        self,
+        number: str,
+        session: str,
+        lines: list[str],
+        *,
+        bold: bool = False,
+        dim: bool = False,
+        alarm: bool = False,
+        error: bool = False,
+        resumed: bool = False,
+    ) -> None:
+        index = self.sessions.index(session) if session in self.sessions else 0
+        indent = " " * (self.lane * index)
+        width = max(16, self.lane - 2)
+        wrapped = [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="  ") or [""]]
+        self._clear_status()
+        for i, line in enumerate(wrapped):
+            prefix = f"{number:>4}  " if i == 0 and number else " " * GUTTER
+            if alarm and self.colour:
+                text = self._style(f" {line} ", fg="yellow", bold=True, reverse=True)
+            elif error and (line.startswith(("✗", "⌛")) or not line.startswith("→")):
+                text = self._style(line, fg="red", bold=True)
+            elif resumed and i == 0:
+                text = self._style(line, fg="yellow", bold=True)
+            elif dim:
+                text = self._style(line, dim=True)
+            elif line.startswith("→"):
+                text = self._style(line, bold=True)
+            else:
+                text = self._paint(line, session, bold=bold or not line.startswith("»"))
+            self._write(prefix + indent + text, status=False)
+        self._draw_status()
+
+    def _full_print(self, text: str, dim: bool = False) -> None:
+        self._clear_status()
+        for line in textwrap.wrap(text, self.width - GUTTER - 1, subsequent_indent="  ") or [""]:
+            self._write(" " * GUTTER + (self._style(line, dim=True) if dim else line), status=False)
+        self._draw_status()
+
+    def _rule(self, title: str) -> None:
+        self._write("")
+        head = f"━━ {title} "
+        self._write(self._style(head + "━" * max(0, self.width - 1 - len(head)), bold=True))
+
+    def _wrap_write(self, text: str, indent: str = "", bold: bool = False) -> None:
+        """Wrap to the screen; bullets (``•``) hang, paragraphs do not."""
+        hanging = indent + "  " if text.startswith("•") else indent
+        for line in textwrap.wrap(text, self.width - 1, initial_indent=indent, subsequent_indent=hanging) or [""]:
+            self._write(self._style(line, bold=True) if bold else line)
+
+    def _write(self, line: str, status: bool = True) -> None:
+        if not self.colour:
+            line = line.rstrip()
+        if status:
+            self._clear_status()
+        self.out.write(line + "\n")
+        if status:
+            self._draw_status()
+        self.out.flush()
+
+    def _style(self, text: str, **styles: Any) -> str:
+        return click.style(text, **styles) if self.colour else text
+
+    def _paint(self, text: str, session: str, bold: bool = False) -> str:
+        if not self.colour or session not in self.sessions:
+            return text
+        colour = SESSION_COLOURS[self.sessions.index(session) % len(SESSION_COLOURS)]
+        return click.style(text, fg=colour, bold=bold)
+
+    # -- the status line ---------------------------------------------------------------
+
+    def status_text(self) -> str:
+        """What the bottom line says now: who waits, for how long, and the key prompt."""
+        parts = []
+        now = self.clock()
+        for session, waits, since in self.waiting.values():
+            what = wait_phrase(waits[0]) if waits else "waits"
+            parts.append(f"⏳ {session} waiting {now - since:4.1f} s: {what}")
+        if self.prompt:
+            parts.append(self.prompt)
+        return "   │   ".join(parts)
+
+    def _draw_status(self) -> None:
+        if not self.tty:
+            return
+        text = self.status_text()
+        if not text:
+            self._clear_status()
+            return
+        text = text[: self.width - 1]
+        styled = self._style(text.ljust(self.width - 1), reverse=True, bold=True)
+        self.out.write(CLEAR_LINE + styled)
+        self.out.flush()
+        self.status_shown = True
+
+    def _clear_status(self) -> None:
+        if self.tty and self.status_shown:
+            self.out.write(CLEAR_LINE)
+            self.status_shown = False
+
+    # -- pauses ------------------------------------------------------------------------
+
+    def _pause(self, seconds: float) -> None:
+        """Presentation pacing only (detection never sleeps); the wait counter keeps moving."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(TICK, left))
+            self._draw_status()
+
+    def _wait_for_key(self, prompt: str) -> None:
+        self.prompt = prompt
+        try:
+            if not self.tty:
+                self._write(f"      [{prompt}]")
+            if self._key_fd is None:
+                self._handle(self.keys.readline())
+                return
+            while True:
+                self._draw_status()
+                ready, _, _ = select.select([self._key_fd], [], [], TICK)
+                if not ready:
+                    continue
+                if self._saved_mode is not None:
+                    data = os.read(self._key_fd, 64).decode(errors="replace")
+                    if any(c in data for c in "qQ"):
+                        raise KeyboardInterrupt
+                    if any(c in data for c in "\r\n "):
+                        return
+                else:
+                    self._handle(self.keys.readline())
+                    return
+        finally:
+            self.prompt = ""
+            self._draw_status()
+
+    @staticmethod
+    def _handle(line: str) -> None:
+        if line.strip().lower() in ("q", "quit"):
+            raise KeyboardInterrupt
+
+
+def bound_values(written: str, sent: str) -> str:
+    """``with :job = 1``: the values the runner put in for a step's ``:variables``."""
+    names = list(dict.fromkeys(variables_in(written)))
+    pattern = re.escape(written)
+    for name in names:
+        first = True
+
+        def group(match: re.Match[str], name: str = name) -> str:
+            nonlocal first
+            text = f"(?P<{name}>.+?)" if first else f"(?P={name})"
+            first = False
+            return text
+
+        pattern = re.sub(re.escape(re.escape(":" + name)) + r"(?!\w)", group, pattern)
+    match = re.fullmatch(pattern, sent, re.DOTALL)
+    if not names or match is None:
+        return f"sent: {one_line(sent)}"
+    return "with " + ", ".join(f":{name} = {match[name]}" for name in names)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

