@@ -8,7 +8,8 @@ Scheduling follows isolationtester (see ``shared/pg-isolation/ISOLATIONTESTER.md
 a step is sent asynchronously; the runner then waits until it either finishes or the
 server says it is blocked by another session of the scenario. It never sleeps to guess.
 A blocked step stays pending while later steps run; completions are recorded right after
-the step that released them, oldest launch first. Completion markers (``(*)``,
+the step that released them, oldest launch first (when the next step's session is still
+busy, that session's own step is waited for and reported first). Completion markers (``(*)``,
 ``(step)``, ``(step notices N)``) hold back the report of a finished step.
 
 The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
@@ -153,9 +154,7 @@ def run_scenario(
 class Runner:
     """The scheduler. Use as a context manager so every connection is closed."""
 
-    def __init__(
-        self, scenario: Scenario, dsn: str, run: Run, options: RunOptions, schema: str | None = None
-    ) -> None:
+    def __init__(self, scenario: Scenario, dsn: str, run: Run, options: RunOptions, schema: str | None = None) -> None:
         self.schema = schema  # a scratch schema in the user's database: watch only its tables
         self.scenario = scenario
         self.dsn = dsn
@@ -181,9 +180,7 @@ class Runner:
                 self.sessions[session.name] = SessionConnection(session.name, conn, self.recorder)
             self.observer = self._connect(f"pgrace/{self.scenario.name}/observer")
             self.observer.execute("SET lock_timeout = '200ms'")
-            self.inspector = LockInspector(
-                self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema
-            )
+            self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
         except BaseException:
             self.stack.__exit__(None, None, None)
             raise
