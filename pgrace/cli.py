@@ -12,7 +12,7 @@ import os
 import shutil
 import signal
 import sys
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -306,14 +306,29 @@ def _run_compare(
 
 
 @main.command()
-@click.argument("files", metavar="SPEC...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", metavar="[PATH]...", nargs=-1, type=click.Path(path_type=str))
+@click.option(
+    "--server",
+    "servers",
+    multiple=True,
+    metavar="SERVER",
+    help="Run on this server; repeat for a side-by-side matrix. 'embedded', a connection string, "
+    "a PostgreSQL bin directory (e.g. /usr/lib/postgresql/15/bin) or docker:IMAGE.",
+)
+@click.option("--dsn", envvar="PGRACE_DSN", help="Short for --server with a connection string.")
+@click.option(
+    "--golden", is_flag=True, help="Also compare each text timeline with NAME.VARIANT.out beside the scenario."
+)
+@click.option("--update", is_flag=True, help="(Re)write the golden timelines instead of comparing them.")
+@click.option(
+    "--junit", type=click.Path(dir_okay=False, writable=True, path_type=Path), help="Write JUnit XML to FILE."
+)
 @click.option(
     "--expected",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE",
-    help="Compare with FILE (and its FILE_N alternatives) instead of the file found next to the spec.",
+    help="For a single .spec: compare with FILE (and FILE_N alternatives) instead of NAME.out.",
 )
-@click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one (libpq URI or conninfo).")
 @click.option(
     "--step-timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -322,33 +337,53 @@ def _run_compare(
     metavar="SECONDS",
     help="Cancel a step that cannot finish after this long.",
 )
-def check(files: tuple[Path, ...], expected: Path | None, dsn: str | None, step_timeout: float) -> None:
-    """Run isolation specs and compare their output byte for byte with the expected files.
+@click.option("--quiet", "-q", is_flag=True, help="Print failures and the total only.")
+def check(
+    paths: tuple[str, ...],
+    servers: tuple[str, ...],
+    dsn: str | None,
+    golden: bool,
+    update: bool,
+    junit: Path | None,
+    expected: Path | None,
+    step_timeout: float,
+    quiet: bool,
+) -> None:
+    """Run scenario files as regression checks: every expectation must hold.
 
-    NAME.spec is compared with NAME.out next to it, or with ../expected/NAME.out as in
-    PostgreSQL's tree; NAME_0.out … NAME_9.out are accepted alternatives, as in
-    pg_regress. Exit status: 0 all match, 1 a mismatch (its unified diff is printed),
-    2 invalid input (a malformed spec, no expected file).
+    PATHs are scenario files (.toml) and isolation specs (.spec), or directories to search
+    (default: scenarios/). Each variant of a scenario is one case; a spec's isolationtester
+    output must match NAME.out (or ../expected/NAME.out, or NAME_N.out alternatives) byte
+    for byte. Exit status: 0 all held, 1 a case failed, 2 invalid input, 3 no server.
     """
-    from pgrace import speccheck
+    from pgrace import regression
+    from pgrace.render.check import render_matrix, render_results
 
-    if expected is not None and len(files) > 1:
-        raise click.UsageError("--expected applies to a single SPEC")
-    prepared = [speccheck.prepare_check(path, expected) for path in files]  # invalid input fails before any run
-    options = RunOptions(step_timeout=step_timeout, track_row_locks=False)
-    failed = 0
-    with open_server(dsn) as server:
-        report_swept(server)
-        for item in prepared:
-            checked = speccheck.run_check(item, server, options)
-            verdict = checked.comparison
-            line = f"{'PASS' if verdict.passed else 'FAIL'} {item.path} ({checked.seconds:.2f} s)"
-            if verdict.first_difference is not None:
-                line += f": {verdict.closest.name} {verdict.first_difference.describe()}"
-            click.echo(line)
-            if not verdict.passed:
-                failed += 1
-                click.echo(verdict.diff, nl=False)
+    cases = regression.prepare(list(paths) or ["scenarios"], golden=golden or update, expected=expected)
+    targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
+    options = RunOptions(step_timeout=step_timeout)
+    results: list[regression.CaseResult] = []
+    with ExitStack() as stack:
+        opened = [stack.enter_context(open_server(t)) for t in (targets or [None])]
+        for server in opened:
+            report_swept(server)
+            for case in cases:
+                result = regression.run_case(case, server, options, update=update)
+                results.append(result)
+                if not quiet or not result.ok:
+                    click.echo(render_results([result], with_server=len(opened) > 1), nl=False)
+    if len(opened) > 1:
+        click.echo(render_matrix(results, opened), nl=False)
+    failed = sum(1 for r in results if not r.ok)
+    updated = sum(1 for r in results if r.updated)
+    total = f"{len(results)} checks: {len(results) - failed} passed, {failed} failed"
+    if update:
+        total += f"; {updated} golden timeline{'s' if updated != 1 else ''} written"
+    click.echo(total)
+    if junit is not None:
+        from pgrace.render.junit import render_junit
+
+        junit.write_text(render_junit(results), encoding="utf-8")
     sys.exit(1 if failed else 0)
 
 

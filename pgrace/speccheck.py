@@ -183,15 +183,10 @@ def _prepare_spec(path: Path, expected: Path | None) -> PreparedCheck:
     return PreparedCheck(path, scenario, expected_files(path, expected), render_isolation)
 
 
-def _prepare_toml(path: Path, expected: Path | None) -> PreparedCheck:
-    raise ScenarioError("check of .toml scenarios is not implemented yet", str(path))
-
-
-# The dispatch point: one preparer per file kind. A preparer parses the file, finds its
-# expected output and picks the renderer; running and comparing are the same for all.
+# One preparer per file kind that is checked against an expected output file. pgrace's
+# own .toml scenarios carry their expectations inside (see pgrace.regression).
 PREPARERS: dict[str, Callable[[Path, Path | None], PreparedCheck]] = {
     ".spec": _prepare_spec,
-    ".toml": _prepare_toml,
 }
 
 

@@ -1,0 +1,44 @@
+"""What `pgrace check` prints: one line per case, its problems, and the server matrix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+from pgrace.regression import CaseResult, differs_across_servers
+from pgrace.servers import ServerInfo
+
+
+def render_results(results: Sequence[CaseResult], with_server: bool = False) -> str:
+    """``PASS  name  (0.05 s)``, then, for a failure, what was expected against what happened."""
+    lines: list[str] = []
+    for result in results:
+        where = f" on {result.server.label}" if with_server else ""
+        mark = "PASS" if result.ok else "FAIL"
+        note = " (golden timeline written)" if result.updated else ""
+        lines.append(f"{mark}  {result.case.name:<36} {result.case.path}{where}  ({result.seconds:.2f} s){note}")
+        for problem in result.problems:
+            lines.append(f"      ✘ {problem}")
+        if result.diff:  # as diff -U3 prints it, so that patch(1) can apply it
+            lines.extend(result.diff.rstrip("\n").splitlines())
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def render_matrix(results: Sequence[CaseResult], servers: Sequence[ServerInfo]) -> str:
+    """One row per case, one column per server (its version in the header); ≠ where they differ."""
+    by_case: dict[tuple[str, str], dict[str, CaseResult]] = {}
+    for result in results:
+        by_case.setdefault((str(result.case.path), result.case.name), {})[result.server.label] = result
+    rows = []
+    for (_, name), per_server in by_case.items():
+        cells = [("PASS" if r.ok else "FAIL") if (r := per_server.get(s.label)) else "-" for s in servers]
+        differs = differs_across_servers(list(per_server.values()))
+        rows.append([name, *cells, "≠ differs" if differs else ""])
+    headers = ["scenario", *(_header(s) for s in servers), ""]
+    return "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) + "\n\n"
+
+
+def _header(server: ServerInfo) -> str:
+    """The server's name with its version, which a connection string alone does not show."""
+    return server.label if server.version in server.label else f"PostgreSQL {server.version} at {server.label}"
