@@ -97,6 +97,14 @@ def _variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
 
 
 scenario_argument = click.argument("scenario", metavar="SCENARIO")
+step_timeout_option = click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Cancel a step that cannot finish after this long.",
+)
 allow_schema_option = click.option(
     "--allow-scratch-schema",
     is_flag=True,
@@ -165,14 +173,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     metavar="SECONDS",
     help="Presenter mode: run one step every SECONDS.",
 )
-@click.option(
-    "--step-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Cancel a step that cannot finish after this long.",
-)
+@step_timeout_option
 @click.option("--width", type=click.IntRange(min=40), help="Width of the text timeline (default: terminal).")
 @click.option("--color/--no-color", default=None, help="Colour per session (default: on a terminal, unless NO_COLOR).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
@@ -329,14 +330,7 @@ def _run_compare(
     metavar="FILE",
     help="For a single .spec: compare with FILE (and FILE_N alternatives) instead of NAME.out.",
 )
-@click.option(
-    "--step-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Cancel a step that cannot finish after this long.",
-)
+@step_timeout_option
 @click.option("--quiet", "-q", is_flag=True, help="Print failures and the total only.")
 def check(
     paths: tuple[str, ...],

@@ -17,9 +17,10 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import namedtuple_row
 
 from pgrace.model import RowRef
-from pgrace.timeline import RowLock, Wait, WaitKind
+from pgrace.timeline import RowLock, Wait
 
 # Heavyweight tuple-lock mode -> the row-lock strength it stands for (heapam.c tupleLockExtraInfo).
 TUPLE_LOCK_STRENGTH = {
@@ -32,9 +33,9 @@ TUPLE_LOCK_STRENGTH = {
 BLOCKED_QUERY = "SELECT pg_catalog.pg_isolation_test_session_is_blocked($1, $2)"
 
 WAITING_LOCKS_QUERY = """
-SELECT l.locktype, l.mode, l.granted, l.relation, l.relation::regclass::text,
-       l.page, l.tuple, l.transactionid::text, l.classid, l.objid, l.objsubid,
-       pg_catalog.pg_blocking_pids(l.pid)
+SELECT l.locktype, l.mode, l.granted, l.relation, l.relation::regclass::text AS relname,
+       l.page, l.tuple, l.transactionid::text AS xid, l.classid, l.objid, l.objsubid,
+       pg_catalog.pg_blocking_pids(l.pid) AS blocking
 FROM pg_catalog.pg_locks l
 WHERE l.pid = %s AND (NOT l.granted OR l.locktype = 'tuple')
 """
@@ -113,77 +114,27 @@ class LockInspector:
 
     def describe_waits(self, pid: int) -> tuple[Wait, ...]:
         """Turn the waiter's entries in ``pg_locks`` into named waits."""
-        rows = self.observer.execute(WAITING_LOCKS_QUERY, (pid,)).fetchall()
-        held_tuple = next((r for r in rows if r[0] == "tuple" and r[2]), None)
-        waiting = [r for r in rows if not r[2]]
+        with self.observer.cursor(row_factory=namedtuple_row) as cursor:
+            rows: list[Any] = cursor.execute(WAITING_LOCKS_QUERY, (pid,)).fetchall()
+        held_tuple = next((r for r in rows if r.locktype == "tuple" and r.granted), None)
         waits = []
-        for (
-            locktype,
-            mode,
-            _granted,
-            reloid,
-            relname,
-            page,
-            tup,
-            xid,
-            classid,
-            objid,
-            objsubid,
-            blocking,
-        ) in waiting:
-            blocked_by = tuple(self.name_of(b) for b in blocking if b in self.sessions)
-            if locktype == "transactionid" and held_tuple is not None:
-                waits.append(self._row_wait(held_tuple, blocked_by, via_xid=xid))
-            elif locktype == "tuple":
-                row = (
-                    locktype,
-                    mode,
-                    True,
-                    reloid,
-                    relname,
-                    page,
-                    tup,
-                    xid,
-                    classid,
-                    objid,
-                    objsubid,
-                    blocking,
-                )
-                waits.append(self._row_wait(row, blocked_by, via_xid=None))
-            elif locktype == "transactionid":
-                waits.append(
-                    Wait(
-                        "transaction",
-                        blocked_by,
-                        mode=mode,
-                        holder=self._xid_holder(xid),
-                        lock_type=locktype,
-                    )
-                )
-            elif locktype == "relation":
-                waits.append(
-                    Wait(
-                        "relation",
-                        blocked_by,
-                        mode=mode,
-                        table=relname,
-                        lock_type=locktype,
-                    )
-                )
-            elif locktype == "advisory":
-                key = f"{(classid << 32) | objid}" if objsubid == 1 else f"{classid}, {objid}"
-                waits.append(
-                    Wait(
-                        "advisory",
-                        blocked_by,
-                        mode=mode,
-                        lock_type=locktype,
-                        detail=key,
-                    )
-                )
+        for lock in (r for r in rows if not r.granted):
+            blocked_by = tuple(self.name_of(b) for b in lock.blocking if b in self.sessions)
+            if lock.locktype == "transactionid" and held_tuple is not None:
+                waits.append(self._row_wait(held_tuple, blocked_by, via_xid=lock.xid))
+            elif lock.locktype == "tuple":
+                waits.append(self._row_wait(lock, blocked_by, via_xid=None))
+            elif lock.locktype == "transactionid":
+                holder = self._xid_holder(lock.xid)
+                waits.append(Wait("transaction", blocked_by, mode=lock.mode, holder=holder, lock_type=lock.locktype))
+            elif lock.locktype == "relation":
+                waits.append(Wait("relation", blocked_by, mode=lock.mode, table=lock.relname, lock_type="relation"))
+            elif lock.locktype == "advisory":
+                # pg_advisory_lock(bigint) splits its key over classid/objid (objsubid 1).
+                key = f"{(lock.classid << 32) | lock.objid}" if lock.objsubid == 1 else f"{lock.classid}, {lock.objid}"
+                waits.append(Wait("advisory", blocked_by, mode=lock.mode, lock_type="advisory", detail=key))
             else:
-                kind: WaitKind = "other"
-                waits.append(Wait(kind, blocked_by, mode=mode, lock_type=locktype))
+                waits.append(Wait("other", blocked_by, mode=lock.mode, lock_type=lock.locktype))
         return tuple(waits)
 
     def _xid_holder(self, xid: str | None) -> str | None:
@@ -192,14 +143,10 @@ class LockInspector:
         row = self.observer.execute(XID_HOLDERS_QUERY, ([xid],)).fetchone()
         return self.name_of(row[1]) if row else None
 
-    def _row_wait(
-        self,
-        tuple_lock: tuple[Any, ...],
-        blocked_by: tuple[str, ...],
-        via_xid: str | None,
-    ) -> Wait:
-        _t, mode, _g, reloid, relname, page, tup, *_ = tuple_lock
-        ctid = f"({page},{tup})"
+    def _row_wait(self, tuple_lock: Any, blocked_by: tuple[str, ...], via_xid: str | None) -> Wait:
+        """A row wait: ``tuple_lock`` is the waiter's tuple lock (held, or queued for)."""
+        mode, reloid, relname = tuple_lock.mode, tuple_lock.relation, tuple_lock.relname
+        ctid = f"({tuple_lock.page},{tuple_lock.tuple})"
         table = self._table(reloid)
         row = self._resolve_keys(table, [ctid]).get(ctid) if table else None
         if via_xid is not None:

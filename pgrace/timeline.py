@@ -38,6 +38,12 @@ class SqlError:
     message: str
     severity: str = "ERROR"
     detail: str | None = None
+    cycle: tuple[str, ...] = ()
+    """A deadlock (40P01): who waited for whom, in session names, the victim first.
+
+    Filled by the runner from the DETAIL, whose pids and xids change from run to run
+    and so never reach the text timeline.
+    """
 
 
 @dataclass(frozen=True)
@@ -126,13 +132,50 @@ class StepWaiting:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """A session that others waited for when a step was cancelled, and why it held on.
+
+    A wait graph alone says "b waits for a"; the diagnosis is what *a* was doing: idle
+    in its transaction until a later step (the scenario's order makes the wait
+    endless), with no step left, or still running one.
+    """
+
+    session: str
+    state: str  # pg_stat_activity.state: "idle in transaction", "active", ... ("" if unknown)
+    running: str | None = None  # the step it was running, if any
+    next_step: str | None = None  # its next step in the permutation, not sent yet
+    next_sql: str = ""
+
+
+@dataclass(frozen=True)
 class StepCancelled:
-    """The step timed out; pgrace sent a cancel request. ``graph`` is who waited on whom."""
+    """The step timed out; pgrace sent a cancel request. ``graph`` is who waited on whom.
+
+    ``holders`` describes each session waited for that was not itself waiting.
+    """
 
     seq: int
     after_s: float
     graph: tuple[tuple[str, tuple[str, ...]], ...]
     t: float
+    holders: tuple[Holder, ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionLost:
+    """A session's connection is gone (its backend was terminated, or the server died).
+
+    Recorded once, when pgrace first sees it: ``during_seq`` is the step whose outcome
+    carries the error. Later steps of the session are not sent. ``sqlstate`` and
+    ``message`` are the server's FATAL (57P01 for pg_terminate_backend) when libpq
+    received one, else 08006 and libpq's own message.
+    """
+
+    session: str
+    message: str
+    sqlstate: str
+    t: float
+    during_seq: int
 
 
 @dataclass(frozen=True)
@@ -191,6 +234,7 @@ Event = (
     | StepWaiting
     | StepCancelled
     | StepFinished
+    | SessionLost
     | NoticeReceived
     | NotifyReceived
     | LocksObserved
@@ -299,6 +343,10 @@ class Run:
                 runs[event.after_seq].locks_after = event.locks
                 runs[event.after_seq].locks_unreadable = event.skipped
         return list(runs.values())
+
+    def sessions_lost(self) -> list[SessionLost]:
+        """Every session whose connection was lost during the run, in the order seen."""
+        return [e for e in self.events if isinstance(e, SessionLost)]
 
     def check_outcomes(self) -> dict[int, Outcome]:
         return {e.index: e.outcome for e in self.events if isinstance(e, CheckQueried)}
