@@ -166,6 +166,12 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     "--format", "-f", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format."
 )
 @click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one (libpq URI or conninfo).")
+@click.option(
+    "--server",
+    "server_target",
+    metavar="SERVER",
+    help="Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE.",
+)
 @click.option("--step", "step_by_step", is_flag=True, help="Presenter mode: press Enter to run each step.")
 @click.option(
     "--pace",
@@ -190,6 +196,7 @@ def run(
     params: tuple[str, ...],
     fmt: str,
     dsn: str | None,
+    server_target: str | None,
     step_by_step: bool,
     pace: float | None,
     step_timeout: float,
@@ -206,6 +213,7 @@ def run(
     is played live for an audience (a picture format then needs -o FILE).
     """
     loaded = catalog.load(scenario, _params(params))
+    dsn = server_target or dsn
     to_terminal = output is None and sys.stdout.isatty()
     colour = color if color is not None else (to_terminal and "NO_COLOR" not in os.environ)
     style = Style(
