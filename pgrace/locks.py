@@ -12,6 +12,7 @@ strength the waiter asked for.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,11 @@ TUPLE_LOCK_STRENGTH = {
     "ExclusiveLock": "FOR NO KEY UPDATE",
     "AccessExclusiveLock": "FOR UPDATE",
 }
+
+# One line of a deadlock's DETAIL (deadlock.c DeadLockReport).
+DEADLOCK_EDGE = re.compile(
+    r"Process (?P<waiter>\d+) waits for (?P<mode>\w+) on (?P<what>.+?); blocked by process (?P<blocker>\d+)\."
+)
 
 BLOCKED_QUERY = "SELECT pg_catalog.pg_isolation_test_session_is_blocked($1, $2)"
 
@@ -83,13 +89,75 @@ class LockInspector:
     def __init__(self, observer: psycopg.Connection[Any], sessions: dict[int, str], schema: str | None = None) -> None:
         self.schema = schema  # only this schema's tables are read (a scratch schema in a user's database)
         self.observer = observer
-        self.sessions = sessions  # backend pid -> session name
-        self.pid_array = "{" + ",".join(str(pid) for pid in sessions) + "}"
+        self.set_sessions(sessions)
         self.pgconn = observer.pgconn
         self.pgconn.prepare(b"pgrace_is_blocked", BLOCKED_QUERY.encode())
 
+    def set_sessions(self, sessions: dict[int, str]) -> None:
+        """Backend pid -> session name; replaced when a lost session is reconnected.
+
+        A terminated session's pid may stay in the list meanwhile: the blocking probe
+        and ``pg_blocking_pids`` simply find no process for it.
+        """
+        self.sessions = sessions
+        self.pid_array = "{" + ",".join(str(pid) for pid in sessions) + "}"
+
     def name_of(self, pid: int) -> str:
         return self.sessions.get(pid, f"pid {pid}")
+
+    def states(self, pids: list[int]) -> dict[int, str]:
+        """``pg_stat_activity.state`` of these backends ("idle in transaction", "active", ...)."""
+        if not pids:
+            return {}
+        rows = self.observer.execute(
+            "SELECT pid, state FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+        ).fetchall()
+        return {pid: state or "" for pid, state in rows}
+
+    def deadlock_cycle(self, detail: str) -> tuple[str, ...]:
+        """A deadlock's DETAIL in session names: ``b waits for ShareLock on a's transaction``.
+
+        The server names processes and transactions by pid and xid, which change from run
+        to run; the edge list, victim first (the server lists the detecting process
+        first), reads the same every time.
+        """
+        edges = []
+        for match in DEADLOCK_EDGE.finditer(detail):
+            waiter = self._who(int(match["waiter"]))
+            blocker = self._who(int(match["blocker"]))
+            edges.append(f"{waiter} waits for {match['mode']} on {self._lock_object(match['what'], blocker)}")
+        return tuple(edges)
+
+    def _who(self, pid: int) -> str:
+        return self.sessions.get(pid, "another backend")
+
+    def _lock_object(self, what: str, blocker: str) -> str:
+        """DescribeLockTag's words (lmgr.c) without oids, xids or pids."""
+        if re.fullmatch(r"transaction \d+", what):
+            return f"{blocker}'s transaction"
+        if what.startswith("virtual transaction "):
+            return f"{blocker}'s virtual transaction"
+        if match := re.fullmatch(r"tuple \((\d+),(\d+)\) of relation (\d+) of database \d+", what):
+            ctid = f"({match[1]},{match[2]})"
+            table = self._table(int(match[3]))
+            row = self._resolve_keys(table, [ctid]).get(ctid) if table else None
+            name = table.name if table else "a table"
+            return f"row {row}" if row else f"row {ctid} of {name}"
+        if match := re.fullmatch(r"relation (\d+) of database \d+", what):
+            return f"table {self._relation_name(int(match[1]))}"
+        if match := re.fullmatch(r"page \d+ of relation (\d+) of database \d+", what):
+            return f"a page of table {self._relation_name(int(match[1]))}"
+        if match := re.fullmatch(r"extension of relation (\d+) of database \d+", what):
+            return f"the extension of table {self._relation_name(int(match[1]))}"
+        if match := re.fullmatch(r"advisory lock \[\d+,(\d+),(\d+),(\d+)\]", what):
+            high, low, kind = int(match[1]), int(match[2]), int(match[3])
+            return f"advisory lock {(high << 32) | low if kind == 1 else f'{high}, {low}'}"
+        return f"a {what.split(' ', 1)[0]} lock"
+
+    def _relation_name(self, oid: int) -> str:
+        """The table's name (an oid, unlike a name, changes from run to run)."""
+        row = self.observer.execute("SELECT %s::oid::regclass::text", (oid,)).fetchone()
+        return str(row[0]) if row else "an unknown table"
 
     def is_blocked(self, pid: int) -> bool:
         """The server's own verdict, restricted to this scenario's sessions (as isolationtester)."""

@@ -17,6 +17,7 @@ The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import select
 import time
@@ -35,6 +36,7 @@ from pgrace.model import PermutationStep, Scenario, Step
 from pgrace.timeline import (
     CheckQueried,
     Event,
+    Holder,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
@@ -42,6 +44,7 @@ from pgrace.timeline import (
     PermutationStarted,
     ResultSet,
     Run,
+    SessionLost,
     SetupRan,
     SqlError,
     StepCancelled,
@@ -77,6 +80,7 @@ class Active:
     cancelled: bool = False
     notice_targets: dict[str, int] = field(default_factory=dict)
     outcome: Outcome | None = None
+    lost: SessionLost | None = None  # the session's connection was found gone during this step
 
 
 class SessionConnection:
@@ -84,17 +88,29 @@ class SessionConnection:
 
     def __init__(self, name: str, conn: psycopg.Connection[Any], recorder: Recorder) -> None:
         self.name = name
-        self.conn = conn
-        self.pgconn = conn.pgconn
-        self.pid = self.pgconn.backend_pid
         self.notices = 0
         self.active: Active | None = None
         self.variables: dict[str, Any] = {}
-        self.pgconn.notice_handler = self._on_notice
         self._recorder = recorder
+        self.attach(conn)
+
+    def attach(self, conn: psycopg.Connection[Any]) -> None:
+        """Use ``conn`` from now on (a new session, or a lost one reconnected)."""
+        self.conn = conn
+        self.pgconn = conn.pgconn
+        self.pid = self.pgconn.backend_pid
+        self.pgconn.notice_handler = self._on_notice
+        self.lost: SessionLost | None = None
+        self.fatal: SqlError | None = None  # why the server said it would close the connection
 
     def _on_notice(self, res: pq.abc.PGresult) -> None:
         severity = _field(res, pq.DiagnosticField.SEVERITY_NONLOCALIZED) or "NOTICE"
+        if severity in ("FATAL", "PANIC") or _field(res, pq.DiagnosticField.SQLSTATE).startswith("57"):
+            # libpq hands an error that arrives while the connection is idle to the
+            # notice processor: the server telling us why it is about to hang up.
+            self.fatal = self.fatal or sql_error(res)
+            if severity in ("FATAL", "PANIC"):
+                return  # reported with the loss of the connection, not as a notice
         self.notices += 1
         self._recorder.add(
             NoticeReceived(
@@ -167,6 +183,8 @@ class Runner:
         self.seq = 0
         self.last_launched = 0
         self.idle_at = 0.0  # when on_idle last ran
+        self.permutation: tuple[PermutationStep, ...] = ()
+        self.unlaunched = 0  # position in the permutation of the first step not sent yet
 
     # -- connections ------------------------------------------------------------------
 
@@ -215,23 +233,41 @@ class Runner:
         try:
             for index, permutation in enumerate(self.scenario.permutations):
                 self._run_permutation(index, permutation)
-        except psycopg.OperationalError as exc:
-            raise RunAborted(f"lost the server during the run: {_first_line(str(exc))}") from None
+        except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
+            raise self._aborted("pgrace's observer connection", _first_line(str(exc))) from None
+
+    def _aborted(self, connection: str, detail: str) -> RunAborted:
+        """Say whether the server died or only one of pgrace's own connections: one fresh connection decides."""
+        try:
+            with psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=2, application_name=f"pgrace/{self.scenario.name}/probe"
+            ):
+                pass
+        except psycopg.Error:
+            return RunAborted(f"the server went away during the run ({detail})")
+        return RunAborted(f"{connection} was lost during the run ({detail})")
 
     def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...]) -> None:
         self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
+        self.permutation = permutation
+        self.unlaunched = 0
+        for session in self.sessions.values():
+            if session.lost is not None:  # every permutation starts with all sessions connected
+                self._reconnect(session)
         for setup in self.scenario.setup:
             self._exec_setup(self.control.pgconn, setup, None)
         for declared in self.scenario.sessions:
             if declared.setup is not None:
                 self._exec_setup(self.sessions[declared.name].pgconn, declared.setup, declared.name)
-        for entry in permutation:
+        for position, entry in enumerate(permutation):
+            self.unlaunched = position
             step = self.scenario.step(entry.step)
             session = self.sessions[step.session]
             if session.busy:
                 self._wait_for_session(session)
             if self.options.before_step is not None:
                 self.options.before_step(step)
+            self.unlaunched = position + 1
             active = self._launch(step, entry)
             done = self._try_complete(active, blocking=False)
             self._poll_waiting(blocking=False)
@@ -242,7 +278,7 @@ class Runner:
         if index == len(self.scenario.permutations) - 1:
             self._run_checks()
         for declared in self.scenario.sessions:
-            if declared.teardown is not None:
+            if declared.teardown is not None and self.sessions[declared.name].lost is None:
                 self._exec_teardown(self.sessions[declared.name].pgconn, declared.teardown, declared.name)
         for teardown in self.scenario.teardown:
             self._exec_teardown(self.control.pgconn, teardown, None)
@@ -267,6 +303,12 @@ class Runner:
             if self.waiting:
                 self._poll_waiting(blocking=False)
 
+    def _reconnect(self, session: SessionConnection) -> None:
+        """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        session.attach(self._connect(f"{prefix}/{session.name}", tester=True))
+        self.inspector.set_sessions({s.pid: s.name for s in self.sessions.values()})
+
     def _launch(self, step: Step, entry: PermutationStep) -> Active:
         session = self.sessions[step.session]
         self.seq += 1
@@ -281,13 +323,33 @@ class Runner:
         self.recorder.add(StepLaunched(active.seq, step.name, step.session, text, self.recorder.now()))
         session.active = active
         self.last_launched = active.seq
+        if session.lost is not None:  # sending would only fail again: say why it was not sent
+            message = f"not sent: session {session.name}'s connection was lost at step {session.lost.during_seq}"
+            active.outcome = Outcome(error=SqlError("08003", message, "ERROR"))
+            return active
         try:
             session.pgconn.send_query(text.encode())
             while session.pgconn.flush():
                 select.select([], [session.pgconn.socket], [], 0.01)
         except psycopg.OperationalError as exc:
-            active.outcome = Outcome(error=SqlError("08006", _first_line(str(exc)), "ERROR"))
+            active.outcome = Outcome(error=self._lost(session, active, None, _first_line(str(exc))))
         return active
+
+    def _lost(self, session: SessionConnection, active: Active, received: SqlError | None, libpq: str) -> SqlError:
+        """The session's connection is gone: why (the server's FATAL, else libpq's words), noted once.
+
+        Never XX000: a lost connection is 08006 unless the server said more.
+        """
+        if received is not None and received.severity in ("FATAL", "PANIC"):
+            error = received
+        elif session.fatal is not None:
+            error = dataclasses.replace(session.fatal, severity="FATAL")
+        else:
+            error = SqlError("08006", libpq or "connection to the server was lost", "FATAL")
+        if session.lost is None:
+            session.lost = SessionLost(session.name, error.message, error.sqlstate, self.recorder.now(), active.seq)
+            active.lost = session.lost
+        return error
 
     def _poll_waiting(self, blocking: bool) -> None:
         """Try every waiting step in launch order; repeat while markers may have cleared."""
@@ -345,7 +407,7 @@ class Runner:
                         self._report_waiting(active, by_marker=False)
                     return False
         if active.outcome is None:
-            active.outcome = self._collect(pgconn)
+            active.outcome = self._collect(session, active)
             self._capture(session, active)
         if self._held_by_marker(active):
             if not active.waiting_reported:
@@ -372,10 +434,34 @@ class Runner:
                 raise RunAborted(f"step {active.step.name} did not finish even after it was cancelled")
             return False
         graph = self.inspector.blocking_graph()
+        holders = self._holders(graph)
         active.cancelled = True
-        self.recorder.add(StepCancelled(active.seq, self.options.step_timeout, graph, self.recorder.now()))
-        self.sessions[active.step.session].pgconn.get_cancel().cancel()
+        self.recorder.add(StepCancelled(active.seq, self.options.step_timeout, graph, self.recorder.now(), holders))
+        with suppress(psycopg.OperationalError):  # the session may have died meanwhile: nothing to cancel
+            self.sessions[active.step.session].pgconn.get_cancel().cancel()
         return True
+
+    def _holders(self, graph: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[Holder, ...]:
+        """What each session waited for was doing, when it is not itself waiting: the diagnosis of a hang."""
+        waiters = {who for who, _ in graph}
+        names = [name for _, on in graph for name in on if name in self.sessions and name not in waiters]
+        names = list(dict.fromkeys(names))
+        states = self.inspector.states([self.sessions[name].pid for name in names])
+        holders = []
+        for name in names:
+            session = self.sessions[name]
+            later = (self.scenario.step(e.step) for e in self.permutation[self.unlaunched :])
+            upcoming = next((step for step in later if step.session == name), None)
+            holders.append(
+                Holder(
+                    name,
+                    states.get(session.pid, ""),
+                    running=session.active.step.name if session.active is not None else None,
+                    next_step=upcoming.name if upcoming is not None else None,
+                    next_sql=upcoming.sql if upcoming is not None else "",
+                )
+            )
+        return tuple(holders)
 
     def _held_by_marker(self, active: Active) -> bool:
         for blocker in active.entry.blockers:
@@ -408,6 +494,8 @@ class Runner:
                 released_by=released_by,
             )
         )
+        if active.lost is not None:
+            self.recorder.add(active.lost)
         self._consume(session.pgconn)  # as isolationtester: read what arrived since the result
         while (notify := session.pgconn.notifies()) is not None:
             pid = notify.be_pid
@@ -419,10 +507,13 @@ class Runner:
             )
         session.active = None
 
-    def _collect(self, pgconn: pq.abc.PGconn) -> Outcome:
+    def _collect(self, session: SessionConnection, active: Active) -> Outcome:
+        """Every result of the step. A lost connection ends it with the server's FATAL, if one came."""
+        pgconn = session.pgconn
         results: list[ResultSet] = []
         commands: list[str] = []
         error: SqlError | None = None
+        libpq = ""  # libpq's own error text: it has no SQLSTATE
         while (res := pgconn.get_result()) is not None:
             status = res.status
             if status == pq.ExecStatus.TUPLES_OK:
@@ -430,11 +521,17 @@ class Runner:
             elif status == pq.ExecStatus.COMMAND_OK:
                 commands.append((res.command_status or b"").decode())
             elif status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
-                error = sql_error(res)
+                if res.error_field(pq.DiagnosticField.SQLSTATE) is None:
+                    libpq = libpq or _first_line(res.get_error_message())
+                    error = error or sql_error(res)
+                else:
+                    error = sql_error(res)
             elif status != pq.ExecStatus.EMPTY_QUERY:
                 error = SqlError("0A000", f"unexpected result status: PGRES_{pq.ExecStatus(status).name}", "ERROR")
-        if error is None and pgconn.status == pq.ConnStatus.BAD:
-            error = SqlError("08006", _first_line(pgconn.get_error_message()), "FATAL")
+        if pgconn.status == pq.ConnStatus.BAD:
+            error = self._lost(session, active, error, libpq or _first_line(pgconn.get_error_message()))
+        elif error is not None and error.sqlstate == "40P01" and error.detail:
+            error = dataclasses.replace(error, cycle=self.inspector.deadlock_cycle(error.detail))
         return Outcome(tuple(results), tuple(commands), error)
 
     def _capture(self, session: SessionConnection, active: Active) -> None:
@@ -459,7 +556,7 @@ class Runner:
     # -- setup, teardown, checks, locks ------------------------------------------------
 
     def _exec_setup(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
-        outcome = self._exec(pgconn, text)
+        outcome = self._exec(pgconn, text, session)
         if outcome.error is not None:
             where = f"setup of session {session}" if session else "setup"
             raise SetupFailed(
@@ -470,17 +567,24 @@ class Runner:
         self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
 
     def _exec_teardown(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
-        self.recorder.add(SetupRan("teardown", session, self._exec(pgconn, text), self.recorder.now()))
+        self.recorder.add(SetupRan("teardown", session, self._exec(pgconn, text, session), self.recorder.now()))
 
-    def _exec(self, pgconn: pq.abc.PGconn, text: str) -> Outcome:
-        """PQexec semantics: only the last result of a multi-statement block is kept."""
+    def _exec(self, pgconn: pq.abc.PGconn, text: str, session: str | None = None) -> Outcome:
+        """PQexec semantics: only the last result of a multi-statement block is kept.
+
+        The control connection (``session`` None) or a session's setup losing its
+        connection ends the run: without it there is no story to tell.
+        """
         if self.scenario.format == "pgrace":
             text = substitute(text, dict(self.scenario.params))
         res = pgconn.exec_(text.encode())
+        if pgconn.status == pq.ConnStatus.BAD:
+            server_said = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+            detail = server_said.decode("utf-8", "replace") if server_said else pgconn.get_error_message()
+            where = f"session {session}'s connection" if session else "pgrace's control connection"
+            raise self._aborted(where, _first_line(detail))
         if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
             return Outcome(error=sql_error(res))
-        if pgconn.status == pq.ConnStatus.BAD:
-            raise RunAborted(f"lost the server during setup: {_first_line(pgconn.get_error_message())}")
         if res.status == pq.ExecStatus.TUPLES_OK:
             return Outcome((result_set(res),))
         return Outcome(commands=((res.command_status or b"").decode(),))

@@ -21,6 +21,7 @@ from typing import Literal
 
 from pgrace.checks import format_value
 from pgrace.timeline import (
+    Holder,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
@@ -28,6 +29,7 @@ from pgrace.timeline import (
     PermutationStarted,
     RowLock,
     Run,
+    SessionLost,
     StepCancelled,
     StepFinished,
     StepLaunched,
@@ -154,7 +156,33 @@ def outcome_lines(outcome: Outcome) -> list[str]:
             lines.append("→ " + ", ".join(tags))
     if outcome.error is not None:
         lines.append(f"✗ {outcome.error.severity} {outcome.error.sqlstate}: {outcome.error.message}")
+        if outcome.error.cycle:
+            lines.append("↻ deadlock: " + "; ".join(outcome.error.cycle))
     return lines
+
+
+def cancel_text(event: StepCancelled) -> str:
+    """Why a cancelled step could not finish: who waited on whom, and what the held-on sessions were doing."""
+    parts = [f"{who} waits for {', '.join(on)}" for who, on in event.graph]
+    parts += [describe_holder(holder) for holder in event.holders]
+    return "; ".join(parts) or "no lock waits"
+
+
+def describe_holder(holder: Holder) -> str:
+    """``a is idle in transaction, its next step (a-3: COMMIT) comes later``: the usual endless wait."""
+    who = holder.session
+    if holder.running is not None:
+        return f"{who} is still running its step {holder.running}"
+    state = holder.state or "disconnected"
+    if holder.next_step is not None:
+        upcoming = f"{holder.next_step}: {shorten(one_line(holder.next_sql), 30)}"
+        return f"{who} is {state}, its next step ({upcoming}) comes later"
+    return f"{who} is {state} and has no step left to end it"
+
+
+def lost_text(event: SessionLost) -> str:
+    """The one row a lost connection gets; the step that found it shows the server's message."""
+    return f"⚡ {event.session}'s connection is gone ({event.sqlstate}); its later steps are not sent"
 
 
 def lock_label(lock: RowLock) -> str:
@@ -229,7 +257,7 @@ def sql_lines(sql: str, width: int, max_lines: int | None = None) -> list[str]:
 
 # -- the timeline as drawable rows ------------------------------------------------------
 
-EntryKind = Literal["step", "resume", "cancel", "notice"]
+EntryKind = Literal["step", "resume", "cancel", "notice", "lost"]
 
 
 @dataclass
@@ -363,15 +391,13 @@ def timeline_sections(run: Run) -> list[Section]:
                 )
         elif isinstance(event, StepCancelled):
             step = launched[event.seq]
-            graph = "; ".join(f"{who} waits for {', '.join(on)}" for who, on in event.graph) or "no lock waits"
-            index = add(
-                Entry(
-                    "cancel", step.session, event.seq, step.step, text=f"cancelled after {event.after_s:g} s ({graph})"
-                )
-            )
+            text = f"cancelled after {event.after_s:g} s ({cancel_text(event)})"
+            index = add(Entry("cancel", step.session, event.seq, step.step, text=text))
             cancelled = open_spans.get(event.seq)
             if cancelled is not None and cancelled.end is None:
                 cancelled.end = index
+        elif isinstance(event, SessionLost):
+            add(Entry("lost", event.session, event.during_seq, text=lost_text(event)))
         elif isinstance(event, NoticeReceived):
             add(Entry("notice", event.session, text=f"{event.severity}: {event.message}"))
         elif isinstance(event, NotifyReceived):
@@ -397,6 +423,7 @@ def story_facts(run: Run) -> list[str]:
     """What happened, one sentence per wait, error and cancel: the summary's facts."""
     facts: list[str] = []
     by_seq = {s.seq: s for s in run.step_runs()}
+    lost = {event.during_seq: event for event in run.sessions_lost()}
     for step in by_seq.values():
         who = f"{step.session}'s {step.step}"
         if step.waited:
@@ -412,9 +439,18 @@ def story_facts(run: Run) -> list[str]:
             facts.append(fact)
         if step.cancelled:
             facts.append(f"{who} (step {step.seq}) never finished and was cancelled")
-        elif step.outcome is not None and step.outcome.error is not None:
-            error = step.outcome.error
-            facts.append(f"{who} (step {step.seq}) failed with {error.sqlstate}: {error.message}")
+        elif step.seq in lost:
+            gone = lost[step.seq]
+            facts.append(
+                f"{step.session}'s connection was lost during step {step.seq} ({gone.sqlstate}: {gone.message});"
+                " its later steps were not sent"
+            )
+        elif step.outcome is not None and step.outcome.error is not None and step.outcome.error.sqlstate != "08003":
+            error = step.outcome.error  # 08003: not sent after a lost connection, already told above
+            fact = f"{who} (step {step.seq}) failed with {error.sqlstate}: {error.message}"
+            if error.cycle:
+                fact += f" ({'; '.join(error.cycle)})"
+            facts.append(fact)
     if not facts:
         facts.append("no step waited and none failed")
     return facts

@@ -66,7 +66,7 @@ def _render_event(event: Event, launched: dict[int, StepLaunched]) -> str:
         return f"{event.session}: {event.severity}:  {event.message}\n"
     if isinstance(event, NotifyReceived):
         return f'{event.session}: NOTIFY "{event.channel}" with payload "{event.payload}" from {event.sender}\n'
-    return ""  # StepLaunched, LocksObserved, CheckQueried: nothing to print
+    return ""  # StepLaunched, LocksObserved, CheckQueried, SessionLost: nothing to print (the step shows the FATAL)
 
 
 def _render_outcome(outcome: Outcome) -> str:

@@ -51,6 +51,10 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "sessions": scenario.session_names,
         "params": {k: to_json_value(v) for k, v in scenario.params},
         "steps": [_step(s) for s in run.step_runs()],
+        "sessions_lost": [
+            {"session": e.session, "at_step": e.during_seq, "sqlstate": e.sqlstate, "message": e.message}
+            for e in run.sessions_lost()
+        ],
         "final": [
             {"description": check.description, "sql": check.sql, **_result(run.check_outcomes().get(i))}
             for i, check in enumerate(scenario.checks)
@@ -93,6 +97,7 @@ def _step(run: StepRun) -> dict[str, Any]:
             "message": error.message,
             "severity": error.severity,
             "detail": error.detail,
+            "cycle": list(error.cycle),
         }
         if error
         else None,

@@ -57,6 +57,8 @@ def _cell_lines(entry: Entry) -> list[str]:
         lines.append(escape_md(f"↳ step {entry.seq} resumes" + (after if entry.released_by is not None else "")))
     elif entry.kind == "cancel":
         lines.append("**" + escape_md(f"⌛ {entry.step} {entry.text}") + "**")
+    elif entry.kind == "lost":
+        lines.append("**" + escape_md(entry.text) + "**")
     else:
         lines.append(escape_md(entry.text))
     if entry.outcome is not None:

@@ -94,6 +94,8 @@ def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[st
         else:
             after = f" (released by step {entry.released_by})" if entry.released_by is not None else ""
             lines.append(f"{SERVER}-->>{who}: {escape_text(f'↳ step {entry.seq} resumes{after}')}")
+    elif entry.kind == "lost":
+        lines.append(f"{SERVER}--x{who}: {escape_text(shorten(entry.text, MAX_MESSAGE))}")
     else:
         lines.append(f"{SERVER}--){who}: {escape_text(shorten(entry.text, MAX_MESSAGE))}")
     if entry.outcome is not None:

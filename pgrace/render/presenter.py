@@ -29,8 +29,10 @@ import click
 from pgrace.model import Scenario, Step
 from pgrace.render.common import (
     SESSION_COLOURS,
+    cancel_text,
     describe_wait,
     lock_label,
+    lost_text,
     one_line,
     outcome_lines,
     sql_lines,
@@ -48,6 +50,7 @@ from pgrace.timeline import (
     NoticeReceived,
     NotifyReceived,
     Run,
+    SessionLost,
     StepCancelled,
     StepFinished,
     StepLaunched,
@@ -181,8 +184,10 @@ class Presenter:
         elif isinstance(event, StepCancelled):
             launched = self.launched[event.seq]
             self.waiting.pop(event.seq, None)
-            graph = "; ".join(f"{who} waits for {', '.join(on)}" for who, on in event.graph) or "no lock waits"
-            self._lane_print("", launched.session, [f"⌛ cancelled after {event.after_s:g} s ({graph})"], error=True)
+            text = f"⌛ cancelled after {event.after_s:g} s ({cancel_text(event)})"
+            self._lane_print("", launched.session, [text], error=True)
+        elif isinstance(event, SessionLost):
+            self._lane_print("", event.session, [lost_text(event)], error=True)
         elif isinstance(event, NoticeReceived):
             self._lane_print("", event.session, [f"{event.severity}: {event.message}"], dim=True)
         elif isinstance(event, NotifyReceived):

@@ -132,6 +132,8 @@ def _block_lines(entry: Entry, inner: float) -> list[Line]:
         lines += [Line(t, "resume") for t in _wrap(after, inner, 12.5, "bold")]
     elif entry.kind == "cancel":
         lines += [Line(t, "error") for t in _wrap(f"✗ {entry.step} {entry.text}", inner, 12.5, "bold")]
+    elif entry.kind == "lost":
+        lines += [Line(t, "error") for t in _wrap(entry.text, inner, 12.5, "bold")]
     else:
         lines += [Line(t, "plain") for t in _wrap(entry.text, inner, 12.0)]
     if entry.outcome is not None:
@@ -303,7 +305,8 @@ def _draw_entry(
     if entry.kind == "notice":
         canvas.rect(x, y, 3, height - 4, fill=strong)
     else:
-        border = ERROR_COLOUR if sqlstate or entry.kind == "cancel" else WAIT_COLOUR if status == "waiting" else strong
+        failed = sqlstate or entry.kind in ("cancel", "lost")
+        border = ERROR_COLOUR if failed else WAIT_COLOUR if status == "waiting" else strong
         if entry.kind == "resume":
             border = WAIT_COLOUR
         canvas.rect(x, y, width, height, rx=6, fill="#ffffff", stroke=border, stroke_width=3 if border != strong else 2)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import click
 from tabulate import tabulate
 
-from pgrace.render.common import SESSION_COLOURS, describe_wait, outcome_lines
+from pgrace.render.common import SESSION_COLOURS, cancel_text, describe_wait, lost_text, outcome_lines
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,
@@ -22,6 +22,7 @@ from pgrace.timeline import (
     PermutationStarted,
     RowLock,
     Run,
+    SessionLost,
     StepCancelled,
     StepFinished,
     StepLaunched,
@@ -101,8 +102,10 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             rows.append(Row("" if event.after_wait else str(event.seq), step.session, lines))
         elif isinstance(event, StepCancelled):
             step = launched[event.seq]
-            graph = "; ".join(f"{who} waits for {', '.join(on)}" for who, on in event.graph) or "no lock waits"
-            rows.append(Row("", step.session, [f"⌛ {step.step} cancelled after {event.after_s:g} s ({graph})"]))
+            text = f"⌛ {step.step} cancelled after {event.after_s:g} s ({cancel_text(event)})"
+            rows.append(Row("", step.session, [text]))
+        elif isinstance(event, SessionLost):
+            rows.append(Row("", event.session, [lost_text(event)]))
         elif isinstance(event, NoticeReceived):
             rows.append(Row("", event.session, [f"{event.severity}: {event.message}"]))
         elif isinstance(event, NotifyReceived):

@@ -53,6 +53,7 @@ _PORT = 5432
 _READY_DEADLINE_S = 15.0
 _READY_POLL_S = 0.003
 _STOP_TIMEOUT_S = 10.0
+_ORPHAN_GRACE_S = 2.0  # for a dead postmaster's children to notice and exit
 
 #: initdb options of the cached template.  Part of the template's cache key, so
 #: changing them invalidates old templates.  A 1 MB WAL segment (instead of 16 MB)
@@ -197,7 +198,7 @@ def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
     finally:
         with deferred_interrupts():
             if proc is not None:
-                _stop(proc)
+                _stop(proc, os.path.join(rundir, "data"))
             shutil.rmtree(rundir, ignore_errors=True)
             with _run_dirs_lock:
                 _our_run_dirs.discard(rundir)
@@ -699,8 +700,13 @@ def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: 
         time.sleep(_READY_POLL_S)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Immediate shutdown: the data is thrown away, so there is nothing to flush."""
+def _stop(proc: subprocess.Popen[bytes], data: str) -> None:
+    """Immediate shutdown: the data is thrown away, so there is nothing to flush.
+
+    A postmaster that is already dead (killed under us) cannot stop its children: they
+    notice and exit by themselves, except one busy computing.  Those are waited for,
+    then killed, so that nothing of the run outlives it.
+    """
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGQUIT)
@@ -709,6 +715,40 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        return
+    _end_orphans(data)
+
+
+def _end_orphans(data: str) -> None:
+    """End the processes still working in ``data`` (a dead postmaster's children), by cwd."""
+    deadline = time.monotonic() + _ORPHAN_GRACE_S
+    while orphans := _processes_in(data):
+        if time.monotonic() >= deadline:
+            for pid in orphans:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + _ORPHAN_GRACE_S  # SIGKILL is not ignored: they go
+        time.sleep(0.005)  # polling for processes to exit
+
+
+def _processes_in(data: str) -> list[int]:
+    """Live processes whose working directory is ``data``: postgres chdirs into its data directory."""
+    target = os.path.realpath(data)
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{name}/cwd")
+        except OSError:
+            continue
+        if cwd == target and _pid_alive(int(name)):
+            found.append(int(name))
+    return found
 
 
 def _read_log(path: str) -> str:

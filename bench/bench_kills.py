@@ -1,0 +1,444 @@
+"""Kill ``pgrace run`` at random moments, over and over, and prove that nothing is left behind.
+
+Usage: ``python bench/bench_kills.py [--kills N] [--seed S] [-v]``
+
+Each round starts ``python -m pgrace run <scenario> --step`` in a child process, on the
+embedded server or on a ``--dsn`` server (one embedded server that this process starts
+for the purpose), answers its prompts, and sends SIGINT, SIGTERM or SIGKILL at a random
+moment of a chosen phase:
+
+* *startup*: the server or the scratch database is not there yet;
+* *setup*: they are, no step has been offered yet;
+* *between steps*: pgrace waits for Enter, nothing is running;
+* *mid-step*: Enter was just pressed, the step is on its way to the server;
+* *blocked step*: a step is pending, blocked by another session's lock;
+* *teardown*: every step has been sent; checks, teardown, the scratch drop, server stop.
+
+The phase is named from what the child had done when the signal left, not from what
+was aimed at. Then, once the child has exited:
+
+* embedded: its postmaster is dead, no process works in its run directory, and the
+  directory is gone (after SIGKILL: once a later run has swept it);
+* ``--dsn``: no backend named ``pgrace/%`` remains, no other backend holds a lock, and no
+  scratch database is left (after SIGKILL: once ``pgrace clean --dsn`` has run).
+
+Prints the kills per signal and per phase and every leftover; exits 1 if there was any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from pgrace import api, catalog
+from pgrace.servers import ServerInfo, open_server
+
+RUN_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+PROMPT = re.compile(r"▶ next: step (\d+) ")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+AIMS = ("setup", "mid-step", "blocked step", "teardown", "between steps")
+EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -signal.SIGKILL}
+DEADLINE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A shipped scenario variant and what a clean run of it looks like."""
+
+    name: str
+    variant: str
+    steps: int
+    blocked: tuple[tuple[int, int], ...]  # (step that waits, step that releases it)
+
+
+@dataclass
+class Tally:
+    kills: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # server, signal, phase
+    finished_first: int = 0
+    exits: Counter[tuple[str, int]] = field(default_factory=Counter)  # signal, exit status
+    leftovers: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    tracebacks: Counter[str] = field(default_factory=Counter)
+
+
+def traceback_kind(stderr: str) -> str:
+    """Where a signal raised outside pgrace's handling: both known places have nothing to clean up."""
+    if "<frozen runpy>" in stderr and "pgrace/cli.py" not in stderr:
+        return "while Python imported pgrace (nothing started yet)"
+    if "Exception ignored in: <module 'threading'" in stderr:
+        return "in interpreter shutdown, after pgrace had cleaned up"
+    return "elsewhere"
+
+
+class Child:
+    """``pgrace run --step`` in a child process, its output read by threads as it comes."""
+
+    def __init__(self, argv: list[str]) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PGRACE_DSN"}
+        env.update(PYTHONUNBUFFERED="1", NO_COLOR="1")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump_stdout, daemon=True).start()
+        self.err_thread = threading.Thread(target=self._pump_stderr, daemon=True)
+        self.err_thread.start()
+
+    def _pump_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr.extend(self.proc.stderr)
+
+    def next_prompt(self) -> int | None:
+        """Read until pgrace offers a step; its number, or None when the output ended."""
+        end = time.monotonic() + DEADLINE_S
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if line is None:
+                return None
+            self.seen.append(line)
+            if match := PROMPT.search(line):
+                return int(match.group(1))
+        raise TimeoutError("no prompt from pgrace within the deadline:\n" + "".join(self.seen[-20:]))
+
+    def enter(self) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # it ended meanwhile
+
+    def drain(self) -> None:
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            if line is not None:
+                self.seen.append(line)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def poll_until(check: object, deadline_s: float = DEADLINE_S) -> bool:
+    """Poll ``check()`` until it is true (processes and backends exit asynchronously)."""
+    assert callable(check)
+    end = time.monotonic() + deadline_s
+    while not check():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def processes_in(run_dir: Path) -> list[int]:
+    """Processes working in a run directory (postgres chdirs into its data directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd.startswith(str(run_dir) + "/") and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def run_dirs(pid: int) -> list[Path]:
+    return sorted(RUN_ROOT.glob(f"pgrace-{pid}-*"))
+
+
+def postmaster_pid(run_dir: Path) -> int | None:
+    try:
+        return int((run_dir / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def learn(server: ServerInfo) -> list[Variant]:
+    """Run every shipped variant once: how many steps, which ones block and what frees them."""
+    variants = []
+    for name in catalog.shipped_names():
+        loaded = catalog.load(name)
+        for variant in loaded.variants:
+            run = api.run(loaded.variant_named(variant), server=server)
+            steps = run.step_runs()
+            blocked = tuple((s.seq, s.released_by) for s in steps if s.waited and s.released_by is not None)
+            variants.append(Variant(name, variant, len(steps), blocked))
+    return variants
+
+
+class Bench:
+    def __init__(self, dsn_server: ServerInfo, variants: list[Variant], rng: random.Random, verbose: bool) -> None:
+        self.dsn_server = dsn_server
+        self.variants = variants
+        self.rng = rng
+        self.verbose = verbose
+        self.tally = Tally()
+        self.unswept: list[Path] = []  # run directories of SIGKILLed embedded runs
+        self.first_prompt_s = 0.6  # measured as we go: spawn to first prompt, embedded and dsn alike
+        self.teardown_s = 0.05  # last Enter to exit
+
+    # -- one round -----------------------------------------------------------------------
+
+    def round(self, index: int) -> None:
+        where = "embedded" if index % 2 == 0 else "dsn"
+        signum = self.rng.choice(SIGNALS)
+        aim = self.rng.choice(AIMS)
+        candidates = [v for v in self.variants if v.blocked] if aim == "blocked step" else self.variants
+        variant = self.rng.choice(candidates)
+        argv = [sys.executable, "-m", "pgrace", "run", variant.name, f"--{variant.variant}", "--step"]
+        if where == "dsn":
+            argv += ["--dsn", self.dsn_server.dsn]
+        child = Child(argv)
+        phase = self.drive(child, variant, aim)
+        run_dir = next(iter(run_dirs(child.proc.pid)), None)
+        postmaster = postmaster_pid(run_dir) if run_dir else None
+        if phase in ("startup", "setup") and where == "dsn":
+            phase = "setup" if self.scratch_databases() else "startup"
+        elif phase in ("startup", "setup"):
+            phase = "setup" if postmaster is not None else "startup"
+        if child.proc.poll() is None:
+            child.proc.send_signal(signum)
+            killed = True
+        else:
+            killed = False
+        try:
+            child.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()
+            self.leftover(index, f"pgrace did not exit within 60 s after {signum.name}")
+        child.err_thread.join(timeout=5)
+        child.drain()
+        stderr = "".join(child.stderr)
+        label = f"round {index} ({where}, {variant.name} --{variant.variant}, {signum.name}, {phase})"
+        if killed:
+            self.tally.kills[where, signum.name, phase] += 1
+            self.tally.exits[signum.name, child.proc.returncode] += 1
+            # 0 or 1: the signal came as it finished; -signum: before pgrace set its handlers, or after
+            quiet_death = child.proc.returncode == -signum and "pgrace:" not in stderr
+            if child.proc.returncode not in (EXPECTED_EXIT[signum], 0, 1) and not quiet_death:
+                self.tally.notes.append(f"{label}: exit {child.proc.returncode}: {stderr.strip()[-300:]}")
+        else:
+            self.tally.finished_first += 1
+        if "Traceback" in stderr:
+            self.tally.tracebacks[traceback_kind(stderr)] += 1
+            if traceback_kind(stderr) == "elsewhere":
+                self.tally.notes.append(f"{label}: traceback on stderr: {stderr.strip()[-600:]}")
+        if self.verbose:
+            print(f"{label}: exit {child.proc.returncode} {stderr.strip()[:120]}", flush=True)
+        if where == "embedded":
+            self.check_embedded(label, child.proc.pid, run_dir, postmaster, signum)
+        else:
+            self.check_dsn(label, signum)
+
+    def drive(self, child: Child, variant: Variant, aim: str) -> str:
+        """Answer prompts up to the aimed moment and return the phase the child is in."""
+        if aim == "setup":
+            time.sleep(self.rng.uniform(0, self.first_prompt_s))
+            child.drain()
+            return "between steps" if any(PROMPT.search(line) for line in child.seen) else "setup"
+        prompt = child.next_prompt()
+        self.first_prompt_s = 0.8 * self.first_prompt_s + 0.2 * (time.monotonic() - child.started)
+        if aim == "blocked step":
+            waits, released = self.rng.choice(variant.blocked)
+            prompt = self.advance(child, prompt, self.rng.randint(waits + 1, released))  # still blocked there
+            return aim if prompt is not None else "teardown"
+        if aim == "between steps":
+            prompt = self.advance(child, prompt, self.rng.randint(1, variant.steps))
+            return aim if prompt is not None else "teardown"
+        last = variant.steps if aim == "teardown" else self.rng.randint(1, max(1, variant.steps - 1))
+        if self.advance(child, prompt, last) is None:
+            return "teardown"
+        child.enter()
+        sent = time.monotonic()
+        if aim == "teardown":
+            time.sleep(self.rng.uniform(0, self.teardown_s))
+            if child.proc.poll() is not None:  # too late: aim a little earlier next time
+                self.teardown_s = max(0.005, 0.8 * self.teardown_s + 0.2 * (time.monotonic() - sent) * 0.8)
+            return "teardown"
+        time.sleep(self.rng.uniform(0, 0.003))
+        child.drain()
+        return "between steps" if self._offered_after(child, last) else "mid-step"
+
+    @staticmethod
+    def _offered_after(child: Child, step: int) -> bool:
+        """Whether the next step was offered already: the sent one had finished."""
+        return any((m := PROMPT.search(line)) is not None and int(m.group(1)) > step for line in child.seen)
+
+    @staticmethod
+    def advance(child: Child, prompt: int | None, until: int) -> int | None:
+        """Press Enter at every prompt before step ``until``; the prompt reached (None: the run ended)."""
+        while prompt is not None and prompt < until:
+            child.enter()
+            prompt = child.next_prompt()
+        return prompt
+
+    # -- what must not be left -------------------------------------------------------------
+
+    def leftover(self, index: int | str, what: str) -> None:
+        self.tally.leftovers.append(f"{index}: {what}")
+        print(f"LEFTOVER {index}: {what}", flush=True)
+
+    def check_embedded(
+        self, label: str, pid: int, run_dir: Path | None, postmaster: int | None, signum: signal.Signals
+    ) -> None:
+        if postmaster is not None and not poll_until(lambda: not alive(postmaster)):
+            self.leftover(label, f"postmaster {postmaster} still alive")
+        if run_dir is not None:  # this run got its server: it swept what earlier killed runs left
+            self.check_swept(label)
+        for directory in run_dirs(pid):
+            if not poll_until(lambda d=directory: not processes_in(d)):
+                self.leftover(label, f"processes still working in {directory}: {processes_in(directory)}")
+            if signum == signal.SIGKILL:
+                self.unswept.append(directory)  # the next embedded run removes it
+            else:
+                self.leftover(label, f"run directory {directory} still there after {signum.name}")
+
+    def check_swept(self, label: str) -> None:
+        for directory in self.unswept:
+            if directory.exists():
+                self.leftover(label, f"{directory} of a SIGKILLed run was not swept by the next run")
+        self.unswept = []
+
+    def scratch_databases(self) -> list[str]:
+        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+            rows = admin.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgrace\\_%'").fetchall()
+        return [r[0] for r in rows]
+
+    def check_dsn(self, label: str, signum: signal.Signals) -> None:
+        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+
+            def backends() -> list[tuple[int, str]]:
+                return admin.execute(
+                    "SELECT pid, application_name FROM pg_stat_activity"
+                    " WHERE application_name LIKE 'pgrace/%' AND pid <> pg_backend_pid()"
+                ).fetchall()
+
+            if not poll_until(lambda: not backends()):
+                self.leftover(label, f"backends left: {backends()}")
+            locks = admin.execute(
+                "SELECT l.pid, l.locktype, l.mode FROM pg_locks l WHERE l.pid IS DISTINCT FROM pg_backend_pid()"
+            ).fetchall()
+            if locks:
+                self.leftover(label, f"locks held: {locks}")
+        if signum == signal.SIGKILL:
+            subprocess.run(
+                [sys.executable, "-m", "pgrace", "clean", "--dsn", self.dsn_server.dsn],
+                capture_output=True,
+                check=True,
+            )
+        if self.scratch_databases():
+            self.leftover(label, f"scratch databases left: {self.describe_scratch()}")
+            self.drop_scratch()  # reported once; the next rounds start clean
+
+    def describe_scratch(self) -> list[tuple[object, ...]]:
+        """Each leftover with its marker and whoever is still connected to it: what kept it."""
+        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+            return admin.execute(
+                "SELECT d.datname, shobj_description(d.oid, 'pg_database'),"
+                " ARRAY(SELECT a.pid || ' ' || a.application_name || ' ' || coalesce(a.state, '')"
+                "       FROM pg_stat_activity a WHERE a.datname = d.datname)"
+                " FROM pg_database d WHERE d.datname LIKE 'pgrace\\_%'"
+            ).fetchall()
+
+    def drop_scratch(self) -> None:
+        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+            for name in self.scratch_databases():
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    def finish(self) -> None:
+        """Sweep what the last SIGKILLed embedded runs left, with one more run."""
+        if self.unswept:
+            subprocess.run([sys.executable, "-m", "pgrace", "run", "nowait"], capture_output=True, check=False)
+            self.check_swept("final sweep")
+
+
+def report(tally: Tally, seconds: float) -> None:
+    kills = sum(tally.kills.values())
+    print(f"\n{kills} kills in {seconds:.0f} s ({tally.finished_first} runs finished before their signal)")
+    for title, key in (("server", 0), ("signal", 1), ("phase", 2)):
+        counts: Counter[str] = Counter()
+        for parts, n in tally.kills.items():
+            counts[parts[key]] += n
+        print(f"  per {title}: " + ", ".join(f"{name} {n}" for name, n in sorted(counts.items())))
+    print("  signal × phase:")
+    phases = sorted({p for _, _, p in tally.kills})
+    print("    " + " " * 8 + "".join(f"{p:>15}" for p in phases))
+    for sig in ("SIGINT", "SIGTERM", "SIGKILL"):
+        row = [sum(n for (_, s, p), n in tally.kills.items() if s == sig and p == phase) for phase in phases]
+        print(f"    {sig:<8}" + "".join(f"{n:>15}" for n in row))
+    exits = ", ".join(f"{sig} → {code} ×{n}" for (sig, code), n in sorted(tally.exits.items()))
+    print(f"  exit statuses: {exits}")
+    for kind, n in sorted(tally.tracebacks.items()):
+        print(f"  Python traceback on stderr {kind}: {n}")
+    for note in tally.notes:
+        print(f"  note: {note}")
+    print(f"leftovers: {len(tally.leftovers)}")
+    for item in tally.leftovers:
+        print(f"  {item}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--kills", type=int, default=120, help="kills to make (default 120)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per round")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else int(time.time())
+    print(f"seed {seed}", flush=True)
+    rng = random.Random(seed)
+    started = time.monotonic()
+    with open_server("embedded") as server:
+        bench = Bench(server, learn(server), rng, args.verbose)
+        index = 0
+        while sum(bench.tally.kills.values()) < args.kills:
+            bench.round(index)
+            index += 1
+        bench.finish()
+    report(bench.tally, time.monotonic() - started)
+    return 1 if bench.tally.leftovers else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
