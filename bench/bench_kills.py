@@ -7,8 +7,10 @@ embedded server or on a ``--dsn`` server (one embedded server that this process 
 for the purpose), answers its prompts, and sends SIGINT, SIGTERM or SIGKILL at a random
 moment of a chosen phase:
 
-* *startup*: the server or the scratch database is not there yet;
-* *setup*: they are, no step has been offered yet;
+* *startup*: Python starts, pgrace sweeps; no run directory (embedded) or scratch database
+  (``--dsn``) yet;
+* *setup*: the embedded server is being copied or started, the scratch database created,
+  the setup SQL run; no step has been offered yet;
 * *between steps*: pgrace waits for Enter, nothing is running;
 * *mid-step*: Enter was just pressed, the step is on its way to the server;
 * *blocked step*: a step is pending, blocked by another session's lock;
@@ -51,7 +53,7 @@ from pgrace.servers import ServerInfo, open_server
 RUN_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 PROMPT = re.compile(r"▶ next: step (\d+) ")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
-AIMS = ("setup", "mid-step", "blocked step", "teardown", "between steps")
+AIMS = ("startup", "setup", "mid-step", "blocked step", "teardown", "between steps")
 EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -signal.SIGKILL}
 DEADLINE_S = 15.0
 
@@ -230,13 +232,13 @@ class Bench:
         if where == "dsn":
             argv += ["--dsn", self.dsn_server.dsn]
         child = Child(argv)
-        phase = self.drive(child, variant, aim)
+        phase = self.drive(child, variant, aim, where)
         run_dir = next(iter(run_dirs(child.proc.pid)), None)
         postmaster = postmaster_pid(run_dir) if run_dir else None
         if phase in ("startup", "setup") and where == "dsn":
             phase = "setup" if self.scratch_databases() else "startup"
-        elif phase in ("startup", "setup"):
-            phase = "setup" if postmaster is not None else "startup"
+        elif phase in ("startup", "setup"):  # the run directory comes first, then the server in it
+            phase = "setup" if run_dir is not None else "startup"
         if child.proc.poll() is None:
             child.proc.send_signal(signum)
             killed = True
@@ -272,10 +274,14 @@ class Bench:
         else:
             self.check_dsn(label, signum)
 
-    def drive(self, child: Child, variant: Variant, aim: str) -> str:
+    def drive(self, child: Child, variant: Variant, aim: str, where: str) -> str:
         """Answer prompts up to the aimed moment and return the phase the child is in."""
-        if aim == "setup":
-            time.sleep(self.rng.uniform(0, self.first_prompt_s))
+        if aim in ("startup", "setup"):
+            if aim == "startup":  # anywhere from Python's start to the first prompt
+                time.sleep(self.rng.uniform(0, self.first_prompt_s))
+            else:  # once the server, or the scratch database, is there: starting, creating, setup SQL
+                poll_until(lambda: child.proc.poll() is not None or self.resource_ready(child, where))
+                time.sleep(self.rng.uniform(0, 0.03))
             child.drain()
             return "between steps" if any(PROMPT.search(line) for line in child.seen) else "setup"
         prompt = child.next_prompt()
@@ -300,6 +306,11 @@ class Bench:
         time.sleep(self.rng.uniform(0, 0.003))
         child.drain()
         return "between steps" if self._offered_after(child, last) else "mid-step"
+
+    def resource_ready(self, child: Child, where: str) -> bool:
+        if where == "dsn":
+            return bool(self.scratch_databases())
+        return any((d / "data").is_dir() for d in run_dirs(child.proc.pid))
 
     @staticmethod
     def _offered_after(child: Child, step: int) -> bool:

@@ -4,7 +4,8 @@
     ├── ScenarioError               exit 2, a scenario file or option is invalid (file:line)
     │   └── SetupFailed             exit 2, the scenario's own setup SQL failed on the server
     ├── ServerUnavailable           exit 3, no PostgreSQL server could be had
-    └── RunAborted                  exit 3, the server went away in the middle of a run
+    └── RunAborted                  exit 3, the server (or pgrace's control or observer
+                                    connection) went away in the middle of a run
 
 The CLI turns any of these into one line on stderr and the class's exit code; nothing
 else in pgrace prints them.  SQL errors raised *by a step* are not exceptions at all:
@@ -50,6 +51,9 @@ class ServerUnavailable(PgraceError):
 
 
 class RunAborted(PgraceError):
-    """The server or the control connection went away during a run."""
+    """The server, or pgrace's control or observer connection, went away during a run.
+
+    A scenario session losing its connection is not an error: it is recorded in the run.
+    """
 
     exit_code = 3

@@ -12,6 +12,10 @@ the step that released them, oldest launch first (when the next step's session i
 busy, that session's own step is waited for and reported first). Completion markers (``(*)``,
 ``(step)``, ``(step notices N)``) hold back the report of a finished step.
 
+A session whose connection is lost (its backend terminated) is recorded once, as
+:class:`~pgrace.timeline.SessionLost`, and its later steps are not sent; the others go on.
+Losing the control or observer connection ends the run (:class:`~pgrace.errors.RunAborted`).
+
 The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
 """
 

@@ -189,7 +189,11 @@ def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
     proc: subprocess.Popen[bytes] | None = None
     try:
         try:
-            proc, log_path = _spawn(bindir, template, rundir, user)
+            # Held back while forking: Python ignores an exception raised in its at-fork
+            # hooks, so a Ctrl-C then would be lost and pgrace would carry on (found by
+            # bench/bench_kills.py); afterwards ``proc`` is known and the server stopped.
+            with deferred_interrupts():
+                proc, log_path = _spawn(bindir, template, rundir, user)
         except OSError as exc:
             raise ServerUnavailable(f"cannot start the server in {rundir}: {exc}") from exc
         dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
