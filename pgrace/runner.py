@@ -488,7 +488,11 @@ class Runner:
 
     def _report_done(self, session: SessionConnection, active: Active) -> None:
         assert active.outcome is not None
+        # A step that ends while it is still the newest (a deadlock victim, a lock_timeout)
+        # was not released by another step.
         released_by = self.last_launched if active.waiting_reported and not active.cancelled else None
+        if released_by == active.seq:
+            released_by = None
         self.recorder.add(
             StepFinished(
                 active.seq,

@@ -165,6 +165,7 @@ def test_deadlock_victim_gets_40P01_and_the_other_session_completes(pgrace_run: 
     assert steps["b1"].outcome.error.sqlstate == "40P01"
     assert steps["a2"].waited and steps["a2"].status == "ok"
     assert steps["a2"].released_by == steps["b1"].seq
+    assert steps["b1"].released_by is None  # the victim ended on its own; nothing released it
 
 
 def test_notices_are_recorded_for_their_session(pgrace_run: RunScenario) -> None:
