@@ -80,7 +80,7 @@ class Tally:
 
 def traceback_kind(stderr: str) -> str:
     """Where a signal raised outside pgrace's handling: both known places have nothing to clean up."""
-    if "<frozen runpy>" in stderr and "pgrace/cli.py" not in stderr:
+    if "<frozen runpy>" in stderr and ", in invoke" not in stderr:
         return "while Python imported pgrace (nothing started yet)"
     if "Exception ignored in: <module 'threading'" in stderr:
         return "in interpreter shutdown, after pgrace had cleaned up"

@@ -48,8 +48,9 @@ class PgraceGroup(click.Group):
     """Turns pgrace's own errors into one line on stderr and the error's exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        previous: Any = None
         with suppress(ValueError):  # only the main thread may install handlers
-            signal.signal(signal.SIGTERM, _raise_terminated)
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             return super().invoke(ctx)
         except PgraceError as exc:
@@ -59,6 +60,10 @@ class PgraceGroup(click.Group):
             signum = getattr(exc, "signum", signal.SIGINT)
             click.echo(f"pgrace: {'terminated' if signum == signal.SIGTERM else 'interrupted'}; cleaned up", err=True)
             ctx.exit(128 + signum)
+        finally:
+            # Cleanup is done: a late SIGTERM (e.g. during interpreter shutdown) just ends the process.
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
 
 @click.group(cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]})

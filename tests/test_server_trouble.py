@@ -37,7 +37,7 @@ from pgrace.render.svg import render_svg
 from pgrace.render.text import Style, render_text
 from pgrace.runner import Runner, RunOptions
 from pgrace.scratch import scratch_database
-from pgrace.servers import ServerInfo
+from pgrace.servers import ServerInfo, deferred_interrupts
 from pgrace.timeline import Run, StepCancelled, StepRun
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
@@ -415,3 +415,26 @@ def test_the_server_killed_mid_run_is_one_line_exit_3_and_nothing_left(monkeypat
     assert wait_gone(postmaster)
     assert not run_dir.exists()
     assert processes_in(run_dir) == []
+
+
+class Terminated(Exception):
+    """What the CLI's SIGTERM handler raises, here without the CLI."""
+
+
+def test_cleanup_holds_back_sigterm_as_well_as_ctrl_c() -> None:
+    """A SIGTERM during cleanup used to interrupt it and leave the embedded run directory behind."""
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        finished = []
+        with pytest.raises(Terminated), deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            finished.append("cleanup")  # not interrupted: the signal comes after the block
+        assert finished == ["cleanup"]
+        assert signal.getsignal(signal.SIGTERM) is raise_terminated
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
