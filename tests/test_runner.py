@@ -139,35 +139,6 @@ def test_a_step_that_can_never_finish_is_cancelled_with_the_wait_graph(pgrace_ru
     assert by_name(run)["next"].status == "ok"
 
 
-def test_deadlock_victim_gets_40P01_and_the_other_session_completes(pgrace_run: RunScenario) -> None:
-    run = pgrace_run(
-        scenario(
-            """
-            [[step]]
-            session = "a"
-            sql = "BEGIN; UPDATE t SET v = 0 WHERE id = 1"
-            [[step]]
-            session = "b"
-            sql = "SET deadlock_timeout = '10ms'; BEGIN; UPDATE t SET v = 0 WHERE id = 2"
-            [[step]]
-            name = "a2"
-            session = "a"
-            sql = "UPDATE t SET v = 0 WHERE id = 2"
-            [[step]]
-            name = "b1"
-            session = "b"
-            sql = "UPDATE t SET v = 0 WHERE id = 1"
-            """
-        )
-    )
-    steps = by_name(run)
-    assert steps["b1"].outcome is not None and steps["b1"].outcome.error is not None
-    assert steps["b1"].outcome.error.sqlstate == "40P01"
-    assert steps["a2"].waited and steps["a2"].status == "ok"
-    assert steps["a2"].released_by == steps["b1"].seq
-    assert steps["b1"].released_by is None  # the victim ended on its own; nothing released it
-
-
 def test_notices_are_recorded_for_their_session(pgrace_run: RunScenario) -> None:
     run = pgrace_run(
         scenario(

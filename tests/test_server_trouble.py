@@ -235,7 +235,7 @@ def test_a_spec_session_lost_in_one_permutation_is_reconnected_for_the_next(pgra
     assert second_s1u.waited and second_s1u.blocked_by == ["s2"] and second_s1u.status == "ok"
 
 
-def test_a_deadlock_names_its_cycle_in_sessions(pgrace_run: RunScenario) -> None:
+def test_a_deadlock_victim_gets_40P01_and_names_its_cycle_in_sessions(pgrace_run: RunScenario) -> None:
     run = pgrace_run(
         scenario(
             """
@@ -256,7 +256,11 @@ def test_a_deadlock_names_its_cycle_in_sessions(pgrace_run: RunScenario) -> None
             """
         )
     )
-    b1 = by_name(run)["b1"]
+    steps = by_name(run)
+    b1, a2 = steps["b1"], steps["a2"]
+    assert a2.waited and a2.status == "ok"  # the other session completes
+    assert a2.released_by == b1.seq
+    assert b1.released_by is None  # the victim ended on its own; nothing released it
     assert b1.outcome is not None and b1.outcome.error is not None
     cycle = ("b waits for ShareLock on a's transaction", "a waits for ShareLock on b's transaction")
     assert b1.outcome.error.sqlstate == "40P01" and b1.outcome.error.cycle == cycle
