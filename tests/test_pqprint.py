@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+from corpus import CORPUS, needs_corpus
 
 from pgrace.render.isolation import pqprint
 from pgrace.timeline import ResultSet
-
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation"
-needs_corpus = pytest.mark.skipif(not (CORPUS / "expected").is_dir(), reason=f"isolation corpus not found at {CORPUS}")
 
 
 def table(columns: tuple[str, ...], *rows: tuple[str | None, ...]) -> ResultSet:

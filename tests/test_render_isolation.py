@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
+from corpus import CORPUS, needs_corpus
 
 from pgrace.model import PermutationStep, Scenario, Session, Step
 from pgrace.render.isolation import render_isolation
@@ -26,9 +24,6 @@ from pgrace.timeline import (
     StepWaiting,
     Wait,
 )
-
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation"
-needs_corpus = pytest.mark.skipif(not (CORPUS / "expected").is_dir(), reason=f"isolation corpus not found at {CORPUS}")
 
 
 def rs(columns: tuple[str, ...], *rows: tuple[str | None, ...]) -> ResultSet:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from corpus import CORPUS, SPECS, needs_corpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,9 +22,6 @@ from pgrace.formats.spec import (
 )
 from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation"
-SPECS = sorted((CORPUS / "specs").glob("*.spec")) if CORPUS.is_dir() else []
-needs_corpus = pytest.mark.skipif(not SPECS, reason=f"isolation corpus not at {CORPUS}")
 spec_params = pytest.mark.parametrize(
     "spec_path",
     SPECS or [pytest.param(None, marks=needs_corpus)],

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from corpus import CORPUS, needs_corpus
 
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
@@ -40,8 +41,7 @@ from pgrace.timeline import StepLaunched, StepWaiting
 
 SPECS = Path(__file__).parent / "specs"
 OWN_SPECS = sorted(SPECS.glob("*.spec"))
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation"
-needs_corpus = pytest.mark.skipif(not (CORPUS / "specs").is_dir(), reason=f"isolation corpus not found at {CORPUS}")
+
 OPTIONS = RunOptions(track_row_locks=False, step_timeout=10.0)
 
 

@@ -1,0 +1,18 @@
+"""Test-suite wide rules: a test that needs the isolation corpus skips without it, or fails in CI."""
+
+from __future__ import annotations
+
+import corpus
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_corpus: reads PostgreSQL's isolation corpus from ../shared")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_corpus") is None or corpus.present():
+        return
+    if corpus.REQUIRED:
+        pytest.fail(f"PGRACE_REQUIRE_CORPUS is set but the isolation corpus is not at {corpus.CORPUS}")
+    pytest.skip(f"isolation corpus not found at {corpus.CORPUS}")
