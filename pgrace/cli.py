@@ -27,7 +27,7 @@ from pgrace.render.presenter import Presenter
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
 from pgrace.scratch import sweep_leftovers
-from pgrace.servers import ServerInfo, open_server
+from pgrace.servers import ServerInfo, open_server, scrub_secrets
 from pgrace.timeline import Run
 
 FORMATS = ("text", "json", "isolation", "html", "svg", "mermaid", "markdown")
@@ -54,7 +54,7 @@ class PgraceGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PgraceError as exc:
-            click.echo(f"pgrace: {exc}", err=True)
+            click.echo(f"pgrace: {scrub_secrets(str(exc))}", err=True)  # no DSN's password, whatever the path
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             signum = getattr(exc, "signum", signal.SIGINT)

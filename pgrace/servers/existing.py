@@ -10,7 +10,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.errors import ServerUnavailable
-from pgrace.servers import ServerInfo, redact_dsn, scrub_secrets
+from pgrace.servers import ServerInfo, connstring_problem, describe_dsn, remember_secrets, scrub_secrets
 
 __all__ = ["existing_server"]
 
@@ -22,15 +22,19 @@ CONNECT_TIMEOUT_S = 5
 def existing_server(dsn: str) -> Iterator[ServerInfo]:
     """Check that ``dsn`` is reachable and describe it; the server is left as it was.
 
-    Failing here, with the (redacted) address in the message, beats failing later in
-    the middle of a scenario with a bare libpq error.
+    Failing here, with the address in the message, beats failing later in the middle of a
+    scenario with a bare libpq error. The DSN itself is never quoted back (it may hold a
+    password in any shape); its secrets are remembered so that every later message is
+    scrubbed of them.
     """
-    where = redact_dsn(dsn) or "(libpq defaults from the environment)"
+    remember_secrets(dsn)
+    where = describe_dsn(dsn)
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        # libpq's parse errors quote pieces of the string, so they are not shown.
-        raise ServerUnavailable(f"invalid PostgreSQL connection string: {where}") from exc
+        # libpq's parse errors quote pieces of the string: those are masked.
+        problem = scrub_secrets(connstring_problem(exc), dsn)
+        raise ServerUnavailable(f"invalid PostgreSQL connection string (not shown): {problem}") from None
     if "connect_timeout" not in params:
         # Also in the DSN handed on, so no later connection hangs on a dead host either.
         dsn = make_conninfo(dsn, connect_timeout=str(CONNECT_TIMEOUT_S))
@@ -40,10 +44,10 @@ def existing_server(dsn: str) -> Iterator[ServerInfo]:
             if version is None:
                 row = conn.execute("SHOW server_version").fetchone()
                 version = str(row[0]) if row else "unknown"
-            label = _label(conn.info)
+            label = scrub_secrets(_label(conn.info), dsn)
     except psycopg.Error as exc:
         detail = " ".join(scrub_secrets(str(exc), dsn).split())
-        raise ServerUnavailable(f"cannot connect to PostgreSQL at {where}: {detail}") from exc
+        raise ServerUnavailable(f"cannot connect to PostgreSQL at {where}: {detail}") from None
     yield ServerInfo(dsn=dsn, version=version, label=label)
 
 
