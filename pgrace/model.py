@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Format = Literal["pgrace", "spec"]
+CrashMode = Literal["terminate", "disconnect"]  # backend terminated by the server, or the client's socket closed
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,12 @@ class StepExpectation:
 
 @dataclass(frozen=True)
 class Step:
-    """SQL one session sends; ``capture`` maps variable names to result columns."""
+    """SQL one session sends; ``capture`` maps variable names to result columns.
+
+    A step may be an action instead of SQL (``sql`` then only says what it does, for
+    the timeline): ``sleep`` pauses the schedule that many seconds while waiting steps
+    are still watched; ``crash`` kills the session as a dying worker process would.
+    """
 
     name: str
     session: str
@@ -73,6 +79,8 @@ class Step:
     capture: tuple[tuple[str, str], ...] = ()
     expect: StepExpectation = field(default_factory=StepExpectation)
     line: int | None = None
+    sleep: float | None = None
+    crash: CrashMode | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ class Scenario:
     permutations: tuple[tuple[PermutationStep, ...], ...] = ()
     checks: tuple[FinalCheck, ...] = ()
     params: tuple[tuple[str, Any], ...] = ()
+    param_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # params whose :name is one of these SQL words
     other: Scenario | None = None  # the other variant: the cure of a bug, or the bug a cure avoids
 
     @property

@@ -22,8 +22,9 @@ The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
 from __future__ import annotations
 
 import dataclasses
-import re
+import os
 import select
+import socket
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import pq
 from psycopg.adapt import Transformer
 
 from pgrace.errors import RunAborted, ScenarioError, SetupFailed
@@ -56,6 +57,7 @@ from pgrace.timeline import (
     StepLaunched,
     StepWaiting,
 )
+from pgrace.variables import FACTS, Value, find, substitute
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
@@ -94,7 +96,7 @@ class SessionConnection:
         self.name = name
         self.notices = 0
         self.active: Active | None = None
-        self.variables: dict[str, Any] = {}
+        self.variables: dict[str, Value] = {}  # what its steps captured, by variable name
         self._recorder = recorder
         self.attach(conn)
 
@@ -189,6 +191,8 @@ class Runner:
         self.idle_at = 0.0  # when on_idle last ran
         self.permutation: tuple[PermutationStep, ...] = ()
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
+        choices = dict(scenario.param_choices)
+        self.params = {name: Value(value, words=name in choices) for name, value in scenario.params}
 
     # -- connections ------------------------------------------------------------------
 
@@ -269,6 +273,7 @@ class Runner:
             session = self.sessions[step.session]
             if session.busy:
                 self._wait_for_session(session)
+            self._wait_for_captures(step)
             if self.options.before_step is not None:
                 self.options.before_step(step)
             self.unlaunched = position + 1
@@ -317,8 +322,8 @@ class Runner:
         session = self.sessions[step.session]
         self.seq += 1
         text = step.sql
-        if self.scenario.format == "pgrace":
-            text = substitute(text, {**dict(self.scenario.params), **session.variables})
+        if self.scenario.format == "pgrace" and step.sleep is None and step.crash is None:
+            text = substitute(text, self._values(session), session.conn)
         active = Active(self.seq, step, entry, time.perf_counter())
         for blocker in entry.blockers:
             if blocker.step is not None and blocker.notices is not None:
@@ -331,6 +336,13 @@ class Runner:
             message = f"not sent: session {session.name}'s connection was lost at step {session.lost.during_seq}"
             active.outcome = Outcome(error=SqlError("08003", message, "ERROR"))
             return active
+        if step.sleep is not None:
+            self._sleep(step.sleep)
+            active.outcome = Outcome()
+            return active
+        if step.crash is not None:
+            active.outcome = self._crash(session, active)
+            return active
         try:
             session.pgconn.send_query(text.encode())
             while session.pgconn.flush():
@@ -338,6 +350,95 @@ class Runner:
         except psycopg.OperationalError as exc:
             active.outcome = Outcome(error=self._lost(session, active, None, _first_line(str(exc))))
         return active
+
+    def _values(self, session: SessionConnection | None) -> dict[str, Value]:
+        """What ``:variables`` stand for in a step of ``session`` (None: a final check).
+
+        Params, then the session's own captures (which win, as they always did), then
+        every session's captures and facts by qualified name (``:worker1.claimed_id``,
+        ``:worker1.pid``).
+        """
+        values = dict(self.params)
+        if session is not None:
+            values.update(session.variables)
+        for other in self.sessions.values():
+            values.update({f"{other.name}.{name}": value for name, value in other.variables.items()})
+            values[f"{other.name}.pid"] = Value(other.pid)
+        return values
+
+    def _wait_for_captures(self, step: Step) -> None:
+        """A step that uses another session's capture waits until that session's running step is reported."""
+        if self.scenario.format != "pgrace" or step.sleep is not None or step.crash is not None:
+            return
+        for use in find(step.sql):
+            other = self.sessions.get(use.session or "")
+            if other is not None and use.name not in FACTS and other.busy:
+                self._wait_for_session(other)
+
+    def _sleep(self, seconds: float) -> None:
+        """A deliberate pause: the schedule stands still, but a waiting step that finishes meanwhile is reported.
+
+        This is what lets ``lock_timeout``, ``statement_timeout`` and the deadlock detector
+        fire at a chosen point; nothing is probed unless a waiting session's socket speaks.
+        """
+        deadline = time.perf_counter() + seconds
+        while (left := deadline - time.perf_counter()) > 0:
+            sockets = []
+            for active in self.waiting:
+                with suppress(psycopg.OperationalError):  # a lost connection has no socket
+                    sockets.append(self.sessions[active.step.session].pgconn.socket)
+            if sockets:
+                readable, _, _ = select.select(sockets, [], [], min(left, 0.1))
+                if readable:
+                    self._poll_waiting(blocking=False)
+            else:
+                time.sleep(min(left, 0.1))
+            self._idle()
+
+    def _crash(self, session: SessionConnection, active: Active) -> Outcome:
+        """Kill the session as a dying worker process would, and see it lost at once.
+
+        ``terminate``: the control connection calls ``pg_terminate_backend`` and waits until
+        the backend is gone (its transaction rolled back, its locks released).
+        ``disconnect``: the client's socket is shut down under libpq, as the kernel does
+        when a process dies: no goodbye message; the server sees EOF, possibly inside a
+        transaction. pgrace waits until the backend has left ``pg_stat_activity``.
+        """
+        pid = session.pid
+        wait_ms = max(1, int(self.options.step_timeout * 1000))
+        try:
+            if active.step.crash == "terminate":
+                row = self.control.execute("SELECT pg_terminate_backend(%s, %s)", (pid, wait_ms)).fetchone()
+                gone = row is not None and row[0] is True
+            else:
+                with socket.socket(fileno=os.dup(session.pgconn.socket)) as wire:
+                    wire.shutdown(socket.SHUT_RDWR)
+                gone = self._backend_gone(pid, self.options.step_timeout)
+        except psycopg.OperationalError as exc:
+            raise self._aborted("pgrace's control connection", _first_line(str(exc))) from None
+        except psycopg.Error as exc:  # e.g. 42501: not allowed to signal that backend
+            return Outcome(error=SqlError(exc.sqlstate or "XX000", _first_line(str(exc)), "ERROR"))
+        if not gone:
+            raise RunAborted(
+                f"step {active.step.name}: session {session.name}'s backend did not end"
+                f" within {self.options.step_timeout:g} s of its crash"
+            )
+        self._consume(session.pgconn)  # the server's last word (57P01), if it sent one
+        libpq = "connection closed by pgrace (crash)" if active.step.crash == "disconnect" else ""
+        self._lost(session, active, None, libpq)
+        return Outcome()
+
+    def _backend_gone(self, pid: int, timeout: float) -> bool:
+        """Wait (bounded) until a backend has exited: its locks are released before it leaves pg_stat_activity."""
+        deadline = time.perf_counter() + timeout
+        pause = 0.001
+        while time.perf_counter() < deadline:
+            if self.control.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is None:
+                return True
+            time.sleep(pause)  # polling a condition the server offers no notification for
+            pause = min(pause * 2, 0.02)
+            self._idle()
+        return False
 
     def _lost(self, session: SessionConnection, active: Active, received: SqlError | None, libpq: str) -> SqlError:
         """The session's connection is gone: why (the server's FATAL, else libpq's words), noted once.
@@ -547,7 +648,7 @@ class Runner:
         if not step.capture or outcome is None:
             return
         if outcome.error is not None:  # a failed claim captured nothing: later steps see NULL
-            session.variables.update({variable: None for variable, _ in step.capture})
+            session.variables.update({variable: Value(None) for variable, _ in step.capture})
             return
         last = outcome.last_rows
         for variable, column in step.capture:
@@ -559,7 +660,10 @@ class Runner:
                     step.line,
                 )
             index = last.columns.index(column)
-            session.variables[variable] = last.rows[0][index] if last.rows else None
+            if last.rows:
+                session.variables[variable] = Value(last.rows[0][index], last.text_rows[0][index])
+            else:
+                session.variables[variable] = Value(None)
 
     # -- setup, teardown, checks, locks ------------------------------------------------
 
@@ -584,7 +688,7 @@ class Runner:
         connection ends the run: without it there is no story to tell.
         """
         if self.scenario.format == "pgrace":
-            text = substitute(text, dict(self.scenario.params))
+            text = substitute(text, self.params)
         res = pgconn.exec_(text.encode())
         if pgconn.status == pq.ConnStatus.BAD:
             server_said = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
@@ -599,7 +703,7 @@ class Runner:
 
     def _run_checks(self) -> None:
         for index, check in enumerate(self.scenario.checks):
-            text = substitute(check.sql, dict(self.scenario.params))
+            text = substitute(check.sql, self._values(None), self.control)
             outcome = self._exec(self.control.pgconn, text)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), text))
 
@@ -649,26 +753,3 @@ def _decode(value: bytes | None) -> str | None:
 def _first_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else text.strip()
-
-
-# -- variables ---------------------------------------------------------------------------
-
-# A quoted string or identifier is skipped whole; `::type` casts are not variables.
-_VARIABLE = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(?<![:\w]):([A-Za-z_]\w*)""")
-
-
-def variables_in(text: str) -> list[str]:
-    """The ``:name`` variables a SQL text uses, outside quotes and casts."""
-    return [m.group(1) for m in _VARIABLE.finditer(text) if m.group(1)]
-
-
-def substitute(text: str, values: dict[str, Any]) -> str:
-    """Replace each ``:name`` by the SQL literal of its captured value or parameter."""
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name is None or name not in values:
-            return match.group(0)  # validated statically; leave PostgreSQL to complain
-        return sql.Literal(values[name]).as_string(None)
-
-    return _VARIABLE.sub(replace, text)

@@ -21,6 +21,7 @@ from typing import Any
 
 from pgrace.errors import ScenarioError
 from pgrace.model import (
+    CrashMode,
     FinalCheck,
     LockExpectation,
     PermutationStep,
@@ -30,7 +31,7 @@ from pgrace.model import (
     Step,
     StepExpectation,
 )
-from pgrace.runner import variables_in
+from pgrace.variables import FACTS, Use, find, valid_choice
 
 TOP_KEYS = {
     "name",
@@ -46,8 +47,13 @@ TOP_KEYS = {
 }
 VARIANTS = ("bug", "fix")
 SESSION_KEYS = {"name", "count", "setup", "teardown"}
-STEP_KEYS = {"name", "session", "except", "sql", "note", "capture", "expect"}
-OVERRIDE_KEYS = {"sql", "note", "capture", "expect"}
+STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capture", "expect"}
+ACTIONS = ("sql", "sleep", "crash")  # what a step does: exactly one of them
+CRASHES = ("terminate", "disconnect")
+PARAM_KEYS = {"default", "choices"}
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
+MAX_SLEEP = 60.0
+OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
 VARIANT_KEYS = {"title", "narrative", "step", "check", "setup"}
 EXPECT_KEYS = {"waits", "waits_for", "waits_on", "error", "rows", "locks"}
 CHECK_KEYS = {"description", "sql", "rows"}
@@ -173,7 +179,7 @@ class Builder:
                 f"[{variant}] describes this file's main story; the other variant is [{other_name}]",
                 variant,
             )
-        params = self._params()
+        params, choices = self._params()
         sessions, groups = self._sessions(params)
         steps = self._steps(data.get("step"), sessions, groups, ("step",))
         checks = self._checks(data.get("check", []), ("check",))
@@ -192,6 +198,7 @@ class Builder:
             permutations=(tuple(PermutationStep(s.name) for s in steps),),
             checks=checks,
             params=tuple(params.items()),
+            param_choices=tuple(choices.items()),
         )
         self._check_variables(main)
         if other_name not in data:
@@ -202,14 +209,24 @@ class Builder:
 
     # -- pieces -----------------------------------------------------------------------
 
-    def _params(self) -> dict[str, Any]:
+    def _params(self) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+        """Defaults with ``-p`` overrides applied, and the SQL words a choice param may take."""
         declared = self.data.get("params", {})
         if not isinstance(declared, dict):
             raise self.loc.error("params must be a table of name = default value", "params")
         params: dict[str, Any] = {}
+        choices: dict[str, tuple[str, ...]] = {}
         for key, value in declared.items():
+            if isinstance(value, dict):
+                value, choices[key] = self._choice_param(key, value)
             if not isinstance(value, (int, float, str, bool)):
-                raise self.loc.error(f"param {key!r} must be a number, string or boolean", "params", key)
+                raise self.loc.error(
+                    f"param {key!r} must be a number, string or boolean, or {{ default = ..., choices = [...] }}",
+                    "params",
+                    key,
+                )
+            if isinstance(value, str) and "\x00" in value:
+                raise self.loc.error(f"param {key!r} holds a NUL character", "params", key)
             params[key] = value
         for key, raw in self.overrides.items():
             if key not in params:
@@ -218,8 +235,31 @@ class Builder:
                     f"unknown param {key!r}{did_you_mean(key, set(params))}; this scenario has: {known}",
                     self.source,
                 )
-            params[key] = _coerce(raw, params[key], key, self.source)
-        return params
+            if key in choices:
+                params[key] = _choose(raw, choices[key], key, self.source)
+            else:
+                params[key] = _coerce(raw, params[key], key, self.source)
+        return params, choices
+
+    def _choice_param(self, key: str, table: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+        """``{ default = "READ COMMITTED", choices = [...] }``: ``:key`` is put in as one of these SQL words."""
+        self._check_keys(table, PARAM_KEYS, ("params", key), f"key of param {key!r}")
+        options = table.get("choices")
+        if not isinstance(options, list) or not options or not all(isinstance(c, str) for c in options):
+            raise self.loc.error(
+                f'param {key!r}: choices is a list of SQL words, e.g. ["NOWAIT", "SKIP LOCKED"]', "params", key
+            )
+        for choice in options:
+            if not valid_choice(choice):
+                raise self.loc.error(
+                    f"param {key!r}: choice {choice!r} must be SQL words (letters and single spaces) or empty",
+                    "params",
+                    key,
+                )
+        default = table.get("default", options[0])
+        if default not in options:
+            raise self.loc.error(f"param {key!r}: default {default!r} is not one of its choices", "params", key)
+        return str(default), tuple(options)
 
     def _sessions(self, params: dict[str, Any]) -> tuple[tuple[Session, ...], dict[str, list[str]]]:
         raw = self.data.get("sessions")
@@ -306,7 +346,7 @@ class Builder:
                         "except",
                     )
             members = [m for m in members if m not in excluded]
-            sql_text = self._str(item.get("sql"), *where, "sql", what="step sql")
+            sql_text, sleep, crash = self._action(item, where)
             base = item.get("name")
             if base is not None:
                 base = self._str(base, *where, "name", what="step name")
@@ -334,9 +374,47 @@ class Builder:
                         capture=self._capture(item.get("capture"), where),
                         expect=self._expect(item.get("expect"), names, (*where, "expect")),
                         line=self.loc.line_of(*where),
+                        sleep=sleep,
+                        crash=crash,
                     )
                 )
         return tuple(steps)
+
+    def _action(self, item: dict[str, Any], where: KeyPath) -> tuple[str, float | None, CrashMode | None]:
+        """What the step does: ``sql``, or ``sleep = "300ms"``, or ``crash = "terminate"``/``"disconnect"``.
+
+        An action step's ``sql`` is its description, as the timeline shows it.
+        """
+        given = [key for key in ACTIONS if key in item]
+        if not given:
+            raise self.loc.error('missing step sql (or sleep = "300ms", or crash = "terminate")', *where)
+        if len(given) > 1:
+            raise self.loc.error(f"a step does one thing: it has {' and '.join(given)}", *where, given[1])
+        if "sql" in item:
+            return self._str(item["sql"], *where, "sql", what="step sql"), None, None
+        for key in ("capture", "expect"):
+            if key in item:
+                raise self.loc.error(f"a {given[0]} step sends no SQL: it has no {key}", *where, key)
+        if "sleep" in item:
+            seconds = self._duration(item["sleep"], (*where, "sleep"))
+            return f"sleep {item['sleep'].strip()}", seconds, None
+        crash = item["crash"]
+        if crash == "terminate":
+            return "crash: backend terminated", None, "terminate"
+        if crash == "disconnect":
+            return "crash: connection closed", None, "disconnect"
+        raise self.loc.error(
+            f'crash is "terminate" (its backend killed) or "disconnect" (its socket closed), not {crash!r}',
+            *where,
+            "crash",
+        )
+
+    def _duration(self, raw: Any, where: KeyPath) -> float:
+        match = DURATION.match(raw) if isinstance(raw, str) else None
+        seconds = (float(match[1]) / (1000 if match[2] == "ms" else 1)) if match else 0.0
+        if not 0.001 <= seconds <= MAX_SLEEP:
+            raise self.loc.error(f'sleep is a duration from 1ms to {MAX_SLEEP:g}s, such as "300ms" or "1.5s"', *where)
+        return seconds
 
     def _expand(
         self,
@@ -529,8 +607,17 @@ class Builder:
                 if step.name != base and _base_name(step.name) != base:
                     continue
                 fields: dict[str, Any] = {}
+                kind = "sleep" if step.sleep is not None else "crash" if step.crash is not None else "sql"
+                for key in ACTIONS:
+                    if key in change and key != kind:
+                        raise self.loc.error(f"step {base!r} is a {kind} step: it cannot change its {key}", *where, key)
+                if kind != "sql" and ("capture" in change or "expect" in change):
+                    raise self.loc.error(f"a {kind} step sends no SQL: it has no capture or expect", *where)
                 if "sql" in change:
                     fields["sql"] = self._str(change["sql"], *where, "sql")
+                if "sleep" in change:
+                    fields["sleep"] = self._duration(change["sleep"], (*where, "sleep"))
+                    fields["sql"] = f"sleep {change['sleep'].strip()}"
                 if "note" in change:
                     fields["note"] = self._str(change["note"], *where, "note")
                 if "capture" in change:
@@ -552,38 +639,63 @@ class Builder:
         )
 
     def _check_variables(self, scenario: Scenario) -> None:
-        """Every ``:name`` must be a param, or captured by an earlier step of the same session."""
-        known: dict[str, set[str]] = {s.name: set() for s in scenario.sessions}
-        params = {k for k, _ in scenario.params}
-        for text, where in [(t, ("setup",)) for t in scenario.setup]:
-            self._check_known(variables_in(text), params, where, "setup")
-        for step in scenario.steps:
-            for variable in variables_in(step.sql):
-                if variable not in params | known[step.session]:
-                    hint = did_you_mean(variable, params | known[step.session])
-                    raise ScenarioError(
-                        f"step {step.name!r} uses :{variable}, which no earlier step of session "
-                        f"{step.session!r} captures and no param defines{hint}",
-                        self.source,
-                        step.line,
-                    )
-            known[step.session] |= {v for v, _ in step.capture}
-        for check in scenario.checks:
-            for variable in variables_in(check.sql):
-                if variable not in params:
-                    raise ScenarioError(
-                        f"check uses :{variable}, which is not a param{did_you_mean(variable, params)}",
-                        self.source,
-                        check.line,
-                    )
+        """Every ``:name`` must be a param or a capture made earlier in the file; ``:s.name`` names session s.
 
-    def _check_known(self, used: list[str], params: set[str], where: tuple[str, ...], what: str) -> None:
-        for variable in used:
-            if variable not in params:
-                raise self.loc.error(
-                    f"{what} uses :{variable}, which is not a param{did_you_mean(variable, params)}",
-                    *where,
-                )
+        Steps run in file order, so a capture made by a later step can never be there in time:
+        that is an error too, naming the step that captures it.
+        """
+        params = {k for k, _ in scenario.params}
+        for text in scenario.setup:
+            for use in find(text):
+                if use.session is not None or use.name not in params:
+                    raise self.loc.error(
+                        f"setup uses {use.written}, which is not a param{did_you_mean(use.key, params)}"
+                        " (setup runs before any session)",
+                        "setup",
+                    )
+        for index, step in enumerate(scenario.steps):
+            if step.sleep is not None or step.crash is not None:
+                continue
+            for use in find(step.sql):
+                problem = self._variable_problem(scenario, use.session or step.session, use.name, index, params, use)
+                if problem:
+                    raise ScenarioError(f"step {step.name!r} uses {use.written}, {problem}", self.source, step.line)
+        for check in scenario.checks:
+            for use in find(check.sql):
+                if use.session is None:
+                    problem = "" if use.name in params else f"which is not a param{did_you_mean(use.name, params)}"
+                else:
+                    last = len(scenario.steps)
+                    problem = self._variable_problem(scenario, use.session, use.name, last, params, use)
+                if problem:
+                    raise ScenarioError(f"check uses {use.written}, {problem}", self.source, check.line)
+
+    def _variable_problem(
+        self, scenario: Scenario, session: str, name: str, index: int, params: set[str], use: Use
+    ) -> str:
+        """Why ``name`` of ``session`` is not known before step number ``index`` ("" when it is)."""
+        sessions = scenario.session_names
+        if session not in sessions:
+            return f"but there is no session {session!r}{did_you_mean(session, sessions)}"
+        if use.session is not None and name in FACTS:
+            return ""
+        if use.session is None and name in params:
+            return ""
+        captures = [(i, s) for i, s in enumerate(scenario.steps) if s.session == session and name in dict(s.capture)]
+        if any(i < index for i, _ in captures):
+            return ""
+        if captures:
+            later = captures[0][1]
+            return f"which step {later.name!r} (line {later.line}) captures only later in the file"
+        if use.session is None:
+            own = {v for i, s in enumerate(scenario.steps) if s.session == session and i < index for v, _ in s.capture}
+            problem = f"which no earlier step of session {session!r} captures and no param defines"
+            elsewhere = [s.session for s in scenario.steps if name in dict(s.capture)]
+            if elsewhere:
+                return f"{problem}; session {elsewhere[0]!r} captures it: write :{elsewhere[0]}.{name}"
+            return problem + did_you_mean(name, params | own)
+        known = {v for s in scenario.steps if s.session == session for v, _ in s.capture} | set(FACTS)
+        return f"but no step of session {session!r} captures {name!r}{did_you_mean(name, known)}"
 
     # -- small typed readers ----------------------------------------------------------
 
@@ -621,9 +733,20 @@ def _base_name(step_name: str) -> str:
     return step_name.rsplit(".", 1)[0] if "." in step_name else step_name
 
 
+def _choose(raw: str, choices: tuple[str, ...], key: str, source: str) -> str:
+    """A ``-p`` value for a choice param: one of the file's own words (any case), in the file's spelling."""
+    for choice in choices:
+        if " ".join(raw.split()).upper() == choice.upper():
+            return choice
+    listed = ", ".join(repr(c) for c in choices)
+    raise ScenarioError(f"param {key!r} must be one of {listed}, not {raw!r}", source)
+
+
 def _coerce(raw: str, default: Any, key: str, source: str) -> Any:
     """A ``--param name=value`` string, converted to the type of the param's default."""
     try:
+        if "\x00" in raw:
+            raise ScenarioError(f"param {key!r} holds a NUL character", source)
         if isinstance(default, bool):
             if raw.lower() not in {"true", "false"}:
                 raise ValueError(raw)

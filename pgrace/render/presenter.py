@@ -42,7 +42,6 @@ from pgrace.render.common import (
     wait_phrase,
 )
 from pgrace.render.text import Style
-from pgrace.runner import variables_in
 from pgrace.timeline import (
     CheckQueried,
     Event,
@@ -57,6 +56,7 @@ from pgrace.timeline import (
     StepWaiting,
     Wait,
 )
+from pgrace.variables import find
 
 GUTTER = 6
 TICK = 0.1  # seconds between status-line redraws while pausing
@@ -400,23 +400,25 @@ class Presenter:
 
 
 def bound_values(written: str, sent: str) -> str:
-    """``with :job = 1``: the values the runner put in for a step's ``:variables``."""
-    names = list(dict.fromkeys(variables_in(written)))
-    pattern = re.escape(written)
-    for name in names:
-        first = True
+    """``with :job = 1``: the values the runner put in for a step's ``:variables``.
 
-        def group(match: re.Match[str], name: str = name) -> str:
-            nonlocal first
-            text = f"(?P<{name}>.+?)" if first else f"(?P={name})"
-            first = False
-            return text
-
-        pattern = re.sub(re.escape(re.escape(":" + name)) + r"(?!\w)", group, pattern)
+    The written text between variables must match the sent text exactly; each variable
+    (the same one always stands for the same value) matches what is in between.
+    """
+    uses = find(written)
+    names = list(dict.fromkeys(u.written for u in uses))
+    pattern, position, seen = "", 0, set()
+    for use in uses:
+        index = names.index(use.written)
+        pattern += re.escape(written[position : use.start])
+        pattern += f"(?P=v{index})" if index in seen else f"(?P<v{index}>.+?)"
+        seen.add(index)
+        position = use.end
+    pattern += re.escape(written[position:])
     match = re.fullmatch(pattern, sent, re.DOTALL)
-    if not names or match is None:
+    if not uses or match is None:
         return f"sent: {one_line(sent)}"
-    return "with " + ", ".join(f":{name} = {match[name]}" for name in names)
+    return "with " + ", ".join(f"{name} = {match[f'v{i}']}" for i, name in enumerate(names))
 
 
 def _isatty(stream: TextIO) -> bool:
