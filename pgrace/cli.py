@@ -359,14 +359,18 @@ def check(
     """Run scenario files as regression checks: every expectation must hold.
 
     PATHs are scenario files (.toml) and isolation specs (.spec), or directories to search
-    (default: scenarios/). Each variant of a scenario is one case; a spec's isolationtester
+    (default: scenarios/ if there is one here, else the shipped scenarios). Each variant of a scenario is one case; a spec's isolationtester
     output must match NAME.out (or ../expected/NAME.out, or NAME_N.out alternatives) byte
     for byte. Exit status: 0 all held, 1 a case failed, 2 invalid input, 3 no server.
     """
     from pgrace import regression
     from pgrace.render.check import render_matrix, render_results
 
-    cases = regression.prepare(list(paths) or ["scenarios"], golden=golden or update, expected=expected)
+    if not paths:  # scenarios/ here, else the shipped ones (an installed wheel carries them)
+        from pgrace.catalog import shipped_dir
+
+        paths = ("scenarios",) if Path("scenarios").is_dir() else (str(shipped_dir()),)
+    cases = regression.prepare(list(paths), golden=golden or update, expected=expected)
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     options = RunOptions(step_timeout=step_timeout)
     results: list[regression.CaseResult] = []

@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from pgrace.checks import evaluate
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.model import Scenario
@@ -164,3 +165,146 @@ def test_substitute_composes_with_psycopg_sql() -> None:
 def test_a_param_value_with_a_nul_byte_is_refused_up_front() -> None:
     with pytest.raises(ScenarioError, match="NUL"):
         scenario(HOSTILE, {"v": "a\x00b"})
+
+
+# -- parameters in keyword positions ---------------------------------------------------------
+
+LEVELS = """
+[params]
+level = { default = "READ COMMITTED", choices = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] }
+label = "SERIALIZABLE"
+
+[[step]]
+name = "begin"
+session = "a"
+sql = "BEGIN ISOLATION LEVEL :level"
+
+[[step]]
+name = "show"
+session = "a"
+sql = "SELECT current_setting('transaction_isolation') AS level, :'level' AS quoted, :label AS literal"
+
+[[step]]
+session = "a"
+sql = "COMMIT"
+"""
+
+
+def test_a_choice_param_is_put_in_as_sql_words(pgrace_run: RunScenario) -> None:
+    steps = by_name(pgrace_run(scenario(LEVELS, {"level": "serializable"})))
+    assert steps["begin"].sql == "BEGIN ISOLATION LEVEL SERIALIZABLE"
+    assert rows_of(steps["show"]) == [("serializable", "SERIALIZABLE", "SERIALIZABLE")]
+    default = by_name(pgrace_run(scenario(LEVELS)))
+    assert rows_of(default["show"])[0][0] == "read committed"
+
+
+def test_a_plain_string_param_stays_a_quoted_literal_as_before(pgrace_run: RunScenario) -> None:
+    steps = by_name(pgrace_run(scenario(LEVELS.replace("LEVEL :level", "LEVEL :label"))))
+    assert steps["begin"].sql == "BEGIN ISOLATION LEVEL 'SERIALIZABLE'"
+    assert steps["begin"].outcome is not None and steps["begin"].outcome.error is not None
+    assert steps["begin"].outcome.error.sqlstate == "42601"
+
+
+@pytest.mark.parametrize(
+    ("declaration", "message"),
+    [
+        ('mode = { choices = ["NOWAIT", "SKIP LOCKED; DROP TABLE t"] }', "must be SQL words"),
+        ('mode = { choices = ["NOWAIT", "--"] }', "must be SQL words"),
+        ('mode = { default = "WAIT", choices = ["NOWAIT", "SKIP LOCKED"] }', "default 'WAIT' is not one of its choices"),
+        ("mode = { choices = [] }", "choices is a list of SQL words"),
+        ('mode = { choices = ["NOWAIT"], defualt = "NOWAIT" }', "did you mean 'default'?"),
+        ("mode = [1, 2]", "must be a number, string or boolean, or { default"),
+    ],
+)
+def test_bad_choice_declarations_name_their_line(declaration: str, message: str) -> None:
+    text = f'sessions = ["a"]\n[params]\n{declaration}\n[[step]]\nsession = "a"\nsql = "SELECT 1"\n'
+    with pytest.raises(ScenarioError) as info:
+        parse_toml_scenario(text, "vars.toml")
+    assert str(info.value).startswith("vars.toml:3: "), str(info.value)
+    assert message in info.value.message
+
+
+def test_a_value_outside_the_choices_is_refused() -> None:
+    with pytest.raises(ScenarioError) as info:
+        scenario(LEVELS, {"level": "SERIALIZABLE; DROP TABLE t"})
+    assert info.value.message == (
+        "param 'level' must be one of 'READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE', not 'SERIALIZABLE; DROP TABLE t'"
+    )
+
+
+# -- values across sessions -----------------------------------------------------------------
+
+QUEUE = """
+setup = "CREATE TABLE jobs (id int PRIMARY KEY, status text); INSERT INTO jobs VALUES (1, 'queued'), (2, 'queued')"
+
+[[step]]
+name = "claim"
+session = "worker1"
+sql = "BEGIN; SELECT id AS claimed_id, now() AS at FROM jobs ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+capture = ["claimed_id", "at"]
+
+[[step]]
+name = "peek"
+session = "worker2"
+sql = "SELECT :worker1.claimed_id AS theirs, :'worker1.claimed_id' AS text, :'worker1.at' = :'worker1.at' AS same"
+
+[[step]]
+name = "kill"
+session = "worker2"
+sql = "SELECT pg_terminate_backend(:worker1.pid, 5000) AS killed"
+
+[[step]]
+name = "after"
+session = "worker1"
+sql = "SELECT 1"
+
+[[check]]
+description = "the job the killed worker claimed is still queued"
+sql = "SELECT status FROM jobs WHERE id = :worker1.claimed_id"
+rows = [["queued"]]
+"""
+
+
+def test_a_capture_and_a_pid_are_usable_by_another_session(pgrace_run: RunScenario) -> None:
+    run = pgrace_run(scenario(QUEUE, sessions='["worker1", "worker2"]'))
+    steps = by_name(run)
+    assert rows_of(steps["peek"]) == [(1, "1", True)]
+    assert rows_of(steps["kill"]) == [(True,)]
+    assert [(lost.session, lost.sqlstate) for lost in run.sessions_lost()] == [("worker1", "57P01")]
+    assert [r.ok for r in evaluate(run)] == [True], "the check used :worker1.claimed_id too"
+
+
+@pytest.mark.parametrize(
+    ("change", "line", "message"),
+    [
+        (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker3.claimed_id"), 12, "there is no session 'worker3'"),
+        (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker1.claimd_id"), 12, "did you mean 'claimed_id'?"),
+        (("SELECT :worker1.claimed_id AS theirs", "SELECT :claimed_id"), 12, "session 'worker1' captures it: write :worker1.claimed_id"),
+        (("WHERE id = :worker1.claimed_id", "WHERE id = :worker1.nope"), 27, "check uses :worker1.nope"),
+        (('capture = ["claimed_id", "at"]', 'capture = ["at"]'), 12, "no step of session 'worker1' captures 'claimed_id'"),
+    ],
+)
+def test_unknown_cross_session_values_are_named(change: tuple[str, str], line: int, message: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        scenario(QUEUE.replace(*change), sessions='["worker1", "worker2"]')
+    assert str(info.value).startswith(f"vars.toml:{line}: "), str(info.value)
+    assert message in info.value.message
+
+
+def test_a_capture_made_later_in_the_file_is_an_error_naming_both_steps() -> None:
+    text = """
+    [[step]]
+    name = "early"
+    session = "b"
+    sql = "SELECT :a.x"
+    [[step]]
+    name = "late"
+    session = "a"
+    sql = "SELECT 1 AS x"
+    capture = "x"
+    """
+    with pytest.raises(ScenarioError) as info:
+        scenario(text)
+    assert str(info.value) == (
+        "vars.toml:4: step 'early' uses :a.x, which step 'late' (line 8) captures only later in the file"
+    )

@@ -387,7 +387,7 @@ class Builder:
         """
         given = [key for key in ACTIONS if key in item]
         if not given:
-            raise self.loc.error('missing step sql (or sleep = "300ms", or crash = "terminate")', *where)
+            raise self.loc.error("missing step sql", *where)
         if len(given) > 1:
             raise self.loc.error(f"a step does one thing: it has {' and '.join(given)}", *where, given[1])
         if "sql" in item:
