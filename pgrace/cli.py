@@ -359,9 +359,10 @@ def check(
     """Run scenario files as regression checks: every expectation must hold.
 
     PATHs are scenario files (.toml) and isolation specs (.spec), or directories to search
-    (default: scenarios/ if there is one here, else the shipped scenarios). Each variant of a scenario is one case; a spec's isolationtester
-    output must match NAME.out (or ../expected/NAME.out, or NAME_N.out alternatives) byte
-    for byte. Exit status: 0 all held, 1 a case failed, 2 invalid input, 3 no server.
+    (default: scenarios/ if there is one here, else the shipped scenarios). Each variant of
+    a scenario is one case; a spec's isolationtester output must match NAME.out (or
+    ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. Exit status: 0 all
+    held, 1 a case failed, 2 invalid input, 3 no server.
     """
     from pgrace import regression
     from pgrace.render.check import render_matrix, render_results

@@ -423,7 +423,8 @@ class Runner:
                 f"step {active.step.name}: session {session.name}'s backend did not end"
                 f" within {self.options.step_timeout:g} s of its crash"
             )
-        self._consume(session.pgconn)  # the server's last word (57P01), if it sent one
+        self._consume(session.pgconn)  # the server's last word (57P01), if it sent one: parsing it
+        session.pgconn.is_busy()  # hands an idle connection's error to the notice handler
         libpq = "connection closed by pgrace (crash)" if active.step.crash == "disconnect" else ""
         self._lost(session, active, None, libpq)
         return Outcome()

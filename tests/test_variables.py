@@ -210,7 +210,10 @@ def test_a_plain_string_param_stays_a_quoted_literal_as_before(pgrace_run: RunSc
     [
         ('mode = { choices = ["NOWAIT", "SKIP LOCKED; DROP TABLE t"] }', "must be SQL words"),
         ('mode = { choices = ["NOWAIT", "--"] }', "must be SQL words"),
-        ('mode = { default = "WAIT", choices = ["NOWAIT", "SKIP LOCKED"] }', "default 'WAIT' is not one of its choices"),
+        (
+            'mode = { default = "WAIT", choices = ["NOWAIT", "SKIP LOCKED"] }',
+            "default 'WAIT' is not one of its choices",
+        ),
         ("mode = { choices = [] }", "choices is a list of SQL words"),
         ('mode = { choices = ["NOWAIT"], defualt = "NOWAIT" }', "did you mean 'default'?"),
         ("mode = [1, 2]", "must be a number, string or boolean, or { default"),
@@ -279,9 +282,17 @@ def test_a_capture_and_a_pid_are_usable_by_another_session(pgrace_run: RunScenar
     [
         (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker3.claimed_id"), 12, "there is no session 'worker3'"),
         (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker1.claimd_id"), 12, "did you mean 'claimed_id'?"),
-        (("SELECT :worker1.claimed_id AS theirs", "SELECT :claimed_id"), 12, "session 'worker1' captures it: write :worker1.claimed_id"),
+        (
+            ("SELECT :worker1.claimed_id AS theirs", "SELECT :claimed_id"),
+            12,
+            "session 'worker1' captures it: write :worker1.claimed_id",
+        ),
         (("WHERE id = :worker1.claimed_id", "WHERE id = :worker1.nope"), 27, "check uses :worker1.nope"),
-        (('capture = ["claimed_id", "at"]', 'capture = ["at"]'), 12, "no step of session 'worker1' captures 'claimed_id'"),
+        (
+            ('capture = ["claimed_id", "at"]', 'capture = ["at"]'),
+            12,
+            "no step of session 'worker1' captures 'claimed_id'",
+        ),
     ],
 )
 def test_unknown_cross_session_values_are_named(change: tuple[str, str], line: int, message: str) -> None:
