@@ -321,15 +321,16 @@ class Runner:
     def _launch(self, step: Step, entry: PermutationStep) -> Active:
         session = self.sessions[step.session]
         self.seq += 1
-        text = step.sql
+        text = shown = step.sql
         if self.scenario.format == "pgrace" and step.sleep is None and step.crash is None:
-            text = substitute(text, self._values(session), session.conn)
+            text = substitute(step.sql, self._values(session), session.conn)
+            shown = substitute(step.sql, self._values(session, facts=False), session.conn)
         active = Active(self.seq, step, entry, time.perf_counter())
         for blocker in entry.blockers:
             if blocker.step is not None and blocker.notices is not None:
                 other = self.sessions[self.scenario.step(blocker.step).session]
                 active.notice_targets[other.name] = other.notices + blocker.notices
-        self.recorder.add(StepLaunched(active.seq, step.name, step.session, text, self.recorder.now()))
+        self.recorder.add(StepLaunched(active.seq, step.name, step.session, shown, self.recorder.now()))
         session.active = active
         self.last_launched = active.seq
         if session.lost is not None:  # sending would only fail again: say why it was not sent
@@ -351,19 +352,21 @@ class Runner:
             active.outcome = Outcome(error=self._lost(session, active, None, _first_line(str(exc))))
         return active
 
-    def _values(self, session: SessionConnection | None) -> dict[str, Value]:
+    def _values(self, session: SessionConnection | None, facts: bool = True) -> dict[str, Value]:
         """What ``:variables`` stand for in a step of ``session`` (None: a final check).
 
         Params, then the session's own captures (which win, as they always did), then
         every session's captures and facts by qualified name (``:worker1.claimed_id``,
-        ``:worker1.pid``).
+        ``:worker1.pid``). Without ``facts``, pids are left as written: the timeline shows
+        ``:worker1.pid``, so its text stays the same on every run (it never shows pids).
         """
         values = dict(self.params)
         if session is not None:
             values.update(session.variables)
         for other in self.sessions.values():
             values.update({f"{other.name}.{name}": value for name, value in other.variables.items()})
-            values[f"{other.name}.pid"] = Value(other.pid)
+            if facts:
+                values[f"{other.name}.pid"] = Value(other.pid)
         return values
 
     def _wait_for_captures(self, step: Step) -> None:
@@ -376,21 +379,29 @@ class Runner:
                 self._wait_for_session(other)
 
     def _sleep(self, seconds: float) -> None:
-        """A deliberate pause: the schedule stands still, but a waiting step that finishes meanwhile is reported.
+        """A deliberate pause: the schedule stands still while waiting steps are still read.
 
         This is what lets ``lock_timeout``, ``statement_timeout`` and the deadlock detector
-        fire at a chosen point; nothing is probed unless a waiting session's socket speaks.
+        fire at a chosen point. A waiting step that ends meanwhile is collected at once
+        (its socket read, the presenter kept alive) and reported right after the sleep, as
+        a completion marker holds a report: the timeline tells it after the step it ended in.
         """
         deadline = time.perf_counter() + seconds
         while (left := deadline - time.perf_counter()) > 0:
-            sockets = []
+            watched: dict[int, Active] = {}
             for active in self.waiting:
                 with suppress(psycopg.OperationalError):  # a lost connection has no socket
-                    sockets.append(self.sessions[active.step.session].pgconn.socket)
-            if sockets:
-                readable, _, _ = select.select(sockets, [], [], min(left, 0.1))
-                if readable:
-                    self._poll_waiting(blocking=False)
+                    if active.outcome is None:
+                        watched[self.sessions[active.step.session].pgconn.socket] = active
+            if watched:
+                readable, _, _ = select.select(list(watched), [], [], min(left, 0.1))
+                for fd in readable:
+                    active = watched[fd]
+                    session = self.sessions[active.step.session]
+                    self._consume(session.pgconn)
+                    if not session.pgconn.is_busy():
+                        active.outcome = self._collect(session, active)
+                        self._capture(session, active)
             else:
                 time.sleep(min(left, 0.1))
             self._idle()
@@ -706,7 +717,8 @@ class Runner:
         for index, check in enumerate(self.scenario.checks):
             text = substitute(check.sql, self._values(None), self.control)
             outcome = self._exec(self.control.pgconn, text)
-            self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), text))
+            shown = substitute(check.sql, self._values(None, facts=False), self.control)
+            self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
     def _observe_locks(self, seq: int) -> None:
         if not self.run.row_locks_available:

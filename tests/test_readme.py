@@ -39,3 +39,15 @@ def test_readme_examples_are_real_output() -> None:
         return
     for block in blocks:
         assert block["body"] == output_of(block["args"]), f"README block for `pgrace {block['args']}` is stale"
+
+
+FILE = re.compile(r"<!-- file: (?P<path>\S+) -->\n```toml\n(?P<body>.*?)```\n", re.DOTALL)
+
+
+def test_readme_example_files_are_the_files_it_runs() -> None:
+    """A ``<!-- file: PATH -->`` block shows PATH whole: the output block after it ran that very file."""
+    blocks = list(FILE.finditer(README.read_text(encoding="utf-8")))
+    assert blocks, "the README should show its example files"
+    for block in blocks:
+        path = README.parent / block["path"]
+        assert block["body"] == path.read_text(encoding="utf-8"), f"README shows a stale {block['path']}"

@@ -273,6 +273,8 @@ def test_a_capture_and_a_pid_are_usable_by_another_session(pgrace_run: RunScenar
     steps = by_name(run)
     assert rows_of(steps["peek"]) == [(1, "1", True)]
     assert rows_of(steps["kill"]) == [(True,)]
+    assert steps["kill"].sql == "SELECT pg_terminate_backend(:worker1.pid, 5000) AS killed", "no pid in the timeline"
+    assert steps["peek"].sql.startswith("SELECT 1 AS theirs, '1' AS text")
     assert [(lost.session, lost.sqlstate) for lost in run.sessions_lost()] == [("worker1", "57P01")]
     assert [r.ok for r in evaluate(run)] == [True], "the check used :worker1.claimed_id too"
 

@@ -56,7 +56,7 @@ from pgrace.timeline import (
     StepWaiting,
     Wait,
 )
-from pgrace.variables import find
+from pgrace.variables import FACTS, find
 
 GUTTER = 6
 TICK = 0.1  # seconds between status-line redraws while pausing
@@ -405,7 +405,7 @@ def bound_values(written: str, sent: str) -> str:
     The written text between variables must match the sent text exactly; each variable
     (the same one always stands for the same value) matches what is in between.
     """
-    uses = find(written)
+    uses = [u for u in find(written) if u.session is None or u.name not in FACTS]  # pids stay as written
     names = list(dict.fromkeys(u.written for u in uses))
     pattern, position, seen = "", 0, set()
     for use in uses:
