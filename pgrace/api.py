@@ -27,7 +27,7 @@ def run(
     if server is None:
         with open_server(dsn) as opened:
             return run(scenario, server=opened, options=options, allow_scratch_schema=allow_scratch_schema)
-    with scratch_database(server, scenario.name, allow_schema=allow_scratch_schema) as db:
+    with scratch_database(server, scenario.name, allow_schema=allow_scratch_schema, scenario=scenario) as db:
         result = run_scenario(
             scenario,
             db.dsn,

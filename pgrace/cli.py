@@ -120,8 +120,11 @@ allow_schema_option = click.option(
 def report_swept(server: ServerInfo) -> None:
     """Drop what killed runs left on this server, and say so (a failure here never stops a run)."""
     with suppress(PgraceError):
-        for name in sweep_leftovers(server):
+        swept = sweep_leftovers(server)
+        for name in swept.removed:
             click.echo(f"pgrace: removed {name}, left behind by a killed pgrace run", err=True)
+        for note in swept.skipped:
+            click.echo(f"pgrace: {note}", err=True)
 
 
 fix_option = click.option("--fix", is_flag=True, help="Run the variant with the cure applied.")
@@ -404,10 +407,13 @@ def check(
 def clean(dsn: str) -> None:
     """Remove scratch databases and schemas that killed pgrace runs left on a server."""
     with open_server(dsn) as server:
-        removed = sweep_leftovers(server)
-    for name in removed:
+        swept = sweep_leftovers(server)
+    for name in swept.removed:
         click.echo(f"removed {name}")
-    click.echo(f"{len(removed)} leftover{'s' if len(removed) != 1 else ''} removed from {server.label}")
+    for note in swept.skipped:
+        click.echo(f"pgrace: {note}", err=True)
+    removed = len(swept.removed)
+    click.echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {server.label}")
 
 
 def _render(result: Run, fmt: str, style: Style, counterpart: Scenario | None = None) -> str:

@@ -35,6 +35,7 @@ import psycopg
 from psycopg import pq
 from psycopg.adapt import Transformer
 
+from pgrace import scratch
 from pgrace.errors import RunAborted, ScenarioError, SetupFailed
 from pgrace.locks import LockInspector
 from pgrace.model import PermutationStep, Scenario, Step
@@ -204,9 +205,12 @@ class Runner:
             for session in self.scenario.sessions:
                 conn = self._connect(f"{prefix}/{session.name}", tester=True)
                 self.sessions[session.name] = SessionConnection(session.name, conn, self.recorder)
-            self.observer = self._connect(f"pgrace/{self.scenario.name}/observer")
+            self.observer = self._connect(f"pgrace/{self.scenario.name}/observer", observer=True)
             self.observer.execute("SET lock_timeout = '200ms'")
             self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
+        except psycopg.Error as exc:  # e.g. a connection ended by someone else while it was being set up
+            self.stack.__exit__(None, None, None)
+            raise RunAborted(f"could not set up pgrace's connections: {_first_line(str(exc))}") from None
         except BaseException:
             self.stack.__exit__(None, None, None)
             raise
@@ -215,21 +219,24 @@ class Runner:
     def __exit__(self, *exc: object) -> None:
         self.stack.__exit__(None, None, None)
 
-    def _connect(self, application_name: str, tester: bool = False) -> psycopg.Connection[Any]:
+    def _connect(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
         """``tester``: a connection isolationtester would open (control or session).
 
         pg_regress sets PGTZ, PGDATESTYLE and intervalstyle in the environment, so they
         apply to the control connection too: setup SQL must read timestamps the way the
-        sessions do (classroom-scheduling inserts its rows in setup).
+        sessions do (classroom-scheduling inserts its rows in setup). Where the connection
+        lands (the scratch schema, in schema mode) is :func:`pgrace.scratch.connect`'s to decide.
         """
-        kwargs: dict[str, Any] = {
-            "application_name": application_name[:63],
-            "client_encoding": "UTF8",
-        }
-        if tester and self.scenario.format == "spec":
-            kwargs["options"] = SPEC_SESSION_OPTIONS
+        options = SPEC_SESSION_OPTIONS if tester and self.scenario.format == "spec" else ""
         try:
-            conn = psycopg.connect(self.dsn, autocommit=True, **kwargs)
+            conn: psycopg.Connection[Any] = scratch.connect(
+                self.dsn,
+                self.schema,
+                options=options,
+                observer=observer,
+                application_name=application_name[:63],
+                client_encoding="UTF8",
+            )
         except psycopg.Error as exc:
             raise RunAborted(f"could not connect a session: {_first_line(str(exc))}") from None
         self.stack.callback(conn.close)

@@ -1,43 +1,68 @@
-"""A uniquely named database per run, so scenarios never see each other's tables.
+"""Where a run's SQL may go: a uniquely named scratch database, or a scratch schema.
 
 Scenarios create and mutate tables freely; giving each run its own database (dropped
-afterwards, even on Ctrl-C) keeps runs independent and lets pgrace use a shared
-server without touching anybody's data.
+afterwards, even on Ctrl-C) keeps runs independent and lets pgrace use a shared server
+without touching anybody's data. Without CREATEDB, ``allow_schema`` runs in a throwaway
+schema of the DSN's database instead, beside the user's tables. This module is the one
+place that decides where SQL runs:
+
+* every connection of a run is opened by :func:`connect`, which lands it in the scratch
+  schema (its ``search_path``, merged with whatever options the caller needs) and checks
+  that it did before any scenario SQL is sent;
+* in schema mode, SQL that cannot be confined to the schema is refused before anything
+  is created (:func:`pgrace.confinement.confine_scenario`).
+
+Liveness is the server's to tell. A scratch object's name carries pgrace's prefix and a
+tag derived from the rest of the name, and a run holds a session-level advisory lock
+whose key is derived from that name, taken *before* the object is created and held until
+it is dropped. So from its first instant an object is recognisable as pgrace's, and it
+is abandoned exactly when nobody holds its lock: :func:`sweep_leftovers` removes only
+what it can take the lock for, whoever and wherever (host, PID namespace) created it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import hashlib
 import re
 import secrets
-import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 from pgrace.errors import RunAborted, ServerUnavailable
+from pgrace.model import Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts, scrub_secrets
 
-__all__ = ["ScratchDatabase", "scratch_database", "sweep_leftovers"]
+__all__ = ["ScratchDatabase", "Sweep", "connect", "lock_key", "scratch_database", "scratch_name", "sweep_leftovers"]
 
 _PREFIX = "pgrace_"
 _MAX_NAME_BYTES = 63  # NAMEDATALEN - 1: longer names would be silently truncated
-_RANDOM_HEX = 10
+_RANDOM_HEX = 8
+_TAG_HEX = 4
+_NAME = re.compile(rf"{_PREFIX}[a-z0-9_]*_[0-9a-f]{{{_RANDOM_HEX + _TAG_HEX}}}")
+_LOCK_CLASS = 0x70677263  # "pgrc": the first key of every scratch lock, apart from the keys apps use
 _END_SESSIONS_DEADLINE_S = 5.0
+_DROP_LOCK_TIMEOUT = "5s"  # a drop waits this long for locks, then leaves the object to a later sweep
+
+# Backends opened by :func:`connect` per scratch schema: (pid, backend_start), so that the
+# run's end terminates its own lingering sessions and never another run's.
+_BACKENDS: dict[str, list[tuple[int, int]]] = {}
 
 
 @dataclass(frozen=True)
 class ScratchDatabase:
-    """A throwaway database for one run."""
+    """A throwaway database (or schema) for one run."""
 
     dsn: str
-    """conninfo of the scratch database (the server's DSN with dbname replaced)."""
+    """conninfo of the scratch database (the server's DSN with dbname replaced; in schema mode with the
+    scratch ``search_path`` in its options)."""
     name: str
     has_pgrowlocks: bool
     """Whether the pgrowlocks extension could be created; lock reports need it."""
@@ -45,40 +70,124 @@ class ScratchDatabase:
     """Set when the run uses a scratch *schema* in the user's database instead."""
 
 
+@dataclass
+class Sweep:
+    """What a sweep did: the leftovers it removed, and one-line notes on those it had to leave."""
+
+    removed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
 def scratch_name(hint: str) -> str:
-    """``pgrace_<sanitised hint>_<random hex>``, at most 63 bytes, safe unquoted."""
+    """``pgrace_<sanitised hint>_<random hex><tag>``, at most 63 bytes, safe unquoted.
+
+    The tag is derived from the rest of the name, so a name is recognisable as one pgrace
+    made (a user's ``pgrace_something`` is not) without anything stored beside it.
+    """
     cleaned = re.sub(r"[^a-z0-9_]+", "_", hint.lower()).strip("_")
-    room = _MAX_NAME_BYTES - len(_PREFIX) - 1 - _RANDOM_HEX
+    room = _MAX_NAME_BYTES - len(_PREFIX) - 1 - _RANDOM_HEX - _TAG_HEX
     cleaned = cleaned[:room].rstrip("_") or "run"
-    return f"{_PREFIX}{cleaned}_{secrets.token_hex(_RANDOM_HEX // 2)}"
+    stem = f"{_PREFIX}{cleaned}_{secrets.token_hex(_RANDOM_HEX // 2)}"
+    return stem + _tag(stem)
+
+
+def _tag(stem: str) -> str:
+    return hashlib.sha256(f"pgrace scratch {stem}".encode()).hexdigest()[:_TAG_HEX]
+
+
+def is_scratch_name(name: str) -> bool:
+    """Whether pgrace made this name (see :func:`scratch_name`)."""
+    return _NAME.fullmatch(name) is not None and _tag(name[:-_TAG_HEX]) == name[-_TAG_HEX:]
+
+
+def lock_key(name: str) -> tuple[int, int]:
+    """The two int4 keys of the advisory lock that says a scratch object's run is alive."""
+    return _LOCK_CLASS, int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+# -- connections of a run ----------------------------------------------------------------
+
+
+def connect(dsn: str, schema: str | None, *, options: str = "", observer: bool = False, **kwargs: Any) -> Any:
+    """Open one connection of a run (control, session or observer), autocommit.
+
+    ``options`` (e.g. the settings isolation specs expect) are added to the DSN's own
+    rather than replacing them; in schema mode the scratch ``search_path`` comes last, so
+    it wins, and is verified with ``current_schema()`` before the caller sends anything.
+    The observer also searches the schema where pgrowlocks is installed, after the scratch one.
+    """
+    own = str(conninfo_to_dict(dsn).get("options") or "")
+    merged = " ".join(part for part in (own, options, f"-c search_path={schema}" if schema else "") if part)
+    if merged:
+        kwargs["options"] = merged
+    conn = psycopg.connect(dsn, autocommit=True, **kwargs)
+    if schema is None:
+        return conn
+    try:
+        if observer:
+            row = conn.execute(
+                "SELECT n.nspname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE p.proname = 'pgrowlocks' ORDER BY n.nspname = 'public' DESC LIMIT 1"
+            ).fetchone()
+            if row is not None:
+                conn.execute(sql.SQL("SET search_path = {}, {}").format(sql.Identifier(schema), sql.Identifier(row[0])))
+        found = conn.execute(
+            "SELECT current_schema(), pg_backend_pid(),"
+            " (SELECT (extract(epoch FROM backend_start) * 1000000)::bigint"
+            "  FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+        ).fetchone()
+        if found is None or found[0] != schema:
+            raise RunAborted(
+                f"a connection did not land in the scratch schema {schema} (current schema: "
+                f"{found[0] if found else None}); nothing was run"
+            )
+        _BACKENDS.setdefault(schema, []).append((found[1], found[2]))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# -- the scratch space of one run ------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def scratch_database(server: ServerInfo, hint: str, allow_schema: bool = False) -> Iterator[ScratchDatabase]:
+def scratch_database(
+    server: ServerInfo, hint: str, allow_schema: bool = False, scenario: Scenario | None = None
+) -> Iterator[ScratchDatabase]:
     """Create a fresh database, yield it, and always drop it (terminating its connections).
 
-    Without the CREATEDB privilege this fails, unless ``allow_schema``: then a uniquely
-    named schema in the connection's own database is used and dropped instead.
+    Without the CREATEDB privilege this fails, unless ``allow_schema``: then ``scenario``
+    is checked for SQL that could reach outside a schema (refused with ScenarioError),
+    and a uniquely named schema in the connection's own database is used and dropped instead.
     """
-    name = scratch_name(hint)
-    dsn = make_conninfo(server.dsn, dbname=name)
     admin = _connect(server)
-    server_version = admin.info.server_version
     try:
+        name = _claim_new_name(admin, server, hint)
+        dsn = make_conninfo(server.dsn, dbname=name)
+        server_version = admin.info.server_version
         try:
             _create(admin, server, name)
         except NoCreateDb:
             if not allow_schema:
                 raise
-            admin.close()
-            with scratch_schema(server, name) as scratch:
-                yield scratch
-            return
+            in_schema = True
         except KeyboardInterrupt:
             # Interrupted around the CREATE: the database may exist by now.
             with deferred_interrupts(), contextlib.suppress(RunAborted):
                 admin = _drop(admin, server, name, dsn, server_version)
             raise
+        else:
+            in_schema = False
+        if in_schema:
+            if scenario is None:
+                raise ValueError("schema mode needs the scenario, to check its SQL first")
+            from pgrace.confinement import confine_scenario
+
+            confine_scenario(scenario)
+            with _scratch_schema(admin, server, name) as scratch:
+                yield scratch
+            return
         try:
             has_pgrowlocks = _try_pgrowlocks(dsn)
             yield ScratchDatabase(dsn=dsn, name=name, has_pgrowlocks=has_pgrowlocks)
@@ -88,108 +197,210 @@ def scratch_database(server: ServerInfo, hint: str, allow_schema: bool = False) 
                 admin = _drop(admin, server, name, dsn, server_version)
             raise
         with deferred_interrupts():
+            vanished = not _exists(admin, "database", name)
             admin = _drop(admin, server, name, dsn, server_version)
+        if vanished:
+            raise RunAborted(f"the scratch database {name} disappeared during the run: its results cannot be trusted")
     finally:
         admin.close()
 
 
+def _claim_new_name(admin: psycopg.Connection[TupleRow], server: ServerInfo, hint: str) -> str:
+    """A fresh scratch name whose advisory lock this connection now holds (before anything exists)."""
+    for _ in range(5):
+        name = scratch_name(hint)
+        try:
+            row = admin.execute("SELECT pg_try_advisory_lock(%s, %s)", lock_key(name)).fetchone()
+        except psycopg.Error as exc:
+            raise ServerUnavailable(
+                f"cannot take pgrace's lock on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
+            ) from exc
+        if row == (True,):
+            return name
+    raise ServerUnavailable(f"cannot take pgrace's lock on {server.label}: every key tried is held")
+
+
 @contextlib.contextmanager
-def scratch_schema(server: ServerInfo, name: str) -> Iterator[ScratchDatabase]:
-    """A uniquely named schema in the server DSN's database, first on every session's search_path.
+def _scratch_schema(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str) -> Iterator[ScratchDatabase]:
+    """A uniquely named schema in the server DSN's database, the only one on every session's search_path.
 
     Only the schema is created and dropped (CASCADE); pgrowlocks is used only when it is
     already installed, since installing it would change the user's database.
     """
-    admin = _connect(server)
     try:
+        admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    except psycopg.Error as exc:
+        raise ServerUnavailable(
+            f"cannot create scratch schema {name} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
+        ) from exc
+    row = admin.execute("SELECT to_regproc('pgrowlocks') IS NOT NULL").fetchone()
+    options = conninfo_to_dict(server.dsn).get("options") or ""
+    dsn = make_conninfo(server.dsn, options=f"{options} -c search_path={name}".strip())
+    try:
+        yield ScratchDatabase(dsn=dsn, name=name, has_pgrowlocks=bool(row and row[0]), schema=name)
+    except BaseException:
+        with deferred_interrupts(), contextlib.suppress(RunAborted):
+            _drop_own_schema(admin, server, name)
+        raise
+    with deferred_interrupts():
+        vanished = not admin.broken and not _exists(admin, "schema", name)
+        _drop_own_schema(admin, server, name)
+    if vanished:
+        raise RunAborted(f"the scratch schema {name} disappeared during the run: its results cannot be trusted")
+
+
+def _drop_own_schema(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str) -> None:
+    """End this run's own lingering backends (by pid and start time), then drop the schema.
+
+    ``admin`` is used unless it died meanwhile (then the run's lock is gone with it, and a
+    fresh connection drops what is left).
+    """
+    backends = _BACKENDS.pop(name, [])
+    with contextlib.ExitStack() as stack:
+        if admin.closed or admin.broken:
+            admin = stack.enter_context(_connect(server))
         try:
-            admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-            admin.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(sql.Identifier(name), sql.Literal(_marker())))
+            if backends:
+                admin.execute(
+                    "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a"
+                    " JOIN unnest(%s::int[], %s::bigint[]) AS ours(pid, started) ON a.pid = ours.pid"
+                    " AND (extract(epoch FROM a.backend_start) * 1000000)::bigint = ours.started",
+                    ([pid for pid, _ in backends], [start for _, start in backends]),
+                )
+            _drop_schema(admin, name)
         except psycopg.Error as exc:
-            raise ServerUnavailable(
-                f"cannot create scratch schema {name} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
+            raise RunAborted(
+                f"could not drop scratch schema {name} on {server.label} (`pgrace clean` will): "
+                f"{scrub_secrets(str(exc).strip(), server.dsn)}"
             ) from exc
-        row = admin.execute("SELECT to_regproc('pgrowlocks') IS NOT NULL").fetchone()
-        options = psycopg.conninfo.conninfo_to_dict(server.dsn).get("options") or ""
-        dsn = make_conninfo(server.dsn, options=f"{options} -c search_path={name}".strip())
-        try:
-            yield ScratchDatabase(dsn=dsn, name=name, has_pgrowlocks=bool(row and row[0]), schema=name)
-        finally:
-            with deferred_interrupts():
-                if admin.closed:
-                    admin = _connect(server)
-                _end_sessions_in_schema(admin, name)
-                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def _drop_schema(admin: psycopg.Connection[TupleRow], name: str) -> None:
+    """Roll back the schema's prepared transactions (they hold its locks whoever is gone), then drop it."""
+    gids = admin.execute(
+        "SELECT DISTINCT p.gid FROM pg_prepared_xacts p"
+        " JOIN pg_locks l ON l.virtualtransaction = '-1/' || p.transaction::text"
+        " JOIN pg_class c ON c.oid = l.relation"
+        " WHERE p.database = current_database() AND c.relnamespace = to_regnamespace(%s)",
+        (f'"{name}"',),
+    ).fetchall()
+    for (gid,) in gids:
+        with contextlib.suppress(psycopg.Error):
+            admin.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    admin.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(_DROP_LOCK_TIMEOUT)))
+    try:
+        admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
     finally:
-        admin.close()
+        with contextlib.suppress(psycopg.Error):
+            admin.execute("RESET lock_timeout")
 
 
-def _end_sessions_in_schema(admin: psycopg.Connection[TupleRow], name: str) -> None:
-    """Sessions of a run are named ``pgrace/...``; end ours so DROP SCHEMA is not blocked by their locks."""
-    with contextlib.suppress(psycopg.Error):
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE pid <> pg_backend_pid() AND datname = current_database()"
-            " AND (application_name LIKE 'pgrace/%%' OR application_name LIKE 'isolation/%%')"
-            " AND backend_start >= (SELECT min(backend_start) FROM pg_stat_activity WHERE pid = pg_backend_pid())"
-        )
+def _exists(admin: psycopg.Connection[TupleRow], kind: str, name: str) -> bool:
+    query = (
+        "SELECT 1 FROM pg_database WHERE datname = %s"
+        if kind == "database"
+        else "SELECT 1 FROM pg_namespace WHERE nspname = %s"
+    )
+    try:
+        return admin.execute(query, (name,)).fetchone() is not None
+    except psycopg.Error:
+        return True  # cannot tell (the connection is gone): the run's own errors say what happened
 
 
 class NoCreateDb(ServerUnavailable):
     """The role may not create databases (a scratch schema may be allowed instead)."""
 
 
-def _marker() -> str:
-    """Who created a scratch object, so that a later run can tell a dead run's leftovers."""
-    return f"pgrace scratch: host={socket.gethostname()} pid={os.getpid()}"
+# -- leftovers -----------------------------------------------------------------------------
 
 
-def sweep_leftovers(server: ServerInfo) -> list[str]:
-    """Drop scratch databases and schemas that killed pgrace runs on this host left behind.
+def sweep_leftovers(server: ServerInfo) -> Sweep:
+    """Drop the scratch databases, and the scratch schemas of the DSN's database, that no live run holds.
 
-    Only objects whose marker names this host and a process that no longer exists, and
-    that nobody is connected to, are dropped. Returns their names, so the caller can say so.
+    An object is pgrace's when its name says so (:func:`is_scratch_name`), and abandoned
+    when its advisory lock is free: no session anywhere on the server holds it. Such an
+    object is locked by the sweeper while it drops it, so two sweepers never race. One
+    owned by a role this one cannot act for is left, with a note saying so.
     """
-    host = socket.gethostname()
-    removed: list[str] = []
+    sweep = Sweep()
     admin = _connect(server)
     try:
         rows = admin.execute(
-            "SELECT d.datname, shobj_description(d.oid, 'pg_database') FROM pg_database d"
-            " WHERE d.datname LIKE 'pgrace\\_%%'"
-            " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)"
+            "SELECT 'database', d.datname, pg_get_userbyid(d.datdba), pg_has_role(d.datdba, 'MEMBER')"
+            " FROM pg_database d WHERE d.datname LIKE 'pgrace\\_%%'"
+            " UNION ALL SELECT 'schema', n.nspname, pg_get_userbyid(n.nspowner), pg_has_role(n.nspowner, 'MEMBER')"
+            " FROM pg_namespace n WHERE n.nspname LIKE 'pgrace\\_%%' ORDER BY 1, 2"
         ).fetchall()
-        for name, comment in rows:
-            if _left_by_dead_process(comment, host):
-                admin = _drop(admin, server, name, make_conninfo(server.dsn, dbname=name), admin.info.server_version)
-                removed.append(name)
-        schemas = admin.execute(
-            "SELECT nspname, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname LIKE 'pgrace\\_%%'"
-        ).fetchall()
-        for name, comment in schemas:
-            if _left_by_dead_process(comment, host):
-                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-                removed.append(name)
+        for kind, name, owner, ours in rows:
+            if not is_scratch_name(name) or not _take(admin, name):
+                continue
+            try:
+                if not ours:
+                    sweep.skipped.append(
+                        f"left {name} alone: abandoned by a pgrace run, but owned by role {owner}"
+                        f" (run `pgrace clean` as {owner} or a superuser)"
+                    )
+                    continue
+                admin = _drop_leftover(admin, server, kind, name, sweep)
+            finally:
+                _release(admin, name)
     except psycopg.Error as exc:
         raise ServerUnavailable(
             f"cannot look for leftovers on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
         ) from exc
     finally:
         admin.close()
-    return removed
+    return sweep
 
 
-def _left_by_dead_process(comment: str | None, host: str) -> bool:
-    match = re.fullmatch(r"pgrace scratch: host=(\S+) pid=(\d+)", comment or "")
-    if match is None or match.group(1) != host:
-        return False
+def _drop_leftover(
+    admin: psycopg.Connection[TupleRow], server: ServerInfo, kind: str, name: str, sweep: Sweep
+) -> psycopg.Connection[TupleRow]:
     try:
-        os.kill(int(match.group(2)), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
+        if kind == "database":
+            dsn = make_conninfo(server.dsn, dbname=name)
+            admin = _drop(admin, server, name, dsn, admin.info.server_version)
+        else:
+            # The dead run's backends may still wait on locks in its schema: nobody else works there.
+            admin.execute(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " WHERE c.relnamespace = to_regnamespace(%s) AND l.pid <> pg_backend_pid()",
+                (f'"{name}"',),
+            )
+            _drop_schema(admin, name)
+    except (psycopg.Error, RunAborted) as exc:
+        detail = scrub_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc), server.dsn)
+        sweep.skipped.append(f"could not remove {name}: {detail}")
+        if admin.closed or admin.broken:
+            admin = _connect(server)
+        return admin
+    sweep.removed.append(name)
+    return admin
+
+
+def _take(admin: psycopg.Connection[TupleRow], name: str) -> bool:
+    """Take the object's lock, and make sure no session in another database holds it either."""
+    keys = lock_key(name)
+    if admin.execute("SELECT pg_try_advisory_lock(%s, %s)", keys).fetchone() != (True,):
         return False
-    return False
+    held = admin.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+        " AND classid::bigint = %s AND objid::bigint = %s AND pid <> pg_backend_pid())",
+        keys,
+    ).fetchone()
+    if held != (False,):
+        _release(admin, name)
+        return False
+    return True
+
+
+def _release(admin: psycopg.Connection[TupleRow], name: str) -> None:
+    if not admin.closed:
+        with contextlib.suppress(psycopg.Error):
+            admin.execute("SELECT pg_advisory_unlock(%s, %s)", lock_key(name))
+
+
+# -- databases -----------------------------------------------------------------------------
 
 
 def _connect(server: ServerInfo) -> psycopg.Connection[TupleRow]:
@@ -211,7 +422,6 @@ def _create(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str) 
             # whole cluster, so the default (WAL_LOG) is kept there.
             statement += sql.SQL(" STRATEGY FILE_COPY")
         admin.execute(statement)
-        admin.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(_marker())))
     except psycopg.errors.InsufficientPrivilege as exc:
         user = admin.info.user
         raise NoCreateDb(
@@ -277,11 +487,12 @@ def _drop(
 def _end_sessions(admin: psycopg.Connection[TupleRow], name: str) -> None:
     """Terminate the database's sessions and wait, polling, until they are gone.
 
-    DROP DATABASE sleeps in steps of 100 ms while any backend is still in the database,
-    including one whose client has just disconnected and that is still exiting, which
-    is exactly the state a run leaves behind (measured: 7 drops in 15 took 103 ms
-    instead of 4 ms).  Polling pg_stat_activity every millisecond avoids that; FORCE in
-    the DROP itself remains the safety net.
+    Only this run's sessions (or a dead run's) are in its scratch database. DROP DATABASE
+    sleeps in steps of 100 ms while any backend is still in the database, including one
+    whose client has just disconnected and that is still exiting, which is exactly the
+    state a run leaves behind (measured: 7 drops in 15 took 103 ms instead of 4 ms).
+    Polling pg_stat_activity every millisecond avoids that; FORCE in the DROP itself
+    remains the safety net.
     """
     deadline = time.monotonic() + _END_SESSIONS_DEADLINE_S
     query = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"

@@ -7,21 +7,18 @@ it with a DSN, and compare catalog and row-count snapshots before and after.
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from click.testing import CliRunner
+from corpus import CORPUS, needs_corpus
 from procs import start_blocked_run
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace import catalog
 from pgrace.cli import main
-from pgrace.scratch import sweep_leftovers
 from pgrace.servers import ServerInfo
 
 PASSWORD = "Sup3r-s3cret-pw"
@@ -132,29 +129,6 @@ def test_passwords_never_appear_in_any_output(user_db: str) -> None:
     assert any("clerk" in output for output in outputs)  # the user is named, only the secret is hidden
 
 
-def test_leftovers_of_dead_runs_on_this_host_are_swept(pgrace_server: ServerInfo) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(dead.stdout)
-    host = socket.gethostname()
-    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
-        for name, pid in [("pgrace_dead_run", dead_pid), ("pgrace_live_run", 1)]:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            admin.execute(
-                sql.SQL("COMMENT ON DATABASE {} IS {}").format(
-                    sql.Identifier(name), sql.Literal(f"pgrace scratch: host={host} pid={pid}")
-                )
-            )
-        admin.execute("CREATE DATABASE pgrace_not_ours")  # no marker: never touched
-        try:
-            assert sweep_leftovers(pgrace_server) == ["pgrace_dead_run"]
-            left = {r[0] for r in admin.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgrace%'")}
-            assert left == {"pgrace_live_run", "pgrace_not_ours"}
-        finally:
-            admin.execute("DROP DATABASE IF EXISTS pgrace_live_run")
-            admin.execute("DROP DATABASE IF EXISTS pgrace_not_ours")
-
-
 def test_a_killed_run_on_a_dsn_server_is_cleaned_by_the_next_run(pgrace_server: ServerInfo) -> None:
     child, _ = start_blocked_run(["--dsn", pgrace_server.dsn])
     child.send_signal(signal.SIGKILL)
@@ -171,3 +145,54 @@ def test_a_killed_run_on_a_dsn_server_is_cleaned_by_the_next_run(pgrace_server: 
             "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgrace/%'"
         ).fetchone()
         assert backends == (0,)
+
+
+# --- schema mode keeps every statement inside the scratch schema (issue 9, finding 1) ------------------
+
+
+@pytest.fixture
+def shop2(pgrace_server: ServerInfo) -> Iterator[str]:
+    """A database owned by a role without CREATEDB, with its own ``orders`` and ``users`` in ``public``."""
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS shop2 WITH (FORCE)")
+        admin.execute("DROP ROLE IF EXISTS keeper")
+        admin.execute(sql.SQL("CREATE ROLE keeper LOGIN NOCREATEDB PASSWORD {}").format(sql.Literal(PASSWORD)))
+        admin.execute("CREATE DATABASE shop2 OWNER keeper")
+    dsn = make_conninfo(pgrace_server.dsn, dbname="shop2", user="keeper", password=PASSWORD)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.users (id int PRIMARY KEY, name text);"
+            "CREATE TABLE public.orders (id int PRIMARY KEY, user_id int REFERENCES public.users);"
+            "INSERT INTO public.users SELECT g, 'user ' || g FROM generate_series(1, 30) g;"
+            "INSERT INTO public.orders SELECT g, g % 30 + 1 FROM generate_series(1, 90) g;"
+        )
+    yield dsn
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS shop2 WITH (FORCE)")
+        admin.execute("DROP ROLE IF EXISTS keeper")
+
+
+def shop2_state(dsn: str) -> tuple[object, ...]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return (
+            conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1, 2"
+            ).fetchall(),
+            conn.execute(
+                "SELECT to_regclass('public.orders') IS NOT NULL AND to_regclass('public.users') IS NOT NULL"
+            ).fetchall(),
+        )
+
+
+@needs_corpus
+def test_a_spec_in_schema_mode_leaves_the_owners_tables_alone(shop2: str) -> None:
+    """The spec's setup drops and creates ``users`` and ``orders``: in the scratch schema only."""
+    before = shop2_state(shop2)
+    assert before[1] == [(True,)]
+    spec = CORPUS / "specs" / "update-locked-tuple.spec"
+    result = CliRunner().invoke(main, ["run", str(spec), "--allow-scratch-schema", "--dsn", shop2])
+    assert result.exit_code == 0, result.output
+    assert shop2_state(shop2) == before
+    with psycopg.connect(shop2, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM public.orders").fetchone() == (90,)
