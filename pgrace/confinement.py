@@ -266,27 +266,38 @@ def confine_scenario(scenario: Scenario) -> None:
 
 
 def _texts(scenario: Scenario) -> Iterator[tuple[str, int | None]]:
-    """Every SQL text the scenario would run, with the line it comes from, variables made literals."""
-    from pgrace.runner import substitute, variables_in
+    """Every SQL text the scenario would run, with the line it comes from, its variables filled in.
 
-    def literal(text: str) -> str:
+    Parameters are known; what steps capture is not yet: a captured value stands in as
+    NULL, and as an identifier as ``pgrace_variable`` (so ``:"v".t`` is seen qualified).
+    """
+    from pgrace.variables import Value, find, substitute
+
+    choices = dict(scenario.param_choices)
+    params = {name: Value(value, words=name in choices) for name, value in scenario.params}
+
+    def filled(text: str) -> str:
         if scenario.format != "pgrace":
             return text
-        params = dict(scenario.params)
-        return substitute(text, {name: params.get(name) for name in variables_in(text)})
+        values = {
+            use.key: params.get(use.key) or Value("pgrace_variable" if use.form == "identifier" else None)
+            for use in find(text)
+        }
+        return substitute(text, values)
 
     for text in scenario.setup:
-        yield literal(text), scenario.setup_line
+        yield filled(text), scenario.setup_line
     for session in scenario.sessions:
         for block in (session.setup, session.teardown):
             if block is not None:
-                yield literal(block), session.line
+                yield filled(block), session.line
     for step in scenario.steps:
-        yield literal(step.sql), step.line
+        if step.sleep is None and step.crash is None:  # those are pgrace's own actions, not SQL
+            yield filled(step.sql), step.line
     for check in scenario.checks:
-        yield literal(check.sql), check.line
+        yield filled(check.sql), check.line
     for text in scenario.teardown:
-        yield literal(text), scenario.setup_line
+        yield filled(text), scenario.setup_line
 
 
 def _prepared_in(text: str) -> Iterator[str]:

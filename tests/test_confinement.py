@@ -17,6 +17,7 @@ from corpus import SPECS, needs_corpus
 from pgrace import catalog
 from pgrace.cli import main
 from pgrace.confinement import confine_scenario, refusal
+from pgrace.errors import ScenarioError
 from pgrace.servers import ServerInfo
 
 REFUSED = [
@@ -189,3 +190,18 @@ def test_a_refused_scenario_exits_2_naming_file_and_line_and_leaves_nothing(
         with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
             admin.execute("DROP DATABASE IF EXISTS victimdb WITH (FORCE)")
             admin.execute("DROP ROLE IF EXISTS limited")
+
+
+def test_variables_are_checked_as_they_will_be_filled_in(tmp_path: Path) -> None:
+    """A parameter's value is known; a captured identifier is not, so it cannot qualify a name."""
+    base = 'name = "v"\ntitle = "t"\nsetup = "CREATE TABLE t (id int)"\nsessions = ["a"]\n'
+    captured = base + (
+        '[[step]]\nsession = "a"\nsql = "SELECT \'t\' AS s"\ncapture = { s = "s" }\n'
+        '[[step]]\nsession = "a"\nsql = \'SELECT * FROM :"s".t\'\n'
+    )
+    path = tmp_path / "v.toml"
+    path.write_text(captured)
+    with pytest.raises(ScenarioError, match=r"pgrace_variable\.t"):
+        confine_scenario(catalog.load(str(path)))
+    path.write_text(base + '[[step]]\nsession = "a"\nsql = "SELECT :n"\n[params]\nn = 1\n')
+    confine_scenario(catalog.load(str(path)))
