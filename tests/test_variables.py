@@ -8,6 +8,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pgrace.checks import evaluate
 from pgrace.errors import ScenarioError
@@ -15,7 +17,7 @@ from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.model import Scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.timeline import Run, StepRun
-from pgrace.variables import Value, find, substitute
+from pgrace.variables import Value, compose, find, substitute
 
 
 def scenario(body: str, params: dict[str, str] | None = None, sessions: str = '["a", "b"]') -> Scenario:
@@ -321,3 +323,61 @@ def test_a_capture_made_later_in_the_file_is_an_error_naming_both_steps() -> Non
     assert str(info.value) == (
         "vars.toml:4: step 'early' uses :a.x, which step 'late' (line 8) captures only later in the file"
     )
+
+
+FRAGMENTS = [
+    "SELECT ",
+    ":v",
+    ":'v'",
+    ':"v"',
+    ":w.x",
+    " -- :v\n",
+    "/* :v */",
+    "$$ :v $$",
+    "$t$ :v $t$",
+    "E'\\' :v'",
+    "' :v '",
+    '" :v "',
+    "a::int",
+    "a[1:2]",
+    ", ",
+    "; ",
+    "1",
+    "\n",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=12),
+    value=st.text(
+        alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12
+    ),
+)
+def test_any_string_value_lies_inside_one_literal_or_identifier(parts: list[str], value: str) -> None:
+    """Whatever the text around it and the value in it, a value never becomes SQL of its own."""
+    from pglast.parser import ParseError, scan
+
+    text = "".join(parts)
+    try:
+        scan(text)
+    except ParseError:  # text the scanner cannot read is sent as written: the server says why
+        assert substitute(text, {"v": Value(value)}) == text
+        return
+    values = {"v": Value(value), "w.x": Value(value)}
+    uses = [u for u in find(text) if u.key in values]  # ":v1" is another, unknown, variable: left as written
+    substituted = substitute(text, values)
+    regions, shift = [], 0
+    for use in uses:
+        composed = compose(use.form, values[use.key]).as_string(None)
+        pad = len(composed) - len(composed.lstrip())  # psycopg writes " E'\\'" apart from what precedes it
+        regions.append((use.start + shift + pad, use.start + shift + len(composed)))
+        shift += len(composed) - (use.end - use.start)
+    assert len(substituted) == len(text) + shift
+    tokens = scan(substituted)
+    for start, end in regions:
+        inside = [t for t in tokens if t.start < end and t.end >= start]
+        assert len(inside) == 1 and inside[0].name in ("SCONST", "IDENT"), (substituted, start, end, inside)
+        assert inside[0].start <= start and inside[0].end >= end - 1
+    semicolons = [t.name for t in scan(text)].count("ASCII_59")
+    assert [t.name for t in tokens].count("ASCII_59") == semicolons, "no new statement"
