@@ -58,7 +58,7 @@ from pgrace.timeline import (
     StepLaunched,
     StepWaiting,
 )
-from pgrace.variables import FACTS, Value, find, substitute
+from pgrace.variables import Value, substitute
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
@@ -280,7 +280,6 @@ class Runner:
             session = self.sessions[step.session]
             if session.busy:
                 self._wait_for_session(session)
-            self._wait_for_captures(step)
             if self.options.before_step is not None:
                 self.options.before_step(step)
             self.unlaunched = position + 1
@@ -368,6 +367,8 @@ class Runner:
         ``:worker1.pid``, so its text stays the same on every run (it never shows pids).
         """
         values = dict(self.params)
+        # A capture whose step has not finished (it still waits) is NULL, as a failed one.
+        values.update({f"{s.session}.{name}": Value(None) for s in self.scenario.steps for name, _ in s.capture})
         if session is not None:
             values.update(session.variables)
         for other in self.sessions.values():
@@ -375,15 +376,6 @@ class Runner:
             if facts:
                 values[f"{other.name}.pid"] = Value(other.pid)
         return values
-
-    def _wait_for_captures(self, step: Step) -> None:
-        """A step that uses another session's capture waits until that session's running step is reported."""
-        if self.scenario.format != "pgrace" or step.sleep is not None or step.crash is not None:
-            return
-        for use in find(step.sql):
-            other = self.sessions.get(use.session or "")
-            if other is not None and use.name not in FACTS and other.busy:
-                self._wait_for_session(other)
 
     def _sleep(self, seconds: float) -> None:
         """A deliberate pause: the schedule stands still while waiting steps are still read.

@@ -381,3 +381,37 @@ def test_any_string_value_lies_inside_one_literal_or_identifier(parts: list[str]
         assert inside[0].start <= start and inside[0].end >= end - 1
     semicolons = [t.name for t in scan(text)].count("ASCII_59")
     assert [t.name for t in tokens].count("ASCII_59") == semicolons, "no new statement"
+
+
+def test_a_capture_whose_step_still_waits_is_null_then_its_value(pgrace_run: RunScenario) -> None:
+    run = pgrace_run(
+        scenario(
+            """
+            setup = "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (7)"
+            [[step]]
+            session = "a"
+            sql = "BEGIN; SELECT id FROM t FOR UPDATE"
+            [[step]]
+            name = "claim"
+            session = "worker"
+            sql = "SELECT id FROM t FOR UPDATE"
+            capture = "id"
+            [[step]]
+            name = "too-early"
+            session = "b"
+            sql = "SELECT :worker.id AS id"
+            [[step]]
+            session = "a"
+            sql = "COMMIT"
+            [[step]]
+            name = "in-time"
+            session = "b"
+            sql = "SELECT :worker.id AS id"
+            """,
+            sessions='["a", "worker", "b"]',
+        )
+    )
+    steps = by_name(run)
+    assert steps["claim"].waited
+    assert steps["too-early"].sql == "SELECT NULL AS id" and rows_of(steps["too-early"]) == [(None,)]
+    assert rows_of(steps["in-time"]) == [(7,)]
