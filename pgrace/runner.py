@@ -73,6 +73,11 @@ class RunOptions:
     before_step: Callable[[Step], None] | None = None
     on_event: Callable[[Event], None] | None = None
     on_idle: Callable[[], None] | None = None  # called at most every 100 ms while the runner waits
+    # For `pgrace explore`, where a permutation is one interleaving among many:
+    checks_each_permutation: bool = False  # final checks after every permutation, before its teardown
+    defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead
+    end_open_transactions: bool = False  # roll back what a session left open, before the teardown
+    describe_waits: bool = True  # False: record that a step waited, not on what (explore only classifies)
 
 
 @dataclass
@@ -274,29 +279,66 @@ class Runner:
         for declared in self.scenario.sessions:
             if declared.setup is not None:
                 self._exec_setup(self.sessions[declared.name].pgconn, declared.setup, declared.name)
+        deferred: list[PermutationStep] = []
         for position, entry in enumerate(permutation):
             self.unlaunched = position
+            if self.options.defer_busy_sessions:
+                deferred.append(entry)
+                self._launch_ready(deferred)
+                continue
             step = self.scenario.step(entry.step)
             session = self.sessions[step.session]
             if session.busy:
                 self._wait_for_session(session)
-            if self.options.before_step is not None:
-                self.options.before_step(step)
             self.unlaunched = position + 1
-            active = self._launch(step, entry)
-            done = self._try_complete(active, blocking=False)
-            self._poll_waiting(blocking=False)
-            if not done:
-                self.waiting.append(active)
-            self._observe_locks(active.seq)
+            self._launch_entry(step, entry)
+        while deferred:  # only blocked sessions have steps left: wait for the first, as without deferral
+            self._wait_for_session(self.sessions[self.scenario.step(deferred[0].step).session])
+            self._launch_ready(deferred)
         self._finish_permutation()
-        if index == len(self.scenario.permutations) - 1:
+        if self.options.checks_each_permutation or index == len(self.scenario.permutations) - 1:
             self._run_checks()
         for declared in self.scenario.sessions:
-            if declared.teardown is not None and self.sessions[declared.name].lost is None:
-                self._exec_teardown(self.sessions[declared.name].pgconn, declared.teardown, declared.name)
+            session = self.sessions[declared.name]
+            if declared.teardown is not None and session.lost is None:
+                self._exec_teardown(session.pgconn, declared.teardown, declared.name)
+            if self.options.end_open_transactions and session.lost is None:
+                if session.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                    self._exec_teardown(session.pgconn, "ROLLBACK", declared.name)
         for teardown in self.scenario.teardown:
             self._exec_teardown(self.control.pgconn, teardown, None)
+
+    def _launch_entry(self, step: Step, entry: PermutationStep) -> None:
+        if self.options.before_step is not None:
+            self.options.before_step(step)
+        active = self._launch(step, entry)
+        done = self._try_complete(active, blocking=False)
+        self._poll_waiting(blocking=False)
+        if not done:
+            self.waiting.append(active)
+        self._observe_locks(active.seq)
+
+    def _launch_ready(self, deferred: list[PermutationStep]) -> None:
+        """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
+
+        A session runs one statement at a time: a step whose session is still blocked waits
+        in ``deferred`` (with the session's later steps) while other sessions' steps go
+        ahead, and is launched as soon as its session is free again. A step that uses a
+        variable a held step captures waits for it as well.
+        """
+        position = 0
+        held: set[str] = set()
+        held_variables: set[str] = set()  # captured by a held step: whoever uses them waits too
+        while position < len(deferred):
+            step = self.scenario.step(deferred[position].step)
+            busy = step.session in held or self.sessions[step.session].busy
+            if busy or (held_variables and held_variables.intersection(variables_in(step.sql))):
+                held.add(step.session)
+                held_variables.update(variable for variable, _ in step.capture)
+                position += 1
+                continue
+            self._launch_entry(step, deferred.pop(position))
+            position, held, held_variables = 0, set(), set()  # that launch may have freed an earlier session
 
     def _wait_for_session(self, session: SessionConnection) -> None:
         """The next step's session still runs an earlier step: wait for it, then the others.
@@ -595,7 +637,7 @@ class Runner:
         detected = self.recorder.now()  # before describing: the latency is detection's alone
         active.waiting_reported = True
         session = self.sessions[active.step.session]
-        waits = () if by_marker else self.inspector.describe_waits(session.pid)
+        waits = () if by_marker or not self.options.describe_waits else self.inspector.describe_waits(session.pid)
         self.recorder.add(StepWaiting(active.seq, waits, detected, by_marker=by_marker))
 
     def _report_done(self, session: SessionConnection, active: Active) -> None:

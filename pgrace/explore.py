@@ -1,0 +1,334 @@
+"""``pgrace explore``: run every interleaving of a scenario's steps and group the outcomes.
+
+An *interleaving* is an order of all the scenario's steps that keeps each session's own
+order, and runs a step that uses a variable another session captures after the step that
+captures it. The :class:`Space` counts them and numbers them 0 … size-1 in a fixed order
+(session by session, like counting in a mixed radix), so that a seeded sample
+(``--max N --seed S``) and a shard (``--shard K/N``: every N-th of the chosen numbers)
+are both just sets of numbers, and shards add up to the whole.
+
+Each interleaving is one permutation for the ordinary runner, which runs many of them on
+one set of connections in one scratch database, with the scenario's setup and teardown
+around each, as isolationtester does. The final checks run after every permutation. A
+step whose session is still blocked cannot be sent (one statement at a time per
+connection): it is deferred until its session is free, while the other sessions' steps go
+ahead, so the launch order may differ from the interleaving's own; examples show the
+launch order. A transaction a session left open is rolled back before the teardown, and
+a scenario without a teardown gets one: the objects its setup made (in a schema of their
+own) are dropped.
+
+``-j N`` runs the chosen interleavings in N processes, each with its own scratch database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from multiprocessing import get_context
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgrace.errors import ScenarioError
+from pgrace.model import PermutationStep, Scenario, StepExpectation
+from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, merge_classes, ordered, split_run, switches
+from pgrace.runner import RunOptions, run_scenario, variables_in
+from pgrace.servers import ServerInfo
+
+__all__ = ["Exploration", "Space", "explore", "merge_explorations"]
+
+EXPLORE_SCHEMA = "pgrace_explore"
+BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
+
+Position = tuple[int, ...]
+
+
+class Space:
+    """Every interleaving of a scenario's steps, counted and numbered without listing them."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        order = _file_order(scenario)
+        self.chains: tuple[tuple[str, ...], ...] = tuple(
+            tuple(name for name in order if scenario.step(name).session == s.name) for s in scenario.sessions
+        )
+        self.chains = tuple(chain for chain in self.chains if chain)
+        where = {name: (i, k) for i, chain in enumerate(self.chains) for k, name in enumerate(chain)}
+        self.where = where
+        # A step that uses a variable captured by another session's step runs after it.
+        needs: dict[str, list[tuple[int, int]]] = {}
+        for position, name in enumerate(order):
+            step = scenario.step(name)
+            own = {v for earlier in order[:position] for v, _ in _captures(scenario, earlier, step.session)}
+            for variable in variables_in(step.sql):
+                if variable in own:
+                    continue
+                capturing = [e for e in order[:position] if variable in {v for v, _ in scenario.step(e).capture}]
+                if capturing:
+                    needs.setdefault(name, []).append(where[capturing[-1]])
+        self.needs = {name: tuple(pairs) for name, pairs in needs.items()}
+        self._count = lru_cache(maxsize=None)(self._count_from)
+
+    @property
+    def size(self) -> int:
+        return self._count(tuple(0 for _ in self.chains))
+
+    def _eligible(self, at: Position) -> list[int]:
+        chosen = []
+        for i, chain in enumerate(self.chains):
+            if at[i] < len(chain) and all(at[j] > k for j, k in self.needs.get(chain[at[i]], ())):
+                chosen.append(i)
+        return chosen
+
+    def _count_from(self, at: Position) -> int:
+        if all(at[i] == len(chain) for i, chain in enumerate(self.chains)):
+            return 1
+        return sum(self._count(_advance(at, i)) for i in self._eligible(at))
+
+    def unrank(self, index: int) -> tuple[str, ...]:
+        """The interleaving numbered ``index`` (0 ≤ index < size)."""
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        at = tuple(0 for _ in self.chains)
+        order: list[str] = []
+        while len(order) < len(self.where):
+            for i in self._eligible(at):
+                below = self._count(_advance(at, i))
+                if index < below:
+                    order.append(self.chains[i][at[i]])
+                    at = _advance(at, i)
+                    break
+                index -= below
+        return tuple(order)
+
+    def rank(self, order: Sequence[str]) -> int:
+        """The number of an interleaving (the inverse of :meth:`unrank`)."""
+        at = tuple(0 for _ in self.chains)
+        index = 0
+        for name in order:
+            session, _ = self.where[name]
+            for i in self._eligible(at):
+                if i == session:
+                    break
+                index += self._count(_advance(at, i))
+            else:
+                raise ValueError(f"{name} cannot come here in an interleaving")
+            at = _advance(at, session)
+        return index
+
+    def preference(self, launched: Sequence[str]) -> tuple[int, int]:
+        """How simple an example is: (session switches, number); a launch order that is not
+        a whole interleaving (a lost session's steps missing) comes last."""
+        try:
+            return switches(launched, self.scenario), self.rank(launched)
+        except (ValueError, KeyError):
+            return len(launched) + 1, self.size
+
+
+def _advance(at: Position, i: int) -> Position:
+    return at[:i] + (at[i] + 1,) + at[i + 1 :]
+
+
+def _file_order(scenario: Scenario) -> list[str]:
+    """The steps in the file's order: a pgrace scenario's one permutation, a spec's declaration order."""
+    if scenario.format == "pgrace" and len(scenario.permutations) == 1:
+        return list(dict.fromkeys(p.step for p in scenario.permutations[0]))
+    return [s.name for s in scenario.steps]
+
+
+def _captures(scenario: Scenario, name: str, session: str) -> tuple[tuple[str, str], ...]:
+    step = scenario.step(name)
+    return step.capture if step.session == session else ()
+
+
+def choose(size: int, limit: int | None, seed: int | None, shard: tuple[int, int] = (1, 1)) -> list[int]:
+    """The interleavings to run: all, or ``limit`` of them drawn with ``seed``; then this shard's share."""
+    if limit is not None and limit < size:
+        picked = sorted(random.Random(seed if seed is not None else 0).sample(range(size), limit))
+    else:
+        picked = list(range(size))
+    k, n = shard
+    return picked[k - 1 :: n]
+
+
+@dataclass
+class Exploration:
+    """The outcome classes of one variant's interleavings (or of a shard or a sample of them)."""
+
+    scenario: str
+    variant: str
+    space: int
+    explored: int
+    seed: int | None
+    classes: list[OutcomeClass] = field(default_factory=list)
+    shard: tuple[int, int] = (1, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON shape (see README, "Finding races")."""
+        return {
+            "scenario": self.scenario,
+            "variant": self.variant,
+            "space": self.space,
+            "explored": self.explored,
+            "seed": self.seed,
+            "classes": [c.to_dict() for c in self.classes],
+        }
+
+    @property
+    def all_ok(self) -> bool:
+        return all(c.ok for c in self.classes)
+
+
+def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
+    try:
+        classes = [OutcomeClass.from_dict(c, space.preference(c["example"])) for c in data["classes"]]
+        return Exploration(
+            str(data["scenario"]),
+            str(data["variant"]),
+            int(data["space"]),
+            int(data["explored"]),
+            data["seed"],
+            classes,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})") from None
+
+
+def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
+    """Shards of one exploration (same scenario, variant, space and seed) added up."""
+    if not parts:
+        raise ScenarioError("nothing to merge")
+    first = parts[0]
+    for part in parts[1:]:
+        if (part.scenario, part.variant, part.space, part.seed) != (first.scenario, first.variant, first.space, first.seed):
+            raise ScenarioError(
+                f"cannot merge explorations of different runs: {first.scenario} ({first.variant}, seed {first.seed})"
+                f" and {part.scenario} ({part.variant}, seed {part.seed})"
+            )
+    return Exploration(
+        first.scenario,
+        first.variant,
+        first.space,
+        sum(p.explored for p in parts),
+        first.seed,
+        merge_classes(p.classes for p in parts),
+    )
+
+
+def prepared(scenario: Scenario) -> Scenario:
+    """The scenario as explore runs it: no per-step expectations; a teardown when it has none."""
+    steps = tuple(dataclasses.replace(s, expect=StepExpectation()) for s in scenario.steps)
+    changed = dataclasses.replace(scenario, steps=steps, other=None)
+    if not scenario.teardown:
+        reset = sql.SQL("DROP SCHEMA {0} CASCADE; CREATE SCHEMA {0}").format(sql.Identifier(EXPLORE_SCHEMA))
+        changed = dataclasses.replace(changed, teardown=(reset.as_string(None),))
+    return changed
+
+
+def run_interleavings(
+    scenario: Scenario,
+    server: ServerInfo,
+    orders: Sequence[tuple[str, ...]],
+    step_timeout: float = 10.0,
+    on_observed: Callable[[int], None] | None = None,
+) -> list[Observed]:
+    """Run each order as one permutation (in batches on one set of connections); classify each."""
+    from pgrace.scratch import scratch_database
+
+    runnable = prepared(scenario)
+    options = RunOptions(
+        step_timeout=step_timeout, track_row_locks=False, checks_each_permutation=True,
+        defer_busy_sessions=True,
+        describe_waits=False,
+        end_open_transactions=True,
+    )
+    observed: list[Observed] = []
+    with scratch_database(server, f"explore_{scenario.name}") as db:
+        if db.schema is not None:
+            raise ScenarioError("explore needs a scratch database (the CREATEDB privilege)", scenario.source)
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(EXPLORE_SCHEMA)))
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
+                    sql.Identifier(db.name), sql.Identifier(EXPLORE_SCHEMA)
+                )
+            )
+        for start in range(0, len(orders), BATCH):
+            batch = orders[start : start + BATCH]
+            perms = tuple(tuple(PermutationStep(name) for name in order) for order in batch)
+            run = run_scenario(
+                dataclasses.replace(runnable, permutations=perms),
+                db.dsn,
+                server_version=server.version,
+                server_label=server.label,
+                row_locks_available=False,
+                options=options,
+            )
+            for one in split_run(run):
+                observed.append(classify(one))
+            if on_observed is not None:
+                on_observed(len(observed))
+    return observed
+
+
+def _run_part(scenario: Scenario, server: ServerInfo, orders: list[tuple[str, ...]], step_timeout: float) -> Any:
+    """A worker process's share (module level, so it can be pickled)."""
+    return run_interleavings(scenario, server, orders, step_timeout)
+
+
+def explore(
+    scenario: Scenario,
+    server: ServerInfo,
+    *,
+    limit: int | None = None,
+    seed: int | None = None,
+    shard: tuple[int, int] = (1, 1),
+    jobs: int = 1,
+    step_timeout: float = 10.0,
+) -> Exploration:
+    """Run the chosen interleavings of one variant and group them into outcome classes."""
+    space = Space(scenario)
+    k, n = shard
+    if not 1 <= k <= n:
+        raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
+    indices = choose(space.size, limit, seed, shard)
+    orders = [space.unrank(i) for i in indices]
+    if jobs <= 1 or len(orders) < 2:
+        observed = run_interleavings(scenario, server, orders, step_timeout)
+    else:
+        parts = [orders[w::jobs] for w in range(jobs)]
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_run_part, scenario, server, part, step_timeout) for part in parts if part]
+            observed = [o for future in futures for o in future.result()]
+    classes: dict[str, OutcomeClass] = {}
+    for one in observed:
+        add_observed(classes, one, space.preference(one.launched), scenario)
+    return Exploration(
+        scenario.name,
+        scenario.variant,
+        space.size,
+        len(indices),
+        seed if limit is not None and limit < space.size else None,
+        ordered(classes.values()),
+        shard,
+    )
+
+
+def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
+    """Parse the JSON of shards (``(name, text)`` pairs) for :func:`merge_explorations`."""
+    parts = []
+    for name, text in texts:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"not JSON: {exc.msg}", name, exc.lineno) from None
+        if not isinstance(data, dict):
+            raise ScenarioError("not an exploration's JSON (an object expected)", name)
+        parts.append(exploration_from_dict(data, space))
+    return parts
