@@ -440,3 +440,137 @@ def _render(result: Run, fmt: str, style: Style, counterpart: Scenario | None = 
 
         return render_markdown(result, counterpart=counterpart)
     return render_text(result, style)
+
+
+# -- finding races: explore, sweep, matrix ----------------------------------------------------
+
+EXPLORE_FORMATS = ("text", "json", "markdown", "html")
+
+
+def _shard(value: str | None) -> tuple[int, int]:
+    if value is None:
+        return (1, 1)
+    k, sep, n = value.partition("/")
+    if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
+        raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
+    return int(k), int(n)
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is not None:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+
+
+server_option = click.option(
+    "--server",
+    "server_target",
+    metavar="SERVER",
+    help="Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE.",
+)
+dsn_option = click.option("--dsn", envvar="PGRACE_DSN", help="Use this server (libpq URI or conninfo).")
+output_option = click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
+
+
+@main.command()
+@scenario_argument
+@fix_option
+@bug_option
+@param_option
+@click.option("--max", "limit", type=click.IntRange(min=1), metavar="N", help="Explore a seeded sample of N.")
+@click.option("--seed", type=int, metavar="S", help="Seed of the --max sample (default 0).")
+@click.option("--shard", metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="Processes at once.")
+@click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
+@click.option(
+    "--merge",
+    "merge_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="FILE",
+    help="Merge the JSON results of shards (repeat) instead of running.",
+)
+@click.option("--format", "-f", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@server_option
+@dsn_option
+@step_timeout_option
+@output_option
+def explore(
+    scenario: str,
+    fix: bool,
+    bug: bool,
+    params: tuple[str, ...],
+    limit: int | None,
+    seed: int | None,
+    shard: str | None,
+    jobs: int,
+    show: int | None,
+    merge_files: tuple[str, ...],
+    fmt: str,
+    server_target: str | None,
+    dsn: str | None,
+    step_timeout: float,
+    output: str | None,
+) -> None:
+    """Run every interleaving of a scenario's steps and print the classes of outcomes.
+
+    Each session keeps its own order; the scenario's setup and teardown run around each
+    interleaving. Interleavings are grouped by what the final checks saw and which
+    SQLSTATEs the steps raised, each class with its count and its simplest example.
+    """
+    from pgrace import explore as explorer
+
+    chosen = _variant(catalog.load(scenario, _params(params)), fix, bug)
+    if show is None and fmt not in EXPLORE_FORMATS:
+        raise click.UsageError(f"explore prints --format {', '.join(EXPLORE_FORMATS)}; --show N prints any format")
+    space = explorer.Space(chosen)
+    if merge_files:
+        texts = [(name, Path(name).read_text(encoding="utf-8")) for name in merge_files]
+        result = explorer.merge_explorations(explorer.load_explorations(texts, space))
+        if (result.scenario, result.variant) != (chosen.name, chosen.variant):
+            raise ScenarioError(f"the files explored {result.scenario} ({result.variant}), not this scenario")
+        _emit(_render_exploration(result, chosen, fmt, {}), output)
+        return
+    with open_server(server_target or dsn) as server:
+        report_swept(server)
+        result = explorer.explore(
+            chosen,
+            server,
+            limit=limit,
+            seed=(seed if seed is not None else 0) if limit is not None else None,
+            shard=_shard(shard),
+            jobs=jobs,
+            step_timeout=step_timeout,
+        )
+        wanted = [show] if show is not None else list(range(1, len(result.classes) + 1)) if fmt == "html" else []
+        examples = {
+            n: explorer.replay(chosen, server, result.classes[n - 1], step_timeout)
+            for n in wanted
+            if n <= len(result.classes)
+        }
+    if show is not None:
+        if show > len(result.classes):
+            raise click.BadParameter(
+                f"there {'is' if len(result.classes) == 1 else 'are'} {len(result.classes)} classes",
+                param_hint="--show",
+            )
+        replayed = examples[show]
+        if not explorer.same_class(replayed, result.classes[show - 1]):
+            click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
+        _emit(_render(replayed, fmt, Style(colour=False, width=120)), output)
+        return
+    timelines = {n: render_text(run, Style(colour=False, width=120)) for n, run in examples.items()}
+    _emit(_render_exploration(result, chosen, fmt, timelines), output)
+
+
+def _render_exploration(result: Any, scenario: Scenario, fmt: str, timelines: dict[int, str]) -> str:
+    from pgrace.render import outcomes as render
+
+    if fmt == "json":
+        return render.render_exploration_json(result)
+    if fmt == "markdown":
+        return render.render_exploration_markdown(result, scenario)
+    if fmt == "html":
+        return render.render_exploration_html(result, scenario, timelines)
+    return render.render_exploration_text(result, scenario)

@@ -40,6 +40,7 @@ from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, merge_classes, ordered, split_run, switches
 from pgrace.runner import RunOptions, run_scenario, variables_in
 from pgrace.servers import ServerInfo
+from pgrace.timeline import Run
 
 __all__ = ["Exploration", "Space", "explore", "merge_explorations"]
 
@@ -132,7 +133,7 @@ class Space:
 
 
 def _advance(at: Position, i: int) -> Position:
-    return at[:i] + (at[i] + 1,) + at[i + 1 :]
+    return (*at[:i], at[i] + 1, *at[i + 1 :])
 
 
 def _file_order(scenario: Scenario) -> list[str]:
@@ -206,7 +207,12 @@ def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
         raise ScenarioError("nothing to merge")
     first = parts[0]
     for part in parts[1:]:
-        if (part.scenario, part.variant, part.space, part.seed) != (first.scenario, first.variant, first.space, first.seed):
+        if (part.scenario, part.variant, part.space, part.seed) != (
+            first.scenario,
+            first.variant,
+            first.space,
+            first.seed,
+        ):
             raise ScenarioError(
                 f"cannot merge explorations of different runs: {first.scenario} ({first.variant}, seed {first.seed})"
                 f" and {part.scenario} ({part.variant}, seed {part.seed})"
@@ -243,7 +249,9 @@ def run_interleavings(
 
     runnable = prepared(scenario)
     options = RunOptions(
-        step_timeout=step_timeout, track_row_locks=False, checks_each_permutation=True,
+        step_timeout=step_timeout,
+        track_row_locks=False,
+        checks_each_permutation=True,
         defer_busy_sessions=True,
         describe_waits=False,
         end_open_transactions=True,
@@ -332,3 +340,21 @@ def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Ex
             raise ScenarioError("not an exploration's JSON (an object expected)", name)
         parts.append(exploration_from_dict(data, space))
     return parts
+
+
+def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeout: float = 10.0) -> Run:
+    """Run a class's example again as an ordinary run, fully observed (locks, waits), to show it.
+
+    Step notes and expectations are left out: they tell the file's own order.
+    """
+    from pgrace import api
+
+    steps = tuple(dataclasses.replace(s, expect=StepExpectation(), note="") for s in scenario.steps)
+    one = dataclasses.replace(
+        scenario, steps=steps, other=None, permutations=(tuple(PermutationStep(n) for n in cls.example),)
+    )
+    return api.run(one, server=server, options=RunOptions(step_timeout=step_timeout, defer_busy_sessions=True))
+
+
+def same_class(run: Run, cls: OutcomeClass) -> bool:
+    return classify(run).key == cls.key

@@ -16,6 +16,7 @@ not classify: in another order, the step that waits is another one. Explore, swe
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -138,7 +139,7 @@ def split_run(run: Run) -> list[Run]:
 def switches(order: Sequence[str], scenario: Scenario) -> int:
     """How often the launch order passes from one session to another: the reader's effort."""
     sessions = [scenario.step(name).session for name in order]
-    return sum(1 for a, b in zip(sessions, sessions[1:], strict=False) if a != b)
+    return sum(1 for a, b in itertools.pairwise(sessions) if a != b)
 
 
 def summarize(cls: OutcomeClass, scenario: Scenario) -> str:
@@ -155,7 +156,9 @@ def summarize(cls: OutcomeClass, scenario: Scenario) -> str:
         for code in cls.errors:
             counted[code] = counted.get(code, 0) + 1
         named = [f"{code}{' ' + _ERROR_NAMES[code] if code in _ERROR_NAMES else ''}" for code in counted]
-        parts.append("errors: " + ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in zip(named, counted.values())))
+        parts.append(
+            "errors: " + ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in zip(named, counted.values(), strict=True))
+        )
     return " · ".join(parts) or "no checks, no errors"
 
 

@@ -302,9 +302,9 @@ class Runner:
             session = self.sessions[declared.name]
             if declared.teardown is not None and session.lost is None:
                 self._exec_teardown(session.pgconn, declared.teardown, declared.name)
-            if self.options.end_open_transactions and session.lost is None:
-                if session.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-                    self._exec_teardown(session.pgconn, "ROLLBACK", declared.name)
+            left_open = session.lost is None and session.pgconn.transaction_status != pq.TransactionStatus.IDLE
+            if self.options.end_open_transactions and left_open:
+                self._exec_teardown(session.pgconn, "ROLLBACK", declared.name)
         for teardown in self.scenario.teardown:
             self._exec_teardown(self.control.pgconn, teardown, None)
 

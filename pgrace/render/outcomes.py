@@ -1,0 +1,151 @@
+"""Outcome tables: explore's classes, sweep's grid, matrix's lock tables; text, markdown, HTML, JSON.
+
+Pure functions of the data the drivers return; they print nothing and run nothing. The
+HTML page is self-contained: each class (or grid cell) opens its example's timeline,
+rendered beforehand by the caller and passed in as text.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from pgrace.model import Scenario
+from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
+
+if TYPE_CHECKING:
+    from pgrace.explore import Exploration
+    from pgrace.outcomes import OutcomeClass
+
+
+def step_label(scenario: Scenario, name: str) -> str:
+    """A step as a reader knows it: its name, or ``session: SQL`` for a step the file did not name."""
+    try:
+        step = scenario.step(name)
+    except KeyError:
+        return name
+    if re.fullmatch(re.escape(step.session) + r"-\d+", name):
+        return f"{step.session}: {shorten(one_line(step.sql), 24)}"
+    return name
+
+
+def example_text(scenario: Scenario, example: Sequence[str]) -> str:
+    return " → ".join(step_label(scenario, name) for name in example)
+
+
+def _space_line(exploration: Exploration) -> str:
+    space = exploration.space
+    noun = "interleaving" if space == 1 else "interleavings"
+    if exploration.explored == space:
+        text = f"all {space} {noun}"
+    else:
+        text = f"{exploration.explored} of {space} {noun}"
+        if exploration.seed is not None:
+            text += f" (seed {exploration.seed})"
+    k, n = exploration.shard
+    if n > 1:
+        text += f", shard {k}/{n}"
+    count = len(exploration.classes)
+    return f"{text}: {count} outcome class{'es' if count != 1 else ''}"
+
+
+def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str:
+    rows = [
+        [number, c.count, "holds" if c.ok else "FAILS", c.waits, c.summary]
+        for number, c in enumerate(exploration.classes, 1)
+    ]
+    lines = [f"{exploration.scenario} ({exploration.variant}): {_space_line(exploration)}", ""]
+    table = tabulate(rows, headers=["class", "count", "checks", "waited", "outcome"], tablefmt="simple")
+    lines.extend(table.splitlines())
+    lines.append("")
+    for number, c in enumerate(exploration.classes, 1):
+        lines.append(f"class {number} example: {example_text(scenario, c.example)}")
+    if exploration.classes:
+        lines.append("")
+        lines.append("`--show N` prints class N's example as a timeline (any --format).")
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def render_exploration_markdown(exploration: Exploration, scenario: Scenario) -> str:
+    lines = [
+        f"### {_md(exploration.scenario)} ({_md(exploration.variant)}): {_md(_space_line(exploration))}",
+        "",
+        "| class | count | checks | waited | outcome | example (launch order) |",
+        "|---:|---:|:---|---:|:---|:---|",
+    ]
+    for number, c in enumerate(exploration.classes, 1):
+        lines.append(
+            f"| {number} | {c.count} | {'holds' if c.ok else '**FAILS**'} | {c.waits} | {_md(c.summary)} "
+            f"| {_md(example_text(scenario, c.example))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_exploration_json(exploration: Exploration) -> str:
+    return json.dumps(exploration.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+
+_STYLE = f"""
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #1f2937; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+th, td {{ border: 1px solid #d1d5db; padding: .35em .6em; text-align: left; vertical-align: top; }}
+tr.ok td.verdict, td.ok {{ background: #dcfce7; color: {OK_COLOUR}; }}
+tr.fail td.verdict, td.fail {{ background: #fee2e2; color: {ERROR_COLOUR}; font-weight: bold; }}
+td.differs {{ outline: 3px solid {ERROR_COLOUR}; }}
+pre {{ background: #f9fafb; padding: 1em; overflow-x: auto; }}
+details {{ margin: .5em 0; }}
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n"
+    )
+
+
+def _classes_html(
+    classes: Sequence[OutcomeClass], scenario: Scenario, timelines: Mapping[int, str], anchor: str
+) -> list[str]:
+    parts = [
+        "<table>",
+        "<tr><th>class</th><th>count</th><th>checks</th><th>waited</th><th>outcome</th><th>example</th></tr>",
+    ]
+    for number, c in enumerate(classes, 1):
+        link = f"{anchor}-{number}"
+        parts.append(
+            f'<tr class="{"ok" if c.ok else "fail"}"><td><a href="#{link}">{number}</a></td><td>{c.count}</td>'
+            f'<td class="verdict">{"holds" if c.ok else "FAILS"}</td><td>{c.waits}</td>'
+            f"<td>{html.escape(c.summary)}</td><td>{html.escape(example_text(scenario, c.example))}</td></tr>"
+        )
+    parts.append("</table>")
+    for number, c in enumerate(classes, 1):
+        timeline = timelines.get(number)
+        if timeline is None:
+            continue
+        parts.append(
+            f'<details id="{anchor}-{number}"><summary>class {number}: {html.escape(c.summary)}</summary>'
+            f"<pre>{html.escape(timeline)}</pre></details>"
+        )
+    return parts
+
+
+def render_exploration_html(exploration: Exploration, scenario: Scenario, timelines: Mapping[int, str]) -> str:
+    """``timelines``: class number → its example's text timeline."""
+    title = f"{exploration.scenario} ({exploration.variant})"
+    body = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(_space_line(exploration))}</p>"]
+    body.extend(_classes_html(exploration.classes, scenario, timelines, "class"))
+    return _page(f"pgrace explore {title}", "\n".join(body) + "\n")
+
+
+def jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
