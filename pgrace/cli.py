@@ -348,6 +348,17 @@ def _run_compare(
 )
 @step_timeout_option
 @click.option("--quiet", "-q", is_flag=True, help="Print failures and the total only.")
+@click.option(
+    "--explore",
+    "explore_all",
+    is_flag=True,
+    help="Judge every interleaving: a bug must occur in one, a fix must hold in all.",
+)
+@click.option("--max", "limit", type=click.IntRange(min=1), metavar="N", help="With --explore: a seeded sample of N.")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
+@click.option(
+    "--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="With --explore: processes."
+)
 def check(
     paths: tuple[str, ...],
     servers: tuple[str, ...],
@@ -358,14 +369,20 @@ def check(
     expected: Path | None,
     step_timeout: float,
     quiet: bool,
+    explore_all: bool,
+    limit: int | None,
+    seed: int,
+    jobs: int,
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
 
     PATHs are scenario files (.toml) and isolation specs (.spec), or directories to search
     (default: scenarios/ if there is one here, else the shipped scenarios). Each variant of
     a scenario is one case; a spec's isolationtester output must match NAME.out (or
-    ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. Exit status: 0 all
-    held, 1 a case failed, 2 invalid input, 3 no server.
+    ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, a bug
+    passes when some interleaving reproduces it and a fix (or a scenario with one variant)
+    when every interleaving satisfies its final checks. Exit status: 0 all held, 1 a case
+    failed, 2 invalid input, 3 no server.
     """
     from pgrace import regression
     from pgrace.render.check import render_matrix, render_results
@@ -383,7 +400,10 @@ def check(
         for server in opened:
             report_swept(server)
             for case in cases:
-                result = regression.run_case(case, server, options, update=update)
+                if explore_all:
+                    result = regression.run_explore_case(case, server, options, limit, seed, jobs)
+                else:
+                    result = regression.run_case(case, server, options, update=update)
                 results.append(result)
                 if not quiet or not result.ok:
                     click.echo(render_results([result], with_server=len(opened) > 1), nl=False)

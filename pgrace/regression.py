@@ -33,6 +33,7 @@ class Case:
     scenario: Scenario
     golden: Path | None = None  # the text timeline to compare with (pgrace scenarios)
     spec: speccheck.PreparedCheck | None = None  # isolation specs
+    paired: bool = False  # one of a bug and a fix: under --explore, a bug needs one reproducing interleaving
 
     @property
     def name(self) -> str:
@@ -86,7 +87,8 @@ def prepare(paths: Sequence[str], golden: bool = False, expected: Path | None = 
         scenario = catalog.load(str(path))
         for variant in scenario.variants:
             chosen = scenario.variant_named(variant)
-            cases.append(Case(path, chosen, golden_path(path, variant) if golden else None))
+            golden_file = golden_path(path, variant) if golden else None
+            cases.append(Case(path, chosen, golden_file, paired=len(scenario.variants) > 1))
     return cases
 
 
@@ -134,3 +136,48 @@ def _first_difference(comparison: speccheck.Comparison) -> str:
 def differs_across_servers(results: Sequence[CaseResult]) -> bool:
     """True when the same case behaved differently on different servers."""
     return len({r.signature for r in results}) > 1
+
+
+def run_explore_case(
+    case: Case,
+    server: ServerInfo,
+    options: RunOptions | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+    jobs: int = 1,
+) -> CaseResult:
+    """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
+
+    A bug (of a bug and a fix) passes when some interleaving reproduces it (its final checks
+    hold there); a fix, or a scenario with one variant, when every interleaving satisfies its
+    final checks. A failure names the class and its example. Specs run as without --explore.
+    """
+    if case.spec is not None:
+        return run_case(case, server, options)
+    from pgrace.explore import explore
+    from pgrace.render.outcomes import example_text
+
+    started = time.perf_counter()
+    step_timeout = (options or RunOptions()).step_timeout
+    found = explore(case.scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
+    explored = (
+        f"{found.explored} of {found.space} interleavings"
+        if found.explored < found.space
+        else f"all {found.space} interleavings"
+    )
+    problems = []
+    if case.paired and case.scenario.variant == "bug":
+        if not any(c.ok for c in found.classes):
+            first = found.classes[0]
+            problems.append(
+                f"no interleaving reproduces the bug ({explored}, {len(found.classes)} outcome classes); "
+                f"class 1 ({first.count}): {first.summary}; example: {example_text(case.scenario, first.example)}"
+            )
+    else:
+        for number, cls in enumerate(found.classes, 1):
+            if not cls.ok:
+                problems.append(
+                    f"class {number} of {len(found.classes)} ({cls.count} of {explored}): {cls.summary}; "
+                    f"example: {example_text(case.scenario, cls.example)}"
+                )
+    return CaseResult(case, server, not problems, time.perf_counter() - started, problems)
