@@ -160,24 +160,20 @@ def run_explore_case(
     started = time.perf_counter()
     step_timeout = (options or RunOptions()).step_timeout
     found = explore(case.scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
-    explored = (
-        f"{found.explored} of {found.space} interleavings"
-        if found.explored < found.space
-        else f"all {found.space} interleavings"
-    )
+    explored = f"{found.explored} of {found.space}" if found.explored < found.space else f"{found.space}"
     problems = []
     if case.paired and case.scenario.variant == "bug":
         if not any(c.ok for c in found.classes):
             first = found.classes[0]
             problems.append(
-                f"no interleaving reproduces the bug ({explored}, {len(found.classes)} outcome classes); "
+                f"no interleaving reproduces the bug ({explored} interleavings, {len(found.classes)} outcome classes); "
                 f"class 1 ({first.count}): {first.summary}; example: {example_text(case.scenario, first.example)}"
             )
     else:
         for number, cls in enumerate(found.classes, 1):
             if not cls.ok:
                 problems.append(
-                    f"class {number} of {len(found.classes)} ({cls.count} of {explored}): {cls.summary}; "
+                    f"class {number} of {len(found.classes)} ({cls.count} of {explored} interleavings): {cls.summary}; "
                     f"example: {example_text(case.scenario, cls.example)}"
                 )
     return CaseResult(case, server, not problems, time.perf_counter() - started, problems)
