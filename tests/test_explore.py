@@ -1,0 +1,225 @@
+"""pgrace explore and check --explore: every interleaving, classified, on a real server."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pgrace import catalog, regression
+from pgrace.cli import main
+from pgrace.explore import Space, choose, explore, merge_explorations
+from pgrace.model import PermutationStep, Scenario, Session, Step
+from pgrace.outcomes import classify, split_run
+from pgrace.runner import RunOptions, run_scenario
+from pgrace.scratch import scratch_database
+from pgrace.servers import ServerInfo
+from pgrace.timeline import StepCancelled
+
+HERE = Path(__file__).parent
+HALF_CURE = HERE / "explore" / "half-cure.toml"
+
+
+def _scenario(steps: list[tuple[str, str, str]], captures: dict[str, str] | None = None) -> Scenario:
+    """(name, session, sql) steps; ``captures`` maps a step name to the variable it captures."""
+    captures = captures or {}
+    sessions = tuple(dict.fromkeys(s for _, s, _ in steps))
+    built = tuple(
+        Step(name, session, sql, capture=((captures[name], "x"),) if name in captures else ())
+        for name, session, sql in steps
+    )
+    return Scenario(
+        name="t",
+        title="t",
+        source="t.toml",
+        sessions=tuple(Session(s) for s in sessions),
+        steps=built,
+        permutations=(tuple(PermutationStep(s.name) for s in built),),
+    )
+
+
+# -- the space: counted, numbered, constrained (no server) ----------------------------------
+
+
+def test_space_of_two_sessions_of_four_steps_is_70_and_numbering_round_trips() -> None:
+    space = Space(catalog.load("lost-update"))
+    assert space.size == 70 == math.comb(8, 4)
+    orders = [space.unrank(i) for i in range(space.size)]
+    assert len(set(orders)) == 70
+    assert [space.rank(o) for o in orders] == list(range(70))
+    for order in orders:  # each session keeps its own order
+        for chain in space.chains:
+            assert [n for n in order if n in chain] == list(chain)
+
+
+def test_space_of_three_sessions_is_the_multinomial() -> None:
+    scenario = catalog.load("skip-locked-fanout")  # three workers of three steps
+    assert Space(scenario).size == math.factorial(9) // math.factorial(3) ** 3 == 1680
+
+
+def test_a_step_using_another_sessions_capture_runs_after_it() -> None:
+    scenario = _scenario(
+        [("a1", "a", "SELECT 1 AS x"), ("a2", "a", "SELECT 2"), ("b1", "b", "SELECT :v"), ("b2", "b", "SELECT 3")],
+        captures={"a1": "v"},
+    )
+    space = Space(scenario)
+    orders = [space.unrank(i) for i in range(space.size)]
+    assert all(o.index("a1") < o.index("b1") for o in orders)
+    assert space.size == 6 - 3  # of C(4,2)=6, the 3 with b1 before a1 are gone
+
+
+def test_a_sample_is_seeded_and_shards_partition_it() -> None:
+    assert choose(1000, 50, seed=7) == choose(1000, 50, seed=7)
+    assert choose(1000, 50, seed=7) != choose(1000, 50, seed=8)
+    shards = [choose(1000, 50, seed=7, shard=(k, 3)) for k in (1, 2, 3)]
+    assert sorted(i for s in shards for i in s) == choose(1000, 50, seed=7)
+    assert choose(10, None, None) == list(range(10))
+
+
+# -- exploring on the server ------------------------------------------------------------------
+
+
+def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load("lost-update")
+    found = explore(scenario, pgrace_server)
+    assert (found.space, found.explored, found.seed) == (70, 70, None)
+    by_balance = {c.final[0][0][0]: c for c in found.classes}
+    assert set(by_balance) == {400, 300}
+    assert (
+        by_balance[400].count == 60 and by_balance[300].count == 10
+    )  # 300 only when one reads after the other commits
+    lost = by_balance[400]
+    assert lost.ok and not by_balance[300].ok  # the bug variant's check is "the balance is 400"
+    reads_and_writes = [n for n in lost.example if n.endswith(("-read", "-write"))]
+    assert [n.split("-")[1] for n in reads_and_writes] == ["read", "read", "write", "write"]
+
+
+def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_server: ServerInfo) -> None:
+    found = explore(catalog.load("lost-update").variant_named("fix"), pgrace_server)
+    assert len(found.classes) == 1
+    only = found.classes[0]
+    assert (only.count, only.final, only.ok) == (70, (((300,),),), True)
+    assert 0 < only.waits < 70  # bob waits unless alice committed before he read (or the other way round)
+
+
+def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load("skip-locked-fanout").variant_named("bug")
+    first = explore(scenario, pgrace_server, limit=24, seed=5)
+    again = explore(scenario, pgrace_server, limit=24, seed=5)
+    assert first.to_dict() == again.to_dict()
+    assert (first.space, first.explored, first.seed) == (1680, 24, 5)
+    shards = [explore(scenario, pgrace_server, limit=24, seed=5, shard=(k, 3)) for k in (1, 2, 3)]
+    assert [s.explored for s in shards] == [8, 8, 8]
+    assert merge_explorations(shards).to_dict() == first.to_dict()
+
+
+def test_jobs_run_in_separate_processes_with_the_same_result(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load("lost-update")
+    assert explore(scenario, pgrace_server, jobs=2).to_dict() == explore(scenario, pgrace_server).to_dict()
+
+
+def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load(str(HERE / "specs" / "row-queue.spec"))
+    found = explore(scenario, pgrace_server)
+    assert found.space == math.factorial(6) // 8 == 90
+    assert sum(c.count for c in found.classes) == 90
+    assert [c.errors for c in found.classes] == [()]
+
+
+def test_a_blocked_sessions_next_step_is_deferred_not_waited_for(pgrace_server: ServerInfo) -> None:
+    """bob-read waits for alice; bob-write comes next in the order but must wait for bob to be free."""
+    fix = catalog.load("lost-update").variant_named("fix")
+    order = ("alice-1", "alice-read", "bob-1", "bob-read", "bob-write", "alice-write", "alice-4", "bob-4")
+    one = Scenario(**{**fix.__dict__, "permutations": (tuple(PermutationStep(n) for n in order),), "other": None})
+    options = RunOptions(step_timeout=2.0, defer_busy_sessions=True, checks_each_permutation=True)
+    with scratch_database(pgrace_server, "defer") as db:
+        run = run_scenario(one, db.dsn, row_locks_available=False, options=options)
+    assert not any(isinstance(e, StepCancelled) for e in run.events)
+    launched = [s.step for s in run.step_runs()]
+    assert launched == ["alice-1", "alice-read", "bob-1", "bob-read", "alice-write", "alice-4", "bob-write", "bob-4"]
+    observed = classify(split_run(run)[0])
+    assert observed.final == (((300,),),) and observed.waited and observed.ok
+
+
+# -- check --explore ---------------------------------------------------------------------------
+
+
+def test_check_explore_passes_on_the_shipped_scenarios(pgrace_server: ServerInfo) -> None:
+    cases = regression.prepare(["scenarios"])
+    results = [regression.run_explore_case(case, pgrace_server, limit=100, seed=1) for case in cases]
+    assert [(r.case.name, r.problems) for r in results if not r.ok] == []
+    assert len(results) == 10
+
+
+def test_check_explore_fails_a_cure_that_locks_one_read_naming_class_and_example(
+    pgrace_server: ServerInfo, tmp_path: Path
+) -> None:
+    cli = CliRunner()
+    plain = cli.invoke(main, ["check", str(HALF_CURE), "--dsn", pgrace_server.dsn])
+    assert plain.exit_code == 0, plain.output  # the file's own order hides the race
+    junit = tmp_path / "junit.xml"
+    result = cli.invoke(main, ["check", "--explore", str(HALF_CURE), "--dsn", pgrace_server.dsn, "--junit", str(junit)])
+    assert result.exit_code == 1, result.output
+    assert "class 1 of 2 (48 of 70 interleavings): final (400) · fails: the balance is 300" in result.output
+    assert "example: bob: BEGIN → bob-read → alice: BEGIN" in result.output
+    xml = junit.read_text()
+    assert 'failures="1"' in xml and "class 1 of 2" in xml and "example: bob: BEGIN" in xml
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp_path: Path) -> None:
+    cli = CliRunner()
+    dsn = ["--dsn", pgrace_server.dsn]
+    text = cli.invoke(main, ["explore", "lost-update", *dsn])
+    assert text.exit_code == 0, text.output
+    assert text.output.startswith("lost-update (bug): all 70 interleavings: 2 outcome classes\n")
+    assert "final (400) · checks hold" in text.output and "final (300) · fails:" in text.output
+
+    whole = json.loads(cli.invoke(main, ["explore", "lost-update", "-f", "json", *dsn]).output)
+    assert set(whole) == {"scenario", "variant", "space", "explored", "seed", "classes"}
+    assert set(whole["classes"][0]) == {
+        "ok",
+        "count",
+        "summary",
+        "errors",
+        "failed_checks",
+        "final",
+        "waits",
+        "example",
+    }
+    files = []
+    for k in (1, 2):
+        out = tmp_path / f"shard{k}.json"
+        done = cli.invoke(main, ["explore", "lost-update", "--shard", f"{k}/2", "-f", "json", "-o", str(out), *dsn])
+        assert done.exit_code == 0, done.output
+        files += ["--merge", str(out)]
+    merged = cli.invoke(main, ["explore", "lost-update", "-f", "json", *files])
+    assert json.loads(merged.output) == whole
+
+    shown = cli.invoke(main, ["explore", "lost-update", "--show", "2", "-f", "json", *dsn])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["final"][0]["rows"] == [[300]]
+
+    html = cli.invoke(main, ["explore", "lost-update", "-f", "html", *dsn])
+    assert html.output.startswith("<!DOCTYPE html>") and html.output.count("<details") == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--shard", "3/2"], "K/N"),
+        (["--shard", "x"], "K/N"),
+        (["--show", "9"], "there are 2 classes"),
+        (["-f", "svg"], "--show N prints any format"),
+    ],
+)
+def test_explore_bad_options_exit_2_in_one_line(pgrace_server: ServerInfo, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["explore", "lost-update", *args, "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
