@@ -35,10 +35,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgrace import variables
 from pgrace.errors import ScenarioError
 from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, merge_classes, ordered, split_run, switches
-from pgrace.runner import RunOptions, run_scenario, variables_in
+from pgrace.runner import RunOptions, run_scenario
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
 
@@ -62,17 +63,21 @@ class Space:
         self.chains = tuple(chain for chain in self.chains if chain)
         where = {name: (i, k) for i, chain in enumerate(self.chains) for k, name in enumerate(chain)}
         self.where = where
-        # A step that uses a variable captured by another session's step runs after it.
+        # A step that uses another session's capture (:session.name) runs after the step that
+        # captures it: the last one of that session before it in the file, else its first.
         needs: dict[str, list[tuple[int, int]]] = {}
         for position, name in enumerate(order):
-            step = scenario.step(name)
-            own = {v for earlier in order[:position] for v, _ in _captures(scenario, earlier, step.session)}
-            for variable in variables_in(step.sql):
-                if variable in own:
+            for use in variables.find(scenario.step(name).sql):
+                if use.session is None or use.session == scenario.step(name).session:
                     continue
-                capturing = [e for e in order[:position] if variable in {v for v, _ in scenario.step(e).capture}]
+                capturing = [
+                    e
+                    for e in order
+                    if scenario.step(e).session == use.session and use.name in {v for v, _ in scenario.step(e).capture}
+                ]
+                before = [e for e in capturing if order.index(e) < position]
                 if capturing:
-                    needs.setdefault(name, []).append(where[capturing[-1]])
+                    needs.setdefault(name, []).append(where[(before or capturing[:1])[-1]])
         self.needs = {name: tuple(pairs) for name, pairs in needs.items()}
         self._count = lru_cache(maxsize=None)(self._count_from)
 
@@ -141,11 +146,6 @@ def _file_order(scenario: Scenario) -> list[str]:
     if scenario.format == "pgrace" and len(scenario.permutations) == 1:
         return list(dict.fromkeys(p.step for p in scenario.permutations[0]))
     return [s.name for s in scenario.steps]
-
-
-def _captures(scenario: Scenario, name: str, session: str) -> tuple[tuple[str, str], ...]:
-    step = scenario.step(name)
-    return step.capture if step.session == session else ()
 
 
 def choose(size: int, limit: int | None, seed: int | None, shard: tuple[int, int] = (1, 1)) -> list[int]:

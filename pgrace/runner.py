@@ -35,7 +35,7 @@ import psycopg
 from psycopg import pq
 from psycopg.adapt import Transformer
 
-from pgrace import scratch
+from pgrace import scratch, variables
 from pgrace.errors import RunAborted, ScenarioError, SetupFailed
 from pgrace.locks import LockInspector
 from pgrace.model import PermutationStep, Scenario, Step
@@ -324,7 +324,7 @@ class Runner:
         A session runs one statement at a time: a step whose session is still blocked waits
         in ``deferred`` (with the session's later steps) while other sessions' steps go
         ahead, and is launched as soon as its session is free again. A step that uses a
-        variable a held step captures waits for it as well.
+        variable a held step captures (``:session.name``) waits for it as well.
         """
         position = 0
         held: set[str] = set()
@@ -332,9 +332,9 @@ class Runner:
         while position < len(deferred):
             step = self.scenario.step(deferred[position].step)
             busy = step.session in held or self.sessions[step.session].busy
-            if busy or (held_variables and held_variables.intersection(variables_in(step.sql))):
+            if busy or (held_variables and any(use.key in held_variables for use in variables.find(step.sql))):
                 held.add(step.session)
-                held_variables.update(variable for variable, _ in step.capture)
+                held_variables.update(f"{step.session}.{variable}" for variable, _ in step.capture)
                 position += 1
                 continue
             self._launch_entry(step, deferred.pop(position))

@@ -62,7 +62,7 @@ def test_space_of_three_sessions_is_the_multinomial() -> None:
 
 def test_a_step_using_another_sessions_capture_runs_after_it() -> None:
     scenario = _scenario(
-        [("a1", "a", "SELECT 1 AS x"), ("a2", "a", "SELECT 2"), ("b1", "b", "SELECT :v"), ("b2", "b", "SELECT 3")],
+        [("a1", "a", "SELECT 1 AS x"), ("a2", "a", "SELECT 2"), ("b1", "b", "SELECT :a.v"), ("b2", "b", "SELECT 3")],
         captures={"a1": "v"},
     )
     space = Space(scenario)
