@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from pgrace.model import RowRef, Scenario, StepExpectation
-from pgrace.timeline import CheckResult, Outcome, RowLock, Run, StepRun
+from pgrace.timeline import RELEASE_CAUSES, CheckResult, Outcome, RowLock, Run, StepRun
 
 NULL = "NULL"  # TOML has no null: the string "NULL" in expected rows matches SQL NULL
 
@@ -24,6 +24,8 @@ def evaluate(run: Run) -> list[CheckResult]:
         step = scenario.step(step_run.step)
         if not step.expect.is_empty():
             results.extend(_step_checks(step_run, step.expect, step.line, run.row_locks_available))
+        if scenario.format == "pgrace":  # a spec's errors are output to compare, as isolationtester's
+            results.extend(_unexpected_error(step_run, step.expect, step.line))
     outcomes = run.check_outcomes()
     for index, check in enumerate(scenario.checks):
         outcome = outcomes.get(index)
@@ -36,6 +38,24 @@ def evaluate(run: Run) -> list[CheckResult]:
         shown = _describe_outcome(outcome)
         results.append(CheckResult(check.description, ok, expected, shown, line=check.line))
     return results
+
+
+def _unexpected_error(run: StepRun, expect: StepExpectation, line: int | None) -> list[CheckResult]:
+    """A failed step whose error no expectation allows fails the verdict: errors are never silent.
+
+    A step that was not sent because its session's connection was lost earlier (08003)
+    is not an error of its own: the step that found the loss carries it.
+    """
+    error = run.outcome.error if run.outcome else None
+    if error is None or expect.allows_error(error.sqlstate) or expect.sqlstate == "":
+        return []  # error = false already fails with its own line
+    if error.sqlstate == "08003":  # not sent: the session was already gone
+        return []
+    what = f"step {run.seq} failed unexpectedly: {error.sqlstate} {error.message}"
+    if run.cancelled:
+        what = f"step {run.seq} was cancelled by pgrace (--step-timeout): {error.sqlstate} {error.message}"
+    allow = f'expect = {{ error = "{error.sqlstate}" }} or {{ may_fail = true }}'
+    return [CheckResult(what, False, f"no error (or {allow})", f"{error.sqlstate} {error.message}", run.step, line)]
 
 
 def _step_checks(run: StepRun, expect: StepExpectation, line: int | None, locks_known: bool) -> list[CheckResult]:
@@ -86,6 +106,13 @@ def _step_checks(run: StepRun, expect: StepExpectation, line: int | None, locks_
                 "no error",
                 actual_error,
             )
+    if expect.released_by is not None:
+        add(
+            f"released by {expect.released_by}",
+            run.waited and _released_by(run, expect.released_by),
+            f"released by {expect.released_by}",
+            _describe_release(run),
+        )
     if expect.rows is not None:
         actual_rows = _rows_of(run.outcome) if run.outcome else []
         add(
@@ -178,6 +205,29 @@ def _describe_outcome(outcome: Outcome) -> str:
     if outcome.error is not None:
         return f"error {outcome.error.sqlstate} {outcome.error.message}"
     return format_rows(_rows_of(outcome))
+
+
+def _released_by(run: StepRun, expected: str) -> bool:
+    """``expected`` is a session (a step of it ended the wait) or a cause such as ``deadlock``."""
+    release = run.release
+    if release is None:
+        return False
+    if expected in RELEASE_CAUSES:
+        return release.cause == expected
+    return release.cause == "step" and release.session == expected
+
+
+def _describe_release(run: StepRun) -> str:
+    release = run.release
+    if not run.waited or release is None:
+        return "no wait" if not run.waited else "not finished"
+    if release.cause == "step":
+        return f"released by {release.session} (step {release.seq})"
+    if release.cause == "deadlock":
+        return f"ended by the deadlock detector (victim: step {release.seq})"
+    if release.cause == "terminated":
+        return f"ended when {release.session}'s backend was terminated"
+    return f"ended by {release.cause}"
 
 
 def _describe_wait(run: StepRun) -> str:

@@ -50,6 +50,10 @@ class StepExpectation:
 
     ``sqlstate`` is an SQLSTATE, or the empty string for "must not fail".
     ``locks`` is the exact set of row locks held by all sessions after the step.
+    ``released_by`` is a session whose step ended the wait, or a cause
+    (:data:`pgrace.timeline.RELEASE_CAUSES`: ``deadlock``, ``lock_timeout`` ...).
+    ``may_fail``: an error of the step is allowed (any SQLSTATE); an error no
+    expectation allows fails the verdict.
     """
 
     waits: bool | None = None
@@ -58,6 +62,12 @@ class StepExpectation:
     sqlstate: str | None = None
     rows: tuple[tuple[Any, ...], ...] | None = None
     locks: tuple[LockExpectation, ...] | None = None
+    released_by: str | None = None
+    may_fail: bool = False
+
+    def allows_error(self, sqlstate: str) -> bool:
+        """An error with this SQLSTATE is what the author expects (exactly, or "may fail")."""
+        return self.may_fail or self.sqlstate == sqlstate
 
     def is_empty(self) -> bool:
         return self == StepExpectation()

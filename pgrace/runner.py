@@ -26,19 +26,19 @@ import os
 import select
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg.adapt import Transformer
 
 from pgrace import scratch, variables
 from pgrace.errors import RunAborted, ScenarioError, SetupFailed
 from pgrace.locks import LockInspector
 from pgrace.model import PermutationStep, Scenario, Step
+from pgrace.releases import ReleaseTracker
 from pgrace.timeline import (
     CheckQueried,
     Event,
@@ -48,6 +48,7 @@ from pgrace.timeline import (
     NotifyReceived,
     Outcome,
     PermutationStarted,
+    Release,
     ResultSet,
     Run,
     SessionLost,
@@ -93,6 +94,7 @@ class Active:
     notice_targets: dict[str, int] = field(default_factory=dict)
     outcome: Outcome | None = None
     lost: SessionLost | None = None  # the session's connection was found gone during this step
+    tx_before: pq.TransactionStatus = pq.TransactionStatus.IDLE  # the session's transaction when it was sent
 
 
 class SessionConnection:
@@ -193,7 +195,8 @@ class Runner:
         self.sessions: dict[str, SessionConnection] = {}
         self.waiting: list[Active] = []
         self.seq = 0
-        self.last_launched = 0
+        self.releases = ReleaseTracker()
+        self.last_done = 0  # the step reported done most recently (locks are observed after it)
         self.idle_at = 0.0  # when on_idle last ran
         self.permutation: tuple[PermutationStep, ...] = ()
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
@@ -348,6 +351,7 @@ class Runner:
         event frees several steps, the busy session's step thus comes before older ones.
         """
         deadline = time.perf_counter() + 2 * self.options.step_timeout
+        done_before = self.last_done
         while session.active is not None:
             earlier = session.active
             if self._try_complete(earlier, blocking=True, retry=True):
@@ -359,6 +363,8 @@ class Runner:
                 raise RunAborted(f"step {earlier.step.name} timed out; active steps are: {names}")
             if self.waiting:
                 self._poll_waiting(blocking=False)
+        if self.last_done != done_before:
+            self._observe_locks(self.last_done)  # locks after the completions, before the next launch
 
     def _reconnect(self, session: SessionConnection) -> None:
         """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
@@ -373,14 +379,20 @@ class Runner:
         if self.scenario.format == "pgrace" and step.sleep is None and step.crash is None:
             text = substitute(step.sql, self._values(session), session.conn)
             shown = substitute(step.sql, self._values(session, facts=False), session.conn)
-        active = Active(self.seq, step, entry, time.perf_counter())
+        active = Active(
+            self.seq,
+            step,
+            entry,
+            time.perf_counter(),
+            tx_before=pq.TransactionStatus(session.pgconn.transaction_status),
+        )
         for blocker in entry.blockers:
             if blocker.step is not None and blocker.notices is not None:
                 other = self.sessions[self.scenario.step(blocker.step).session]
                 active.notice_targets[other.name] = other.notices + blocker.notices
         self.recorder.add(StepLaunched(active.seq, step.name, step.session, shown, self.recorder.now()))
         session.active = active
-        self.last_launched = active.seq
+        self.releases.launched(active.seq, session.name)
         if session.lost is not None:  # sending would only fail again: say why it was not sent
             message = f"not sent: session {session.name}'s connection was lost at step {session.lost.during_seq}"
             active.outcome = Outcome(error=SqlError("08003", message, "ERROR"))
@@ -530,6 +542,7 @@ class Runner:
             if len(self.waiting) == pending:
                 names = ", ".join(a.step.name for a in self.waiting)
                 raise RunAborted(f"failed to complete permutation due to mutually-blocking steps: {names}")
+            self._observe_locks(self.last_done)  # a resolution (commit, deadlock, timeout) changes who holds what
 
     def _idle(self) -> None:
         """Let a presenter redraw (a growing wait time) while we wait: at most every 100 ms."""
@@ -565,8 +578,7 @@ class Runner:
                         self._report_waiting(active, by_marker=False)
                     return False
         if active.outcome is None:
-            active.outcome = self._collect(session, active)
-            self._capture(session, active)
+            self._settle_outcome(session, active)
         if self._held_by_marker(active):
             if not active.waiting_reported:
                 self._report_waiting(active, by_marker=True)
@@ -638,24 +650,62 @@ class Runner:
         active.waiting_reported = True
         session = self.sessions[active.step.session]
         waits = () if by_marker or not self.options.describe_waits else self.inspector.describe_waits(session.pid)
+        markers = (self.scenario.step(b.step).session for b in active.entry.blockers if b.step is not None)
+        self.releases.waiting(active.seq, waits, markers)
         self.recorder.add(StepWaiting(active.seq, waits, detected, by_marker=by_marker))
+
+    def _settle_outcome(self, session: SessionConnection, active: Active) -> None:
+        """Collect a finished step's results (not yet its report) and note whether it ended its transaction."""
+        active.outcome = self._collect(session, active)
+        self._capture(session, active)
+        after = pq.TransactionStatus(
+            session.pgconn.transaction_status if active.lost is None else pq.TransactionStatus.UNKNOWN
+        )
+        self.releases.completed(active.seq, active.tx_before, after, active.outcome.error, active.lost is not None)
+
+    def _settle_finished(self, names: Iterable[str]) -> None:
+        """Collect the results that already arrived for these sessions' running steps (a deadlock victim's)."""
+        for name in names:
+            session = self.sessions.get(name)
+            active = session.active if session is not None else None
+            if session is None or active is None or active.outcome is not None or session.lost is not None:
+                continue
+            self._consume(session.pgconn)
+            if not session.pgconn.is_busy():
+                self._settle_outcome(session, active)
+
+    def _gone(self, names: Iterable[str]) -> set[str]:
+        """Sessions whose backend no longer exists (terminated, crashed)."""
+        known = [self.sessions[name] for name in names if name in self.sessions]
+        alive = self.inspector.states([s.pid for s in known if s.lost is None])
+        return {s.name for s in known if s.lost is not None or s.pid not in alive}
+
+    def _release(self, active: Active) -> Release | None:
+        """What ended the step's wait (None when it never waited)."""
+        if not active.waiting_reported:
+            return None
+        assert active.outcome is not None
+        return self.releases.attribute(
+            active.seq,
+            active.outcome.error,
+            cancelled_by_pgrace=active.cancelled,
+            lost=active.lost is not None,
+            settle=self._settle_finished,
+            gone=self._gone,
+        )
 
     def _report_done(self, session: SessionConnection, active: Active) -> None:
         assert active.outcome is not None
-        # A step that ends while it is still the newest (a deadlock victim, a lock_timeout)
-        # was not released by another step.
-        released_by = self.last_launched if active.waiting_reported and not active.cancelled else None
-        if released_by == active.seq:
-            released_by = None
         self.recorder.add(
             StepFinished(
                 active.seq,
                 active.outcome,
                 self.recorder.now(),
                 after_wait=active.waiting_reported,
-                released_by=released_by,
+                release=self._release(active),
             )
         )
+        self.last_done = active.seq
         if active.lost is not None:
             self.recorder.add(active.lost)
         self._consume(session.pgconn)  # as isolationtester: read what arrived since the result
@@ -770,17 +820,14 @@ class Runner:
 
 # -- results -----------------------------------------------------------------------------
 
-_transformer = Transformer()
-
 
 def result_set(res: pq.abc.PGresult) -> ResultSet:
-    """A tuple result as exact text (for printing) and as Python values (for checks)."""
+    """A tuple result as the server's exact text and its column types; values are loaded later, if compared."""
     columns = tuple((res.fname(i) or b"").decode() for i in range(res.nfields))
     text_rows = tuple(tuple(_decode(res.get_value(r, c)) for c in range(res.nfields)) for r in range(res.ntuples))
-    _transformer.set_pgresult(res)
-    rows = tuple(_transformer.load_rows(0, res.ntuples, tuple)) if res.nfields else ()
+    types = tuple(res.ftype(i) for i in range(res.nfields))
     command = (res.command_status or b"").decode()
-    return ResultSet(columns, text_rows, rows, command)
+    return ResultSet(columns, text_rows, types, command)
 
 
 def sql_error(res: pq.abc.PGresult) -> SqlError:

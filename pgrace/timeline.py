@@ -13,21 +13,42 @@ timeline, which must be byte-stable from run to run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import cached_property
+from typing import Any, Literal, get_args
 
 from pgrace.model import RowRef, Scenario
 
 WaitKind = Literal["row", "transaction", "relation", "advisory", "other"]
 
+ReleaseCause = Literal[
+    "step", "deadlock", "lock_timeout", "statement_timeout", "cancel", "step_timeout", "terminated", "unknown"
+]
+RELEASE_CAUSES: tuple[str, ...] = get_args(ReleaseCause)
+
 
 @dataclass(frozen=True)
 class ResultSet:
-    """One result of a statement: raw text cells (for exact printing) and Python values."""
+    """One result of a statement: the server's text for every cell, and its column types.
+
+    The text is what every renderer shows. Python values (``rows``) are made only when
+    something compares or captures them, cell by cell: a cell psycopg cannot load (a
+    date in ``DateStyle = Postgres, MDY``, a type it does not know) stays its text.
+    """
 
     columns: tuple[str, ...]
     text_rows: tuple[tuple[str | None, ...], ...]
-    rows: tuple[tuple[Any, ...], ...]
+    types: tuple[int, ...] = ()  # type OIDs, one per column (empty: unknown, every cell stays text)
     command: str = ""
+
+    @cached_property
+    def rows(self) -> tuple[tuple[Any, ...], ...]:
+        """The cells as Python values where psycopg can load them, else as the server's text."""
+        from pgrace.values import load_cell  # psycopg's loaders: only when a value is compared
+
+        types = self.types or (0,) * len(self.columns)
+        return tuple(
+            tuple(load_cell(text, oid) for text, oid in zip(row, types, strict=True)) for row in self.text_rows
+        )
 
 
 @dataclass(frozen=True)
@@ -179,14 +200,40 @@ class SessionLost:
 
 
 @dataclass(frozen=True)
+class Release:
+    """What ended a wait: one fact every renderer draws from.
+
+    * ``step``: step ``seq`` of ``session`` ended the transaction (or the lock) the
+      waiter waited for; ``failed`` when it did so by failing (its transaction aborted).
+    * ``deadlock``: the deadlock detector aborted step ``seq``, the victim (which may be
+      the step itself).
+    * ``lock_timeout`` (55P03), ``statement_timeout`` / ``cancel`` (57014): the
+      server ended the waiting statement itself.
+    * ``step_timeout``: pgrace's own ``--step-timeout`` cancel.
+    * ``terminated``: ``session``'s backend was terminated (the waiter's own, or a holder's).
+    * ``unknown``: nothing pgrace saw explains it (a session outside the scenario).
+    """
+
+    cause: ReleaseCause
+    seq: int | None = None
+    session: str | None = None
+    failed: bool = False
+
+
+@dataclass(frozen=True)
 class StepFinished:
-    """The step's result is known. ``released_by`` is the seq of the step that freed it."""
+    """The step's result is known. ``release`` says what ended its wait, if it waited."""
 
     seq: int
     outcome: Outcome
     t: float
     after_wait: bool = False
-    released_by: int | None = None
+    release: Release | None = None
+
+    @property
+    def released_by(self) -> int | None:
+        """The step that freed it, when a step did."""
+        return _releasing_step(self.release)
 
 
 @dataclass(frozen=True)
@@ -257,7 +304,7 @@ class StepRun:
     wait_detected_ms: float | None = None
     finished_ms: float | None = None
     outcome: Outcome | None = None
-    released_by: int | None = None
+    release: Release | None = None
     cancelled: bool = False
     locks_after: tuple[RowLock, ...] | None = None
     locks_unreadable: tuple[str, ...] = ()  # tables whose row locks could not be read
@@ -265,6 +312,10 @@ class StepRun:
     @property
     def waited(self) -> bool:
         return self.wait_detected_ms is not None and not self.by_marker
+
+    @property
+    def released_by(self) -> int | None:
+        return _releasing_step(self.release)
 
     @property
     def status(self) -> Literal["ok", "error", "cancelled", "pending"]:
@@ -338,7 +389,7 @@ class Run:
                 run = runs[event.seq]
                 run.outcome = event.outcome
                 run.finished_ms = event.t
-                run.released_by = event.released_by
+                run.release = event.release
             elif isinstance(event, LocksObserved) and event.after_seq in runs:
                 runs[event.after_seq].locks_after = event.locks
                 runs[event.after_seq].locks_unreadable = event.skipped
@@ -350,3 +401,7 @@ class Run:
 
     def check_outcomes(self) -> dict[int, Outcome]:
         return {e.index: e.outcome for e in self.events if isinstance(e, CheckQueried)}
+
+
+def _releasing_step(release: Release | None) -> int | None:
+    return release.seq if release is not None and release.cause == "step" else None

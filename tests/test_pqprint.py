@@ -13,7 +13,7 @@ from pgrace.timeline import ResultSet
 
 
 def table(columns: tuple[str, ...], *rows: tuple[str | None, ...]) -> ResultSet:
-    return ResultSet(columns=columns, text_rows=tuple(rows), rows=tuple(rows))
+    return ResultSet(columns=columns, text_rows=tuple(rows))
 
 
 def test_numeric_columns_are_right_aligned() -> None:
@@ -144,7 +144,7 @@ def rebuild(corpus_table: CorpusTable) -> ResultSet:
         stripped.append([c.lstrip(" ") if right else c.rstrip(" ") for c in cells])
     names = tuple(column[0] for column in stripped)
     rows = tuple(tuple(column[r] or None for column in stripped) for r in range(1, len(corpus_table.lines)))
-    return ResultSet(columns=names, text_rows=rows, rows=rows)
+    return ResultSet(columns=names, text_rows=rows)
 
 
 @needs_corpus

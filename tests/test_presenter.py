@@ -82,7 +82,7 @@ def test_plain_presenter_tells_the_story_the_notes_the_wait_and_the_cure(pgrace_
     blocked = text.index("⏳ waits for worker1 on row jobs id=1")
     assert blocked < text.index("▶ 5")
     assert "with :job = 1" in text  # the value the runner bound for :job
-    assert "↳ step 4 released by worker1's COMMIT (step 6)" in text
+    assert "↳ step 4 resumes after worker1's COMMIT (step 6); waited" in " ".join(text.split())
     summary = text[text.index("━━ What went wrong") :]
     assert "✔ all 6 expectations held" in summary
     assert "worker2's claim2 (step 4) waits for worker1 on jobs id=1" in summary
@@ -247,7 +247,7 @@ def test_step_mode_in_tmux_runs_a_step_per_enter_and_counts_the_wait(tmux: Tmux,
     screen = tmux.wait_for(lambda s: "PGRACE-DONE" in s, "pgrace to exit")
     assert "PGRACE-EXIT=0" in screen
     assert "⏳ waits for worker1 on row jobs id=1" in screen
-    assert "↳ step 4 released by worker1's COMMIT (step 6)" in screen
+    assert "↳ step 4 resumes after worker1's COMMIT (step 6); waited" in " ".join(screen.split())
     assert "━━ What went wrong" in screen and "✔ all 6 expectations held" in screen
     assert "How the cure fixes it: pgrace run head-of-line-blocking --fix" in screen
     assert re.search(r"^icanon$", screen, re.MULTILINE), "the terminal's line mode was not restored"

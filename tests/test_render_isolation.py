@@ -27,7 +27,7 @@ from pgrace.timeline import (
 
 
 def rs(columns: tuple[str, ...], *rows: tuple[str | None, ...]) -> ResultSet:
-    return ResultSet(columns=columns, text_rows=tuple(rows), rows=tuple(rows))
+    return ResultSet(columns=columns, text_rows=tuple(rows))
 
 
 def scenario(

@@ -38,7 +38,7 @@ from pgrace.render.text import Style, render_text
 from pgrace.runner import Runner, RunOptions
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, deferred_interrupts
-from pgrace.timeline import Run, StepCancelled, StepRun
+from pgrace.timeline import Release, Run, StepCancelled, StepRun
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
 # With a timeout, pg_terminate_backend returns once the backend is gone: the victim's
@@ -259,8 +259,8 @@ def test_a_deadlock_victim_gets_40P01_and_names_its_cycle_in_sessions(pgrace_run
     steps = by_name(run)
     b1, a2 = steps["b1"], steps["a2"]
     assert a2.waited and a2.status == "ok"  # the other session completes
-    assert a2.released_by == b1.seq
-    assert b1.released_by is None  # the victim ended on its own; nothing released it
+    assert a2.release == Release("deadlock", seq=b1.seq)  # freed by the detector aborting the victim
+    assert b1.released_by is None  # the victim ended on its own; no step released it
     assert b1.outcome is not None and b1.outcome.error is not None
     cycle = ("b waits for ShareLock on a's transaction", "a waits for ShareLock on b's transaction")
     assert b1.outcome.error.sqlstate == "40P01" and b1.outcome.error.cycle == cycle

@@ -32,6 +32,7 @@ from pgrace.model import (
     StepExpectation,
 )
 from pgrace.variables import FACTS, Use, find, valid_choice
+from pgrace.timeline import RELEASE_CAUSES
 
 TOP_KEYS = {
     "name",
@@ -55,7 +56,7 @@ DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
 MAX_SLEEP = 60.0
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
 VARIANT_KEYS = {"title", "narrative", "step", "check", "setup"}
-EXPECT_KEYS = {"waits", "waits_for", "waits_on", "error", "rows", "locks"}
+EXPECT_KEYS = {"waits", "waits_for", "waits_on", "error", "may_fail", "rows", "locks", "released_by"}
 CHECK_KEYS = {"description", "sql", "rows"}
 LOCK_KEYS = {"table", "key", "session", "mode"}
 ROW_MODES = {
@@ -501,8 +502,28 @@ class Builder:
                     *where,
                     "error",
                 )
+        may_fail = raw.get("may_fail", False)
+        if not isinstance(may_fail, bool):
+            raise self.loc.error("expect.may_fail must be true or false", *where, "may_fail")
+        if may_fail and sqlstate is not None:
+            raise self.loc.error(
+                "expect.may_fail allows any error; with expect.error it says nothing more: keep one", *where, "may_fail"
+            )
+        released_by = raw.get("released_by")
+        if released_by is not None and (
+            not isinstance(released_by, str) or (released_by not in sessions and released_by not in RELEASE_CAUSES)
+        ):
+            choices = ", ".join(c for c in RELEASE_CAUSES if c != "step")
+            raise self.loc.error(
+                f"expect.released_by is a session or one of {choices}, not {released_by!r}"
+                f"{did_you_mean(str(released_by), [*sessions, *RELEASE_CAUSES])}",
+                *where,
+                "released_by",
+            )
         rows = raw.get("rows")
         return StepExpectation(
+            released_by=released_by,
+            may_fail=may_fail,
             waits=waits,
             waits_for=waits_for,
             waits_on=self._row_ref(raw.get("waits_on"), (*where, "waits_on")) if "waits_on" in raw else None,

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pgrace.checks import format_value
 from pgrace.timeline import (
+    CheckResult,
     Holder,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
     Outcome,
     PermutationStarted,
+    Release,
+    ResultSet,
     RowLock,
     Run,
     SessionLost,
@@ -36,6 +39,7 @@ from pgrace.timeline import (
     StepWaiting,
     Wait,
 )
+from pgrace.values import display_cell
 
 MAX_ROWS_SHOWN = 4
 QUIET_TAGS = {"BEGIN", "COMMIT", "SET", "START TRANSACTION"}  # a COMMIT that rolled back still shows
@@ -80,6 +84,32 @@ def one_line(sql: str) -> str:
 
 def shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(1, limit - 1)].rstrip() + "…"
+
+
+def shorten_sql(sql: str, limit: int) -> str:
+    """SQL cut to ``limit`` characters at a clause boundary, else a word boundary, never mid-word.
+
+    ``UPDATE accounts SET balance = balance + 10 WHERE id = 2`` at 24 becomes
+    ``UPDATE accounts …``; a first word longer than the limit is kept whole.
+    """
+    text = one_line(sql)
+    if len(text) <= limit:
+        return text
+    statements = _statements(text)
+    clauses = _clauses(statements[0]) if statements else [text]
+    kept = clauses[0]
+    for clause in clauses[1:]:
+        if len(kept) + 1 + len(clause) + 2 > limit:
+            break
+        kept += " " + clause
+    if len(kept) + 2 > limit:  # even the first clause is too long: cut it between words
+        words = kept.split(" ")
+        kept = words[0]
+        for word in words[1:]:
+            if len(kept) + 1 + len(word) + 2 > limit:
+                break
+            kept += " " + word
+    return kept if kept == text else kept + " …"
 
 
 # -- wording -----------------------------------------------------------------------------
@@ -141,15 +171,16 @@ def outcome_lines(outcome: Outcome) -> list[str]:
     """A step's results, command tags and error, one line each (``→`` and ``✗``)."""
     lines: list[str] = []
     for result in outcome.results:
-        if not result.rows:
+        rows = shown_rows(result)
+        if not rows:
             lines.append("→ no rows" if result.columns else "→ (no columns)")
-        elif len(result.rows) == 1:
-            pairs = [f"{c}={format_value(v)}" for c, v in zip(result.columns, result.rows[0], strict=True)]
+        elif len(rows) == 1:
+            pairs = [f"{c}={v}" for c, v in zip(result.columns, rows[0], strict=True)]
             lines.append("→ " + ", ".join(pairs))
         else:
-            shown = ["(" + ", ".join(format_value(v) for v in row) + ")" for row in result.rows[:MAX_ROWS_SHOWN]]
-            more = f" … {len(result.rows) - MAX_ROWS_SHOWN} more" if len(result.rows) > MAX_ROWS_SHOWN else ""
-            lines.append(f"→ {len(result.rows)} rows: " + ", ".join(shown) + more)
+            shown = ["(" + ", ".join(row) + ")" for row in rows[:MAX_ROWS_SHOWN]]
+            more = f" … {len(rows) - MAX_ROWS_SHOWN} more" if len(rows) > MAX_ROWS_SHOWN else ""
+            lines.append(f"→ {len(rows)} rows: " + ", ".join(shown) + more)
     if not outcome.results:
         tags = [c for c in outcome.commands if c and c not in QUIET_TAGS]
         if tags:
@@ -159,6 +190,86 @@ def outcome_lines(outcome: Outcome) -> list[str]:
         if outcome.error.cycle:
             lines.append("↻ deadlock: " + "; ".join(outcome.error.cycle))
     return lines
+
+
+def shown_rows(result: ResultSet) -> list[list[str]]:
+    """Every cell as the server wrote it (quoted for strings): never a Python conversion."""
+    types = result.types or (0,) * len(result.columns)
+    return [[display_cell(text, oid) for text, oid in zip(row, types, strict=True)] for row in result.text_rows]
+
+
+_TOKEN_BREAK = re.compile(r"(?<=[(,])(?=.)")  # after an opening parenthesis or a comma: between tokens
+
+
+_JOINT = "\x01 "
+
+
+def wrap_cell(text: str, width: int, indent: str = "  ") -> list[str]:
+    """Wrap at spaces, never inside a token.
+
+    A word longer than the line stays whole, except that a long call may break after its
+    ``(`` or a ``,`` (``current_setting(`` / ``'application_name')``) when both sides are
+    substantial: ``pg_advisory_xact_lock(42)`` and ``(AccessExclusiveLock)`` stay whole.
+    """
+    room = max(1, width - len(indent))
+    words = [word if len(word) <= room else _JOINT.join(_token_pieces(word, room)) for word in text.split(" ")]
+    wrapped = textwrap.wrap(
+        " ".join(words), width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+    return [line.replace(_JOINT, "").replace(_JOINT[0], "") for line in wrapped] or [""]
+
+
+def _token_pieces(word: str, room: int) -> list[str]:
+    """A long token cut after ``(`` or ``,``: as late as fits, each side at least a few characters."""
+    if len(word) <= room:
+        return [word]
+    cuts = [m.start() for m in _TOKEN_BREAK.finditer(word) if m.start() >= 8 and len(word) - m.start() >= 4]
+    if not cuts:
+        return [word]
+    fitting = [cut for cut in cuts if cut <= room]
+    cut = fitting[-1] if fitting else cuts[0]
+    return [word[:cut], *_token_pieces(word[cut:], room)]
+
+
+def release_phrase(seq: int, release: Release | None, launched: Mapping[int, StepLaunched], sql_limit: int = 30) -> str:
+    """What ended step ``seq``'s wait, after ``↳ step N``: the same words in every format.
+
+    ``resumes after alice's COMMIT (step 6)``; ``ends: the deadlock detector chose it as the
+    victim``; ``resumes: released by the deadlock detector (victim: step 6)``; ``ends: its
+    lock_timeout expired`` ...
+    """
+    if release is None or release.cause == "unknown":
+        return "resumes; no step of the scenario released it"
+    if release.cause == "step" and release.seq is not None and release.seq in launched:
+        trigger = launched[release.seq]
+        failed = " failed" if release.failed else ""
+        return f"resumes after {trigger.session}'s {shorten_sql(trigger.sql, sql_limit)} (step {release.seq}){failed}"
+    if release.cause == "deadlock":
+        if release.seq == seq or release.seq is None:
+            return "ends: the deadlock detector chose it as the victim"
+        return f"resumes: released by the deadlock detector (victim: step {release.seq})"
+    if release.cause == "terminated":
+        own = launched[seq].session if seq in launched else None
+        if release.session is None or release.session == own:
+            return "ends: its backend was terminated"
+        return f"resumes: {release.session}'s backend was terminated"
+    return {
+        "lock_timeout": "ends: its lock_timeout expired",
+        "statement_timeout": "ends: its statement_timeout expired",
+        "cancel": "ends: a cancel request stopped it",
+        "step_timeout": "ends: pgrace cancelled it (--step-timeout)",
+    }.get(release.cause, f"ends ({release.cause})")
+
+
+def steps_waited(seq: int, release: Release | None, last_launched: int) -> int:
+    """How many steps were launched while the step waited (up to the step that released it)."""
+    if release is not None and release.cause == "step" and release.seq is not None:
+        return max(0, release.seq - seq)
+    return max(0, last_launched - seq)
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def cancel_text(event: StepCancelled) -> str:
@@ -246,9 +357,7 @@ def sql_lines(sql: str, width: int, max_lines: int | None = None) -> list[str]:
                 chunks.append(piece)
         for i, chunk in enumerate(chunks):
             indent = "  " if i else ""
-            lines += textwrap.wrap(
-                chunk, width, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False
-            )
+            lines += [indent + line for line in wrap_cell(chunk, width - len(indent))]
     if max_lines is not None and len(lines) > max_lines:
         lines = lines[:max_lines]
         lines[-1] = lines[-1][: width - 2].rstrip() + " …"
@@ -273,9 +382,9 @@ class Entry:
     waits: tuple[Wait, ...] = ()
     by_marker: bool = False
     outcome: Outcome | None = None
-    released_by: int | None = None
-    released_session: str = ""
-    released_sql: str = ""
+    released_by: int | None = None  # the step that released it, when a step did
+    release: Release | None = None  # what ended the wait (a resume)
+    release_text: str = ""  # release_phrase(): "resumes after a's COMMIT (step 6)", "ends: ..."
     text: str = ""
     locks: tuple[RowLock, ...] | None = ()  # row locks held after this row (carried forward)
 
@@ -359,7 +468,6 @@ def timeline_sections(run: Run) -> list[Section]:
         elif isinstance(event, StepFinished):
             step = launched[event.seq]
             if event.after_wait:
-                trigger = launched.get(event.released_by) if event.released_by is not None else None
                 index = add(
                     Entry(
                         "resume",
@@ -369,14 +477,14 @@ def timeline_sections(run: Run) -> list[Section]:
                         step.sql,
                         outcome=event.outcome,
                         released_by=event.released_by,
-                        released_session=trigger.session if trigger else "",
-                        released_sql=trigger.sql if trigger else "",
+                        release=event.release,
+                        release_text=release_phrase(event.seq, event.release, launched, sql_limit=24),
                     )
                 )
                 resumed = open_spans.pop(event.seq, None)
                 if resumed is not None:
                     resumed.end = index
-                    resumed.steps_waited = (event.released_by or event.seq) - event.seq
+                    resumed.steps_waited = steps_waited(event.seq, event.release, max(launched))
             else:
                 add(
                     Entry(
@@ -409,6 +517,10 @@ def timeline_sections(run: Run) -> list[Section]:
     return sections
 
 
+def _launched(run: Run) -> dict[int, StepLaunched]:
+    return {e.seq: e for e in run.events if isinstance(e, StepLaunched)}
+
+
 def _note(run: Run, step: str) -> str:
     try:
         return run.scenario.step(step).note
@@ -423,19 +535,15 @@ def story_facts(run: Run) -> list[str]:
     """What happened, one sentence per wait, error and cancel: the summary's facts."""
     facts: list[str] = []
     by_seq = {s.seq: s for s in run.step_runs()}
+    launched = _launched(run)
     lost = {event.during_seq: event for event in run.sessions_lost()}
     for step in by_seq.values():
         who = f"{step.session}'s {step.step}"
         if step.waited:
             phrases = "; ".join(wait_phrase(w) for w in step.waits) or "waited"
             fact = f"{who} (step {step.seq}) {phrases}"
-            if step.released_by is not None and step.released_by in by_seq:
-                trigger = by_seq[step.released_by]
-                n = step.released_by - step.seq
-                fact += (
-                    f" until {trigger.session}'s {shorten(one_line(trigger.sql), 30)} (step {trigger.seq}),"
-                    f" {n} step{'s' if n != 1 else ''} later"
-                )
+            if step.outcome is not None:
+                fact += f"; it {release_phrase(step.seq, step.release, launched)}"
             facts.append(fact)
         if step.cancelled:
             facts.append(f"{who} (step {step.seq}) never finished and was cancelled")
@@ -457,12 +565,19 @@ def story_facts(run: Run) -> list[str]:
 
 
 def verdict_line(run: Run) -> str:
-    failed = [c for c in run.checks if not c.ok]
-    if not run.checks:
+    return verdict_words(run.checks)
+
+
+def verdict_words(checks: Sequence[CheckResult]) -> str:
+    """``✔ all 3 expectations held``, ``✔ 1 expectation held``, ``✘ 1 of 3 expectations did not hold``."""
+    failed = [c for c in checks if not c.ok]
+    if not checks:
         return "no expectations to check"
     if failed:
-        return f"✘ {len(failed)} of {len(run.checks)} expectations did not hold"
-    return f"✔ all {len(run.checks)} expectations held"
+        return f"✘ {len(failed)} of {plural(len(checks), 'expectation')} did not hold"
+    if len(checks) == 1:
+        return "✔ 1 expectation held"
+    return f"✔ all {len(checks)} expectations held"
 
 
 def variant_flag(variant: str) -> str:
@@ -490,15 +605,13 @@ def step_summaries(run: Run) -> list[StepSummary]:
     """Every launched step in launch order, folded: what a comparison lines up by position."""
     summaries: list[StepSummary] = []
     by_seq = {s.seq: s for s in run.step_runs()}
+    launched = _launched(run)
     for step in by_seq.values():
         lines: list[str] = []
         if step.waited:
             lines += [describe_wait(w) for w in step.waits]
-            if step.released_by is not None and step.released_by in by_seq:
-                trigger = by_seq[step.released_by]
-                lines.append(
-                    f"↳ resumes after {trigger.session}'s {shorten(one_line(trigger.sql), 24)} (step {trigger.seq})"
-                )
+            if step.outcome is not None:
+                lines.append(f"↳ {release_phrase(step.seq, step.release, launched, sql_limit=24)}")
         if step.cancelled:
             lines.append("⌛ cancelled: it could not finish")
         if step.outcome is not None:

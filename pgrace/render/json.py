@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from pgrace.timeline import Outcome, RowLock, Run, StepRun, Wait
+from pgrace.timeline import Outcome, Release, RowLock, Run, StepRun, Wait
 
 SCHEMA_VERSION = 1
 
@@ -102,11 +102,19 @@ def _step(run: StepRun) -> dict[str, Any]:
         if error
         else None,
         "released_by": run.released_by,
+        "release": _release(run.release),
         "locks_after": [_lock(lock) for lock in run.locks_after] if run.locks_after is not None else None,
         "started_ms": round(run.started_ms, 3),
         "wait_detected_ms": round(run.wait_detected_ms, 3) if run.wait_detected_ms is not None else None,
         "finished_ms": round(run.finished_ms, 3) if run.finished_ms is not None else None,
     }
+
+
+def _release(release: Release | None) -> dict[str, Any] | None:
+    """What ended the step's wait: the same fact the text and pictures tell."""
+    if release is None:
+        return None
+    return {"cause": release.cause, "step": release.seq, "session": release.session, "failed": release.failed}
 
 
 def _result(outcome: Outcome | None) -> dict[str, Any]:

@@ -53,8 +53,7 @@ def _cell_lines(entry: Entry) -> list[str]:
         else:
             lines.append("… reported later (completion marker)")
     elif entry.kind == "resume":
-        after = f" after {entry.released_session}'s {one_line(entry.released_sql)} (step {entry.released_by})"
-        lines.append(escape_md(f"↳ step {entry.seq} resumes" + (after if entry.released_by is not None else "")))
+        lines.append(escape_md(f"↳ step {entry.seq} {entry.release_text}"))
     elif entry.kind == "cancel":
         lines.append("**" + escape_md(f"⌛ {entry.step} {entry.text}") + "**")
     elif entry.kind == "lost":

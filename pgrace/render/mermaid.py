@@ -92,8 +92,8 @@ def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[st
         if entry.kind == "cancel":
             lines.append(f"{SERVER}--x{who}: {escape_text(f'⌛ {entry.step} {entry.text}')}")
         else:
-            after = f" (released by step {entry.released_by})" if entry.released_by is not None else ""
-            lines.append(f"{SERVER}-->>{who}: {escape_text(f'↳ step {entry.seq} resumes{after}')}")
+            text = shorten(f"↳ step {entry.seq} {entry.release_text}", MAX_MESSAGE)
+            lines.append(f"{SERVER}-->>{who}: {escape_text(text)}")
     elif entry.kind == "lost":
         lines.append(f"{SERVER}--x{who}: {escape_text(shorten(entry.text, MAX_MESSAGE))}")
     else:

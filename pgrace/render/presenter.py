@@ -35,6 +35,7 @@ from pgrace.render.common import (
     lost_text,
     one_line,
     outcome_lines,
+    release_phrase,
     sql_lines,
     story_facts,
     variant_flag,
@@ -174,9 +175,8 @@ class Presenter:
             if event.after_wait:
                 since = self.waiting.pop(event.seq, (None, (), self.clock()))[2]
                 self.waited_s[event.seq] = self.clock() - since
-                trigger = self.launched.get(event.released_by) if event.released_by is not None else None
-                after = f" by {trigger.session}'s {one_line(trigger.sql)[:24]} (step {trigger.seq})" if trigger else ""
-                lines.append(f"↳ step {event.seq} released{after} after {self.waited_s[event.seq]:.1f} s")
+                phrase = release_phrase(event.seq, event.release, self.launched)  # the text timeline's words
+                lines.append(f"↳ step {event.seq} {phrase}; waited {self.waited_s[event.seq]:.1f} s")
             lines += outcome_lines(event.outcome)
             if lines:
                 error = event.outcome.error is not None

@@ -31,6 +31,7 @@ from pgrace.render.common import (
     SessionColour,
     WaitSpan,
     outcome_lines,
+    plural,
     session_colours,
     shorten,
     sql_lines,
@@ -125,10 +126,7 @@ def _block_lines(entry: Entry, inner: float) -> list[Line]:
         if entry.note:
             lines += [Line(t, "note") for t in _wrap("» " + entry.note, inner, 12.5)]
     elif entry.kind == "resume":
-        after = f"↳ step {entry.seq} resumes"
-        if entry.released_by is not None:
-            after += f" after {entry.released_session}'s {shorten(' '.join(entry.released_sql.split()), 18)}"
-            after += f" (step {entry.released_by})"
+        after = f"↳ step {entry.seq} {entry.release_text}"
         lines += [Line(t, "resume") for t in _wrap(after, inner, 12.5, "bold")]
     elif entry.kind == "cancel":
         lines += [Line(t, "error") for t in _wrap(f"✗ {entry.step} {entry.text}", inner, 12.5, "bold")]
@@ -370,7 +368,7 @@ def _draw_wait(
         )
         length = bar_bottom - bar_top
         if length >= 26:
-            label = f"waiting, {span.steps_waited} step{'s' if span.steps_waited != 1 else ''}"
+            label = f"waiting, {plural(span.steps_waited, 'step')}" if span.steps_waited else "waiting"
             if span.end is None:
                 label = "still waiting"
             canvas.text(lane + BAR_X + 20, bar_top + length / 2 + 5, label, size=13, weight="bold", fill=WAIT_DARK)

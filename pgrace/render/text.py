@@ -12,7 +12,18 @@ from dataclasses import dataclass, field
 import click
 from tabulate import tabulate
 
-from pgrace.render.common import SESSION_COLOURS, cancel_text, describe_wait, lost_text, outcome_lines
+from pgrace.render.common import (
+    SESSION_COLOURS,
+    cancel_text,
+    describe_wait,
+    lost_text,
+    outcome_lines,
+    plural,
+    release_phrase,
+    steps_waited,
+    verdict_words,
+    wrap_cell,
+)
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,
@@ -126,18 +137,9 @@ def _sql_lines(run: Run, step: StepLaunched) -> list[str]:
 
 
 def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
-    step = launched[event.seq]
-    if event.released_by is None:
-        return f"↳ {step.step} (step {event.seq}) ends"
-    trigger = launched[event.released_by]
-    waited = event.released_by - event.seq
-    plural = "s" if waited != 1 else ""
-    sql = " ".join(trigger.sql.split())
-    short = sql if len(sql) <= 24 else sql[:21] + "..."
-    return (
-        f"↳ step {event.seq} resumes after {trigger.session}'s {short} "
-        f"(step {event.released_by}); waited {waited} step{plural}"
-    )
+    phrase = release_phrase(event.seq, event.release, launched, sql_limit=24)
+    waited = steps_waited(event.seq, event.release, max(launched))
+    return f"↳ step {event.seq} {phrase}; waited {plural(waited, 'step')}"
 
 
 def _lock_lines(event: LocksObserved) -> list[str]:
@@ -165,16 +167,12 @@ def _table(run: Run, rows: list[Row], style: Style) -> str:
         cells: list[str] = [row.number]
         for name in sessions:
             if name == row.session:
-                wrapped = [
-                    w
-                    for line in row.lines
-                    for w in textwrap.wrap(line, column, subsequent_indent="  ", break_on_hyphens=False) or [""]
-                ]
+                wrapped = [w for line in row.lines for w in wrap_cell(line, column)]
                 cells.append(paint("\n".join(wrapped), name))
             else:
                 cells.append("")
         if with_locks:
-            cells.append("\n".join(w for line in row.locks for w in textwrap.wrap(line, lock_width) or [""]))
+            cells.append("\n".join(w for line in row.locks for w in wrap_cell(line, lock_width, indent="")))
         table.append(cells)
     headers = ["#"] + [paint(name, name) for name in sessions] + (["row locks held"] if with_locks else [])
     return tabulate(table, headers=headers, tablefmt="simple", disable_numparse=True)
@@ -195,10 +193,7 @@ def render_verdict(checks: list[CheckResult], style: Style) -> list[str]:
     if not checks:
         return ["", "verdict: no expectations to check"]
     failed = [c for c in checks if not c.ok]
-    if failed:
-        head = f"verdict: ✘ {len(failed)} of {len(checks)} expectations did not hold"
-    else:
-        head = f"verdict: ✔ all {len(checks)} expectations held"
+    head = f"verdict: {verdict_words(checks)}"
     if style.colour:
         head = click.style(head, fg="red" if failed else "green", bold=True)
     lines = ["", head]
