@@ -136,7 +136,7 @@ class ReleaseTracker:
         if ended:
             last = max(ended, key=lambda f: f.order)
             if last.lost:
-                return Release("terminated", session=last.session)
+                return Release("terminated", seq=last.seq, session=last.session)
             if last.error is not None and last.error.sqlstate == "40P01":
                 return Release("deadlock", seq=last.seq)
             return Release("step", seq=last.seq, session=last.session, failed=last.error is not None)

@@ -453,8 +453,7 @@ class Runner:
                     session = self.sessions[active.step.session]
                     self._consume(session.pgconn)
                     if not session.pgconn.is_busy():
-                        active.outcome = self._collect(session, active)
-                        self._capture(session, active)
+                        self._settle_outcome(session, active)
             else:
                 time.sleep(min(left, 0.1))
             self._idle()
@@ -658,10 +657,14 @@ class Runner:
         """Collect a finished step's results (not yet its report) and note whether it ended its transaction."""
         active.outcome = self._collect(session, active)
         self._capture(session, active)
-        after = pq.TransactionStatus(
-            session.pgconn.transaction_status if active.lost is None else pq.TransactionStatus.UNKNOWN
-        )
-        self.releases.completed(active.seq, active.tx_before, after, active.outcome.error, active.lost is not None)
+        self._note_completion(session, active)
+
+    def _note_completion(self, session: SessionConnection, active: Active) -> None:
+        """Tell the release tracker the step is over (once): did it end its transaction, or its session?"""
+        assert active.outcome is not None
+        lost = active.lost is not None or session.pgconn.status == pq.ConnStatus.BAD
+        after = pq.TransactionStatus(pq.TransactionStatus.UNKNOWN if lost else session.pgconn.transaction_status)
+        self.releases.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
 
     def _settle_finished(self, names: Iterable[str]) -> None:
         """Collect the results that already arrived for these sessions' running steps (a deadlock victim's)."""
@@ -696,6 +699,7 @@ class Runner:
 
     def _report_done(self, session: SessionConnection, active: Active) -> None:
         assert active.outcome is not None
+        self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
         self.recorder.add(
             StepFinished(
                 active.seq,

@@ -210,7 +210,8 @@ class Release:
     * ``lock_timeout`` (55P03), ``statement_timeout`` / ``cancel`` (57014): the
       server ended the waiting statement itself.
     * ``step_timeout``: pgrace's own ``--step-timeout`` cancel.
-    * ``terminated``: ``session``'s backend was terminated (the waiter's own, or a holder's).
+    * ``terminated``: ``session``'s backend was terminated (the waiter's own, or a holder's),
+      during step ``seq`` when pgrace saw it there (a ``crash`` step).
     * ``unknown``: nothing pgrace saw explains it (a session outside the scenario).
     """
 
@@ -404,4 +405,5 @@ class Run:
 
 
 def _releasing_step(release: Release | None) -> int | None:
-    return release.seq if release is not None and release.cause == "step" else None
+    """The step that freed the waiter: one that ended a transaction, or a crash step that killed the holder."""
+    return release.seq if release is not None and release.cause in ("step", "terminated") else None

@@ -31,8 +31,8 @@ from pgrace.model import (
     Step,
     StepExpectation,
 )
-from pgrace.variables import FACTS, Use, find, valid_choice
 from pgrace.timeline import RELEASE_CAUSES
+from pgrace.variables import FACTS, Use, find, valid_choice
 
 TOP_KEYS = {
     "name",

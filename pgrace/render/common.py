@@ -252,7 +252,8 @@ def release_phrase(seq: int, release: Release | None, launched: Mapping[int, Ste
         own = launched[seq].session if seq in launched else None
         if release.session is None or release.session == own:
             return "ends: its backend was terminated"
-        return f"resumes: {release.session}'s backend was terminated"
+        during = f" (step {release.seq})" if release.seq is not None and release.seq in launched else ""
+        return f"resumes: {release.session}'s backend was terminated{during}"
     return {
         "lock_timeout": "ends: its lock_timeout expired",
         "statement_timeout": "ends: its statement_timeout expired",
