@@ -228,3 +228,29 @@ def parse_scenario(name: str) -> Scenario:
     from pgrace.catalog import load
 
     return load(name)
+
+
+HEAD = """sessions = ["a", "b"]
+[params]
+level = { default = "SERIALIZABLE", choices = ["SERIALIZABLE", "READ COMMITTED"] }
+
+[[step]]
+session = "a"
+"""
+
+
+@pytest.mark.parametrize(
+    ("step", "args", "message"),
+    [
+        ('sleep = "soon"', [], "lang.toml:7: sleep is a duration"),
+        ('crash = "explode"', [], 'lang.toml:7: crash is "terminate"'),
+        ('sql = "SELECT :b.nope"', [], "lang.toml:5: step 'a-1' uses :b.nope, but no step of session 'b' captures"),
+        ('sql = "BEGIN ISOLATION LEVEL :level"', ["-p", "level=chaos"], "lang.toml: param 'level' must be one of"),
+    ],
+)
+def test_bad_language_input_is_one_line_and_exit_2(tmp_path: Path, step: str, args: list[str], message: str) -> None:
+    (tmp_path / "lang.toml").write_text(HEAD + step + "\n")
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "lang.toml"), "--dsn", "host=/nonexistent", *args])
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("pgrace: ") and message in line.replace(str(tmp_path) + "/", ""), line
