@@ -22,6 +22,7 @@ import click
 from pgrace import api, catalog
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model import Scenario
+from pgrace.render.escape import visible, without_controls
 from pgrace.render.json import render_json
 from pgrace.render.presenter import Presenter
 from pgrace.render.text import Style, render_text
@@ -54,7 +55,7 @@ class PgraceGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PgraceError as exc:
-            click.echo(f"pgrace: {scrub_secrets(str(exc))}", err=True)  # no DSN's password, whatever the path
+            click.echo(f"pgrace: {visible(scrub_secrets(str(exc)))}", err=True)  # no password, no control char
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             signum = getattr(exc, "signum", signal.SIGINT)
@@ -78,7 +79,7 @@ def list_command() -> None:
     for name in catalog.shipped_names():
         scenario = catalog.load(name)
         variants = "bug + fix" if scenario.other else scenario.variant
-        click.echo(f"{name:<24} {scenario.title}  [{variants}]")
+        click.echo(visible(f"{name:<24} {scenario.title}  [{variants}]"))
 
 
 def _params(values: tuple[str, ...]) -> dict[str, str]:
@@ -141,7 +142,7 @@ param_option = click.option(
 @param_option
 def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     """Show a scenario's story and steps without running it."""
-    chosen = _variant(catalog.load(scenario, _params(params)), fix, bug)
+    chosen = without_controls(_variant(catalog.load(scenario, _params(params)), fix, bug))
     click.echo(f"{chosen.name} ({chosen.variant}): {chosen.title}")
     click.echo(f"source: {chosen.source}")
     if chosen.narrative:
@@ -263,6 +264,8 @@ def run(
         else:
             result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
     text = _render(result, fmt, style, counterpart)
+    if fmt == "isolation" and to_terminal:
+        text = visible(text)  # isolationtester prints server text raw; a file or a pipe gets it byte for byte
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
     elif presenter is None:

@@ -31,6 +31,7 @@ from pgrace.model import (
     Step,
     StepExpectation,
 )
+from pgrace.render.escape import control_in_name
 from pgrace.timeline import RELEASE_CAUSES
 from pgrace.variables import FACTS, Use, find, valid_choice
 
@@ -68,8 +69,9 @@ ROW_MODES = {
     "NO KEY UPDATE",
 }
 KeyPath = tuple[str | int, ...]
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # "." joins a step name to its session
-SCENARIO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# \Z, not $: "$" also matches before a trailing newline, which a name must not hold.
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")  # "." joins a step name to its session
+SCENARIO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 SQLSTATE = re.compile(r"^[0-9A-Z]{5}$")
 
 
@@ -218,6 +220,8 @@ class Builder:
         params: dict[str, Any] = {}
         choices: dict[str, tuple[str, ...]] = {}
         for key, value in declared.items():
+            if (bad := control_in_name(key)) is not None:
+                raise self.loc.error(f"param name {key!r} holds control character {bad}", "params", key)
             if isinstance(value, dict):
                 value, choices[key] = self._choice_param(key, value)
             if not isinstance(value, (int, float, str, bool)):
@@ -455,7 +459,7 @@ class Builder:
                 "capture",
             )
         for variable, _ in pairs:
-            if not re.match(r"^[A-Za-z_]\w*$", variable):
+            if not re.match(r"^[A-Za-z_]\w*\Z", variable):
                 raise self.loc.error(
                     f"variable name {variable!r} must be an identifier",
                     *where,

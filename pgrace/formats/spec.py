@@ -24,6 +24,7 @@ from typing import Literal
 
 from pgrace.errors import ScenarioError
 from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
+from pgrace.render.escape import control_in_name
 
 KEYWORDS = frozenset({"notices", "permutation", "session", "setup", "step", "teardown"})
 SPACE = " \t\r\f"  # skipped between tokens, and trimmed at both ends of an SQL block
@@ -106,6 +107,9 @@ def tokenize(text: str, path: str) -> list[Token]:
             pos += 1
         else:
             raise ScenarioError(f'unexpected character "{char}"', path, line)
+    for token in tokens:
+        if token.kind == "name" and (bad := control_in_name(token.text)) is not None:
+            raise ScenarioError(f"control character {bad} in a name", path, token.line)
     tokens.append(Token("eof", "", line))
     return tokens
 

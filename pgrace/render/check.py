@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from pgrace.regression import CaseResult, differs_across_servers
+from pgrace.render.escape import visible
 from pgrace.servers import ServerInfo
 
 
@@ -22,7 +23,7 @@ def render_results(results: Sequence[CaseResult], with_server: bool = False) -> 
             lines.append(f"      ✘ {problem}")
         if result.diff:  # as diff -U3 prints it, so that patch(1) can apply it
             lines.extend(result.diff.rstrip("\n").splitlines())
-    return "\n".join(lines) + "\n" if lines else ""
+    return visible("\n".join(lines) + "\n") if lines else ""  # names, paths, diffs: any text
 
 
 def render_matrix(results: Sequence[CaseResult], servers: Sequence[ServerInfo]) -> str:
@@ -36,7 +37,7 @@ def render_matrix(results: Sequence[CaseResult], servers: Sequence[ServerInfo]) 
         differs = differs_across_servers(list(per_server.values()))
         rows.append([name, *cells, "≠ differs" if differs else ""])
     headers = ["scenario", *(_header(s) for s in servers), ""]
-    return "\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) + "\n\n"
+    return visible("\n" + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) + "\n\n")
 
 
 def _header(server: ServerInfo) -> str:

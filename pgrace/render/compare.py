@@ -20,6 +20,7 @@ from pgrace.render.common import (
     step_summaries,
     story_facts,
 )
+from pgrace.render.escape import without_controls
 from pgrace.render.text import Style, render_verdict
 from pgrace.timeline import CheckQueried, Run
 
@@ -36,6 +37,7 @@ def _cell(summary: StepSummary | None, width: int) -> str:
 
 def render_text_compare(runs: list[Run], style: Style | None = None) -> str:
     style = style or Style()
+    runs = without_controls(runs)
     first = runs[0].scenario
     sessions = first.session_names
     colours = {name: SESSION_COLOURS[i % len(SESSION_COLOURS)] for i, name in enumerate(sessions)}

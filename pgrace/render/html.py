@@ -22,6 +22,7 @@ from pgrace.render.common import (
     variant_flag,
     verdict_line,
 )
+from pgrace.render.escape import without_controls
 from pgrace.render.svg import lane_width_for, timeline_svg
 from pgrace.timeline import CheckQueried, Run
 
@@ -154,6 +155,7 @@ def render_html(run: Run, counterpart: Scenario | None = None) -> str:
     ``counterpart`` is the other variant when ``run.scenario`` cannot name it (a fix
     variant does not link back to its bug).
     """
+    run, counterpart = without_controls((run, counterpart))
     scenario = run.scenario
     body = (
         _header(run)
@@ -170,6 +172,7 @@ def render_html(run: Run, counterpart: Scenario | None = None) -> str:
 
 def render_html_compare(runs: list[Run]) -> str:
     """The variants next to each other (bug left, fix right), then what changed."""
+    runs = without_controls(runs)
     first = runs[0].scenario
     articles = ""
     for i, run in enumerate(runs):

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from pgrace.render.escape import json_safe
 from pgrace.timeline import Outcome, Release, RowLock, Run, StepRun, Wait
 
 SCHEMA_VERSION = 1
@@ -75,7 +76,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
 
 
 def render_json(run: Run) -> str:
-    return json.dumps(run_to_dict(run), indent=2, ensure_ascii=False) + "\n"
+    return json_safe(json.dumps(run_to_dict(run), indent=2, ensure_ascii=False)) + "\n"
 
 
 def _step(run: StepRun) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from pgrace.regression import CaseResult
+from pgrace.render.escape import visible
 
 
 def render_junit(results: Sequence[CaseResult]) -> str:
@@ -41,4 +42,5 @@ def render_junit(results: Sequence[CaseResult]) -> str:
     root.set("tests", str(len(results)))
     root.set("failures", str(sum(1 for r in results if not r.ok)))
     ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    # XML 1.0 forbids most control characters, even as references: make them visible.
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + visible(ET.tostring(root, encoding="unicode")) + "\n"

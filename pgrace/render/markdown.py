@@ -23,6 +23,7 @@ from pgrace.render.common import (
     variant_flag,
     verdict_line,
 )
+from pgrace.render.escape import without_controls
 from pgrace.timeline import CheckQueried, Run
 
 SPECIAL = "\\`*_[]<>|#"
@@ -89,6 +90,7 @@ def _final(run: Run) -> list[str]:
 
 def render_markdown(run: Run, level: int = 2, counterpart: Scenario | None = None) -> str:
     """Heading, story, one table per permutation, final state, verdict, facts, the other variant."""
+    run, counterpart = without_controls((run, counterpart))
     scenario = run.scenario
     sessions = scenario.session_names
     colours = session_colours(sessions)
@@ -144,6 +146,7 @@ def _summary_cell(summary: StepSummary | None) -> str:
 
 def render_markdown_compare(runs: list[Run]) -> str:
     """Both variants, step by step in one table, then each variant's verdict."""
+    runs = without_controls(runs)
     first = runs[0].scenario
     out = [f"## {escape_md(first.name)}: " + " vs ".join(escape_md(r.scenario.variant) for r in runs), ""]
     for run in runs:

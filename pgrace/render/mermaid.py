@@ -25,6 +25,7 @@ from pgrace.render.common import (
     wait_holder,
     wait_phrase,
 )
+from pgrace.render.escape import without_controls
 from pgrace.timeline import Run
 
 MAX_MESSAGE = 90
@@ -43,11 +44,14 @@ def _rgb(hex_colour: str) -> str:
 
 
 def render_mermaid(run: Run) -> str:
+    run = without_controls(run)
     scenario = run.scenario
     sessions = scenario.session_names
     ids = {name: f"s{i + 1}" for i, name in enumerate(sessions)}
     colours = session_colours(sessions)
     title = f"{scenario.name} ({scenario.variant}): {scenario.title}"
+    # The front matter's title takes no entity codes: angle brackets become look-alikes, never markup.
+    title = title.translate({ord("<"): "‹", ord(">"): "›"})
     out = ["---", f"title: {json.dumps(title, ensure_ascii=False)}", "---", "sequenceDiagram"]
     for name in sessions:
         out.append(f"    box {_rgb(colours[name].light)}")

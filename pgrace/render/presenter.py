@@ -42,6 +42,7 @@ from pgrace.render.common import (
     verdict_line,
     wait_phrase,
 )
+from pgrace.render.escape import without_controls
 from pgrace.render.text import Style
 from pgrace.timeline import (
     CheckQueried,
@@ -84,6 +85,7 @@ class Presenter:
         clock: Callable[[], float] = time.monotonic,
         counterpart: Scenario | None = None,
     ) -> None:
+        scenario, counterpart = without_controls((scenario, counterpart))  # the terminal gets our escapes only
         self.scenario = scenario
         self.counterpart = counterpart or scenario.other  # a fix variant does not link back to its bug
         self.out = out if out is not None else sys.stdout
@@ -141,6 +143,7 @@ class Presenter:
 
     def before_step(self, step: Step) -> None:
         """Announce the step about to run, then wait for Enter or the pace."""
+        step = without_controls(step)
         if not self.started:
             self._header()
             self.started = True
@@ -156,6 +159,7 @@ class Presenter:
             self._pause(self.pace)
 
     def on_event(self, event: Event) -> None:
+        event = without_controls(event)
         if isinstance(event, StepLaunched):
             self.launched[event.seq] = event
             step = self.announced.get(event.seq)
@@ -205,6 +209,7 @@ class Presenter:
 
     def finish(self, run: Run) -> None:
         """The verdict, what went wrong (or what the cure did), and the other variant."""
+        run = without_controls(run)
         self._clear_status()
         scenario = run.scenario
         self._rule("What went wrong" if scenario.variant == "bug" else "What the cure did")

@@ -41,6 +41,7 @@ from pgrace.render.common import (
     wait_phrase,
     wait_target,
 )
+from pgrace.render.escape import without_controls
 from pgrace.timeline import Run
 
 MONO = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace"
@@ -528,6 +529,7 @@ def lane_width_for(sessions: int, compact: bool = False) -> int:
 
 def timeline_svg(run: Run, *, lane_width: int | None = None, standalone: bool = False, uid: str = "pg") -> str:
     """The picture as one ``<svg>`` element; ``standalone`` adds a title and the verdict."""
+    run = without_controls(run)  # XML 1.0 forbids most control characters, even as references
     lane_width = lane_width or lane_width_for(len(run.scenario.session_names))
     colours = session_colours(run.scenario.session_names)
     sections = timeline_sections(run)

@@ -24,6 +24,7 @@ from pgrace.render.common import (
     verdict_words,
     wrap_cell,
 )
+from pgrace.render.escape import without_controls
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,
@@ -63,6 +64,7 @@ class Row:
 def render_text(run: Run, style: Style | None = None) -> str:
     """Header, narrative, one table per permutation, final state and verdict."""
     style = style or Style()
+    run = without_controls(run)  # the terminal gets pgrace's own escape sequences only
     scenario = run.scenario
     out: list[str] = []
     title = f"{scenario.name} ({scenario.variant}): {scenario.title}"
