@@ -29,7 +29,7 @@ from pglast.enums import GrantTargetType, ObjectType, ReindexObjectType, Transac
 from pgrace.errors import ScenarioError
 from pgrace.model import Scenario
 
-__all__ = ["confine_scenario", "refusal"]
+__all__ = ["confine_scenario", "refusal", "sql_texts"]
 
 # Schemas a statement may name: the catalogs (read; writes are refused below) and the
 # session's own temporary schema.
@@ -255,7 +255,7 @@ def refusal(text: str, prepared: Iterable[str] = ()) -> str | None:
 
 def confine_scenario(scenario: Scenario) -> None:
     """Raise :class:`ScenarioError` (``file:line``) at the first SQL of ``scenario`` that schema mode refuses."""
-    texts = list(_texts(scenario))
+    texts = list(sql_texts(scenario))
     prepared = frozenset(gid for text, _ in texts for gid in _prepared_in(text))
     for text, line in texts:
         reason = refusal(text, prepared)
@@ -265,7 +265,7 @@ def confine_scenario(scenario: Scenario) -> None:
             )
 
 
-def _texts(scenario: Scenario) -> Iterator[tuple[str, int | None]]:
+def sql_texts(scenario: Scenario) -> Iterator[tuple[str, int | None]]:
     """Every SQL text the scenario would run, with the line it comes from, its variables filled in.
 
     Parameters are known; what steps capture is not yet: a captured value stands in as

@@ -17,7 +17,6 @@ from procs import start_blocked_run
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgrace import catalog
 from pgrace.cli import main
 from pgrace.servers import ServerInfo
 
@@ -75,18 +74,6 @@ def snapshot(server: ServerInfo, dsn: str) -> dict[str, object]:
 
 def clerk_dsn(user_db: str) -> str:
     return make_conninfo(user_db, user="clerk", password=PASSWORD)
-
-
-def test_runs_on_a_users_server_change_nothing_outside_the_scratch_database(
-    pgrace_server: ServerInfo, user_db: str
-) -> None:
-    before = snapshot(pgrace_server, user_db)
-    cli = CliRunner()
-    for name in catalog.shipped_names():
-        for variant in catalog.load(name).variants:
-            result = cli.invoke(main, ["run", name, f"--{variant}", "--dsn", user_db])
-            assert result.exit_code == 0, (name, variant, result.output)
-    assert snapshot(pgrace_server, user_db) == before
 
 
 def test_without_createdb_pgrace_says_so_and_stops(user_db: str, pgrace_server: ServerInfo) -> None:
