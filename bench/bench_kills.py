@@ -1,30 +1,43 @@
-"""Kill ``pgrace run`` at random moments, over and over, and prove that nothing is left behind.
+"""Kill ``pgrace run`` and ``pgrace clean`` at random moments, over and over: nothing is left behind.
 
 Usage: ``python bench/bench_kills.py [--kills N] [--seed S] [-v]``
 
-Each round starts ``python -m pgrace run <scenario> --step`` in a child process, on the
-embedded server or on a ``--dsn`` server (one embedded server that this process starts
-for the purpose), answers its prompts, and sends SIGINT, SIGTERM or SIGKILL at a random
+Rounds cycle over three places: the embedded server, a ``--dsn`` server (one embedded
+server that this process starts for the purpose), and schema mode on that server
+(``--allow-scratch-schema`` as a role without CREATEDB, in a user database full of tables
+named like the scenarios'). Each round starts ``python -m pgrace run <scenario> --step``
+in a child process, answers its prompts, and sends SIGINT, SIGTERM or SIGKILL at a random
 moment of a chosen phase:
 
-* *startup*: Python starts, pgrace sweeps; no run directory (embedded) or scratch database
-  (``--dsn``) yet;
-* *setup*: the embedded server is being copied or started, the scratch database created,
+* *startup*: Python starts, pgrace sweeps; no run directory (embedded) or scratch object yet;
+* *setup*: the embedded server is being copied or started, the scratch object created,
   the setup SQL run; no step has been offered yet;
 * *between steps*: pgrace waits for Enter, nothing is running;
 * *mid-step*: Enter was just pressed, the step is on its way to the server;
 * *blocked step*: a step is pending, blocked by another session's lock;
-* *teardown*: every step has been sent; checks, teardown, the scratch drop, server stop.
+* *teardown*: every step has been sent; checks, teardown, the scratch drop, server stop;
+* *create database* (``--dsn``): inside ``CREATE DATABASE`` (held there by a connection
+  to template1 until the signal has left, so a SIGKILL leaves a database that exists
+  and that nothing but its name marks);
+* *sweep*: leftovers of dead runs are planted, and a ``pgrace run`` or ``pgrace clean``
+  is killed while it removes them (named *sweep* only when some were gone and some not),
+  with a live run of the same scenario paused beside it;
+* *pid namespace*: a live run is paused mid-run and ``pgrace clean`` runs in a second PID
+  namespace (``unshare -p -f --mount-proc``), killed at a random moment of its sweep.
 
 The phase is named from what the child had done when the signal left, not from what
 was aimed at. Then, once the child has exited:
 
 * embedded: its postmaster is dead, no process works in its run directory, and the
   directory is gone (after SIGKILL: once a later run has swept it);
-* ``--dsn``: no backend named ``pgrace/%`` remains, no other backend holds a lock, and no
-  scratch database is left (after SIGKILL: once ``pgrace clean --dsn`` has run).
+* ``--dsn`` and schema mode: no backend named ``pgrace/%`` remains, no other backend
+  holds a lock, and after one later ``pgrace clean`` (after SIGKILL, or planted leftovers)
+  no scratch database or schema is left, none unrecognised, and the user's tables are
+  unchanged; a live run paused beside a sweep is *disturbed* unless its scratch object
+  survived the sweep and the run then finished with every expectation holding.
 
-Prints the kills per signal and per phase and every leftover; exits 1 if there was any.
+Prints the kills per signal and per phase and every leftover; exits 1 if there was any
+leftover, unrecognised object or disturbed live run.
 """
 
 from __future__ import annotations
@@ -41,19 +54,33 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from pgrace import api, catalog
+from pgrace.scratch import is_scratch_name, lock_key, scratch_name
 from pgrace.servers import ServerInfo, open_server
 
 RUN_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 PROMPT = re.compile(r"▶ next: step (\d+) ")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 AIMS = ("startup", "setup", "mid-step", "blocked step", "teardown", "between steps")
+PLACES = ("embedded", "dsn", "schema")
+MORE_AIMS = {"embedded": (), "dsn": ("create database", "sweep", "pid namespace"), "schema": ("sweep", "pid namespace")}
+USER_DB = "killshop"
+ROLE = "killclerk"
+PASSWORD = "k1ll-pw"
+USER_TABLES = ("accounts", "jobs", "foo", "bar", "t", "test", "parent", "child")
+PGRACE_LOCKS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND classid::bigint = %s"
+    " AND pid <> pg_backend_pid()"
+)
 EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -signal.SIGKILL}
 DEADLINE_S = 15.0
 
@@ -74,6 +101,8 @@ class Tally:
     finished_first: int = 0
     exits: Counter[tuple[str, int]] = field(default_factory=Counter)  # signal, exit status
     leftovers: list[str] = field(default_factory=list)
+    unrecognised: list[str] = field(default_factory=list)
+    disturbed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tracebacks: Counter[str] = field(default_factory=Counter)
 
@@ -209,9 +238,26 @@ def learn(server: ServerInfo) -> list[Variant]:
     return variants
 
 
+@dataclass
+class Place:
+    """Where a round's run goes: its ``--dsn`` arguments, and the DSN a later ``pgrace clean`` is given."""
+
+    name: str
+    args: tuple[str, ...]
+    clean_dsn: str
+
+
 class Bench:
-    def __init__(self, dsn_server: ServerInfo, variants: list[Variant], rng: random.Random, verbose: bool) -> None:
+    def __init__(
+        self, dsn_server: ServerInfo, role_dsn: str, variants: list[Variant], rng: random.Random, verbose: bool
+    ) -> None:
         self.dsn_server = dsn_server
+        self.user_dsn = make_conninfo(dsn_server.dsn, dbname=USER_DB)  # the superuser, in the user's database
+        self.places = {
+            "embedded": Place("embedded", (), dsn_server.dsn),
+            "dsn": Place("dsn", ("--dsn", dsn_server.dsn), dsn_server.dsn),
+            "schema": Place("schema", ("--allow-scratch-schema", "--dsn", role_dsn), role_dsn),
+        }
         self.variants = variants
         self.rng = rng
         self.verbose = verbose
@@ -219,41 +265,63 @@ class Bench:
         self.unswept: list[Path] = []  # run directories of SIGKILLed embedded runs
         self.first_prompt_s = 0.6  # measured as we go: spawn to first prompt, embedded and dsn alike
         self.teardown_s = 0.05  # last Enter to exit
+        self.watcher: psycopg.Connection[tuple[object, ...]] | None = None
+        self.user_rows = self.user_tables()
 
     # -- one round -----------------------------------------------------------------------
 
     def round(self, index: int) -> None:
-        where = "embedded" if index % 2 == 0 else "dsn"
+        place = self.places[PLACES[index % len(PLACES)]]
         signum = self.rng.choice(SIGNALS)
-        aim = self.rng.choice(AIMS)
+        aim = self.rng.choice(AIMS + MORE_AIMS[place.name])
         candidates = [v for v in self.variants if v.blocked] if aim == "blocked step" else self.variants
         variant = self.rng.choice(candidates)
-        argv = [sys.executable, "-m", "pgrace", "run", variant.name, f"--{variant.variant}", "--step"]
-        if where == "dsn":
-            argv += ["--dsn", self.dsn_server.dsn]
-        child = Child(argv)
-        phase = self.drive(child, variant, aim, where)
+        label = f"round {index} ({place.name}, {variant.name} --{variant.variant}, {signum.name}"
+        if aim == "create database":
+            self.create_round(label, place, variant, signum)
+        elif aim == "sweep":
+            self.sweep_round(label, place, variant, signum)
+        elif aim == "pid namespace":
+            self.namespace_round(label, place, variant, signum)
+        else:
+            self.run_round(label, place, variant, signum, aim)
+
+    def run_argv(self, variant: Variant, place: Place) -> list[str]:
+        return [sys.executable, "-m", "pgrace", "run", variant.name, f"--{variant.variant}", "--step", *place.args]
+
+    def run_round(self, label: str, place: Place, variant: Variant, signum: signal.Signals, aim: str) -> None:
+        child = Child(self.run_argv(variant, place))
+        phase = self.drive(child, variant, aim, place.name)
         run_dir = next(iter(run_dirs(child.proc.pid)), None)
         postmaster = postmaster_pid(run_dir) if run_dir else None
-        if phase in ("startup", "setup") and where == "dsn":
-            phase = "setup" if self.scratch_databases() else "startup"
+        if phase in ("startup", "setup") and place.name != "embedded":
+            phase = "setup" if self.scratch_objects() else "startup"
         elif phase in ("startup", "setup"):  # the run directory comes first, then the server in it
             phase = "setup" if run_dir is not None else "startup"
-        if child.proc.poll() is None:
-            child.proc.send_signal(signum)
-            killed = True
+        label = f"{label}, {phase})"
+        self.kill(label, child, signum, phase, place.name)
+        if place.name == "embedded":
+            self.check_embedded(label, child.proc.pid, run_dir, postmaster, signum)
         else:
-            killed = False
+            self.check_dsn(label, place, clean=signum == signal.SIGKILL)
+
+    def kill(self, label: str, child: Child, signum: signal.Signals, phase: str, where: str, pid: int = 0) -> bool:
+        """Signal the child (or ``pid``, a process inside it) unless it ended first; tally how it ended."""
+        killed = child.proc.poll() is None
+        if killed:
+            try:
+                os.kill(pid or child.proc.pid, signum)
+            except ProcessLookupError:  # the process inside ended just now
+                killed = False
         try:
             child.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             child.proc.kill()
             child.proc.wait()
-            self.leftover(index, f"pgrace did not exit within 60 s after {signum.name}")
+            self.leftover(label, f"pgrace did not exit within 60 s after {signum.name}")
         child.err_thread.join(timeout=5)
         child.drain()
         stderr = "".join(child.stderr)
-        label = f"round {index} ({where}, {variant.name} --{variant.variant}, {signum.name}, {phase})"
         if killed:
             self.tally.kills[where, signum.name, phase] += 1
             self.tally.exits[signum.name, child.proc.returncode] += 1
@@ -269,17 +337,136 @@ class Bench:
                 self.tally.notes.append(f"{label}: traceback on stderr: {stderr.strip()[-600:]}")
         if self.verbose:
             print(f"{label}: exit {child.proc.returncode} {stderr.strip()[:120]}", flush=True)
-        if where == "embedded":
-            self.check_embedded(label, child.proc.pid, run_dir, postmaster, signum)
+        return killed
+
+    def create_round(self, label: str, place: Place, variant: Variant, signum: signal.Signals) -> None:
+        """Kill inside CREATE DATABASE: a connection to template1 holds it there until the signal has left."""
+        blocker = psycopg.connect(make_conninfo(self.dsn_server.dsn, dbname="template1"), autocommit=True)
+        try:
+            child = Child(self.run_argv(variant, place))
+            creating = poll_until(lambda: child.proc.poll() is not None or self.creating())
+            time.sleep(self.rng.uniform(0, 0.02))
+            phase = "create database" if creating and self.creating() else "setup"
+            self.kill(f"{label}, {phase})", child, signum, phase, place.name)
+        finally:
+            blocker.close()
+        self.check_dsn(f"{label}, {phase})", place, clean=True)
+
+    def creating(self) -> bool:
+        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE query LIKE 'CREATE DATABASE \"pgrace\\_%' AND state = 'active'"
+            ).fetchone()
+        return row is not None and row[0] > 0
+
+    def sweep_round(self, label: str, place: Place, variant: Variant, signum: signal.Signals) -> None:
+        """Plant dead runs' leftovers, then kill a run or a clean while it sweeps them; a live run waits beside."""
+        live = Child(self.run_argv(variant, place))
+        live_prompt = live.next_prompt()
+        live_object = self.newest_scratch(place)
+        planted = self.plant(place, self.rng.randint(3, 6))
+        if self.rng.random() < 0.5:
+            argv = [sys.executable, "-m", "pgrace", "clean", "--dsn", place.clean_dsn]
         else:
-            self.check_dsn(label, signum)
+            argv = self.run_argv(variant, place)
+        child = Child(argv)
+        phase = self.when_sweeping(child, planted)
+        self.kill(f"{label}, {phase})", child, signum, phase, place.name)
+        self.check_live(f"{label}, {phase})", live, live_prompt, live_object, place)
+        self.check_dsn(f"{label}, {phase})", place, clean=True)
+
+    def namespace_round(self, label: str, place: Place, variant: Variant, signum: signal.Signals) -> None:
+        """``pgrace clean`` from a second PID namespace, killed mid-sweep, beside a live run paused mid-run."""
+        live = Child(self.run_argv(variant, place))
+        prompt = live.next_prompt()
+        prompt = Bench.advance(live, prompt, self.rng.randint(1, variant.steps))
+        live_object = self.newest_scratch(place)
+        planted = self.plant(place, self.rng.randint(3, 8))
+        child = Child(
+            ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m", "pgrace", "clean", "--dsn", place.clean_dsn]
+        )
+        phase = self.when_sweeping(child, planted, linger=0.002)
+        inside = self.child_of(child.proc.pid)  # unshare forks: pgrace is its child, PID 1 of the namespace
+        phase = f"pid namespace {phase}"
+        self.kill(f"{label}, {phase})", child, signum, phase, place.name, pid=inside)
+        self.check_live(f"{label}, {phase})", live, prompt, live_object, place)
+        self.check_dsn(f"{label}, {phase})", place, clean=True)
+
+    def when_sweeping(self, child: Child, planted: list[str], linger: float = 0.01) -> str:
+        """Wait until the child has removed some of the planted leftovers (or ended), then up to ``linger`` s more."""
+        poll_until(lambda: child.proc.poll() is not None or len(self.remaining(planted)) < len(planted))
+        time.sleep(self.rng.uniform(0, linger))
+        left = len(self.remaining(planted))
+        return "sweep" if 0 < left < len(planted) else "before sweep" if left == len(planted) else "after sweep"
+
+    @staticmethod
+    def child_of(pid: int) -> int:
+        for _ in range(1000):
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                            return int(entry.name)
+                    except (OSError, IndexError, ValueError):
+                        continue
+            time.sleep(0.001)
+        return pid
+
+    def check_live(self, label: str, live: Child, prompt: int | None, obj: str | None, place: Place) -> None:
+        """The live run's scratch object survived, and the run finishes with every expectation holding."""
+        if obj is not None and obj not in self.scratch_objects():
+            self.tally.disturbed.append(f"{label}: the live run's {obj} was removed")
+        while prompt is not None:
+            live.enter()
+            prompt = live.next_prompt()
+        try:
+            live.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            live.proc.kill()
+            live.proc.wait()
+        live.err_thread.join(timeout=5)
+        if live.proc.returncode != 0:
+            stderr = "".join(live.stderr).strip()[-300:]
+            self.tally.disturbed.append(f"{label}: the live run exited {live.proc.returncode}: {stderr}")
+
+    def plant(self, place: Place, count: int) -> list[str]:
+        """Leftovers of runs that died: named as pgrace names them, nothing else (as after a SIGKILL)."""
+        names = [scratch_name("planted") for _ in range(count)]
+        if place.name == "schema":
+            with psycopg.connect(place.clean_dsn, autocommit=True) as conn:
+                for name in names:
+                    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+                    conn.execute(sql.SQL("CREATE TABLE {}.t (id int)").format(sql.Identifier(name)))
+        else:
+            with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+                for name in names:
+                    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return names
+
+    def remaining(self, names: list[str]) -> list[str]:
+        found = set(self.scratch_objects())
+        return [name for name in names if name in found]
+
+    def newest_scratch(self, place: Place) -> str | None:
+        """The live run's scratch object: the one whose lock is held."""
+        with psycopg.connect(self.user_dsn, autocommit=True) as conn:
+            for name in self.scratch_objects():
+                held = conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+                    " AND classid::bigint = %s AND objid::bigint = %s",
+                    lock_key(name),
+                ).fetchone()
+                if held != (0,):
+                    return name
+        return None
 
     def drive(self, child: Child, variant: Variant, aim: str, where: str) -> str:
         """Answer prompts up to the aimed moment and return the phase the child is in."""
         if aim in ("startup", "setup"):
             if aim == "startup":  # anywhere from Python's start to the first prompt
                 time.sleep(self.rng.uniform(0, self.first_prompt_s))
-            else:  # once the server, or the scratch database, is there: starting, creating, setup SQL
+            else:  # once the server, or the scratch object, is there: starting, creating, setup SQL
                 poll_until(lambda: child.proc.poll() is not None or self.resource_ready(child, where))
                 time.sleep(self.rng.uniform(0, 0.03))
             child.drain()
@@ -308,8 +495,8 @@ class Bench:
         return "between steps" if self._offered_after(child, last) else "mid-step"
 
     def resource_ready(self, child: Child, where: str) -> bool:
-        if where == "dsn":
-            return bool(self.scratch_databases())
+        if where != "embedded":
+            return bool(self.scratch_objects())
         return any((d / "data").is_dir() for d in run_dirs(child.proc.pid))
 
     @staticmethod
@@ -352,13 +539,31 @@ class Bench:
                 self.leftover(label, f"{directory} of a SIGKILLed run was not swept by the next run")
         self.unswept = []
 
-    def scratch_databases(self) -> list[str]:
-        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
-            rows = admin.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgrace\\_%'").fetchall()
-        return [r[0] for r in rows]
+    def scratch_objects(self) -> list[str]:
+        """Every pgrace-looking database of the server and schema of the user database."""
+        if self.watcher is None or self.watcher.closed:  # one connection for polling: fast enough to see a sweep
+            self.watcher = psycopg.connect(self.user_dsn, autocommit=True)
+        rows = self.watcher.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'pgrace\\_%'"
+            " UNION ALL SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgrace\\_%'"
+        ).fetchall()
+        return [str(r[0]) for r in rows]
 
-    def check_dsn(self, label: str, signum: signal.Signals) -> None:
-        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+    def user_tables(self) -> list[tuple[object, ...]]:
+        with psycopg.connect(self.user_dsn, autocommit=True) as conn:
+            return [
+                (name, *row)
+                for name in USER_TABLES
+                for row in conn.execute(
+                    sql.SQL("SELECT count(*), md5(string_agg(t::text, ',' ORDER BY t::text)) FROM {} t").format(
+                        sql.Identifier("public", name)
+                    )
+                ).fetchall()
+            ]
+
+    def check_dsn(self, label: str, place: Place, clean: bool) -> None:
+        """No backend, lock or pgrace lock holder left; after one ``pgrace clean`` (if asked), no scratch object."""
+        with psycopg.connect(self.user_dsn, autocommit=True) as admin:
 
             def backends() -> list[tuple[int, str]]:
                 return admin.execute(
@@ -366,43 +571,78 @@ class Bench:
                     " WHERE application_name LIKE 'pgrace/%' AND pid <> pg_backend_pid()"
                 ).fetchall()
 
+            def holders() -> int:
+                row = admin.execute(PGRACE_LOCKS, (lock_key("")[0],)).fetchone()
+                return row[0] if row else 0
+
             if not poll_until(lambda: not backends()):
                 self.leftover(label, f"backends left: {backends()}")
+            if not poll_until(lambda: holders() == 0):  # a SIGKILLed run's admin backend ends when it notices
+                self.leftover(label, f"pgrace lock holders left: {holders()}")
             locks = admin.execute(
                 "SELECT l.pid, l.locktype, l.mode FROM pg_locks l WHERE l.pid IS DISTINCT FROM pg_backend_pid()"
             ).fetchall()
             if locks:
                 self.leftover(label, f"locks held: {locks}")
-        if signum == signal.SIGKILL:
+        if clean:
             subprocess.run(
-                [sys.executable, "-m", "pgrace", "clean", "--dsn", self.dsn_server.dsn],
+                [sys.executable, "-m", "pgrace", "clean", "--dsn", place.clean_dsn],
                 capture_output=True,
                 check=True,
             )
-        if self.scratch_databases():
-            self.leftover(label, f"scratch databases left: {self.describe_scratch()}")
+        if left := self.scratch_objects():
+            unrecognised = [name for name in left if not is_scratch_name(name)]
+            if unrecognised:
+                self.tally.unrecognised.append(f"{label}: {unrecognised}")
+            self.leftover(label, f"scratch objects left: {self.describe_scratch()}")
             self.drop_scratch()  # reported once; the next rounds start clean
+        if self.user_tables() != self.user_rows:
+            self.leftover(label, "the user's tables changed")
 
     def describe_scratch(self) -> list[tuple[object, ...]]:
-        """Each leftover with its marker and whoever is still connected to it: what kept it."""
-        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
+        """Each leftover database with whoever is still connected to it, and each leftover schema."""
+        with psycopg.connect(self.user_dsn, autocommit=True) as admin:
             return admin.execute(
-                "SELECT d.datname, shobj_description(d.oid, 'pg_database'),"
-                " ARRAY(SELECT a.pid || ' ' || a.application_name || ' ' || coalesce(a.state, '')"
+                "SELECT d.datname, ARRAY(SELECT a.pid || ' ' || a.application_name || ' ' || coalesce(a.state, '')"
                 "       FROM pg_stat_activity a WHERE a.datname = d.datname)"
                 " FROM pg_database d WHERE d.datname LIKE 'pgrace\\_%'"
+                " UNION ALL SELECT nspname, NULL FROM pg_namespace WHERE nspname LIKE 'pgrace\\_%'"
             ).fetchall()
 
     def drop_scratch(self) -> None:
-        with psycopg.connect(self.dsn_server.dsn, autocommit=True) as admin:
-            for name in self.scratch_databases():
+        with psycopg.connect(self.user_dsn, autocommit=True) as admin:
+            for (name,) in admin.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgrace\\_%'").fetchall():
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            for (name,) in admin.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgrace\\_%'").fetchall():
+                admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
     def finish(self) -> None:
         """Sweep what the last SIGKILLed embedded runs left, with one more run."""
         if self.unswept:
             subprocess.run([sys.executable, "-m", "pgrace", "run", "nowait"], capture_output=True, check=False)
             self.check_swept("final sweep")
+
+
+@contextmanager
+def user_database(server: ServerInfo) -> Iterator[str]:
+    """A user's database full of look-alike tables, and a role without CREATEDB; yields the role's DSN."""
+    with psycopg.connect(server.dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN NOCREATEDB PASSWORD {}").format(sql.Identifier(ROLE), sql.Literal(PASSWORD))
+        )
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(USER_DB)))
+        admin.execute(
+            sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(USER_DB), sql.Identifier(ROLE))
+        )
+    with psycopg.connect(make_conninfo(server.dsn, dbname=USER_DB), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION pgrowlocks")  # the user installed it: row-lock expectations hold
+        for name in USER_TABLES:
+            table = sql.Identifier("public", name)
+            conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text)").format(table))
+            conn.execute(
+                sql.SQL("INSERT INTO {} SELECT g, 'user row ' || g FROM generate_series(1, 9) g").format(table)
+            )
+    yield make_conninfo(server.dsn, dbname=USER_DB, user=ROLE, password=PASSWORD)
 
 
 def report(tally: Tally, seconds: float) -> None:
@@ -428,11 +668,17 @@ def report(tally: Tally, seconds: float) -> None:
     print(f"leftovers: {len(tally.leftovers)}")
     for item in tally.leftovers:
         print(f"  {item}")
+    print(f"objects left unrecognised: {len(tally.unrecognised)}")
+    for item in tally.unrecognised:
+        print(f"  {item}")
+    print(f"live runs disturbed: {len(tally.disturbed)}")
+    for item in tally.disturbed:
+        print(f"  {item}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--kills", type=int, default=120, help="kills to make (default 120)")
+    parser.add_argument("--kills", type=int, default=300, help="kills to make (default 300)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per round")
     args = parser.parse_args()
@@ -440,15 +686,17 @@ def main() -> int:
     print(f"seed {seed}", flush=True)
     rng = random.Random(seed)
     started = time.monotonic()
-    with open_server("embedded") as server:
-        bench = Bench(server, learn(server), rng, args.verbose)
+    with open_server("embedded") as server, user_database(server) as role_dsn:
+        bench = Bench(server, role_dsn, learn(server), rng, args.verbose)
         index = 0
         while sum(bench.tally.kills.values()) < args.kills:
             bench.round(index)
             index += 1
         bench.finish()
+        for place in ("dsn", "schema"):  # one last clean of each place: nothing may be left, all recognised
+            bench.check_dsn("final clean", bench.places[place], clean=True)
     report(bench.tally, time.monotonic() - started)
-    return 1 if bench.tally.leftovers else 0
+    return 1 if bench.tally.leftovers or bench.tally.unrecognised or bench.tally.disturbed else 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pgrace.confinement import confine_scenario, refusal
 from pgrace.errors import ScenarioError
 from pgrace.servers import ServerInfo
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+
 REFUSED = [
     ("DROP TABLE public.orders", "public.orders"),
     ("SELECT * FROM public.users", "public.users"),
@@ -164,7 +166,7 @@ sql = "DROP TABLE public.victim"
 
 
 def test_a_refused_scenario_exits_2_naming_file_and_line_and_leaves_nothing(
-    pgrace_server: ServerInfo, tmp_path: Path
+    pgrace_server: ServerInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
         admin.execute("DROP DATABASE IF EXISTS victimdb WITH (FORCE)")
@@ -175,11 +177,12 @@ def test_a_refused_scenario_exits_2_naming_file_and_line_and_leaves_nothing(
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE public.victim (id int); INSERT INTO public.victim VALUES (1)")
-        path = tmp_path / "sneaky.toml"
-        path.write_text(HOSTILE)
-        result = CliRunner().invoke(main, ["run", str(path), "--allow-scratch-schema", "--dsn", dsn])
+        (tmp_path / "sneaky.toml").write_text(HOSTILE)
+        monkeypatch.chdir(tmp_path)
+        result = CliRunner().invoke(main, ["run", "sneaky.toml", "--allow-scratch-schema", "--dsn", dsn])
         assert result.exit_code == 2, result.output
-        assert result.stderr.startswith(f"pgrace: {path}:11: ")
+        assert result.stderr.startswith("pgrace: sneaky.toml:11: ")
+        assert result.stderr.strip() in README.read_text()  # the README shows this very line
         assert "public.victim" in result.stderr and "Traceback" not in result.output
         assert len(result.stderr.splitlines()) == 1
         with psycopg.connect(dsn, autocommit=True) as conn:
