@@ -15,7 +15,7 @@ import sys
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -197,6 +197,14 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     is_flag=True,
     help="Run both variants (bug and fix) and show them side by side (text, html, svg, markdown).",
 )
+@click.option(
+    "--locks",
+    "lock_kinds",
+    type=click.Choice(["rows", "all"]),
+    default="rows",
+    show_default=True,
+    help="The locks column: row locks only, or table, advisory and SIRead locks too (JSON always has every kind).",
+)
 @allow_schema_option
 def run(
     scenario: str,
@@ -213,6 +221,7 @@ def run(
     color: bool | None,
     output: str | None,
     compare: bool,
+    lock_kinds: Literal["rows", "all"],
     allow_scratch_schema: bool,
 ) -> None:
     """Run a scenario and print its timeline and verdict.
@@ -230,7 +239,15 @@ def run(
     )
     if compare:
         _run_compare(
-            loaded, fix or bug, fmt, dsn, step_by_step or bool(pace), step_timeout, style, output, allow_scratch_schema
+            loaded,
+            fix or bug,
+            fmt,
+            dsn,
+            step_by_step or bool(pace),
+            RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds),
+            style,
+            output,
+            allow_scratch_schema,
         )
         return
     chosen = _variant(loaded, fix, bug)
@@ -248,9 +265,11 @@ def run(
             pace=pace,
             step_by_step=step_by_step,
             counterpart=counterpart,
+            lock_kinds=lock_kinds,
         )
     options = RunOptions(
         step_timeout=step_timeout,
+        lock_kinds=lock_kinds,
         before_step=presenter.before_step if presenter else None,
         on_event=presenter.on_event if presenter else None,
         on_idle=presenter.on_idle if presenter else None,
@@ -279,7 +298,7 @@ def _run_compare(
     fmt: str,
     dsn: str | None,
     live: bool,
-    step_timeout: float,
+    options: RunOptions,
     style: Style,
     output: str | None,
     allow_scratch_schema: bool,
@@ -298,7 +317,6 @@ def _run_compare(
     variants = sorted([loaded, loaded.other], key=lambda s: s.variant != "bug")
     with open_server(dsn) as server:
         report_swept(server)
-        options = RunOptions(step_timeout=step_timeout)
         results = [
             api.run(v, server=server, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants
         ]

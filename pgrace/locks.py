@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import namedtuple_row
 
 from pgrace.model import RowRef
-from pgrace.timeline import RowLock, Wait
+from pgrace.timeline import AdvisoryKey, Blocker, RowLock, Wait
 
 # Heavyweight tuple-lock mode -> the row-lock strength it stands for (heapam.c tupleLockExtraInfo).
 TUPLE_LOCK_STRENGTH = {
@@ -38,19 +38,32 @@ DEADLOCK_EDGE = re.compile(
 
 BLOCKED_QUERY = "SELECT pg_catalog.pg_isolation_test_session_is_blocked($1, $2)"
 
-WAITING_LOCKS_QUERY = """
-SELECT l.locktype, l.mode, l.granted, l.relation, l.relation::regclass::text AS relname,
-       l.page, l.tuple, l.transactionid::text AS xid, l.classid, l.objid, l.objsubid,
-       pg_catalog.pg_blocking_pids(l.pid) AS blocking
+# Every heavyweight lock on the server at one moment, with what its relation is (a table,
+# an index and of which table, whether unique) and its schema. One call of pg_locks, so
+# holders and waiters are seen consistently.
+ALL_LOCKS_QUERY = """
+SELECT l.pid, l.locktype, l.mode, l.granted, l.database, l.relation,
+       CASE WHEN c.oid IS NOT NULL THEN l.relation::regclass::text END AS relname,
+       c.relkind::text AS relkind, n.nspname, i.indrelid AS index_of,
+       coalesce(i.indisunique OR i.indisexclusion, false) AS unique_index,
+       l.page, l.tuple, l.virtualxid, l.transactionid::text AS xid, l.classid, l.objid, l.objsubid
 FROM pg_catalog.pg_locks l
-WHERE l.pid = %s AND (NOT l.granted OR l.locktype = 'tuple')
+LEFT JOIN pg_catalog.pg_class c
+       ON c.oid = l.relation
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
+WHERE l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
 """
 
-XID_HOLDERS_QUERY = """
-SELECT l.transactionid::text, l.pid FROM pg_catalog.pg_locks l
-WHERE l.locktype = 'transactionid' AND l.granted AND l.mode = 'ExclusiveLock'
-  AND l.transactionid::text = ANY(%s)
+BLOCKING_QUERY = "SELECT p, pg_catalog.pg_blocking_pids(p) FROM unnest(%s::int[]) AS p"
+
+ACTIVITY_QUERY = """
+SELECT pid, xact_start IS NOT NULL AS in_transaction, query
+FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)
 """
+
+PROGRESS_QUERY = "SELECT command, phase FROM pg_catalog.pg_stat_progress_create_index WHERE pid = %s"
 
 TABLES_QUERY = """
 SELECT c.oid, c.oid::regclass::text,
@@ -65,6 +78,139 @@ WHERE c.relkind = 'r' AND n.nspname <> 'information_schema' AND n.nspname NOT LI
   AND (%(schema)s::text IS NULL OR n.nspname = %(schema)s)
 ORDER BY 2
 """
+
+# The conflict table of the eight lock modes, as PostgreSQL's documentation draws it
+# ("Explicit Locking", table "Conflicting Lock Modes"): row = mode requested, column =
+# mode held, in this order. The lock manager uses the same table for every lock type
+# (tables, tuples, transactions, advisory locks); SIReadLock conflicts with nothing.
+LOCK_MODES = (
+    "AccessShareLock",
+    "RowShareLock",
+    "RowExclusiveLock",
+    "ShareUpdateExclusiveLock",
+    "ShareLock",
+    "ShareRowExclusiveLock",
+    "ExclusiveLock",
+    "AccessExclusiveLock",
+)
+_CONFLICT_TABLE = """
+. . . . . . . X
+. . . . . . X X
+. . . . X X X X
+. . . X X X X X
+. . X X . X X X
+. . X X X X X X
+. X X X X X X X
+X X X X X X X X
+"""
+CONFLICTS: dict[str, frozenset[str]] = {
+    wanted: frozenset(held for held, mark in zip(LOCK_MODES, line.split(), strict=True) if mark == "X")
+    for wanted, line in zip(LOCK_MODES, _CONFLICT_TABLE.strip().splitlines(), strict=True)
+}
+
+
+def conflicts(wanted: str, held: str) -> bool:
+    """Whether a lock requested in mode ``wanted`` must wait for one held (or queued) in ``held``."""
+    return held in CONFLICTS.get(wanted, frozenset())
+
+
+class LockTable:
+    """One reading of ``pg_locks`` (named rows of :data:`ALL_LOCKS_QUERY`) and of
+    ``pg_blocking_pids`` for each session: the facts every wait is described from."""
+
+    def __init__(self, rows: list[Any], blocking: dict[int, list[int]]) -> None:
+        self.rows = rows
+        self.blocking = blocking
+
+    def waiting(self, pid: int) -> Any | None:
+        """The lock ``pid`` waits for (a backend waits for one lock at a time)."""
+        return next((r for r in self.rows if r.pid == pid and not r.granted), None)
+
+    def same_lock(self, lock: Any) -> list[Any]:
+        """Other backends' entries for the same lockable object (its lock tag)."""
+        tag = _tag(lock)
+        return [r for r in self.rows if r.pid != lock.pid and _tag(r) == tag]
+
+    def xid_holder(self, xid: str | None, sessions: dict[int, str]) -> str | None:
+        """The session whose transaction has this id (it holds its ExclusiveLock)."""
+        for r in self.rows:
+            if r.locktype == "transactionid" and r.granted and r.mode == "ExclusiveLock" and r.xid == xid:
+                return str(sessions.get(r.pid, f"pid {r.pid}"))
+        return None
+
+
+def _tag(lock: Any) -> tuple[Any, ...]:
+    return (
+        lock.locktype,
+        lock.database,
+        lock.relation,
+        lock.page,
+        lock.tuple,
+        lock.virtualxid,
+        lock.xid,
+        lock.classid,
+        lock.objid,
+        lock.objsubid,
+    )
+
+
+def _strength_of(locks: LockTable, sessions: dict[int, str], name: str, like: Any) -> str | None:
+    """The row-lock strength session ``name`` queues with for the row of tuple lock ``like``."""
+    for r in locks.same_lock(like):
+        if sessions.get(r.pid) == name:
+            return str(TUPLE_LOCK_STRENGTH.get(r.mode, r.mode))
+    return None
+
+
+def advisory_keys(classid: int, objid: int, objsubid: int) -> tuple[int, ...]:
+    """pg_locks' oid columns back to the caller's key: one bigint (objsubid 1) or two int4."""
+    if objsubid == 1:
+        value = (classid << 32) | objid
+        return (value - (1 << 64) if value >= 1 << 63 else value,)
+    return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in (classid, objid))
+
+
+# The advisory-lock functions (functions-admin), by level; shared-ness is in the name.
+_ADVISORY_CALL = re.compile(r"\bpg_(?:try_)?advisory_(?P<xact>xact_)?lock(?P<shared>_shared)?\s*\(", re.IGNORECASE)
+_QUOTED = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/", re.DOTALL)
+_INTEGER = re.compile(r"\s*-?\d+\s*")
+
+
+def advisory_level_in(query: str, keys: tuple[int, ...], shared: bool) -> Literal["session", "transaction"] | None:
+    """The level of the advisory lock ``keys`` taken by this statement text, if it says.
+
+    A call with these constant keys decides; without one, the level of every call of
+    the right shared-ness whose keys are not constants, when they agree. Literals and
+    comments are skipped.
+    """
+    text = _QUOTED.sub("''", query)
+    levels: set[Literal["session", "transaction"]] = set()
+    for call in _ADVISORY_CALL.finditer(text):
+        if bool(call["shared"]) != shared:
+            continue
+        level: Literal["session", "transaction"] = "transaction" if call["xact"] else "session"
+        args = _call_arguments(text, call.end())
+        if all(_INTEGER.fullmatch(a) for a in args):
+            if tuple(int(a) for a in args) == keys:
+                return level
+        else:
+            levels.add(level)
+    return levels.pop() if len(levels) == 1 else None
+
+
+def _call_arguments(text: str, start: int) -> list[str]:
+    """The top-level arguments of the call whose "(" ends just before ``start``."""
+    depth, args, current = 0, [], ""
+    for char in text[start:]:
+        if char == ")" and depth == 0:
+            break
+        if char == "," and depth == 0:
+            args.append(current)
+            current = ""
+            continue
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        current += char
+    return [*args, current]
 
 
 @dataclass(frozen=True)
@@ -88,6 +234,7 @@ class LockInspector:
 
     def __init__(self, observer: psycopg.Connection[Any], sessions: dict[int, str], schema: str | None = None) -> None:
         self.schema = schema  # only this schema's tables are read (a scratch schema in a user's database)
+        self._advisory_levels: dict[tuple[int, tuple[int, ...], bool], Literal["session", "transaction"]] = {}
         self.observer = observer
         self.set_sessions(sessions)
         self.pgconn = observer.pgconn
@@ -150,8 +297,8 @@ class LockInspector:
         if match := re.fullmatch(r"extension of relation (\d+) of database \d+", what):
             return f"the extension of table {self._relation_name(int(match[1]))}"
         if match := re.fullmatch(r"advisory lock \[\d+,(\d+),(\d+),(\d+)\]", what):
-            high, low, kind = int(match[1]), int(match[2]), int(match[3])
-            return f"advisory lock {(high << 32) | low if kind == 1 else f'{high}, {low}'}"
+            keys = advisory_keys(int(match[1]), int(match[2]), int(match[3]))
+            return f"advisory lock {', '.join(str(k) for k in keys)}"
         return f"a {what.split(' ', 1)[0]} lock"
 
     def _relation_name(self, oid: int) -> str:
@@ -178,58 +325,185 @@ class LockInspector:
             (self.name_of(pid), tuple(self.name_of(b) for b in blockers)) for pid, blockers in rows if blockers
         )
 
-    # -- which row, held by whom ------------------------------------------------------
+    # -- what a step waits for, held by whom ----------------------------------------------
+
+    def snapshot(self, blocking: bool = True) -> LockTable:
+        """Every lock on the server and (``blocking``) who blocks each session, read once."""
+        with self.observer.cursor(row_factory=namedtuple_row) as cursor:
+            rows: list[Any] = cursor.execute(ALL_LOCKS_QUERY).fetchall()
+        blockers: dict[int, list[int]] = {}
+        if blocking:
+            query = self.observer.execute(BLOCKING_QUERY, (list(self.sessions),))
+            blockers = {pid: list(pids or ()) for pid, pids in query.fetchall()}
+        return LockTable(rows, blockers)
 
     def describe_waits(self, pid: int) -> tuple[Wait, ...]:
-        """Turn the waiter's entries in ``pg_locks`` into named waits."""
-        with self.observer.cursor(row_factory=namedtuple_row) as cursor:
-            rows: list[Any] = cursor.execute(WAITING_LOCKS_QUERY, (pid,)).fetchall()
-        held_tuple = next((r for r in rows if r.locktype == "tuple" and r.granted), None)
+        """Turn the waiter's entries in ``pg_locks`` into named waits, with their chains."""
+        locks = self.snapshot()
+        mine = [r for r in locks.rows if r.pid == pid]
+        held_tuple = next((r for r in mine if r.locktype == "tuple" and r.granted), None)
         waits = []
-        for lock in (r for r in rows if not r.granted):
-            blocked_by = tuple(self.name_of(b) for b in lock.blocking if b in self.sessions)
+        for lock in (r for r in mine if not r.granted):
+            blocked_by = tuple(self.name_of(b) for b in locks.blocking.get(pid, ()) if b in self.sessions)
             if lock.locktype == "transactionid" and held_tuple is not None:
-                waits.append(self._row_wait(held_tuple, blocked_by, via_xid=lock.xid))
+                waits.append(self._row_wait(locks, pid, held_tuple, blocked_by, via_xid=lock.xid))
             elif lock.locktype == "tuple":
-                waits.append(self._row_wait(lock, blocked_by, via_xid=None))
-            elif lock.locktype == "transactionid":
-                holder = self._xid_holder(lock.xid)
-                waits.append(Wait("transaction", blocked_by, mode=lock.mode, holder=holder, lock_type=lock.locktype))
-            elif lock.locktype == "relation":
-                waits.append(Wait("relation", blocked_by, mode=lock.mode, table=lock.relname, lock_type="relation"))
-            elif lock.locktype == "advisory":
-                # pg_advisory_lock(bigint) splits its key over classid/objid (objsubid 1).
-                key = f"{(lock.classid << 32) | lock.objid}" if lock.objsubid == 1 else f"{lock.classid}, {lock.objid}"
-                waits.append(Wait("advisory", blocked_by, mode=lock.mode, lock_type="advisory", detail=key))
+                waits.append(self._row_wait(locks, pid, lock, blocked_by, via_xid=None))
             else:
-                waits.append(Wait("other", blocked_by, mode=lock.mode, lock_type=lock.locktype))
+                waits.append(self._lock_wait(locks, pid, lock, blocked_by))
         return tuple(waits)
 
-    def _xid_holder(self, xid: str | None) -> str | None:
-        if xid is None:
-            return None
-        row = self.observer.execute(XID_HOLDERS_QUERY, ([xid],)).fetchone()
-        return self.name_of(row[1]) if row else None
+    def _lock_wait(self, locks: LockTable, pid: int, lock: Any, blocked_by: tuple[str, ...]) -> Wait:
+        """Any wait but a row's: the chain from the conflict table, then what the lock is."""
+        chain = self._chain(locks, pid, {pid})
+        holds = [link for link in chain if link.how == "holds"]
+        end = holds[-1] if holds else None
+        queued = tuple(link.session for link in chain if link.how == "queued" and link.waiter == self.name_of(pid))
+        common: dict[str, Any] = {
+            "mode": lock.mode,
+            "holder": end.session if end else None,
+            "holder_mode": end.mode if end else None,
+            "queued_behind": queued,
+            "lock_type": lock.locktype,
+            "chain": chain,
+        }
+        if lock.locktype == "relation":
+            return Wait("relation", blocked_by, table=lock.relname, **common)
+        if lock.locktype == "advisory":
+            key = self._advisory_key(pid, lock)
+            return Wait("advisory", blocked_by, detail=str(key), advisory=key, **common)
+        if lock.locktype == "transactionid":
+            indexes = self._unique_candidates(locks, pid, end)
+            return Wait("transaction", blocked_by, unique_indexes=indexes, **common)
+        if lock.locktype == "virtualxid":
+            return Wait("virtualxid", blocked_by, reason=self._progress(pid), **common)
+        if lock.locktype == "spectoken":
+            indexes = self._unique_candidates(locks, pid, end)
+            return Wait("speculative", blocked_by, unique_indexes=indexes, **common)
+        return Wait("other", blocked_by, table=lock.relname, **common)
 
-    def _row_wait(self, tuple_lock: Any, blocked_by: tuple[str, ...], via_xid: str | None) -> Wait:
+    def _chain(self, locks: LockTable, pid: int, seen: set[int]) -> tuple[Blocker, ...]:
+        """Who holds up ``pid``, link by link: holders of a conflicting granted lock
+        (hard), then waiters queued ahead for a conflicting mode (soft) and, after each
+        of those, what *it* waits for. ``pg_blocking_pids`` mixes the two; the lock's
+        entries in ``pg_locks`` (granted or not, which modes) tell them apart.
+        """
+        lock = locks.waiting(pid)
+        if lock is None:
+            return ()
+        waiter = self.name_of(pid)
+        ahead = set(locks.blocking.get(pid, ()))
+        holds: list[Blocker] = []
+        queued: list[tuple[int, Blocker]] = []
+        for other in locks.same_lock(lock):
+            if not conflicts(lock.mode, other.mode):
+                continue
+            if other.granted and other.locktype != "tuple":
+                holds.append(Blocker(waiter, self._who(other.pid), "holds", other.mode, lock.mode))
+            elif other.pid in ahead:
+                # A granted tuple lock is a place in a row's queue, not the row (heapam.c).
+                queued.append((other.pid, Blocker(waiter, self._who(other.pid), "queued", other.mode, lock.mode)))
+        links = list(dict.fromkeys(holds))
+        for other_pid, link in queued:
+            if link.session in {held.session for held in holds}:
+                continue
+            links.append(link)
+            if other_pid not in seen:
+                seen.add(other_pid)
+                links.extend(self._chain(locks, other_pid, seen))
+        return tuple(dict.fromkeys(links))
+
+    def _unique_candidates(self, locks: LockTable, pid: int, end: Blocker | None) -> tuple[str, ...]:
+        """The unique indexes an insert may be waiting on (see :attr:`Wait.unique_indexes`).
+
+        An insert that meets an uncommitted equal key in a unique index waits for that
+        transaction, holding no tuple lock; it holds RowExclusiveLock on every index of
+        its table, and the other transaction wrote to the same table. Which of the
+        table's unique indexes has the equal key, the server does not say.
+        """
+        if end is None:
+            return ()
+        holder_pids = [p for p, name in self.sessions.items() if name == end.session]
+        written = {r.relation for r in locks.rows if r.pid in holder_pids and r.granted and r.locktype == "relation"}
+        return tuple(
+            sorted(
+                {
+                    r.relname
+                    for r in locks.rows
+                    if r.pid == pid
+                    and r.granted
+                    and r.unique_index
+                    and r.mode == "RowExclusiveLock"
+                    and r.index_of in written
+                }
+            )
+        )
+
+    def _progress(self, pid: int) -> str:
+        """What the server says a waiting CREATE INDEX CONCURRENTLY (or REINDEX) is doing."""
+        row = self.observer.execute(PROGRESS_QUERY, (pid,)).fetchone()
+        return f"{row[0]}: {row[1]}" if row else ""
+
+    def _advisory_key(self, pid: int, lock: Any) -> AdvisoryKey:
+        """The key as the caller wrote it, shared or not, and at which level, when known."""
+        keys = advisory_keys(lock.classid, lock.objid, lock.objsubid)
+        shared = lock.mode == "ShareLock"
+        return AdvisoryKey(keys, shared, self._advisory_level(pid, keys, shared, lock.granted))
+
+    def _advisory_level(
+        self, pid: int, keys: tuple[int, ...], shared: bool, granted: bool
+    ) -> Literal["session", "transaction"] | None:
+        """Session or transaction level: pg_locks does not say, so ask what the server does say.
+
+        A lock held by a session outside any transaction is session-level. Otherwise the
+        statement the server reports for the session (``pg_stat_activity.query``: the
+        waiter's running statement, or the one that ran when the lock was first seen)
+        names the function that took it; a level once learned is remembered while the
+        lock is held. Unknown stays unknown.
+        """
+        memo = (pid, keys, shared)
+        if granted and memo in self._advisory_levels:
+            return self._advisory_levels[memo]
+        row = self.observer.execute(ACTIVITY_QUERY, ([pid],)).fetchone()
+        if row is None:
+            return None
+        _, in_transaction, query = row
+        level: Literal["session", "transaction"] | None
+        level = "session" if granted and not in_transaction else advisory_level_in(query or "", keys, shared)
+        if granted and level is not None:
+            self._advisory_levels[memo] = level
+        return level
+
+    def _row_wait(
+        self, locks: LockTable, pid: int, tuple_lock: Any, blocked_by: tuple[str, ...], via_xid: str | None
+    ) -> Wait:
         """A row wait: ``tuple_lock`` is the waiter's tuple lock (held, or queued for)."""
         mode, reloid, relname = tuple_lock.mode, tuple_lock.relation, tuple_lock.relname
         ctid = f"({tuple_lock.page},{tuple_lock.tuple})"
         table = self._table(reloid)
         row = self._resolve_keys(table, [ctid]).get(ctid) if table else None
+        strength = TUPLE_LOCK_STRENGTH.get(mode, mode)
         if via_xid is not None:
-            holder = self._xid_holder(via_xid)
+            holder = locks.xid_holder(via_xid, self.sessions)
             queued_behind: tuple[str, ...] = ()
         else:
             # Queued for the tuple lock: the row itself is held by whoever the waiters
             # ahead of us are waiting for.
-            holder = self._row_holder(blocked_by)
+            holder = self._row_holder(locks, blocked_by)
             queued_behind = tuple(b for b in blocked_by if b != holder)
         holder_mode = self._holder_mode(table, ctid, holder) if table and holder else None
+        me = self.name_of(pid)
+        chain = [
+            Blocker(me, ahead, "queued", _strength_of(locks, self.sessions, ahead, tuple_lock), strength)
+            for ahead in queued_behind
+        ]
+        if holder is not None:
+            last = queued_behind[0] if queued_behind else me
+            chain.append(Blocker(last, holder, "holds", holder_mode, strength if last == me else None))
         return Wait(
             "row",
             blocked_by,
-            mode=TUPLE_LOCK_STRENGTH.get(mode, mode),
+            mode=strength,
             row=row,
             ctid=ctid,
             table=relname,
@@ -237,20 +511,16 @@ class LockInspector:
             holder_mode=holder_mode,
             queued_behind=queued_behind,
             lock_type="transactionid" if via_xid else "tuple",
+            chain=tuple(chain),
         )
 
-    def _row_holder(self, ahead: tuple[str, ...]) -> str | None:
-        pids = [pid for pid, name in self.sessions.items() if name in ahead]
-        for pid in pids:
-            rows = self.observer.execute(
-                "SELECT transactionid::text FROM pg_catalog.pg_locks"
-                " WHERE pid = %s AND locktype = 'transactionid' AND NOT granted",
-                (pid,),
-            ).fetchall()
-            for (xid,) in rows:
-                holder = self._xid_holder(xid)
-                if holder is not None:
-                    return holder
+    def _row_holder(self, locks: LockTable, ahead: tuple[str, ...]) -> str | None:
+        for pid in (pid for pid, name in self.sessions.items() if name in ahead):
+            for lock in locks.rows:
+                if lock.pid == pid and lock.locktype == "transactionid" and not lock.granted:
+                    holder = locks.xid_holder(lock.xid, self.sessions)
+                    if holder is not None:
+                        return holder
         return ahead[0] if ahead else None
 
     def _holder_mode(self, table: Table, ctid: str, holder: str) -> str | None:
@@ -259,6 +529,54 @@ class LockInspector:
             return None
         modes = [lock.mode for lock in snapshot if lock.ctid == ctid and lock.session == holder]
         return modes[0] if modes else None
+
+    # -- other locks held, per session ------------------------------------------------------
+
+    def other_locks(self) -> tuple[RowLock, ...]:
+        """Table, advisory and SIRead locks held by the sessions (pgrowlocks has the rows).
+
+        Only tables of this scenario's schemas; indexes only for SIRead locks (a
+        serializable index scan locks index pages). A committed serializable
+        transaction's SIRead locks outlive it and stay listed under its session.
+        """
+        locks = self.snapshot(blocking=False)
+        tables = {t.oid: t for t in self.tables()}
+        out: list[RowLock] = []
+        seen_advisory: set[tuple[int, tuple[int, ...], bool]] = set()
+        for lock in locks.rows:
+            if not lock.granted or lock.pid not in self.sessions:
+                continue
+            session = self.sessions[lock.pid]
+            if lock.locktype == "advisory" and lock.database is not None:
+                key = self._advisory_key(lock.pid, lock)
+                seen_advisory.add((lock.pid, key.keys, key.shared))
+                out.append(RowLock(None, "", "", session, lock.mode, kind="advisory", advisory=key))
+            elif lock.relname is None or not self._watched(lock.nspname):
+                continue
+            elif lock.mode == "SIReadLock":
+                out.append(self._predicate_lock(lock, session, tables.get(lock.relation)))
+            elif lock.locktype == "relation" and lock.relkind in ("r", "p", "m", "f"):
+                out.append(RowLock(None, "", lock.relname, session, lock.mode, kind="relation"))
+        self._advisory_levels = {k: v for k, v in self._advisory_levels.items() if k in seen_advisory}
+        order = {name: i for i, name in enumerate(self.sessions.values())}
+        kinds = {"relation": 0, "advisory": 1, "predicate": 2}
+        out.sort(key=lambda lk: (order.get(lk.session, len(order)), kinds.get(lk.kind, 3), lk.describe_row(), lk.mode))
+        return tuple(dict.fromkeys(out))
+
+    def _watched(self, schema: str | None) -> bool:
+        if schema is None or schema == "information_schema" or schema.startswith("pg_"):
+            return False
+        return self.schema is None or schema == self.schema
+
+    def _predicate_lock(self, lock: Any, session: str, table: Table | None) -> RowLock:
+        granularity: Literal["relation", "page", "tuple"] = (
+            "tuple" if lock.locktype == "tuple" else "page" if lock.locktype == "page" else "relation"
+        )
+        ctid = f"({lock.page},{lock.tuple})" if granularity == "tuple" else ""
+        row = self._resolve_keys(table, [ctid]).get(ctid) if table and ctid else None
+        return RowLock(
+            row, ctid, lock.relname, session, lock.mode, kind="predicate", granularity=granularity, page=lock.page
+        )
 
     # -- rows held, per session ---------------------------------------------------------
 

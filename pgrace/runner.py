@@ -36,13 +36,14 @@ from psycopg import pq
 
 from pgrace import scratch, variables
 from pgrace.errors import RunAborted, ScenarioError, SetupFailed
-from pgrace.locks import LockInspector
+from pgrace.locks import LockInspector, LockSnapshot
 from pgrace.model import PermutationStep, Scenario, Step
 from pgrace.releases import ReleaseTracker
 from pgrace.timeline import (
     CheckQueried,
     Event,
     Holder,
+    LockKinds,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
@@ -70,7 +71,8 @@ class RunOptions:
     """How to run. ``before_step`` lets a presenter pace the run (it may block)."""
 
     step_timeout: float = 10.0
-    track_row_locks: bool = True
+    track_row_locks: bool = True  # False: observe no locks at all (isolationtester output shows none)
+    lock_kinds: LockKinds = "rows"  # what the locks column shows; every kind is recorded
     before_step: Callable[[Step], None] | None = None
     on_event: Callable[[Event], None] | None = None
     on_idle: Callable[[], None] | None = None  # called at most every 100 ms while the runner waits
@@ -175,6 +177,7 @@ def run_scenario(
         server_version,
         server_label,
         row_locks_available and options.track_row_locks,
+        lock_kinds=options.lock_kinds,
     )
     with Runner(scenario, dsn, run, options, schema) as runner:
         runner.run_all()
@@ -816,10 +819,11 @@ class Runner:
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
     def _observe_locks(self, seq: int) -> None:
-        if not self.run.row_locks_available:
+        if not self.options.track_row_locks:
             return
-        snapshot = self.inspector.row_locks()
-        self.recorder.add(LocksObserved(seq, snapshot.locks, self.recorder.now(), snapshot.skipped))
+        snapshot = self.inspector.row_locks() if self.run.row_locks_available else LockSnapshot(None, ())
+        others = self.inspector.other_locks()
+        self.recorder.add(LocksObserved(seq, snapshot.locks, self.recorder.now(), snapshot.skipped, others))
 
 
 # -- results -----------------------------------------------------------------------------

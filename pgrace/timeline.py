@@ -18,7 +18,17 @@ from typing import Any, Literal, get_args
 
 from pgrace.model import RowRef, Scenario
 
-WaitKind = Literal["row", "transaction", "relation", "advisory", "other"]
+WaitKind = Literal["row", "transaction", "relation", "advisory", "virtualxid", "speculative", "other"]
+"""What a step waits for: a row, a transaction to end, a table, an advisory lock, a
+virtual transaction (CREATE INDEX CONCURRENTLY waiting for older transactions), a
+speculative insertion (INSERT ... ON CONFLICT), or another heavyweight lock."""
+
+LockKind = Literal["row", "relation", "advisory", "predicate"]
+"""What a session holds: a row (pgrowlocks), a table lock, an advisory lock, or an
+SIRead (predicate) lock of a SERIALIZABLE transaction."""
+
+LockKinds = Literal["rows", "all"]
+"""Which held locks the locks column shows: row locks only, or every kind."""
 
 ReleaseCause = Literal[
     "step", "deadlock", "lock_timeout", "statement_timeout", "cancel", "step_timeout", "terminated", "unknown"
@@ -81,17 +91,76 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class AdvisoryKey:
+    """An advisory lock's key as the server stores it: one bigint, or two int4 keys."""
+
+    keys: tuple[int, ...]
+    shared: bool
+    level: Literal["session", "transaction"] | None = None  # None: the server did not say
+
+    def __str__(self) -> str:
+        return str(self.keys[0]) if len(self.keys) == 1 else "(" + ", ".join(str(k) for k in self.keys) + ")"
+
+
+@dataclass(frozen=True)
 class RowLock:
-    """A row lock held by a session, from pgrowlocks."""
+    """A lock held by a session: a row lock from pgrowlocks, or (``kind``) another kind from pg_locks.
+
+    The name stays for compatibility: a table, advisory or SIRead lock is one too, with
+    ``row`` None and ``ctid`` "" (a predicate lock on a tuple keeps its ctid and row).
+    """
 
     row: RowRef | None  # None when the row's key could not be read
     ctid: str
     table: str
     session: str  # a scenario session, or "pid N" for an outsider
-    mode: str  # "FOR UPDATE", "FOR NO KEY UPDATE", "FOR SHARE", "FOR KEY SHARE", "UPDATE", "NO KEY UPDATE"
+    mode: str  # rows: "FOR UPDATE", ..., "UPDATE"; tables: "AccessShareLock", ...; "SIReadLock"
+    kind: LockKind = "row"
+    advisory: AdvisoryKey | None = None
+    granularity: Literal["relation", "page", "tuple"] | None = None  # a predicate lock's target
+    page: int | None = None
 
     def describe_row(self) -> str:
+        """What is locked, named as a person would: ``jobs id=1``, ``table jobs``, ``advisory 42``."""
+        if self.kind == "relation":
+            return f"table {self.table}"
+        if self.kind == "advisory":
+            return f"advisory {self.advisory}"
+        if self.kind == "predicate" and self.granularity != "tuple":
+            return self.table if self.granularity == "relation" else f"{self.table} page {self.page}"
         return str(self.row) if self.row is not None else f"{self.table} ctid={self.ctid}"
+
+    def describe_mode(self) -> str:
+        """The mode as shown next to the lock: row strength, table mode, shared/exclusive."""
+        if self.kind == "advisory" and self.advisory is not None:
+            level = f", {self.advisory.level}" if self.advisory.level else ""
+            return ("shared" if self.advisory.shared else "exclusive") + level
+        if self.kind == "predicate":
+            return "SIRead"
+        return self.mode
+
+    def label(self) -> str:
+        """``s1: table jobs AccessShareLock``; an SIRead lock reads ``a: SIRead doctors``."""
+        if self.kind == "predicate":
+            return f"{self.session}: SIRead {self.describe_row()}"
+        return f"{self.session}: {self.describe_row()} {self.describe_mode()}"
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """One link of a wait chain: ``waiter`` is held up by ``session``.
+
+    ``how`` is "holds" when ``session`` holds a granted lock whose mode conflicts with
+    the one ``waiter`` wants (hard blocking), "queued" when ``session`` only waits ahead
+    of it in the lock's queue for a conflicting mode (soft blocking). ``mode`` is the
+    mode ``session`` holds or wants; ``wants`` the mode ``waiter`` asked for.
+    """
+
+    waiter: str
+    session: str
+    how: Literal["holds", "queued"]
+    mode: str | None = None
+    wants: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +170,7 @@ class Wait:
     ``blocked_by`` is what ``pg_blocking_pids`` says (the next link of the chain);
     ``holder`` is the session that holds the row itself (the end of the chain), which
     differs from ``blocked_by`` when the step is queued behind another waiter.
+    ``chain`` spells the whole way out, link by link, from this step to the holder.
     """
 
     kind: WaitKind
@@ -114,6 +184,16 @@ class Wait:
     queued_behind: tuple[str, ...] = ()
     lock_type: str = ""
     detail: str = ""
+    chain: tuple[Blocker, ...] = ()
+    advisory: AdvisoryKey | None = None
+    unique_indexes: tuple[str, ...] = ()
+    """A transaction wait of an insert into a unique index: the index, or every candidate.
+
+    The server does not say which unique index an insert waits on; these are the unique
+    indexes of the table both transactions wrote to. One name is the index; several are
+    candidates, never a guess. The key is never shown (only a 23505 error names it).
+    """
+    reason: str = ""  # what the server says the waiter is doing (e.g. "waiting for old snapshots")
 
 
 @dataclass(frozen=True)
@@ -257,12 +337,17 @@ class NotifyReceived:
 
 @dataclass(frozen=True)
 class LocksObserved:
-    """Row locks held by every session after step ``after_seq`` (None: unknowable)."""
+    """Row locks held by every session after step ``after_seq`` (None: unknowable).
+
+    ``other_locks`` are the other kinds held at the same moment (tables, advisory and
+    SIRead locks), from pg_locks; they are known even when row locks are not.
+    """
 
     after_seq: int
     locks: tuple[RowLock, ...] | None
     t: float
     skipped: tuple[str, ...] = ()  # tables whose locks could not be read safely
+    other_locks: tuple[RowLock, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -309,6 +394,10 @@ class StepRun:
     cancelled: bool = False
     locks_after: tuple[RowLock, ...] | None = None
     locks_unreadable: tuple[str, ...] = ()  # tables whose row locks could not be read
+    other_locks_after: tuple[RowLock, ...] = ()
+    predicate_locks_at_error: tuple[RowLock, ...] = ()
+    """For a serialization failure (40001): the SIRead locks last seen before it, which
+    record the reads whose read/write conflicts the server detected."""
 
     @property
     def waited(self) -> bool:
@@ -358,6 +447,7 @@ class Run:
     row_locks_available: bool
     events: list[Event] = field(default_factory=list)
     checks: list[CheckResult] = field(default_factory=list)
+    lock_kinds: LockKinds = "rows"  # what the locks column shows (JSON always has every kind)
 
     @property
     def ok(self) -> bool:
@@ -367,9 +457,11 @@ class Run:
         """Fold the events into one record per launched step, in launch order."""
         runs: dict[int, StepRun] = {}
         permutation = 0
+        others: tuple[RowLock, ...] = ()  # the other kinds of locks last seen
         for event in self.events:
             if isinstance(event, PermutationStarted):
                 permutation = event.index
+                others = ()
             elif isinstance(event, StepLaunched):
                 runs[event.seq] = StepRun(
                     event.seq,
@@ -391,9 +483,14 @@ class Run:
                 run.outcome = event.outcome
                 run.finished_ms = event.t
                 run.release = event.release
-            elif isinstance(event, LocksObserved) and event.after_seq in runs:
-                runs[event.after_seq].locks_after = event.locks
-                runs[event.after_seq].locks_unreadable = event.skipped
+                if event.outcome.error is not None and event.outcome.error.sqlstate == "40001":
+                    run.predicate_locks_at_error = tuple(lock for lock in others if lock.kind == "predicate")
+            elif isinstance(event, LocksObserved):
+                others = event.other_locks
+                if event.after_seq in runs:
+                    runs[event.after_seq].locks_after = event.locks
+                    runs[event.after_seq].locks_unreadable = event.skipped
+                    runs[event.after_seq].other_locks_after = event.other_locks
         return list(runs.values())
 
     def sessions_lost(self) -> list[SessionLost]:

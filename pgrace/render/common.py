@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pgrace.timeline import (
+    Blocker,
     CheckResult,
     Holder,
     LocksObserved,
@@ -122,9 +123,11 @@ def wait_target(wait: Wait) -> str:
     if wait.kind == "relation":
         return f"table {wait.table}"
     if wait.kind == "advisory":
-        return f"advisory lock {wait.detail}"
-    if wait.kind == "transaction":
+        return f"advisory lock {wait.advisory or wait.detail}"
+    if wait.kind in ("transaction", "virtualxid"):
         return "its transaction"
+    if wait.kind == "speculative":
+        return "its insertion"
     return f"a {wait.lock_type} lock"
 
 
@@ -133,11 +136,43 @@ def wait_holder(wait: Wait) -> str:
     return wait.holder or (wait.blocked_by[0] if wait.blocked_by else "another backend")
 
 
+def _waiter(wait: Wait) -> str:
+    return wait.chain[0].waiter if wait.chain else ""
+
+
+def _queued_ahead(wait: Wait) -> list[str]:
+    """The waiters this step queues behind (soft blocking), in the server's order."""
+    return [link.session for link in wait.chain if link.how == "queued" and link.waiter == _waiter(wait)]
+
+
+def _direct_holders(wait: Wait) -> list[str]:
+    """The sessions holding a lock that conflicts with this step's request (hard blocking)."""
+    return [link.session for link in wait.chain if link.how == "holds" and link.waiter == _waiter(wait)]
+
+
+def _unique_text(wait: Wait) -> str:
+    """The unique index an insert waits on, or the candidates, never a key (see Wait.unique_indexes)."""
+    if len(wait.unique_indexes) == 1:
+        return f"a key conflict in unique index {wait.unique_indexes[0]}"
+    if wait.unique_indexes:
+        return f"a key conflict in one of the unique indexes {' or '.join(wait.unique_indexes)}"
+    return ""
+
+
+def _mode_text(mode: str | None) -> str:
+    return mode or "?"
+
+
 def wait_phrase(wait: Wait) -> str:
     """The short form for pictures: ``waits for worker1 on jobs id=1``."""
     who = ", ".join(wait.blocked_by) or "another backend"
-    if wait.kind == "transaction":
-        return f"waits for {who}'s transaction to end"
+    if wait.kind in ("transaction", "virtualxid", "speculative"):
+        ends = "speculative insertion to finish" if wait.kind == "speculative" else "transaction to end"
+        why = _unique_text(wait) or wait.reason.split(": ", 1)[-1]
+        return f"waits for {who}'s {ends}" + (f" ({why})" if why else "")
+    if wait.kind != "row" and _queued_ahead(wait):
+        text = f"queued behind {', '.join(_queued_ahead(wait))} for {wait_target(wait)}"
+        return text + (f" (held by {wait.holder})" if wait.holder and wait.holder not in wait.blocked_by else "")
     text = f"waits for {who} on {wait_target(wait)}"
     if wait.queued_behind and wait.holder and wait.holder not in wait.blocked_by:
         text += f" (held by {wait.holder})"
@@ -145,7 +180,7 @@ def wait_phrase(wait: Wait) -> str:
 
 
 def describe_wait(wait: Wait) -> str:
-    """The long form the text timeline prints, with lock modes and queues."""
+    """The long form the text timeline prints, with lock modes, queues and chains."""
     who = ", ".join(wait.blocked_by) or "another backend"
     if wait.kind == "row":
         row = str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
@@ -158,13 +193,61 @@ def describe_wait(wait: Wait) -> str:
         if wait.queued_behind and wait.holder and wait.holder not in wait.blocked_by:
             text += f", queued behind {', '.join(wait.queued_behind)}, row held by {wait.holder}"
         return text
-    if wait.kind == "relation":
-        return f"⏳ waits for {who} on table {wait.table} ({wait.mode})"
-    if wait.kind == "advisory":
-        return f"⏳ waits for {who} on advisory lock {wait.detail} ({wait.mode})"
-    if wait.kind == "transaction":
-        return f"⏳ waits for {who}'s transaction to end"
-    return f"⏳ waits for {who} on a {wait.lock_type} lock ({wait.mode})"
+    if wait.kind in ("transaction", "virtualxid", "speculative"):
+        ends = "speculative insertion to finish" if wait.kind == "speculative" else "transaction to end"
+        why = _unique_text(wait) or wait.reason
+        return f"⏳ waits for {who}'s {ends}" + (f" ({why})" if why else "")
+    return "⏳ " + _lock_chain_text(wait)
+
+
+def _lock_chain_text(wait: Wait) -> str:
+    """A table, advisory or other lock wait: who holds a conflicting lock, who is queued ahead, and so on."""
+    target = wait_target(wait)
+    wants = f"wants {_advisory_mode(wait, wait.mode)}"
+    if wait.advisory is not None and wait.advisory.level:
+        wants += f", {wait.advisory.level} level"
+    me = _waiter(wait)
+    holders = [link for link in wait.chain if link.how == "holds" and link.waiter == me]
+    queued = [link for link in wait.chain if link.how == "queued" and link.waiter == me]
+    if not wait.chain:  # nothing in pg_locks explains it (e.g. the holder is outside the scenario)
+        who = ", ".join(wait.blocked_by) or "another backend"
+        return f"waits for {who} on {target} ({wants})"
+    if holders:
+        held = "; ".join(f"{link.session} holds {_advisory_mode(wait, link.mode)}" for link in holders)
+        text = f"waits for {', '.join(link.session for link in holders)} on {target} ({wants}; {held})"
+        if queued:
+            text += ", and is queued behind " + ", ".join(_queued_link(wait, link) for link in queued)
+    else:
+        text = f"queued for {target} ({wants}) behind " + ", ".join(_queued_link(wait, link) for link in queued)
+    further = [link for link in wait.chain if link.waiter != me]
+    if further:
+        text += "; " + "; ".join(
+            f"{link.waiter} waits for {link.session} ({link.session} holds {_advisory_mode(wait, link.mode)})"
+            if link.how == "holds"
+            else f"{link.waiter} is queued behind {_queued_link(wait, link)}"
+            for link in further
+        )
+    return text
+
+
+def _queued_link(wait: Wait, link: Blocker) -> str:
+    return f"{link.session} (wants {_advisory_mode(wait, link.mode)})"
+
+
+def _advisory_mode(wait: Wait, mode: str | None) -> str:
+    """Advisory locks read shared or exclusive."""
+    if wait.kind != "advisory":
+        return _mode_text(mode)
+    return "shared" if mode == "ShareLock" else "exclusive" if mode == "ExclusiveLock" else _mode_text(mode)
+
+
+def serialization_text(locks: tuple[RowLock, ...]) -> str:
+    """The SIRead locks last seen before a 40001: the reads whose conflicts the server tracked."""
+    by_session: dict[str, list[str]] = {}
+    for lock in locks:
+        by_session.setdefault(lock.session, []).append(lock.describe_row())
+    held = "; ".join(f"{who}: {', '.join(targets)}" for who, targets in by_session.items())
+    return f"⚑ SIRead locks held before it: {held or 'none seen'}"
 
 
 def outcome_lines(outcome: Outcome) -> list[str]:
@@ -298,7 +381,14 @@ def lost_text(event: SessionLost) -> str:
 
 
 def lock_label(lock: RowLock) -> str:
-    return f"{lock.session}: {lock.describe_row()} {lock.mode}"
+    return lock.label()
+
+
+def shown_locks(run: Run, event: LocksObserved) -> tuple[RowLock, ...] | None:
+    """The locks the locks column shows after ``event``: rows, or (``--locks all``) every kind."""
+    if run.lock_kinds == "rows":
+        return event.locks
+    return (event.locks or ()) + event.other_locks
 
 
 _CLAUSE = re.compile(
@@ -388,6 +478,14 @@ class Entry:
     release_text: str = ""  # release_phrase(): "resumes after a's COMMIT (step 6)", "ends: ..."
     text: str = ""
     locks: tuple[RowLock, ...] | None = ()  # row locks held after this row (carried forward)
+    sireads: tuple[RowLock, ...] | None = None  # a 40001: the SIRead locks last seen before it
+
+    def outcome_lines(self) -> list[str]:
+        """The outcome's lines, and the SIRead locks that explain a serialization failure."""
+        lines = outcome_lines(self.outcome) if self.outcome is not None else []
+        if self.sireads is not None:
+            lines.append(serialization_text(self.sireads))
+        return lines
 
     @property
     def error_state(self) -> str | None:
@@ -432,6 +530,7 @@ def timeline_sections(run: Run) -> list[Section]:
     launched: dict[int, StepLaunched] = {}
     section = Section("")
     locks: tuple[RowLock, ...] | None = ()
+    predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen, for a 40001
     open_spans: dict[int, WaitSpan] = {}
     many = len(run.scenario.permutations) > 1
 
@@ -445,6 +544,7 @@ def timeline_sections(run: Run) -> list[Section]:
             section = Section(f"permutation {event.index + 1}: {' '.join(event.steps)}" if many else "")
             sections.append(section)
             locks = ()
+            predicate = ()
             open_spans = {}
         elif isinstance(event, StepLaunched):
             launched[event.seq] = event
@@ -468,6 +568,7 @@ def timeline_sections(run: Run) -> list[Section]:
                 open_spans[event.seq] = span
         elif isinstance(event, StepFinished):
             step = launched[event.seq]
+            sireads = predicate if _serialization_failure(event.outcome) else None
             if event.after_wait:
                 index = add(
                     Entry(
@@ -480,6 +581,7 @@ def timeline_sections(run: Run) -> list[Section]:
                         released_by=event.released_by,
                         release=event.release,
                         release_text=release_phrase(event.seq, event.release, launched, sql_limit=24),
+                        sireads=sireads,
                     )
                 )
                 resumed = open_spans.pop(event.seq, None)
@@ -496,6 +598,7 @@ def timeline_sections(run: Run) -> list[Section]:
                         step.sql,
                         _note(run, step.step),
                         outcome=event.outcome,
+                        sireads=sireads,
                     )
                 )
         elif isinstance(event, StepCancelled):
@@ -512,7 +615,8 @@ def timeline_sections(run: Run) -> list[Section]:
         elif isinstance(event, NotifyReceived):
             add(Entry("notice", event.session, text=f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}'))
         elif isinstance(event, LocksObserved):
-            locks = event.locks
+            locks = shown_locks(run, event)
+            predicate = tuple(lock for lock in event.other_locks if lock.kind == "predicate")
             if section.entries:
                 section.entries[-1].locks = locks
     return sections
@@ -520,6 +624,10 @@ def timeline_sections(run: Run) -> list[Section]:
 
 def _launched(run: Run) -> dict[int, StepLaunched]:
     return {e.seq: e for e in run.events if isinstance(e, StepLaunched)}
+
+
+def _serialization_failure(outcome: Outcome) -> bool:
+    return outcome.error is not None and outcome.error.sqlstate == "40001"
 
 
 def _note(run: Run, step: str) -> str:
@@ -559,6 +667,8 @@ def story_facts(run: Run) -> list[str]:
             fact = f"{who} (step {step.seq}) failed with {error.sqlstate}: {error.message}"
             if error.cycle:
                 fact += f" ({'; '.join(error.cycle)})"
+            if error.sqlstate == "40001":
+                fact += f" ({serialization_text(step.predicate_locks_at_error).removeprefix('⚑ ')})"
             facts.append(fact)
     if not facts:
         facts.append("no step waited and none failed")
@@ -617,6 +727,8 @@ def step_summaries(run: Run) -> list[StepSummary]:
             lines.append("⌛ cancelled: it could not finish")
         if step.outcome is not None:
             lines += outcome_lines(step.outcome)
+            if _serialization_failure(step.outcome):
+                lines.append(serialization_text(step.predicate_locks_at_error))
         summaries.append(
             StepSummary(
                 step.seq,

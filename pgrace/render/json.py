@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from pgrace.render.escape import json_safe
-from pgrace.timeline import Outcome, Release, RowLock, Run, StepRun, Wait
+from pgrace.timeline import AdvisoryKey, Outcome, Release, RowLock, Run, StepRun, Wait
 
 SCHEMA_VERSION = 1
 
@@ -99,12 +99,14 @@ def _step(run: StepRun) -> dict[str, Any]:
             "severity": error.severity,
             "detail": error.detail,
             "cycle": list(error.cycle),
+            "predicate_locks": [_lock(lock) for lock in run.predicate_locks_at_error],
         }
         if error
         else None,
         "released_by": run.released_by,
         "release": _release(run.release),
         "locks_after": [_lock(lock) for lock in run.locks_after] if run.locks_after is not None else None,
+        "other_locks_after": [_lock(lock) for lock in run.other_locks_after],
         "started_ms": round(run.started_ms, 3),
         "wait_detected_ms": round(run.wait_detected_ms, 3) if run.wait_detected_ms is not None else None,
         "finished_ms": round(run.finished_ms, 3) if run.finished_ms is not None else None,
@@ -139,14 +141,30 @@ def _wait(wait: Wait) -> dict[str, Any]:
         "blocked_by": list(wait.blocked_by),
         "queued_behind": list(wait.queued_behind),
         "detail": wait.detail or None,
+        "chain": [
+            {"waiter": link.waiter, "session": link.session, "how": link.how, "mode": link.mode, "wants": link.wants}
+            for link in wait.chain
+        ],
+        "advisory": _advisory(wait.advisory),
+        "unique_indexes": list(wait.unique_indexes),
+        "reason": wait.reason or None,
     }
+
+
+def _advisory(key: AdvisoryKey | None) -> dict[str, Any] | None:
+    if key is None:
+        return None
+    return {"keys": list(key.keys), "shared": key.shared, "level": key.level}
 
 
 def _lock(lock: RowLock) -> dict[str, Any]:
     return {
-        "table": lock.row.table if lock.row else lock.table,
+        "table": lock.row.table if lock.row else (lock.table or None),
         "key": {k: to_json_value(v) for k, v in lock.row.key} if lock.row else None,
-        "ctid": lock.ctid,
+        "ctid": lock.ctid or None,
         "session": lock.session,
         "mode": lock.mode,
+        "kind": lock.kind,
+        "advisory": _advisory(lock.advisory),
+        "page": lock.page,
     }

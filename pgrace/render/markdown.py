@@ -62,7 +62,7 @@ def _cell_lines(entry: Entry) -> list[str]:
     else:
         lines.append(escape_md(entry.text))
     if entry.outcome is not None:
-        for text in outcome_lines(entry.outcome):
+        for text in entry.outcome_lines():
             lines.append("**" + escape_md(text) + "**" if text.startswith("✗") else escape_md(text))
     return lines
 
@@ -104,7 +104,7 @@ def render_markdown(run: Run, level: int = 2, counterpart: Scenario | None = Non
         if section.heading:
             out += [f"**{escape_md(section.heading)}**", ""]
         header = ["#", *[f"{colours[s].square} {escape_md(s)}" for s in sessions]]
-        header += ["row locks held"] if with_locks else []
+        header += (["row locks held"] if run.lock_kinds == "rows" else ["locks held"]) if with_locks else []
         out.append("| " + " | ".join(header) + " |")
         out.append("| ---: | " + " | ".join(":--" for _ in header[1:]) + " |")
         last: object = ()

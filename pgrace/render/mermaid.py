@@ -17,7 +17,6 @@ import json
 from pgrace.render.common import (
     Entry,
     one_line,
-    outcome_lines,
     session_colours,
     shorten,
     timeline_sections,
@@ -103,7 +102,7 @@ def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[st
     else:
         lines.append(f"{SERVER}--){who}: {escape_text(shorten(entry.text, MAX_MESSAGE))}")
     if entry.outcome is not None:
-        for text in outcome_lines(entry.outcome):
+        for text in entry.outcome_lines():
             if text.startswith("✗"):
                 lines.append(f"{SERVER}--x{who}: {escape_text(shorten(text.replace('ERROR ', ''), MAX_MESSAGE))}")
             else:

@@ -36,6 +36,7 @@ from pgrace.render.common import (
     one_line,
     outcome_lines,
     release_phrase,
+    serialization_text,
     sql_lines,
     story_facts,
     variant_flag,
@@ -47,9 +48,11 @@ from pgrace.render.text import Style
 from pgrace.timeline import (
     CheckQueried,
     Event,
+    LockKinds,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
+    RowLock,
     Run,
     SessionLost,
     StepCancelled,
@@ -84,9 +87,11 @@ class Presenter:
         tty: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
         counterpart: Scenario | None = None,
+        lock_kinds: LockKinds = "rows",
     ) -> None:
         scenario, counterpart = without_controls((scenario, counterpart))  # the terminal gets our escapes only
         self.scenario = scenario
+        self.lock_kinds = lock_kinds
         self.counterpart = counterpart or scenario.other  # a fix variant does not link back to its bug
         self.out = out if out is not None else sys.stdout
         self.keys = keys if keys is not None else sys.stdin
@@ -106,6 +111,7 @@ class Presenter:
         self.status_shown = False
         self.started = False
         self.last_locks: object = ()
+        self.predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen, shown with a 40001
         self._saved_mode: list[Any] | None = None
         self._key_fd: int | None = None
 
@@ -182,6 +188,8 @@ class Presenter:
                 phrase = release_phrase(event.seq, event.release, self.launched)  # the text timeline's words
                 lines.append(f"↳ step {event.seq} {phrase}; waited {self.waited_s[event.seq]:.1f} s")
             lines += outcome_lines(event.outcome)
+            if event.outcome.error is not None and event.outcome.error.sqlstate == "40001":
+                lines.append(serialization_text(self.predicate))
             if lines:
                 error = event.outcome.error is not None
                 self._lane_print("", launched.session, lines, error=error, resumed=event.after_wait)
@@ -196,10 +204,13 @@ class Presenter:
             self._lane_print("", event.session, [f"{event.severity}: {event.message}"], dim=True)
         elif isinstance(event, NotifyReceived):
             self._lane_print("", event.session, [f'NOTIFY "{event.channel}" "{event.payload}"'], dim=True)
-        elif isinstance(event, LocksObserved) and event.locks != self.last_locks:
-            self.last_locks = event.locks
-            held = "unknown" if event.locks is None else "; ".join(lock_label(lock) for lock in event.locks) or "none"
-            self._full_print(f"row locks: {held}", dim=True)
+        elif isinstance(event, LocksObserved):
+            self.predicate = tuple(lock for lock in event.other_locks if lock.kind == "predicate")
+            shown = event.locks if self.lock_kinds == "rows" else (event.locks or ()) + event.other_locks
+            if shown != self.last_locks:
+                self.last_locks = shown
+                held = "unknown" if shown is None else "; ".join(lock_label(lock) for lock in shown) or "none"
+                self._full_print(f"{'row locks' if self.lock_kinds == 'rows' else 'locks'}: {held}", dim=True)
 
     def on_idle(self) -> None:
         """The runner is waiting on the server: keep the wait counter moving."""

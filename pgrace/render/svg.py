@@ -30,7 +30,6 @@ from pgrace.render.common import (
     Section,
     SessionColour,
     WaitSpan,
-    outcome_lines,
     plural,
     session_colours,
     shorten,
@@ -136,7 +135,7 @@ def _block_lines(entry: Entry, inner: float) -> list[Line]:
     else:
         lines += [Line(t, "plain") for t in _wrap(entry.text, inner, 12.0)]
     if entry.outcome is not None:
-        for text in outcome_lines(entry.outcome):
+        for text in entry.outcome_lines():
             if text.startswith("✗"):
                 lines += [Line(t, "error") for t in _wrap(text.replace("✗ ERROR ", "✗ "), inner, 12.5, "bold")]
             else:

@@ -20,6 +20,8 @@ from pgrace.render.common import (
     outcome_lines,
     plural,
     release_phrase,
+    serialization_text,
+    shown_locks,
     steps_waited,
     verdict_words,
     wrap_cell,
@@ -93,6 +95,7 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
     launched: dict[int, StepLaunched] = {}
     rows: list[Row] = []
     last_locks: tuple[RowLock, ...] | None = ()
+    predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
     many = len(run.scenario.permutations) > 1
     for event in run.events:
         if isinstance(event, PermutationStarted):
@@ -100,6 +103,7 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             heading = f"permutation {event.index + 1}: {' '.join(event.steps)}" if many else ""
             tables.append((heading, rows))
             last_locks = ()
+            predicate = ()
         elif isinstance(event, StepLaunched):
             launched[event.seq] = event
         elif isinstance(event, StepWaiting):
@@ -112,6 +116,8 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             step = launched[event.seq]
             lines = [_released(event, launched)] if event.after_wait else _sql_lines(run, step)
             lines += outcome_lines(event.outcome)
+            if event.outcome.error is not None and event.outcome.error.sqlstate == "40001":
+                lines.append(serialization_text(predicate))
             rows.append(Row("" if event.after_wait else str(event.seq), step.session, lines))
         elif isinstance(event, StepCancelled):
             step = launched[event.seq]
@@ -123,9 +129,12 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             rows.append(Row("", event.session, [f"{event.severity}: {event.message}"]))
         elif isinstance(event, NotifyReceived):
             rows.append(Row("", event.session, [f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}']))
-        elif isinstance(event, LocksObserved) and rows and event.locks != last_locks:
-            rows[-1].locks = _lock_lines(event)
-            last_locks = event.locks
+        elif isinstance(event, LocksObserved):
+            predicate = tuple(lock for lock in event.other_locks if lock.kind == "predicate")
+            shown = shown_locks(run, event)
+            if rows and shown != last_locks:
+                rows[-1].locks = _lock_lines(event, shown)
+                last_locks = shown
     return tables
 
 
@@ -144,10 +153,10 @@ def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
     return f"↳ step {event.seq} {phrase}; waited {plural(waited, 'step')}"
 
 
-def _lock_lines(event: LocksObserved) -> list[str]:
-    if event.locks is None:
+def _lock_lines(event: LocksObserved, shown: tuple[RowLock, ...] | None) -> list[str]:
+    if shown is None:
         return ["unknown (no pgrowlocks)"]
-    lines = [f"{lock.session}: {lock.describe_row()} {lock.mode}" for lock in event.locks] or ["none"]
+    lines = [lock.label() for lock in shown] or ["none"]
     lines += [f"{table}: unknown (exclusively locked)" for table in event.skipped]
     return lines
 
@@ -176,7 +185,8 @@ def _table(run: Run, rows: list[Row], style: Style) -> str:
         if with_locks:
             cells.append("\n".join(w for line in row.locks for w in wrap_cell(line, lock_width, indent="")))
         table.append(cells)
-    headers = ["#"] + [paint(name, name) for name in sessions] + (["row locks held"] if with_locks else [])
+    title = "row locks held" if run.lock_kinds == "rows" else "locks held"
+    headers = ["#"] + [paint(name, name) for name in sessions] + ([title] if with_locks else [])
     return tabulate(table, headers=headers, tablefmt="simple", disable_numparse=True)
 
 

@@ -1,0 +1,306 @@
+"""Every lock kind named on a real server: table-lock queues (hard and soft blocking), advisory
+locks, unique-index waits, virtual transactions, SIRead locks (issue 10, findings 4 and 5)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.locks import CONFLICTS, LOCK_MODES, advisory_keys, advisory_level_in
+from pgrace.pytest_plugin import RunScenario
+from pgrace.render.common import describe_wait, serialization_text
+from pgrace.render.json import run_to_dict
+from pgrace.render.text import render_text
+from pgrace.timeline import AdvisoryKey, Blocker, Run, StepRun
+
+
+def scenario(body: str, sessions: str, setup: str, name: str = "locks"):  # type: ignore[no-untyped-def]
+    text = f"name = {name!r}\nsetup = {setup!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
+    return parse_toml_scenario(text, f"{name}.toml")
+
+
+def by_name(run: Run) -> dict[str, StepRun]:
+    return {s.step: s for s in run.step_runs()}
+
+
+def test_the_conflict_table_is_postgresqls() -> None:
+    """Spot checks against the documentation's table, and its symmetry."""
+    assert CONFLICTS["AccessShareLock"] == {"AccessExclusiveLock"}
+    assert "ShareLock" not in CONFLICTS["ShareLock"] and "RowExclusiveLock" in CONFLICTS["ShareLock"]
+    assert "ShareUpdateExclusiveLock" in CONFLICTS["ShareUpdateExclusiveLock"]
+    assert CONFLICTS["AccessExclusiveLock"] == set(LOCK_MODES)
+    assert all((b in CONFLICTS[a]) == (a in CONFLICTS[b]) for a in LOCK_MODES for b in LOCK_MODES)
+
+
+def test_advisory_keys_and_levels_from_what_the_server_says() -> None:
+    assert advisory_keys(0, 42, 1) == (42,)
+    assert advisory_keys(0xFFFFFFFF, 0xFFFFFFFB, 1) == (-5,)
+    assert advisory_keys(1, 0xFFFFFFFF, 2) == (1, -1)
+    assert advisory_level_in("SELECT pg_advisory_xact_lock(7)", (7,), False) == "transaction"
+    assert advisory_level_in("SELECT pg_advisory_lock(7), pg_advisory_xact_lock(8)", (7,), False) == "session"
+    assert advisory_level_in("SELECT pg_advisory_lock_shared(1, 2)", (1, 2), True) == "session"
+    assert advisory_level_in("SELECT pg_advisory_lock(hashtext('x'))", (5,), False) == "session"
+    assert advisory_level_in("SELECT 'pg_advisory_xact_lock(5)'", (5,), False) is None  # a literal, not a call
+    assert advisory_level_in("SELECT pg_advisory_lock(1); SELECT pg_advisory_xact_lock(h())", (5,), False) == (
+        "transaction"  # key 1 is not 5: the lock came from the other call
+    )
+    assert advisory_level_in("SELECT pg_advisory_lock(g()); SELECT pg_advisory_xact_lock(h())", (5,), False) is None
+
+
+RELATION_QUEUE = """
+[[step]]
+name = "read-open"
+session = "s1"
+sql = "BEGIN; SELECT count(*) FROM jobs"
+[[step]]
+name = "alter"
+session = "migration"
+sql = "ALTER TABLE jobs ADD COLUMN note text"
+[[step]]
+name = "select"
+session = "app"
+sql = "SELECT count(*) FROM jobs"
+[[step]]
+name = "commit"
+session = "s1"
+sql = "COMMIT"
+"""
+
+
+def test_a_table_lock_queue_tells_queued_behind_from_waiting_for(pgrace_run: RunScenario) -> None:
+    """app is queued behind migration's ACCESS EXCLUSIVE request; migration waits for s1's read."""
+    run = pgrace_run(
+        scenario(
+            RELATION_QUEUE,
+            '["s1", "migration", "app"]',
+            "CREATE TABLE jobs (id int PRIMARY KEY); INSERT INTO jobs VALUES (1)",
+        ),
+        lock_kinds="all",
+    )
+    steps = by_name(run)
+    [alter] = steps["alter"].waits
+    assert (alter.kind, alter.table, alter.mode) == ("relation", "jobs", "AccessExclusiveLock")
+    assert alter.blocked_by == ("s1",) and alter.holder == "s1" and alter.holder_mode == "AccessShareLock"
+    assert alter.queued_behind == ()
+    assert alter.chain == (Blocker("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),)
+
+    [select] = steps["select"].waits
+    assert (select.kind, select.table, select.mode) == ("relation", "jobs", "AccessShareLock")
+    assert select.blocked_by == ("migration",) and select.queued_behind == ("migration",)
+    assert select.holder == "s1"  # the end of the chain, not migration: migration holds nothing on jobs
+    assert select.chain == (
+        Blocker("app", "migration", "queued", "AccessExclusiveLock", "AccessShareLock"),
+        Blocker("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),
+    )
+    [waited_on] = run_to_dict(run)["steps"][2]["waited_on"]
+    assert waited_on["holder"] == "s1" and waited_on["queued_behind"] == ["migration"]
+    assert [(link["waiter"], link["how"], link["session"]) for link in waited_on["chain"]] == [
+        ("app", "queued", "migration"),
+        ("migration", "holds", "s1"),
+    ]
+    text = render_text(run)
+    assert "migration holds" not in text
+    assert "queued for table jobs (wants AccessShareLock) behind migration (wants" in " ".join(text.split())
+    assert "migration waits for s1 (s1 holds AccessShareLock)" in " ".join(text.split())
+    # the locks column (--locks all) shows the table lock s1 holds
+    read_open = steps["read-open"]
+    assert [lock.label() for lock in read_open.other_locks_after] == ["s1: table jobs AccessShareLock"]
+    assert "s1: table jobs" in text and "locks held" in text
+
+
+ADVISORY = """
+[[step]]
+name = "a-session"
+session = "a"
+sql = "SELECT pg_advisory_lock(42)"
+[[step]]
+name = "b-session"
+session = "b"
+sql = "SELECT pg_advisory_lock(42)"
+[[step]]
+session = "a"
+sql = "SELECT pg_advisory_unlock(42)"
+[[step]]
+session = "b"
+sql = "SELECT pg_advisory_unlock(42)"
+[[step]]
+name = "a-xact-shared"
+session = "a"
+sql = "BEGIN; SELECT pg_advisory_xact_lock_shared(1, -2)"
+[[step]]
+name = "b-xact"
+session = "b"
+sql = "BEGIN; SELECT pg_advisory_xact_lock(1, -2)"
+[[step]]
+name = "c-shared"
+session = "c"
+sql = "SELECT pg_advisory_lock_shared(1, -2)"
+[[step]]
+session = "a"
+sql = "COMMIT"
+[[step]]
+session = "b"
+sql = "COMMIT"
+[[step]]
+session = "c"
+sql = "SELECT pg_advisory_unlock_all()"
+"""
+
+
+def test_advisory_waits_name_key_sharing_and_level(pgrace_run: RunScenario) -> None:
+    run = pgrace_run(
+        scenario(ADVISORY, '["a", "b", "c"]', "CREATE TABLE t (id int PRIMARY KEY)"),
+        lock_kinds="all",
+    )
+    steps = by_name(run)
+    [session_wait] = steps["b-session"].waits
+    assert session_wait.kind == "advisory" and session_wait.advisory == AdvisoryKey((42,), False, "session")
+    assert session_wait.holder == "a" and session_wait.holder_mode == "ExclusiveLock"
+    assert session_wait.detail == "42"  # the old field stays
+    held = [lock for lock in steps["a-session"].other_locks_after if lock.kind == "advisory"]
+    assert [(lock.session, lock.advisory) for lock in held] == [("a", AdvisoryKey((42,), False, "session"))]
+
+    [xact_wait] = steps["b-xact"].waits
+    assert xact_wait.advisory == AdvisoryKey((1, -2), False, "transaction")
+    assert xact_wait.chain == (Blocker("b", "a", "holds", "ShareLock", "ExclusiveLock"),)
+    held = [lock for lock in steps["a-xact-shared"].other_locks_after if lock.kind == "advisory"]
+    assert [(lock.session, lock.advisory) for lock in held] == [("a", AdvisoryKey((1, -2), True, "transaction"))]
+
+    # c's shared request does not conflict with a's shared lock: it queues behind b's exclusive one
+    [queued] = steps["c-shared"].waits
+    assert queued.advisory == AdvisoryKey((1, -2), True, "session")
+    assert queued.queued_behind == ("b",) and queued.holder == "a"
+    assert queued.chain == (
+        Blocker("c", "b", "queued", "ExclusiveLock", "ShareLock"),
+        Blocker("b", "a", "holds", "ShareLock", "ExclusiveLock"),
+    )
+    text = " ".join(render_text(run).split())
+    assert "waits for a on advisory lock 42 (wants exclusive, session level; a holds exclusive)" in text
+    assert "queued for advisory lock (1, -2) (wants shared, session level) behind b (wants exclusive)" in text
+    assert [lock.label() for lock in held] == ["a: advisory (1, -2) shared, transaction"]
+    assert "a: advisory (1, -2) shared," in render_text(run)  # in the locks column (--locks all)
+
+
+@pytest.mark.parametrize(
+    ("setup", "indexes"),
+    [
+        ("CREATE TABLE jobs (job_key text PRIMARY KEY, payload text)", ("jobs_pkey",)),
+        (
+            "CREATE TABLE jobs (id serial PRIMARY KEY, job_key text NOT NULL UNIQUE, payload text)",
+            ("jobs_job_key_key", "jobs_pkey"),
+        ),
+    ],
+)
+def test_a_duplicate_enqueue_waits_for_the_other_transaction_on_its_unique_index(
+    pgrace_run: RunScenario, setup: str, indexes: tuple[str, ...]
+) -> None:
+    run = pgrace_run(
+        scenario(
+            """
+            [[step]]
+            session = "web1"
+            sql = "BEGIN; INSERT INTO jobs (job_key, payload) VALUES ('send-mail-7', 'a')"
+            [[step]]
+            name = "dup"
+            session = "web2"
+            sql = "INSERT INTO jobs (job_key, payload) VALUES ('send-mail-7', 'b')"
+            [[step]]
+            session = "web1"
+            sql = "COMMIT"
+            """,
+            '["web1", "web2"]',
+            "CREATE TABLE audit (id serial PRIMARY KEY); " + setup,
+        )
+    )
+    dup = by_name(run)["dup"]
+    [wait] = dup.waits
+    assert wait.kind == "transaction" and wait.holder == "web1" and wait.blocked_by == ("web1",)
+    assert wait.unique_indexes == indexes  # one: named; several: every candidate, never a guess
+    named = " or ".join(indexes)
+    which = f"unique index {named}" if len(indexes) == 1 else f"one of the unique indexes {named}"
+    assert describe_wait(wait) == f"⏳ waits for web1's transaction to end (a key conflict in {which})"
+    assert describe_wait(wait) in " ".join(render_text(run).split())  # the key: only in the server's 23505
+    assert dup.outcome is not None and dup.outcome.error is not None and dup.outcome.error.sqlstate == "23505"
+
+
+def test_create_index_concurrently_waits_for_an_open_transactions_snapshot(pgrace_run: RunScenario) -> None:
+    run = pgrace_run(
+        scenario(
+            """
+            [[step]]
+            session = "report"
+            sql = "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM jobs"
+            [[step]]
+            name = "cic"
+            session = "ddl"
+            sql = "CREATE INDEX CONCURRENTLY jobs_v ON jobs (v)"
+            [[step]]
+            session = "report"
+            sql = "COMMIT"
+            """,
+            '["report", "ddl"]',
+            "CREATE TABLE jobs (id int PRIMARY KEY, v int); INSERT INTO jobs VALUES (1, 1)",
+        )
+    )
+    cic = by_name(run)["cic"]
+    [wait] = cic.waits
+    assert wait.kind == "virtualxid" and wait.holder == "report" and wait.blocked_by == ("report",)
+    assert wait.reason == "CREATE INDEX CONCURRENTLY: waiting for old snapshots"
+    assert "waits for report's transaction to end (CREATE INDEX CONCURRENTLY: waiting for old snapshots)" in (
+        " ".join(render_text(run).split())
+    )
+    assert cic.status == "ok"
+
+
+WRITE_SKEW = """
+[[step]]
+name = "a-read"
+session = "a"
+sql = "BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT count(*) FROM doctors WHERE on_call"
+[[step]]
+name = "b-read"
+session = "b"
+sql = "BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT count(*) FROM doctors WHERE on_call"
+[[step]]
+session = "a"
+sql = "UPDATE doctors SET on_call = false WHERE id = 1"
+[[step]]
+session = "b"
+sql = "UPDATE doctors SET on_call = false WHERE id = 2"
+[[step]]
+session = "a"
+sql = "COMMIT"
+[[step]]
+name = "b-commit"
+session = "b"
+sql = "COMMIT"
+"""
+
+
+def test_a_write_skew_40001_is_shown_with_the_sIRead_locks_held(pgrace_run: RunScenario) -> None:
+    run = pgrace_run(
+        scenario(
+            WRITE_SKEW,
+            '["a", "b"]',
+            "CREATE TABLE doctors (id int PRIMARY KEY, on_call bool); INSERT INTO doctors VALUES (1, true), (2, true)",
+        )
+    )
+    steps = by_name(run)
+    assert [lock.label() for lock in steps["a-read"].other_locks_after if lock.kind == "predicate"] == [
+        "a: SIRead doctors"
+    ]
+    commit = steps["b-commit"]
+    assert commit.outcome is not None and commit.outcome.error is not None
+    assert commit.outcome.error.sqlstate == "40001"
+    sireads = {(lock.session, lock.describe_row()) for lock in commit.predicate_locks_at_error}
+    assert {("a", "doctors"), ("b", "doctors")} <= sireads  # a's outlive its commit: b overlapped it
+    text = render_text(run)  # rows only by default, yet the failure is explained
+    assert serialization_text(commit.predicate_locks_at_error).startswith("⚑ SIRead locks held before it: a: doctors")
+    assert "⚑ SIRead locks held before it: a:" in text
+    [b_commit] = [s for s in run_to_dict(run)["steps"] if s["name"] == "b-commit"]
+    assert {(lock["session"], lock["table"], lock["kind"]) for lock in b_commit["error"]["predicate_locks"]} >= {
+        ("a", "doctors", "predicate"),
+        ("b", "doctors", "predicate"),
+    }
