@@ -357,7 +357,8 @@ class LockInspector:
         """Any wait but a row's: the chain from the conflict table, then what the lock is."""
         chain = self._chain(locks, pid, {pid})
         holds = [link for link in chain if link.how == "holds"]
-        end = holds[-1] if holds else None
+        direct = [link for link in holds if link.waiter == self.name_of(pid)]
+        end = direct[0] if direct else holds[-1] if holds else None  # a holder of ours, else the queue's
         queued = tuple(link.session for link in chain if link.how == "queued" and link.waiter == self.name_of(pid))
         common: dict[str, Any] = {
             "mode": lock.mode,
@@ -540,7 +541,7 @@ class LockInspector:
         transaction's SIRead locks outlive it and stay listed under its session.
         """
         locks = self.snapshot(blocking=False)
-        tables = {t.oid: t for t in self.tables()}
+        tables: dict[int, Table] | None = None  # read only for an SIRead lock on a tuple
         out: list[RowLock] = []
         seen_advisory: set[tuple[int, tuple[int, ...], bool]] = set()
         for lock in locks.rows:
@@ -554,7 +555,9 @@ class LockInspector:
             elif lock.relname is None or not self._watched(lock.nspname):
                 continue
             elif lock.mode == "SIReadLock":
-                out.append(self._predicate_lock(lock, session, tables.get(lock.relation)))
+                if tables is None and lock.locktype == "tuple":
+                    tables = {t.oid: t for t in self.tables()}
+                out.append(self._predicate_lock(lock, session, (tables or {}).get(lock.relation)))
             elif lock.locktype == "relation" and lock.relkind in ("r", "p", "m", "f"):
                 out.append(RowLock(None, "", lock.relname, session, lock.mode, kind="relation"))
         self._advisory_levels = {k: v for k, v in self._advisory_levels.items() if k in seen_advisory}

@@ -4,16 +4,47 @@ locks, unique-index waits, virtual transactions, SIRead locks (issue 10, finding
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pgrace import api
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.locks import CONFLICTS, LOCK_MODES, advisory_keys, advisory_level_in
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.common import describe_wait, serialization_text
 from pgrace.render.json import run_to_dict
+from pgrace.render.markdown import render_markdown
+from pgrace.render.mermaid import render_mermaid
+from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
+from pgrace.runner import RunOptions
+from pgrace.servers import ServerInfo, open_server
 from pgrace.timeline import AdvisoryKey, Blocker, Run, StepRun
+
+PG15 = Path("/usr/lib/postgresql/15/bin")
+
+
+@pytest.fixture(scope="module", params=["embedded", "postgresql-15"])
+def server(request: pytest.FixtureRequest, pgrace_server: ServerInfo) -> Iterator[ServerInfo]:
+    """Every lock kind on the embedded server and on Debian's PostgreSQL 15, when installed."""
+    if request.param == "embedded":
+        yield pgrace_server
+        return
+    if not (PG15 / "postgres").exists():
+        pytest.skip(f"no PostgreSQL 15 at {PG15}")
+    with open_server(str(PG15)) as local:
+        yield local
+
+
+@pytest.fixture
+def pgrace_run(server: ServerInfo) -> RunScenario:
+    def run(scenario: Any, **options: Any) -> Run:
+        return api.run(scenario, server=server, options=RunOptions(**options))
+
+    return run
 
 
 def scenario(body: str, sessions: str, setup: str, name: str = "locks"):  # type: ignore[no-untyped-def]
@@ -104,6 +135,10 @@ def test_a_table_lock_queue_tells_queued_behind_from_waiting_for(pgrace_run: Run
     assert "migration holds" not in text
     assert "queued for table jobs (wants AccessShareLock) behind migration (wants" in " ".join(text.split())
     assert "migration waits for s1 (s1 holds AccessShareLock)" in " ".join(text.split())
+    # every format says the same: the pictures' short form, Markdown's long one
+    assert "queued behind migration for table jobs (migration waits for s1)" in render_mermaid(run)
+    assert "migration waits for s1 (s1 holds AccessShareLock)" in render_markdown(run)
+    assert "queued behind migration for table jobs (migration waits for s1)" in render_svg(run)
     # the locks column (--locks all) shows the table lock s1 holds
     read_open = steps["read-open"]
     assert [lock.label() for lock in read_open.other_locks_after] == ["s1: table jobs AccessShareLock"]

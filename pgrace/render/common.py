@@ -172,7 +172,8 @@ def wait_phrase(wait: Wait) -> str:
         return f"waits for {who}'s {ends}" + (f" ({why})" if why else "")
     if wait.kind != "row" and _queued_ahead(wait):
         text = f"queued behind {', '.join(_queued_ahead(wait))} for {wait_target(wait)}"
-        return text + (f" (held by {wait.holder})" if wait.holder and wait.holder not in wait.blocked_by else "")
+        last = [link for link in wait.chain if link.how == "holds" and link.waiter != _waiter(wait)]
+        return text + (f" ({last[-1].waiter} waits for {last[-1].session})" if last else "")
     text = f"waits for {who} on {wait_target(wait)}"
     if wait.queued_behind and wait.holder and wait.holder not in wait.blocked_by:
         text += f" (held by {wait.holder})"
