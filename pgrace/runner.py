@@ -277,6 +277,7 @@ class Runner:
         self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
         self.permutation = permutation
         self.unlaunched = 0
+        self.releases = ReleaseTracker()  # waits and completions never cross permutations
         for session in self.sessions.values():
             if session.lost is not None:  # every permutation starts with all sessions connected
                 self._reconnect(session)

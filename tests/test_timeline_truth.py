@@ -198,7 +198,7 @@ def test_a_terminated_holder_releases_the_waiter(pgrace_run: RunScenario) -> Non
     run = pgrace_run(RACES / "crashed-worker.toml")
     steps = by_name(run)
     assert steps["claim2"].release == Release("terminated", session="worker1")
-    assert "resumes: worker1's backend was terminated" in " ".join(text_of(run).split())
+    assert "resumes: worker1's connection is gone" in " ".join(text_of(run).split())
     assert run.ok, [c for c in run.checks if not c.ok]
 
 

@@ -320,7 +320,8 @@ def release_phrase(seq: int, release: Release | None, launched: Mapping[int, Ste
 
     ``resumes after alice's COMMIT (step 6)``; ``ends: the deadlock detector chose it as the
     victim``; ``resumes: released by the deadlock detector (victim: step 6)``; ``ends: its
-    lock_timeout expired`` ...
+    lock_timeout expired``; ``resumes: worker1's connection is gone`` (its backend was
+    terminated, or it crashed: its transaction rolled back) ...
     """
     if release is None or release.cause == "unknown":
         return "resumes; no step of the scenario released it"
@@ -335,9 +336,9 @@ def release_phrase(seq: int, release: Release | None, launched: Mapping[int, Ste
     if release.cause == "terminated":
         own = launched[seq].session if seq in launched else None
         if release.session is None or release.session == own:
-            return "ends: its backend was terminated"
+            return "ends: its connection is gone"
         during = f" (step {release.seq})" if release.seq is not None and release.seq in launched else ""
-        return f"resumes: {release.session}'s backend was terminated{during}"
+        return f"resumes: {release.session}'s connection is gone{during}"
     return {
         "lock_timeout": "ends: its lock_timeout expired",
         "statement_timeout": "ends: its statement_timeout expired",
