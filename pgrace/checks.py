@@ -8,10 +8,11 @@ and what happened, so ``pgrace check`` can explain a failure in one line.
 from __future__ import annotations
 
 from decimal import Decimal
+from fnmatch import fnmatchcase
 from typing import Any
 
-from pgrace.model import RowRef, Scenario, StepExpectation
-from pgrace.timeline import RELEASE_CAUSES, CheckResult, Outcome, RowLock, Run, StepRun
+from pgrace.model import RowRef, Scenario, StepExpectation, WaitTarget
+from pgrace.timeline import RELEASE_CAUSES, CheckResult, Outcome, RowLock, Run, SqlError, StepRun, Wait
 
 NULL = "NULL"  # TOML has no null: the string "NULL" in expected rows matches SQL NULL
 
@@ -81,12 +82,21 @@ def _step_checks(run: StepRun, expect: StepExpectation, line: int | None, locks_
             "waits for " + ", ".join(expect.waits_for),
             waited_desc,
         )
-    if expect.waits_on is not None:
+    if isinstance(expect.waits_on, RowRef):
         rows = [w.row for w in run.waits if w.row is not None]
+        target = expect.waits_on
         add(
-            f"waits on {expect.waits_on}",
-            run.waited and any(row_matches(r, expect.waits_on) for r in rows),
-            f"waits on {expect.waits_on}",
+            f"waits on {target}",
+            run.waited and any(row_matches(r, target) for r in rows),
+            f"waits on {target}",
+            waited_desc,
+        )
+    elif expect.waits_on is not None:
+        other = expect.waits_on
+        add(
+            f"waits on {other}",
+            run.waited and any(wait_matches(w, other) for w in run.waits),
+            f"waits on {other}",
             waited_desc,
         )
     error = run.outcome.error if run.outcome else None
@@ -113,6 +123,22 @@ def _step_checks(run: StepRun, expect: StepExpectation, line: int | None, locks_
             f"released by {expect.released_by}",
             _describe_release(run),
         )
+    if expect.message is not None:
+        add(
+            f"fails with a message like {expect.message!r}",
+            error is not None and fnmatchcase(error.message, expect.message),
+            f"an error like {expect.message!r}",
+            actual_error,
+        )
+    if expect.deadlock is not None:
+        cycle = f" of {', '.join(expect.deadlock)}" if expect.deadlock else ""
+        victim = error is not None and error.sqlstate == "40P01"
+        add(
+            f"is the victim of a deadlock{cycle}",
+            victim and (not expect.deadlock or _cycle_sessions(error) == set(expect.deadlock)),
+            f"error 40P01{cycle}",
+            actual_error + (f" (cycle: {', '.join(error.cycle)})" if error is not None and error.cycle else ""),
+        )
     if expect.rows is not None:
         actual_rows = _rows_of(run.outcome) if run.outcome else []
         add(
@@ -137,6 +163,25 @@ def _step_checks(run: StepRun, expect: StepExpectation, line: int | None, locks_
             )
             add("row locks after it", ok, expected, format_locks(held))
     return out
+
+
+def _cycle_sessions(error: SqlError | None) -> set[str]:
+    """The sessions of a deadlock cycle: each link reads "<session> waits for ...", a session name has no space."""
+    return {link.split(" ", 1)[0] for link in error.cycle} if error is not None else set()
+
+
+def wait_matches(wait: Wait, target: WaitTarget) -> bool:
+    """A recorded wait is the one a scenario expects (a table's lock, an advisory key, a transaction, a unique key)."""
+    if target.kind == "relation":
+        return wait.kind == "relation" and wait.table == target.table and target.mode in (None, wait.mode)
+    if target.kind == "advisory":
+        return wait.kind == "advisory" and wait.advisory is not None and wait.advisory.keys == target.advisory
+    if target.kind == "transaction":
+        return wait.kind == "transaction" and target.session in (wait.holder, *wait.blocked_by)
+    indexes = (
+        wait.unique_indexes
+    )  # one name is the index; several are candidates, and the expected one must be among them
+    return wait.kind == "transaction" and bool(indexes) and (target.index is None or target.index in indexes)
 
 
 def _lock_matches(lock: RowLock, row: RowRef, session: str, mode: str | None) -> bool:

@@ -45,10 +45,41 @@ class LockExpectation:
 
 
 @dataclass(frozen=True)
+class WaitTarget:
+    """A wait on something other than one row, as a scenario expects it.
+
+    ``relation``: a table's lock (``mode``, if given, is the mode the step wants, as
+    pg_locks names it: ``AccessExclusiveLock``); ``advisory``: an advisory lock's key
+    (one bigint or two int4); ``transaction``: the end of ``session``'s transaction;
+    ``unique``: an insert waiting for another transaction that wrote the same key of a
+    unique index (``index``, if given, must be the index or among its candidates).
+    """
+
+    kind: Literal["relation", "advisory", "transaction", "unique"]
+    table: str | None = None
+    mode: str | None = None
+    advisory: tuple[int, ...] = ()
+    session: str | None = None
+    index: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "relation":
+            return f"table {self.table}" + (f" ({self.mode})" if self.mode else "")
+        if self.kind == "advisory":
+            return "advisory lock " + (str(self.advisory[0]) if len(self.advisory) == 1 else str(self.advisory))
+        if self.kind == "transaction":
+            return f"{self.session}'s transaction"
+        return "a unique key" + (f" of {self.index}" if self.index else "")
+
+
+@dataclass(frozen=True)
 class StepExpectation:
     """What a scenario author pins about one step; every field None means "not checked".
 
-    ``sqlstate`` is an SQLSTATE, or the empty string for "must not fail".
+    ``sqlstate`` is an SQLSTATE, or the empty string for "must not fail"; ``message`` a
+    shell-style pattern (``*lock timeout*``) the error's message must match.
+    ``deadlock``: the step is a deadlock's victim (40P01), the cycle made of these
+    sessions (empty: any cycle).
     ``locks`` is the exact set of row locks held by all sessions after the step.
     ``released_by`` is a session whose step ended the wait, or a cause
     (:data:`pgrace.timeline.RELEASE_CAUSES`: ``deadlock``, ``lock_timeout`` ...).
@@ -58,16 +89,23 @@ class StepExpectation:
 
     waits: bool | None = None
     waits_for: tuple[str, ...] | None = None
-    waits_on: RowRef | None = None
+    waits_on: RowRef | WaitTarget | None = None
     sqlstate: str | None = None
     rows: tuple[tuple[Any, ...], ...] | None = None
     locks: tuple[LockExpectation, ...] | None = None
     released_by: str | None = None
     may_fail: bool = False
+    message: str | None = None
+    deadlock: tuple[str, ...] | None = None
 
     def allows_error(self, sqlstate: str) -> bool:
-        """An error with this SQLSTATE is what the author expects (exactly, or "may fail")."""
-        return self.may_fail or self.sqlstate == sqlstate
+        """An error with this SQLSTATE is what the author expects (exactly, "may fail", a message, a deadlock)."""
+        return (
+            self.may_fail
+            or self.sqlstate == sqlstate
+            or self.message is not None
+            or (self.deadlock is not None and sqlstate == "40P01")
+        )
 
     def is_empty(self) -> bool:
         return self == StepExpectation()

@@ -30,6 +30,7 @@ from pgrace.model import (
     Session,
     Step,
     StepExpectation,
+    WaitTarget,
 )
 from pgrace.render.escape import control_in_name
 from pgrace.timeline import RELEASE_CAUSES
@@ -57,7 +58,33 @@ DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
 MAX_SLEEP = 60.0
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
 VARIANT_KEYS = {"title", "narrative", "step", "check", "setup"}
-EXPECT_KEYS = {"waits", "waits_for", "waits_on", "error", "may_fail", "rows", "locks", "released_by"}
+EXPECT_KEYS = {
+    "waits",
+    "waits_for",
+    "waits_on",
+    "error",
+    "message",
+    "deadlock",
+    "may_fail",
+    "rows",
+    "locks",
+    "released_by",
+}
+WAIT_KEYS = {"table", "key", "mode", "advisory", "transaction_of", "unique_index"}
+TABLE_MODES = (
+    "AccessShareLock",
+    "RowShareLock",
+    "RowExclusiveLock",
+    "ShareUpdateExclusiveLock",
+    "ShareLock",
+    "ShareRowExclusiveLock",
+    "ExclusiveLock",
+    "AccessExclusiveLock",
+)
+WAITS_ON = (
+    'waits_on is a row { table = "jobs", key = { id = 1 } }, a table { table = "jobs", mode = "AccessExclusiveLock" },'
+    ' { advisory = 42 }, { transaction_of = "web1" } or { unique_index = "jobs_pkey" } (or true)'
+)
 CHECK_KEYS = {"description", "sql", "rows"}
 LOCK_KEYS = {"table", "key", "session", "mode"}
 ROW_MODES = {
@@ -525,16 +552,75 @@ class Builder:
                 "released_by",
             )
         rows = raw.get("rows")
+        message = raw.get("message")
+        if message is not None and not isinstance(message, str):
+            raise self.loc.error(
+                'expect.message is a pattern of the error message, such as "*lock timeout*"', *where, "message"
+            )
         return StepExpectation(
             released_by=released_by,
             may_fail=may_fail,
             waits=waits,
             waits_for=waits_for,
-            waits_on=self._row_ref(raw.get("waits_on"), (*where, "waits_on")) if "waits_on" in raw else None,
+            waits_on=self._wait_target(raw["waits_on"], sessions, (*where, "waits_on")) if "waits_on" in raw else None,
             sqlstate=sqlstate,
+            message=message,
+            deadlock=self._deadlock(raw["deadlock"], sessions, (*where, "deadlock")) if "deadlock" in raw else None,
             rows=self._rows(rows, (*where, "rows")) if rows is not None else None,
             locks=self._locks(raw.get("locks"), sessions, (*where, "locks")) if "locks" in raw else None,
         )
+
+    def _wait_target(self, raw: Any, sessions: list[str], where: KeyPath) -> RowRef | WaitTarget:
+        """What a step waits on: a row (as always), a table, an advisory key, a transaction or a unique key."""
+        if not isinstance(raw, dict) or not raw:
+            raise self.loc.error(WAITS_ON, *where)
+        self._check_keys(raw, WAIT_KEYS, where, "waits_on key")
+        if "key" in raw:
+            if set(raw) != {"table", "key"}:
+                raise self.loc.error(WAITS_ON, *where)
+            return self._row_ref(raw, where)
+        if "table" in raw:
+            mode = raw.get("mode")
+            if not isinstance(raw["table"], str) or set(raw) - {"table", "mode"}:
+                raise self.loc.error(WAITS_ON, *where)
+            if mode is not None:
+                wanted = re.sub(r"\s+|lock$", "", str(mode).lower())
+                known = {m.lower().removesuffix("lock"): m for m in TABLE_MODES}
+                if wanted not in known:
+                    raise self.loc.error(f"table lock mode is one of {', '.join(TABLE_MODES)}, not {mode!r}", *where)
+                mode = known[wanted]
+            return WaitTarget("relation", table=raw["table"], mode=mode)
+        if len(raw) != 1 or "mode" in raw:
+            raise self.loc.error(WAITS_ON, *where)
+        if "advisory" in raw:
+            key = raw["advisory"]
+            keys = tuple(key) if isinstance(key, list) else (key,)
+            if not 1 <= len(keys) <= 2 or not all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
+                raise self.loc.error("waits_on.advisory is a key: one whole number, or a list of two", *where)
+            return WaitTarget("advisory", advisory=keys)
+        if "transaction_of" in raw:
+            who = raw["transaction_of"]
+            if who not in sessions:
+                raise self.loc.error(
+                    f"waits_on.transaction_of names unknown session {who!r}{did_you_mean(str(who), sessions)}", *where
+                )
+            return WaitTarget("transaction", session=who)
+        index = raw["unique_index"]
+        if index is not True and not isinstance(index, str):
+            raise self.loc.error("waits_on.unique_index is the unique index's name, or true for any", *where)
+        return WaitTarget("unique", index=None if index is True else index)
+
+    def _deadlock(self, raw: Any, sessions: list[str], where: KeyPath) -> tuple[str, ...]:
+        if raw is True:
+            return ()
+        if not isinstance(raw, list) or len(raw) < 2 or not all(isinstance(s, str) for s in raw):
+            raise self.loc.error('expect.deadlock is true, or the sessions of the cycle: ["alice", "bob"]', *where)
+        for who in raw:
+            if who not in sessions:
+                raise self.loc.error(
+                    f"expect.deadlock names unknown session {who!r}{did_you_mean(who, sessions)}", *where
+                )
+        return tuple(raw)
 
     def _row_ref(self, raw: Any, where: tuple[str | int, ...]) -> RowRef:
         if not isinstance(raw, dict) or not isinstance(raw.get("table"), str) or not isinstance(raw.get("key"), dict):
