@@ -3,15 +3,44 @@
 The pipeline: a scenario file is parsed into a :class:`Scenario`; the runner runs its
 sessions' steps in a fixed interleaving against a real PostgreSQL and records a
 :class:`Run` (a timeline of typed events); renderers turn the run into text or JSON.
+
+The public names are imported on first use (PEP 562), so that importing a submodule,
+such as the console entry point, does not pay for psycopg (and cannot be caught by
+Ctrl-C half-way through importing it).
 """
 
-from pgrace.api import run
-from pgrace.catalog import load
-from pgrace.errors import PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
-from pgrace.model import Scenario, Session, Step
-from pgrace.runner import RunOptions
-from pgrace.servers import ServerInfo, open_server
-from pgrace.timeline import CheckResult, Run, StepRun
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pgrace.api import run
+    from pgrace.catalog import load
+    from pgrace.errors import PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
+    from pgrace.model import Scenario, Session, Step
+    from pgrace.runner import RunOptions
+    from pgrace.servers import ServerInfo, open_server
+    from pgrace.timeline import CheckResult, Run, StepRun
+
+_HOMES = {
+    "CheckResult": "pgrace.timeline",
+    "PgraceError": "pgrace.errors",
+    "Run": "pgrace.timeline",
+    "RunAborted": "pgrace.errors",
+    "RunOptions": "pgrace.runner",
+    "Scenario": "pgrace.model",
+    "ScenarioError": "pgrace.errors",
+    "ServerInfo": "pgrace.servers",
+    "ServerUnavailable": "pgrace.errors",
+    "Session": "pgrace.model",
+    "SetupFailed": "pgrace.errors",
+    "Step": "pgrace.model",
+    "StepRun": "pgrace.timeline",
+    "load": "pgrace.catalog",
+    "open_server": "pgrace.servers",
+    "run": "pgrace.api",
+}
 
 __all__ = [
     "CheckResult",
@@ -31,3 +60,12 @@ __all__ = [
     "open_server",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pgrace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -20,7 +20,15 @@ from typing import Any, Literal
 import click
 
 from pgrace import api, catalog
-from pgrace.errors import PgraceError, ScenarioError
+from pgrace.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    EXIT_SIGTERM,
+    PgraceError,
+    ScenarioError,
+    Terminated,
+    exit_code_of_interrupt,
+)
 from pgrace.model import Scenario
 from pgrace.render.escape import visible, without_controls
 from pgrace.render.json import render_json
@@ -35,18 +43,17 @@ FORMATS = ("text", "json", "isolation", "html", "svg", "mermaid", "markdown")
 COMPARE_FORMATS = ("text", "html", "svg", "markdown")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, turned into an exception so that every context manager cleans up."""
-
-    signum = signal.SIGTERM
-
-
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
 class PgraceGroup(click.Group):
-    """Turns pgrace's own errors into one line on stderr and the error's exit code."""
+    """Turns every way a command can end into one line on stderr and a documented exit code.
+
+    pgrace's own errors carry their code; Ctrl-C and SIGTERM (an exception after
+    cleanup ran) give 130 and 143; anything else is a bug: one line and exit 4, the
+    traceback only with PGRACE_DEBUG=1.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         previous: Any = None
@@ -58,9 +65,18 @@ class PgraceGroup(click.Group):
             click.echo(f"pgrace: {visible(scrub_secrets(str(exc)))}", err=True)  # no password, no control char
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
-            signum = getattr(exc, "signum", signal.SIGINT)
-            click.echo(f"pgrace: {'terminated' if signum == signal.SIGTERM else 'interrupted'}; cleaned up", err=True)
-            ctx.exit(128 + signum)
+            code = exit_code_of_interrupt(exc)
+            click.echo(f"pgrace: {'terminated' if code == EXIT_SIGTERM else 'interrupted'}; cleaned up", err=True)
+            ctx.exit(code)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except BrokenPipeError:  # stdout closed early (`pgrace run x | head`): nothing more to say
+            ctx.exit(EXIT_BROKEN_PIPE)
+        except Exception as exc:
+            from pgrace.entry import report_internal_error
+
+            report_internal_error(exc)
+            ctx.exit(EXIT_INTERNAL)
         finally:
             # Cleanup is done: a late SIGTERM (e.g. during interpreter shutdown) just ends the process.
             if previous is not None:

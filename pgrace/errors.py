@@ -1,11 +1,24 @@
 """Every error pgrace raises on purpose, each with the exit code the CLI uses for it.
 
     PgraceError                     exit 1, base class
-    ├── ScenarioError               exit 2, a scenario file or option is invalid (file:line)
-    │   └── SetupFailed             exit 2, the scenario's own setup SQL failed on the server
+    ├── ScenarioError               exit 2, invalid input: a scenario or spec file (file:line),
+    │                                       an option value, a malformed --dsn
+    ├── ScenarioFailed              exit 1, the scenario could not run to its end on this server:
+    │   ├── SetupFailed                     its setup SQL failed, or
+    │   └── StepsStuck                      its steps blocked each other (isolationtester: exit 1)
     ├── ServerUnavailable           exit 3, no PostgreSQL server could be had
     └── RunAborted                  exit 3, the server (or pgrace's control or observer
                                     connection) went away in the middle of a run
+
+Exit codes, one meaning each (the CLI's help and the README carry the same table):
+
+    0  ran, and every expectation held
+    1  ran, and an expectation did not hold, or the scenario could not run to its end
+    2  invalid input
+    3  no server could be had (it could not be started or reached, or went away)
+    4  internal error: a bug in pgrace (PGRACE_DEBUG=1 shows the traceback)
+    130 / 143  interrupted by SIGINT / SIGTERM, after cleaning up
+    141  stdout was closed before pgrace finished writing (e.g. piped into `head`)
 
 The CLI turns any of these into one line on stderr and the class's exit code; nothing
 else in pgrace prints them.  SQL errors raised *by a step* are not exceptions at all:
@@ -14,17 +27,38 @@ they are recorded in the timeline as data, with their SQLSTATE.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pgrace.timeline import Run
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_NO_SERVER = 3
+EXIT_INTERNAL = 4
+EXIT_BROKEN_PIPE = 141
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that every context manager cleans up as for Ctrl-C."""
+
+
+def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM: the shell's 128 + signal number."""
+    return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+
 
 class PgraceError(Exception):
     """Base class: a failure that pgrace reports as one line and an exit code."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
-class ScenarioError(PgraceError):
-    """The input is invalid: a scenario or spec file, or an option value."""
-
-    exit_code = 2
+class _Located(PgraceError):
+    """An error that may name the file and line it is about."""
 
     def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:
         self.message = message
@@ -40,14 +74,34 @@ class ScenarioError(PgraceError):
         return f"{self.file}:{self.line}: {self.message}"
 
 
-class SetupFailed(ScenarioError):
-    """The scenario's setup SQL was rejected by the server."""
+class ScenarioError(_Located):
+    """The input is invalid: a scenario or spec file, an option value or a connection string."""
+
+    exit_code = EXIT_INVALID
+
+
+class ScenarioFailed(_Located):
+    """The scenario ran on a server but could not reach its end: a property of the scenario.
+
+    ``run`` holds what was recorded up to the failure (set by the runner).
+    """
+
+    exit_code = EXIT_FAILED
+    run: Run | None = None
+
+
+class SetupFailed(ScenarioFailed):
+    """The scenario's setup SQL was rejected by the server (isolationtester: ``setup failed``, exit 1)."""
+
+
+class StepsStuck(ScenarioFailed):
+    """Steps that can never finish: mutually-blocking markers, or a step that outlived its cancel."""
 
 
 class ServerUnavailable(PgraceError):
     """No server could be started or reached."""
 
-    exit_code = 3
+    exit_code = EXIT_NO_SERVER
 
 
 class RunAborted(PgraceError):
@@ -56,4 +110,4 @@ class RunAborted(PgraceError):
     A scenario session losing its connection is not an error: it is recorded in the run.
     """
 
-    exit_code = 3
+    exit_code = EXIT_NO_SERVER

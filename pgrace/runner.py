@@ -35,7 +35,7 @@ import psycopg
 from psycopg import pq
 
 from pgrace import scratch, variables
-from pgrace.errors import RunAborted, ScenarioError, SetupFailed
+from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed, SetupFailed, StepsStuck
 from pgrace.locks import LockInspector, LockSnapshot
 from pgrace.model import PermutationStep, Scenario, Step
 from pgrace.releases import ReleaseTracker
@@ -179,8 +179,12 @@ def run_scenario(
         row_locks_available and options.track_row_locks,
         lock_kinds=options.lock_kinds,
     )
-    with Runner(scenario, dsn, run, options, schema) as runner:
-        runner.run_all()
+    try:
+        with Runner(scenario, dsn, run, options, schema) as runner:
+            runner.run_all()
+    except ScenarioFailed as failed:
+        failed.run = run  # what happened up to the failure, for whoever reports it
+        raise
     return run
 
 
@@ -361,14 +365,18 @@ class Runner:
             if self._try_complete(earlier, blocking=True, retry=True):
                 self.waiting.remove(earlier)
             elif self.waiting == [earlier]:  # held by a marker that nothing left can clear
-                raise RunAborted(f"failed to complete permutation due to mutually-blocking steps: {earlier.step.name}")
+                raise self._stuck(f"failed to complete permutation due to mutually-blocking steps: {earlier.step.name}")
             elif time.perf_counter() > deadline:  # held by a marker that nothing clears in time
                 names = ", ".join(a.step.name for a in self.waiting)
-                raise RunAborted(f"step {earlier.step.name} timed out; active steps are: {names}")
+                raise self._stuck(f"step {earlier.step.name} timed out; active steps are: {names}")
             if self.waiting:
                 self._poll_waiting(blocking=False)
         if self.last_done != done_before:
             self._observe_locks(self.last_done)  # locks after the completions, before the next launch
+
+    def _stuck(self, message: str) -> StepsStuck:
+        """Steps that can never finish: the scenario's outcome (isolationtester exits 1), not the server's fault."""
+        return StepsStuck(message, self.scenario.source)
 
     def _reconnect(self, session: SessionConnection) -> None:
         """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
@@ -544,7 +552,7 @@ class Runner:
             self._poll_waiting(blocking=True)
             if len(self.waiting) == pending:
                 names = ", ".join(a.step.name for a in self.waiting)
-                raise RunAborted(f"failed to complete permutation due to mutually-blocking steps: {names}")
+                raise self._stuck(f"failed to complete permutation due to mutually-blocking steps: {names}")
             self._observe_locks(self.last_done)  # a resolution (commit, deadlock, timeout) changes who holds what
 
     def _idle(self) -> None:
@@ -604,7 +612,7 @@ class Runner:
         elapsed = time.perf_counter() - called
         if active.cancelled or elapsed < self.options.step_timeout:
             if active.cancelled and elapsed > 3 * self.options.step_timeout:
-                raise RunAborted(f"step {active.step.name} did not finish even after it was cancelled")
+                raise self._stuck(f"step {active.step.name} did not finish even after it was cancelled")
             return False
         graph = self.inspector.blocking_graph()
         holders = self._holders(graph)
@@ -782,8 +790,10 @@ class Runner:
         outcome = self._exec(pgconn, text, session)
         if outcome.error is not None:
             where = f"setup of session {session}" if session else "setup"
+            error = outcome.error
+            cancelled = f" ({error.detail})" if error.detail and error.detail.startswith("pgrace cancelled") else ""
             raise SetupFailed(
-                f"{where} failed: {outcome.error.severity}:  {outcome.error.message}",
+                f"{where} failed: {error.severity}:  {error.message}{cancelled}",
                 self.scenario.source,
                 self.scenario.setup_line,
             )
@@ -793,24 +803,66 @@ class Runner:
         self.recorder.add(SetupRan("teardown", session, self._exec(pgconn, text, session), self.recorder.now()))
 
     def _exec(self, pgconn: pq.abc.PGconn, text: str, session: str | None = None) -> Outcome:
-        """PQexec semantics: only the last result of a multi-statement block is kept.
+        """PQexec semantics (only the last result of a multi-statement block is kept), bounded in time.
+
+        The SQL is sent asynchronously and waited for with ``select``, so Ctrl-C and SIGTERM
+        are answered at once, and a statement still running after the step timeout (say a
+        teardown's DROP waiting on a session left inside a transaction) is cancelled, as
+        a step would be; the error then says pgrace cancelled it.
 
         The control connection (``session`` None) or a session's setup losing its
         connection ends the run: without it there is no story to tell.
         """
         if self.scenario.format == "pgrace":
             text = substitute(text, self.params)
-        res = pgconn.exec_(text.encode())
-        if pgconn.status == pq.ConnStatus.BAD:
-            server_said = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+        where = f"session {session}'s connection" if session else "pgrace's control connection"
+        try:
+            pgconn.send_query(text.encode())
+            while pgconn.flush():
+                select.select([], [pgconn.socket], [], 0.1)
+            cancelled = self._await_idle(pgconn, text)
+        except psycopg.OperationalError as exc:
+            raise self._aborted(where, _first_line(str(exc))) from None
+        res: pq.abc.PGresult | None = None
+        while (latest := pgconn.get_result()) is not None:
+            res = latest
+            if latest.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+                break  # as PQexec: COPY ... STDIN/STDOUT has nobody to talk to here
+        if pgconn.status == pq.ConnStatus.BAD or res is None:
+            server_said = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) if res is not None else None
             detail = server_said.decode("utf-8", "replace") if server_said else pgconn.get_error_message()
-            where = f"session {session}'s connection" if session else "pgrace's control connection"
             raise self._aborted(where, _first_line(detail))
         if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
-            return Outcome(error=sql_error(res))
+            error = sql_error(res)
+            if cancelled and error.sqlstate == "57014":
+                why = f"pgrace cancelled it after --step-timeout {self.options.step_timeout:g} s"
+                error = dataclasses.replace(error, detail=f"{why}; {error.detail}" if error.detail else why)
+            return Outcome(error=error)
         if res.status == pq.ExecStatus.TUPLES_OK:
             return Outcome((result_set(res),))
         return Outcome(commands=((res.command_status or b"").decode(),))
+
+    def _await_idle(self, pgconn: pq.abc.PGconn, text: str) -> bool:
+        """Wait until the connection's results are all in; cancel once at the step timeout.
+
+        Returns whether pgrace cancelled the statement. A statement that outlives its
+        cancel by twice the timeout again leaves the connection unusable: that ends the run.
+        """
+        started = time.perf_counter()
+        cancelled = False
+        while pgconn.is_busy():
+            readable, _, _ = select.select([pgconn.socket], [], [], 0.05)
+            if readable:
+                pgconn.consume_input()
+                continue
+            self._idle()
+            elapsed = time.perf_counter() - started
+            if not cancelled and elapsed >= self.options.step_timeout:
+                pgconn.get_cancel().cancel()
+                cancelled = True
+            elif cancelled and elapsed >= 3 * self.options.step_timeout:
+                raise self._stuck(f"SQL did not finish even after it was cancelled: {_first_line(text)}")
+        return cancelled
 
     def _run_checks(self) -> None:
         for index, check in enumerate(self.scenario.checks):
