@@ -8,6 +8,7 @@ user in exactly one place, :class:`PgraceGroup`, as one line and the error's exi
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -83,13 +84,42 @@ class PgraceGroup(click.Group):
                 signal.signal(signal.SIGTERM, previous)
 
 
-@click.group(cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class Seconds(click.ParamType):
+    """A positive, finite number of seconds: click's FloatRange lets ``nan`` and ``inf`` through."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} is not a positive, finite number of seconds", param, ctx)
+        return seconds
+
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    ran, and every expectation held
+  1    ran, and an expectation did not hold, or the scenario could not run to its end
+       (its setup failed on this server, or its steps blocked each other)
+  2    invalid input: a scenario file (file:line), an option, a connection string
+  3    no server could be had (not started, not reachable, or gone during the run)
+  4    internal error: a bug in pgrace (PGRACE_DEBUG=1 shows the traceback)
+  130  interrupted by Ctrl-C (SIGINT), after cleaning up
+  143  terminated by SIGTERM, after cleaning up
+  141  stdout was closed before pgrace finished writing (e.g. piped into head)
+"""
+
+
+@click.group(cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.version_option(package_name="pgrace")
 def main() -> None:
     """Reproduce PostgreSQL concurrency bugs on demand, against a real server."""
 
 
-@main.command("list")
+@main.command("list", epilog=EXIT_CODES_HELP)
 def list_command() -> None:
     """List the shipped scenarios, one line each."""
     for name in catalog.shipped_names():
@@ -121,7 +151,7 @@ def _variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
 scenario_argument = click.argument("scenario", metavar="SCENARIO")
 step_timeout_option = click.option(
     "--step-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=10.0,
     show_default=True,
     metavar="SECONDS",
@@ -151,7 +181,7 @@ param_option = click.option(
 )
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @scenario_argument
 @fix_option
 @bug_option
@@ -182,7 +212,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
         click.echo(f"\nother variant: {flag}: {chosen.other.title}")
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @scenario_argument
 @fix_option
 @bug_option
@@ -200,7 +230,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @click.option("--step", "step_by_step", is_flag=True, help="Presenter mode: press Enter to run each step.")
 @click.option(
     "--pace",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     metavar="SECONDS",
     help="Presenter mode: run one step every SECONDS.",
 )
@@ -359,7 +389,7 @@ def _run_compare(
     sys.exit(0 if all(r.ok for r in results) else 1)
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @click.argument("paths", metavar="[PATH]...", nargs=-1, type=click.Path(path_type=str))
 @click.option(
     "--server",
@@ -418,8 +448,8 @@ def check(
     a scenario is one case; a spec's isolationtester output must match NAME.out (or
     ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, a bug
     passes when some interleaving reproduces it and a fix (or a scenario with one variant)
-    when every interleaving satisfies its final checks. Exit status: 0 all held, 1 a case
-    failed, 2 invalid input, 3 no server.
+    when every interleaving satisfies its final checks. Exit code 1: a case
+    failed (see the exit codes below).
     """
     from pgrace import regression
     from pgrace.render.check import render_matrix, render_results
@@ -459,7 +489,7 @@ def check(
     sys.exit(1 if failed else 0)
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @click.option("--dsn", envvar="PGRACE_DSN", required=True, help="The server to clean (libpq URI or conninfo).")
 def clean(dsn: str) -> None:
     """Remove scratch databases and schemas that killed pgrace runs left on a server."""

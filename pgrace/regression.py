@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pgrace import api, catalog, speccheck
-from pgrace.errors import ScenarioError
+from pgrace.errors import ScenarioError, ScenarioFailed
 from pgrace.model import Scenario
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
@@ -95,11 +95,16 @@ def prepare(paths: Sequence[str], golden: bool = False, expected: Path | None = 
 def run_case(case: Case, server: ServerInfo, options: RunOptions | None = None, update: bool = False) -> CaseResult:
     """Run one case on one server and judge it."""
     started = time.perf_counter()
-    if case.spec is not None:  # isolationtester prints no row locks: skip reading them
-        checked = speccheck.run_check(case.spec, server, replace(options or RunOptions(), track_row_locks=False))
-        problems = [] if checked.passed else [_first_difference(checked.comparison)]
-        return CaseResult(case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run)
-    run = api.run(case.scenario, server=server, options=options)
+    try:
+        if case.spec is not None:  # isolationtester prints no row locks: skip reading them
+            checked = speccheck.run_check(case.spec, server, replace(options or RunOptions(), track_row_locks=False))
+            problems = [] if checked.passed else [_first_difference(checked.comparison)]
+            return CaseResult(
+                case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
+            )
+        run = api.run(case.scenario, server=server, options=options)
+    except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
+        return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
     result = CaseResult(case, server, run.ok, 0.0, run=run)
     for check in run.checks:
         if not check.ok:

@@ -9,7 +9,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgrace.errors import ServerUnavailable
+from pgrace.errors import ScenarioError, ServerUnavailable
 from pgrace.servers import ServerInfo, connstring_problem, describe_dsn, remember_secrets, scrub_secrets
 
 __all__ = ["existing_server"]
@@ -34,7 +34,8 @@ def existing_server(dsn: str) -> Iterator[ServerInfo]:
     except psycopg.ProgrammingError as exc:
         # libpq's parse errors quote pieces of the string: those are masked.
         problem = scrub_secrets(connstring_problem(exc), dsn)
-        raise ServerUnavailable(f"invalid PostgreSQL connection string (not shown): {problem}") from None
+        # Invalid input (exit 2), not an unavailable server.
+        raise ScenarioError(f"invalid PostgreSQL connection string (not shown): {problem}") from None
     if "connect_timeout" not in params:
         # Also in the DSN handed on, so no later connection hangs on a dead host either.
         dsn = make_conninfo(dsn, connect_timeout=str(CONNECT_TIMEOUT_S))

@@ -1,0 +1,232 @@
+"""Each exit code means one thing, for every command: one test per code per command.
+
+    0 held · 1 an expectation failed or the scenario could not run to its end · 2 invalid
+    input · 3 no server could be had · 4 internal error · 130/143 SIGINT/SIGTERM
+
+Codes 4, 130 and 143 are provoked in-process by making a function the command calls
+raise (a stand-in bug, Ctrl-C, SIGTERM); the real signals are sent to real processes in
+test_hangs.py and test_cleanup.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from pgrace.cli import main
+from pgrace.errors import Terminated
+from pgrace.servers import ServerInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+UNREACHABLE = "postgresql://nobody@127.0.0.1:1/db?connect_timeout=2"
+MALFORMED = "host=127.0.0.1 port='5432"
+FAILING = (
+    'setup = "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)"\n'
+    'sessions = ["a", "b"]\n'
+    '[[step]]\nsession = "a"\nsql = "BEGIN"\n'
+    '[[step]]\nsession = "a"\nsql = "SELECT id FROM t FOR UPDATE"\n'
+    '[[step]]\nname = "nowait"\nsession = "b"\nsql = "SELECT id FROM t FOR UPDATE NOWAIT"\n'
+    "expect = { error = false }\n"
+)
+SETUP_FAILS = "setup { SELECT 1/0; }\nsession s1\nstep s1a { SELECT 1; }\n"
+# s1a is held until s2 raises a notice, which s2a never does.
+MUTUALLY_BLOCKING = (
+    "session s1\nstep s1a { SELECT 1; }\nsession s2\nstep s2a { SELECT 2; }\npermutation s1a(s2a notices 1) s2a\n"
+)
+
+
+def invoke(args: list[str], env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(main, args, env={"PGRACE_DSN": "", **(env or {})})
+
+
+def one_line(result: Result) -> str:
+    assert "Traceback" not in result.output, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def file_of(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# -- 0 -------------------------------------------------------------------------------------
+
+
+def test_list_0() -> None:
+    assert invoke(["list"]).exit_code == 0
+
+
+def test_show_0() -> None:
+    assert invoke(["show", "nowait"]).exit_code == 0
+
+
+def test_run_0(pgrace_server: ServerInfo) -> None:
+    assert invoke(["run", "nowait", "--dsn", pgrace_server.dsn]).exit_code == 0
+
+
+def test_check_0(pgrace_server: ServerInfo) -> None:
+    assert invoke(["check", str(ROOT / "scenarios" / "nowait.toml"), "--dsn", pgrace_server.dsn]).exit_code == 0
+
+
+def test_clean_0(pgrace_server: ServerInfo) -> None:
+    assert invoke(["clean", "--dsn", pgrace_server.dsn]).exit_code == 0
+
+
+# -- 1 -------------------------------------------------------------------------------------
+
+
+def test_run_1_an_expectation_failed(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    assert invoke(["run", file_of(tmp_path, "f.toml", FAILING), "--dsn", pgrace_server.dsn]).exit_code == 1
+
+
+def test_run_1_the_setup_fails_on_this_server(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    path = file_of(tmp_path, "setup-fails.spec", SETUP_FAILS)
+    result = invoke(["run", path, "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 1
+    assert one_line(result) == f"pgrace: {path}:1: setup failed: ERROR:  division by zero"
+
+
+def test_run_1_steps_blocking_each_other_are_the_scenarios_outcome(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    path = file_of(tmp_path, "stuck.spec", MUTUALLY_BLOCKING)
+    result = invoke(["run", path, "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 1
+    assert one_line(result) == f"pgrace: {path}: failed to complete permutation due to mutually-blocking steps: s1a"
+
+
+def test_check_1_a_case_failed(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    assert invoke(["check", file_of(tmp_path, "f.toml", FAILING), "--dsn", pgrace_server.dsn]).exit_code == 1
+
+
+def test_check_1_a_spec_whose_setup_fails_is_a_failed_case(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    path = file_of(tmp_path, "setup-fails.spec", SETUP_FAILS)
+    (tmp_path / "setup-fails.out").write_text("\nstarting permutation: s1a\n")
+    result = invoke(["check", path, "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 1, result.output
+    assert "setup failed: ERROR:  division by zero" in result.stdout
+    assert result.stdout.rstrip().endswith("1 checks: 0 passed, 1 failed")
+
+
+# -- 2 -------------------------------------------------------------------------------------
+
+
+def test_list_2() -> None:
+    assert invoke(["list", "--no-such-option"]).exit_code == 2
+
+
+def test_show_2() -> None:
+    assert invoke(["show", "no-such-scenario"]).exit_code == 2
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e400", "ten"])
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_run_and_check_2_for_a_step_timeout_that_is_not_a_positive_finite_number(command: str, value: str) -> None:
+    target = "nowait" if command == "run" else str(ROOT / "scenarios" / "nowait.toml")
+    result = invoke([command, target, "--step-timeout", value, "--dsn", UNREACHABLE])
+    assert result.exit_code == 2, result.output
+    assert "--step-timeout" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_run_2_for_a_pace_that_is_not_a_positive_finite_number(value: str) -> None:
+    assert invoke(["run", "nowait", "--pace", value, "--dsn", UNREACHABLE]).exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["run", "check", "clean"])
+def test_2_for_a_malformed_dsn(command: str) -> None:
+    args = {"run": ["run", "nowait"], "check": ["check", str(ROOT / "scenarios" / "nowait.toml")], "clean": ["clean"]}
+    result = invoke([*args[command], "--dsn", MALFORMED])
+    assert result.exit_code == 2, result.output
+    assert one_line(result).startswith("pgrace: invalid PostgreSQL connection string")
+
+
+def test_check_2(tmp_path: Path) -> None:
+    assert invoke(["check", str(tmp_path / "missing")]).exit_code == 2
+
+
+# -- 3 -------------------------------------------------------------------------------------
+
+
+def test_run_3() -> None:
+    assert invoke(["run", "nowait", "--dsn", UNREACHABLE]).exit_code == 3
+
+
+def test_check_3() -> None:
+    assert invoke(["check", str(ROOT / "scenarios" / "nowait.toml"), "--dsn", UNREACHABLE]).exit_code == 3
+
+
+def test_clean_3() -> None:
+    assert invoke(["clean", "--dsn", UNREACHABLE]).exit_code == 3
+
+
+# -- 4, 130, 143 ------------------------------------------------------------------------------
+
+# For each command, a function it calls and arguments that reach it.
+REACHED: dict[str, tuple[str, list[str]]] = {
+    "list": ("pgrace.catalog.shipped_names", ["list"]),
+    "show": ("pgrace.catalog.load", ["show", "nowait"]),
+    "run": ("pgrace.catalog.load", ["run", "nowait"]),
+    "check": ("pgrace.catalog.find_files", ["check", "scenarios"]),
+    "clean": ("pgrace.servers.existing.existing_server", ["clean", "--dsn", "host=/nowhere"]),
+}
+
+
+def raising(exc: BaseException) -> Callable[..., object]:
+    def fail(*args: object, **kwargs: object) -> object:
+        raise exc
+
+    return fail
+
+
+@pytest.mark.parametrize("command", sorted(REACHED))
+def test_4_an_internal_error_is_one_line(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    target, args = REACHED[command]
+    monkeypatch.setattr(target, raising(ZeroDivisionError("a bug\nsecond line")))
+    result = invoke(args)
+    assert result.exit_code == 4
+    assert re.fullmatch(
+        r"pgrace: internal error, please report it: ZeroDivisionError: a bug \(.*PGRACE_DEBUG=1.*\)", one_line(result)
+    )
+
+
+def test_4_shows_the_traceback_with_pgrace_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pgrace.catalog.load", raising(ZeroDivisionError("a bug")))
+    result = invoke(["show", "nowait"], env={"PGRACE_DEBUG": "1"})
+    assert result.exit_code == 4
+    assert "Traceback (most recent call last)" in result.stderr and "ZeroDivisionError: a bug" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "word"), [(KeyboardInterrupt(), 130, "interrupted"), (Terminated(), 143, "terminated")]
+)
+@pytest.mark.parametrize("command", sorted(REACHED))
+def test_130_and_143(command: str, exc: BaseException, code: int, word: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    target, args = REACHED[command]
+    monkeypatch.setattr(target, raising(exc))
+    result = invoke(args)
+    assert result.exit_code == code
+    assert one_line(result) == f"pgrace: {word}; cleaned up"
+
+
+# -- documented ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", sorted(REACHED))
+def test_every_commands_help_lists_the_exit_codes(command: str) -> None:
+    text = " ".join(invoke([command, "--help"]).output.split())
+    assert "Exit codes:" in text
+    for code in ("0", "2", "4", "130", "143"):
+        assert f" {code} " in text, (command, code)
+
+
+def test_the_readme_table_lists_every_code() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    documented = set(re.findall(r"^\| (\d+(?: / \d+)?) \|", section, re.MULTILINE))
+    assert documented == {"0", "1", "2", "3", "4", "130 / 143", "141"}
