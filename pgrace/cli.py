@@ -84,7 +84,7 @@ class PgraceGroup(click.Group):
                 signal.signal(signal.SIGTERM, previous)
 
 
-class Seconds(click.ParamType):
+class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
     """A positive, finite number of seconds: click's FloatRange lets ``nan`` and ``inf`` through."""
 
     name = "seconds"
