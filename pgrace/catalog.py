@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pgrace.errors import ScenarioError
+from pgrace.formats import limits
 from pgrace.formats.scenario_toml import did_you_mean, load_toml_scenario
 from pgrace.model import Scenario
 
@@ -42,11 +43,7 @@ def load(ref: str, params: dict[str, str] | None = None) -> Scenario:
 
         if params:
             raise ScenarioError("--param applies to pgrace scenario files, not .spec files", ref)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ScenarioError(f"cannot read spec: {exc}", ref) from None
-        return parse_spec(text, ref)
+        return parse_spec(limits.read_text(path), ref)
     return load_toml_scenario(path, params)
 
 

@@ -11,6 +11,7 @@ The format is documented, with a complete example, in the README.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import re
 import tomllib
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pgrace.errors import ScenarioError
+from pgrace.formats import limits
 from pgrace.model import (
     CrashMode,
     FinalCheck,
@@ -104,14 +106,11 @@ SQLSTATE = re.compile(r"^[0-9A-Z]{5}$")
 
 def load_toml_scenario(path: Path, params: dict[str, str] | None = None) -> Scenario:
     """Read and validate a scenario file; ``params`` override its ``[params]`` defaults."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"cannot read scenario: {exc.__class__.__name__}: {exc}", str(path)) from None
-    return parse_toml_scenario(text, str(path), params or {})
+    return parse_toml_scenario(limits.read_text(path), str(path), params or {})
 
 
 def parse_toml_scenario(text: str, source: str, params: dict[str, str] | None = None) -> Scenario:
+    limits.check_toml(text, source)
     locator = Locator(text, source)
     try:
         data = tomllib.loads(text)
@@ -121,6 +120,11 @@ def parse_toml_scenario(text: str, source: str, params: dict[str, str] | None = 
         line = int(match.group(1)) if match else max(1, len(text.splitlines()))  # "at end of document"
         message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)$", "", message)
         raise ScenarioError(f"invalid TOML: {message}", source, line) from None
+    except RecursionError:  # limits.check_toml keeps nesting far below this; never a traceback
+        raise ScenarioError(f"nested too deeply ({limits.LIMITS_TEXT})", source, 1) from None
+    nul = limits.nul_in(data)
+    if nul is not None:  # libpq would silently cut the SQL there
+        raise locator.error("NUL character (\\u0000) in a string", *nul)
     return Builder(data, locator, params or {}).build()
 
 
@@ -174,7 +178,8 @@ class Locator:
 
     def _end_of(self, header: int) -> int:
         """The line where the section starting at ``header`` (-1: the top) ends."""
-        return next((k for k in self.starts if k > header), len(self.lines))
+        after = bisect.bisect_right(self.starts, header)  # starts are in order: no scan per lookup
+        return self.starts[after] if after < len(self.starts) else len(self.lines)
 
 
 def did_you_mean(word: str, choices: set[str] | list[str]) -> str:
@@ -360,6 +365,7 @@ class Builder:
         names = [s.name for s in sessions]
         steps: list[Step] = []
         counters: dict[str, int] = {}
+        seen: set[str] = set()  # a set, not a scan of steps: a file of 20,000 steps stays linear
         for index, item in enumerate(raw):
             where: KeyPath = (*path, index)
             if not isinstance(item, dict):
@@ -395,8 +401,9 @@ class Builder:
                 else:
                     grouped = any(member in group for group in groups.values())  # claim.worker2, always
                     step_name = base if session_ref == member and not grouped else f"{base}.{member}"
-                if step_name in {s.name for s in steps}:
+                if step_name in seen:
                     raise self.loc.error(f"duplicate step name {step_name!r}", *where, "name")
+                seen.add(step_name)
                 steps.append(
                     Step(
                         name=step_name,

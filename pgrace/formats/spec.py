@@ -23,6 +23,7 @@ from pathlib import PurePath
 from typing import Literal
 
 from pgrace.errors import ScenarioError
+from pgrace.formats import limits
 from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
 from pgrace.render.escape import control_in_name
 
@@ -400,6 +401,7 @@ def _auto_permutations(spec: _SpecDef, path: str) -> tuple[tuple[PermutationStep
 
 def parse_spec(text: str, path: str) -> Scenario:
     """Parse an isolationtester spec; raise :class:`ScenarioError` on any problem."""
+    limits.check_text(text, path)
     spec = _Parser(tokenize(text, path), path).parse()
     _check(spec, path)
     if spec.permutations:
