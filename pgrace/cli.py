@@ -29,6 +29,7 @@ from pgrace.errors import (
     ScenarioError,
     Terminated,
     exit_code_of_interrupt,
+    report_internal_error,
 )
 from pgrace.model import Scenario
 from pgrace.render.escape import visible, without_controls
@@ -74,8 +75,6 @@ class PgraceGroup(click.Group):
         except BrokenPipeError:  # stdout closed early (`pgrace run x | head`): nothing more to say
             ctx.exit(EXIT_BROKEN_PIPE)
         except Exception as exc:
-            from pgrace.entry import report_internal_error
-
             report_internal_error(exc)
             ctx.exit(EXIT_INTERNAL)
         finally:

@@ -23,7 +23,6 @@ signal.signal(signal.SIGTERM, _remember)
 
 import os  # noqa: E402
 import sys  # noqa: E402
-import traceback  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
 from pgrace.errors import (  # noqa: E402
@@ -32,6 +31,7 @@ from pgrace.errors import (  # noqa: E402
     EXIT_SIGTERM,
     Terminated,
     exit_code_of_interrupt,
+    report_internal_error,
 )
 
 
@@ -68,16 +68,6 @@ def main() -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _flush()
     sys.exit(code)
-
-
-def report_internal_error(exc: BaseException) -> None:
-    """One line naming the exception; the whole traceback with PGRACE_DEBUG=1."""
-    if os.environ.get("PGRACE_DEBUG"):
-        traceback.print_exception(exc, file=sys.stderr)
-    first = str(exc).strip().splitlines()
-    detail = f": {first[0]}" if first else ""
-    hint = "" if os.environ.get("PGRACE_DEBUG") else " (set PGRACE_DEBUG=1 to see the traceback)"
-    print(f"pgrace: internal error, please report it: {type(exc).__name__}{detail}{hint}", file=sys.stderr)
 
 
 def _flush() -> None:

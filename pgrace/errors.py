@@ -27,6 +27,9 @@ they are recorded in the timeline as data, with their SQLSTATE.
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,6 +52,17 @@ class Terminated(KeyboardInterrupt):
 def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:
     """130 for Ctrl-C, 143 for SIGTERM: the shell's 128 + signal number."""
     return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+
+
+def report_internal_error(exc: BaseException) -> None:
+    """A bug in pgrace: one line on stderr naming the exception; the whole traceback with PGRACE_DEBUG=1."""
+    debug = bool(os.environ.get("PGRACE_DEBUG"))
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    first = str(exc).strip().splitlines()
+    detail = f": {first[0]}" if first else ""
+    hint = "" if debug else " (set PGRACE_DEBUG=1 to see the traceback)"
+    print(f"pgrace: internal error, please report it: {type(exc).__name__}{detail}{hint}", file=sys.stderr)
 
 
 class PgraceError(Exception):

@@ -48,7 +48,7 @@ def refused(name: str, content: bytes, tmp_path: Path) -> tuple[str, float]:
             "2",
             "nested more than 32 deep",
         ),
-        ("dotted.toml", b"a" + b".a" * 100_000 + b" = 1\n", "1", "line longer than 10,000 characters"),
+        ("dotted.toml", b"a" + b".a" * 100_000 + b" = 1\n", "1", "line longer than 100,000 characters"),
         (
             "dotted-short.toml",
             b"title = 't'\n" + b"a" + b".a" * 20 + b" = 1\n",
@@ -62,7 +62,7 @@ def refused(name: str, content: bytes, tmp_path: Path) -> tuple[str, float]:
         ("latin1.spec", b"session s1\nstep s1a { SELECT 'caf\xe9'; }\n", "2", "not UTF-8: byte 0xe9"),
         ("nul.spec", b"session s1\nstep s1a { SELECT 1;\0 DROP TABLE x; }\n", "2", "NUL character"),
         ("nul.toml", STORY.encode().replace(b"SELECT 1", b"SELECT 1\\u0000"), "4", "NUL character"),
-        ("long.spec", b"session s1\nstep s1a { SELECT '" + b"x" * 20_000 + b"'; }\n", "2", "line longer than 10,000"),
+        ("long.spec", b"session s1\nstep s1a { SELECT '" + b"x" * 200_000 + b"'; }\n", "2", "line longer than 100,000"),
     ],
 )
 def test_hostile_files_are_refused_with_file_and_line(

@@ -18,8 +18,8 @@ from pgrace.errors import ScenarioError
 
 MAX_FILE_BYTES = 1024 * 1024
 """A scenario or spec file is at most 1 MiB."""
-MAX_LINE_CHARS = 10_000
-"""A line is at most 10,000 characters."""
+MAX_LINE_CHARS = 100_000
+"""A line is at most 100,000 characters (a generated spec may put 3,000 steps on one line)."""
 MAX_NESTING = 32
 """TOML arrays and inline tables nest at most 32 deep."""
 MAX_KEY_PARTS = 16
