@@ -559,7 +559,7 @@ dsn_option = click.option("--dsn", envvar="PGRACE_DSN", help="Use this server (l
 output_option = click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @scenario_argument
 @fix_option
 @bug_option

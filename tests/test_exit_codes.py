@@ -75,6 +75,18 @@ def test_check_0(pgrace_server: ServerInfo) -> None:
     assert invoke(["check", str(ROOT / "scenarios" / "nowait.toml"), "--dsn", pgrace_server.dsn]).exit_code == 0
 
 
+def test_explore_0(pgrace_server: ServerInfo) -> None:
+    assert invoke(["explore", "nowait", "--max", "2", "--dsn", pgrace_server.dsn]).exit_code == 0
+
+
+def test_explore_2() -> None:
+    assert invoke(["explore", "no-such-scenario"]).exit_code == 2
+
+
+def test_explore_3() -> None:
+    assert invoke(["explore", "nowait", "--dsn", UNREACHABLE]).exit_code == 3
+
+
 def test_clean_0(pgrace_server: ServerInfo) -> None:
     assert invoke(["clean", "--dsn", pgrace_server.dsn]).exit_code == 0
 
@@ -174,7 +186,12 @@ REACHED: dict[str, tuple[str, list[str]]] = {
     "run": ("pgrace.catalog.load", ["run", "nowait"]),
     "check": ("pgrace.catalog.find_files", ["check", "scenarios"]),
     "clean": ("pgrace.servers.existing.existing_server", ["clean", "--dsn", "host=/nowhere"]),
+    "explore": ("pgrace.catalog.load", ["explore", "nowait"]),
 }
+
+
+def test_every_command_is_covered_here() -> None:
+    assert set(REACHED) == set(main.commands)
 
 
 def raising(exc: BaseException) -> Callable[..., object]:
