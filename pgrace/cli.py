@@ -660,3 +660,34 @@ def _render_exploration(result: Any, scenario: Scenario, fmt: str, timelines: di
     if fmt == "html":
         return render.render_exploration_html(result, scenario, timelines)
     return render.render_exploration_text(result, scenario)
+
+
+@main.command()
+@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@server_option
+@dsn_option
+@step_timeout_option
+@output_option
+def matrix(fmt: str, server_target: str | None, dsn: str | None, step_timeout: float, output: str | None) -> None:
+    """Measure the row-lock and table-lock conflict tables on the server, against the manual's.
+
+    Each cell is two real sessions: one holds a lock, the other requests one; the server
+    says whether it blocks. Exit status 1 when a cell differs from PostgreSQL's documented
+    tables (Explicit Locking, tables 13.2 and 13.3).
+    """
+    from pgrace import matrix as lock_matrix
+    from pgrace.render import outcomes as render
+
+    with open_server(server_target or dsn) as server:
+        report_swept(server)
+        measured = lock_matrix.measure(server, step_timeout=step_timeout)
+    if fmt == "json":
+        text = render.render_matrix_json(measured)
+    elif fmt == "markdown":
+        text = render.render_matrix_markdown(measured)
+    elif fmt == "html":
+        text = render.render_matrix_html(measured)
+    else:
+        text = render.render_matrix_text(measured)
+    _emit(text, output)
+    sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)

@@ -20,6 +20,7 @@ from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
 
 if TYPE_CHECKING:
     from pgrace.explore import Exploration
+    from pgrace.matrix import Matrix, MatrixTable
     from pgrace.outcomes import OutcomeClass
 
 
@@ -149,3 +150,93 @@ def render_exploration_html(exploration: Exploration, scenario: Scenario, timeli
 
 def jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+# -- matrix ------------------------------------------------------------------------------------
+
+_TABLE_ABBREVIATIONS = {
+    "ACCESS SHARE": "AS",
+    "ROW SHARE": "RS",
+    "ROW EXCLUSIVE": "RE",
+    "SHARE UPDATE EXCLUSIVE": "SUE",
+    "SHARE": "S",
+    "SHARE ROW EXCLUSIVE": "SRE",
+    "EXCLUSIVE": "E",
+    "ACCESS EXCLUSIVE": "AE",
+}
+
+
+def _matrix_cell(blocks: bool, agrees: bool) -> str:
+    return ("blocks" if blocks else "·") + ("" if agrees else " ≠doc")
+
+
+def _agreement(table: MatrixTable) -> str:
+    wrong = table.disagreements
+    if not wrong:
+        return f"agrees with the documented table in all {len(table.cells)} cells"
+    listed = "; ".join(
+        f"{c.held} × {c.requested}: {'blocks' if c.blocks else 'compatible'}"
+        f" (documented: {'blocks' if c.documented_blocks else 'compatible'})"
+        for c in wrong
+    )
+    return f"DIFFERS from the documented table in {len(wrong)} of {len(table.cells)} cells: {listed}"
+
+
+def _matrix_rows(table: MatrixTable) -> list[list[str]]:
+    return [
+        [held, *(_matrix_cell(table.cell(held, r).blocks, table.cell(held, r).agrees) for r in table.modes)]
+        for held in table.modes
+    ]
+
+
+def render_matrix_text(matrix: Matrix) -> str:
+    server = matrix.server_label
+    if matrix.server_version not in server:
+        server += f" (PostgreSQL {matrix.server_version})"
+    lines = [f"Lock conflicts measured on {server}", ""]
+    lines.append("Row locks: a session holds the row (rows); another requests it (columns).")
+    lines.append(tabulate(_matrix_rows(matrix.row), headers=["held \\ requested", *matrix.row.modes]))
+    lines.append(_agreement(matrix.row))
+    lines.append("")
+    lines.append("Table locks (LOCK TABLE ... IN mode MODE): held (rows) × requested (columns).")
+    headers = [_TABLE_ABBREVIATIONS.get(m, m) for m in matrix.table.modes]
+    rows = _matrix_rows(matrix.table)
+    lines.append(tabulate(rows, headers=["held \\ requested", *headers]))
+    lines.append(_agreement(matrix.table))
+    lines.append("   ".join(f"{abbr} = {mode}" for mode, abbr in _TABLE_ABBREVIATIONS.items()))
+    return "\n".join(lines) + "\n"
+
+
+def render_matrix_markdown(matrix: Matrix) -> str:
+    lines = [f"### Lock conflicts on PostgreSQL {_md(matrix.server_version)}", ""]
+    for title, table in (("Row locks", matrix.row), ("Table locks", matrix.table)):
+        lines += [f"**{title}** (held × requested): {_md(_agreement(table))}", ""]
+        lines.append("| held \\ requested | " + " | ".join(_md(m) for m in table.modes) + " |")
+        lines.append("|---" * (len(table.modes) + 1) + "|")
+        for row in _matrix_rows(table):
+            lines.append("| " + " | ".join(_md(cell) for cell in row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_matrix_html(matrix: Matrix) -> str:
+    body = [f"<h1>Lock conflicts on PostgreSQL {html.escape(matrix.server_version)}</h1>"]
+    for title, table in (("Row locks", matrix.row), ("Table locks", matrix.table)):
+        body.append(f"<h2>{title}</h2><p>{html.escape(_agreement(table))}</p><table>")
+        body.append(
+            "<tr><th>held \\ requested</th>" + "".join(f"<th>{html.escape(m)}</th>" for m in table.modes) + "</tr>"
+        )
+        for held in table.modes:
+            cells = []
+            for requested in table.modes:
+                c = table.cell(held, requested)
+                classes = ("fail" if c.blocks else "ok") + ("" if c.agrees else " differs")
+                shown = html.escape(_matrix_cell(c.blocks, c.agrees))
+                cells.append(f'<td class="{classes}" title="{html.escape(c.seen)}">{shown}</td>')
+            body.append(f"<tr><th>{html.escape(held)}</th>{''.join(cells)}</tr>")
+        body.append("</table>")
+    return _page(f"pgrace matrix: PostgreSQL {matrix.server_version}", "\n".join(body) + "\n")
+
+
+def render_matrix_json(matrix: Matrix) -> str:
+    return json.dumps(matrix.to_dict(), indent=2) + "\n"
