@@ -691,3 +691,102 @@ def matrix(fmt: str, server_target: str | None, dsn: str | None, step_timeout: f
         text = render.render_matrix_text(measured)
     _emit(text, output)
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
+
+
+def _sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
+    params: dict[str, list[str]] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not all(v.strip() for v in value.split(",")):
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param")
+        params[name] = [v.strip() for v in value.split(",")]
+    return params
+
+
+@main.command()
+@click.argument("scenarios", metavar="SCENARIO...", nargs=-1, required=True)
+@fix_option
+@bug_option
+@click.option(
+    "--param",
+    "-p",
+    "params",
+    multiple=True,
+    metavar="NAME=V1,V2",
+    help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
+)
+@click.option("--explore", "explore_cells", is_flag=True, help="Explore every interleaving of each combination.")
+@click.option("--max", "limit", type=click.IntRange(min=1), metavar="N", help="With --explore: a seeded sample of N.")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
+@click.option(
+    "--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="With --explore: processes."
+)
+@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@server_option
+@dsn_option
+@step_timeout_option
+@output_option
+def sweep(
+    scenarios: tuple[str, ...],
+    fix: bool,
+    bug: bool,
+    params: tuple[str, ...],
+    explore_cells: bool,
+    limit: int | None,
+    seed: int,
+    jobs: int,
+    fmt: str,
+    server_target: str | None,
+    dsn: str | None,
+    step_timeout: float,
+    output: str | None,
+) -> None:
+    """Run scenarios under every combination of parameter values; print the grid of outcomes.
+
+    A bug variant's cell says whether the anomaly its final checks describe "occurs" or is
+    "prevented" (by 40001, by blocking, or by neither); a fix's, whether its checks hold.
+    """
+    from pgrace import sweep as sweeper
+    from pgrace.explore import replay
+    from pgrace.render import outcomes as render
+
+    if fix and bug:
+        raise click.UsageError("--fix and --bug exclude each other")
+    wanted = "fix" if fix else "bug" if bug else None
+    grid = _sweep_params(params)
+    for ref in scenarios:  # invalid input fails before a server starts
+        for combination in sweeper.combinations(grid):
+            _variant(catalog.load(ref, combination), fix, bug)
+    timelines: dict[tuple[int, int, int], str] = {}
+    with open_server(server_target or dsn) as server:
+        report_swept(server)
+        results = [
+            sweeper.sweep(
+                ref,
+                grid,
+                server,
+                variant=wanted,
+                explore=explore_cells,
+                limit=limit,
+                seed=seed if limit is not None else None,
+                jobs=jobs,
+                step_timeout=step_timeout,
+            )
+            for ref in scenarios
+        ]
+        if fmt == "html":
+            for i, (ref, result) in enumerate(zip(scenarios, results, strict=True)):
+                for j, cell in enumerate(result.cells):
+                    chosen = _variant(catalog.load(ref, cell.params), fix, bug)
+                    for k, cls in enumerate(cell.classes):
+                        run = replay(chosen, server, cls, step_timeout)
+                        timelines[(i, j, k)] = render_text(run, Style(colour=False, width=120))
+    if fmt == "json":
+        text = render.render_sweep_json(results)
+    elif fmt == "markdown":
+        text = render.render_sweep_markdown(results)
+    elif fmt == "html":
+        text = render.render_sweep_html(results, timelines)
+    else:
+        text = render.render_sweep_text(results)
+    _emit(text, output)

@@ -852,9 +852,12 @@ def _base_name(step_name: str) -> str:
 
 
 def _choose(raw: str, choices: tuple[str, ...], key: str, source: str) -> str:
-    """A ``-p`` value for a choice param: one of the file's own words (any case), in the file's spelling."""
+    """A ``-p`` value for a choice param: one of the file's own words (any case), in the file's spelling.
+
+    A hyphen stands for a space (``-p level=repeatable-read``): choices are letters and spaces only.
+    """
     for choice in choices:
-        if " ".join(raw.split()).upper() == choice.upper():
+        if " ".join(raw.replace("-", " ").split()).upper() == choice.upper():
             return choice
     listed = ", ".join(repr(c) for c in choices)
     raise ScenarioError(f"param {key!r} must be one of {listed}, not {raw!r}", source)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pgrace.explore import Exploration
     from pgrace.matrix import Matrix, MatrixTable
     from pgrace.outcomes import OutcomeClass
+    from pgrace.sweep import Sweep
 
 
 def step_label(scenario: Scenario, name: str) -> str:
@@ -240,3 +241,77 @@ def render_matrix_html(matrix: Matrix) -> str:
 
 def render_matrix_json(matrix: Matrix) -> str:
     return json.dumps(matrix.to_dict(), indent=2) + "\n"
+
+
+# -- sweep -------------------------------------------------------------------------------------
+
+
+def _combination_label(params: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _sweep_rows(sweeps: Sequence[Sweep]) -> tuple[list[str], list[list[str]]]:
+    headers = ["scenario", *(_combination_label(c.params) for c in sweeps[0].cells)]
+    rows = [[f"{s.scenario} ({s.variant})", *(c.verdict for c in s.cells)] for s in sweeps]
+    return headers, rows
+
+
+def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
+    if not sweeps:
+        return ""
+    headers, rows = _sweep_rows(sweeps)
+    how = "every interleaving of each combination" if sweeps[0].explored else "the file's order, once per combination"
+    lines = [f"Sweep ({how}):", "", tabulate(rows, headers=headers, disable_numparse=True), ""]
+    for s in sweeps:
+        for cell in s.cells:
+            for c in cell.classes:
+                lines.append(f"{s.scenario} [{_combination_label(cell.params)}] ×{c.count}: {c.summary}")
+    return "\n".join(lines) + "\n"
+
+
+def render_sweep_markdown(sweeps: Sequence[Sweep]) -> str:
+    if not sweeps:
+        return ""
+    headers, rows = _sweep_rows(sweeps)
+    lines = ["| " + " | ".join(_md(h) for h in headers) + " |", "|---" * len(headers) + "|"]
+    lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int, int], str]) -> str:
+    """``timelines``: (sweep, cell, class) numbers from 0 → that class's example timeline."""
+    if not sweeps:
+        return _page("pgrace sweep", "")
+    headers, _ = _sweep_rows(sweeps)
+    body = [
+        "<h1>pgrace sweep</h1>",
+        "<table>",
+        "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>",
+    ]
+    for i, s in enumerate(sweeps):
+        cells = []
+        for j, cell in enumerate(s.cells):
+            ok = cell.verdict in ("holds",) or cell.verdict.startswith("prevented")
+            cells.append(
+                f'<td class="{"ok" if ok else "fail"}"><a href="#cell-{i}-{j}">{html.escape(cell.verdict)}</a></td>'
+            )
+        body.append(f"<tr><th>{html.escape(f'{s.scenario} ({s.variant})')}</th>{''.join(cells)}</tr>")
+    body.append("</table>")
+    for i, s in enumerate(sweeps):
+        for j, cell in enumerate(s.cells):
+            body.append(
+                f'<details id="cell-{i}-{j}"><summary>{html.escape(s.scenario)} '
+                f"[{html.escape(_combination_label(cell.params))}]: {html.escape(cell.verdict)}</summary>"
+            )
+            for k, c in enumerate(cell.classes):
+                body.append(f"<p>×{c.count}: {html.escape(c.summary)}</p>")
+                timeline = timelines.get((i, j, k))
+                if timeline is not None:
+                    body.append(f"<pre>{html.escape(timeline)}</pre>")
+            body.append("</details>")
+    return _page("pgrace sweep", "\n".join(body) + "\n")
+
+
+def render_sweep_json(sweeps: Sequence[Sweep]) -> str:
+    data: Any = sweeps[0].to_dict() if len(sweeps) == 1 else [s.to_dict() for s in sweeps]
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

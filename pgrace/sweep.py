@@ -1,0 +1,116 @@
+"""``pgrace sweep``: one scenario under every combination of parameter values, as a grid of outcomes.
+
+Each combination is loaded afresh (``catalog.load(name, params)``: the scenario file
+decides what a parameter means) and run in the file's order, or, with ``explore``, in
+every interleaving. A cell holds the outcome classes (:mod:`pgrace.outcomes`), and a
+verdict for a reader: for a bug variant, whose final checks describe the anomaly,
+"occurs" or "prevented by 40001" / "prevented by blocking" / "prevented"; for a fix,
+"holds" or "fails".
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgrace import catalog
+from pgrace.errors import ScenarioError
+from pgrace.model import Scenario
+from pgrace.outcomes import OutcomeClass, add_observed, classify
+from pgrace.runner import RunOptions
+from pgrace.servers import ServerInfo
+
+__all__ = ["Cell", "Sweep", "sweep", "verdict"]
+
+
+@dataclass
+class Cell:
+    params: dict[str, str]
+    classes: list[OutcomeClass]
+    variant: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": dict(self.params), "classes": [c.to_dict() for c in self.classes]}
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.classes, self.variant)
+
+
+@dataclass
+class Sweep:
+    scenario: str
+    title: str
+    variant: str
+    params: dict[str, list[str]]
+    cells: list[Cell] = field(default_factory=list)
+    explored: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON shape (see README, "Finding races")."""
+        return {"scenario": self.scenario, "params": self.params, "cells": [c.to_dict() for c in self.cells]}
+
+
+def verdict(classes: Sequence[OutcomeClass], variant: str) -> str:
+    """What a reader wants from a cell. A bug's checks describe the anomaly: they hold when it occurs."""
+    total = sum(c.count for c in classes)
+    holding = sum(c.count for c in classes if c.ok)
+    if variant != "bug":
+        return "holds" if holding == total else f"fails in {total - holding}/{total}"
+    if holding:
+        return "occurs" if holding == total else f"occurs in {holding}/{total}"
+    errors = {code for c in classes for code in c.errors}
+    serialization = sorted(code for code in errors if code.startswith("40"))
+    if serialization:
+        return "prevented by " + "/".join(serialization)
+    if any(c.waits for c in classes):
+        return "prevented by blocking"
+    return "prevented"
+
+
+def combinations(params: dict[str, list[str]]) -> list[dict[str, str]]:
+    names = list(params)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(params[n] for n in names))]
+
+
+def sweep(
+    ref: str,
+    params: dict[str, list[str]],
+    server: ServerInfo,
+    *,
+    variant: str | None = None,
+    explore: bool = False,
+    limit: int | None = None,
+    seed: int | None = None,
+    jobs: int = 1,
+    step_timeout: float = 10.0,
+) -> Sweep:
+    """Run ``ref`` (a shipped name or a file) once per combination of ``params`` values."""
+    from pgrace import api
+    from pgrace.explore import Space
+    from pgrace.explore import explore as explore_variant
+
+    if not params:
+        raise ScenarioError("sweep needs at least one -p NAME=VALUE[,VALUE...]")
+    chosen: Scenario | None = None
+    cells: list[Cell] = []
+    for combination in combinations(params):
+        loaded = catalog.load(ref, combination)
+        try:
+            chosen = loaded.variant_named(variant)
+        except KeyError:
+            raise ScenarioError(f"scenario {loaded.name!r} has no {variant} variant", loaded.source) from None
+        if explore:
+            found = explore_variant(chosen, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
+            classes = found.classes
+        else:
+            run = api.run(chosen, server=server, options=RunOptions(step_timeout=step_timeout))
+            grouped: dict[str, OutcomeClass] = {}
+            observed = classify(run)
+            add_observed(grouped, observed, Space(chosen).preference(observed.launched), chosen)
+            classes = list(grouped.values())
+        cells.append(Cell(combination, classes, chosen.variant))
+    assert chosen is not None
+    return Sweep(chosen.name, chosen.title, chosen.variant, params, cells, explore)
