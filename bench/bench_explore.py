@@ -1,0 +1,84 @@
+"""Explore's speed and scale on the embedded server: throughput, -j scaling, shard merge.
+
+1. Throughput: every interleaving of lost-update (two sessions of 4 steps: 70), REPEAT
+   times, scratch database included; against the floor, the same statements sent one
+   after the other on one plain connection (setup, 8 steps, final check, teardown).
+2. -j scaling: a sample of SAMPLE interleavings of skip-locked-fanout (3 × 3 steps,
+   1680 in all) with -j 1 and -j 2 (this machine has 2 cores, shared: compare the
+   ratio, not the seconds).
+3. Shard merge: 4 shards of that sample, merged, equal the whole (and the -j runs).
+
+    python bench/bench_explore.py [REPEAT] [SAMPLE]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import psycopg
+
+from pgrace import catalog
+from pgrace.explore import EXPLORE_SCHEMA, Space, explore, merge_explorations
+from pgrace.scratch import scratch_database
+from pgrace.servers import ServerInfo, open_server
+
+
+def floor_per_interleaving(server: ServerInfo, count: int) -> float:
+    """Seconds per interleaving if pgrace cost nothing: the statements alone, on one connection."""
+    scenario = catalog.load("lost-update")
+    steps = [scenario.step(p.step).sql.replace(":balance", "500") for p in scenario.permutations[0]]
+    with scratch_database(server, "floor") as db, psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {EXPLORE_SCHEMA}; SET search_path = {EXPLORE_SCHEMA}, public")
+        started = time.perf_counter()
+        for _ in range(count):
+            conn.execute(scenario.setup[0])
+            for sql in steps:
+                conn.execute(sql)
+            conn.execute(scenario.checks[0].sql)
+            conn.execute(f"DROP SCHEMA {EXPLORE_SCHEMA} CASCADE; CREATE SCHEMA {EXPLORE_SCHEMA}")
+        return (time.perf_counter() - started) / count
+
+
+def main() -> None:
+    repeat = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    sample = int(sys.argv[2]) if len(sys.argv) > 2 else 400
+    lost_update = catalog.load("lost-update")
+    fanout = catalog.load("skip-locked-fanout")
+    with open_server("embedded") as server:
+        explore(lost_update, server)  # warm up: caches, first scratch database
+        rates = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            found = explore(lost_update, server)
+            rates.append(found.explored / (time.perf_counter() - started))
+        floor = floor_per_interleaving(server, 70)
+        print(f"lost-update, {Space(lost_update).size} interleavings (4 + 4 steps), -j 1, n={repeat}:")
+        print(f"  median {statistics.median(rates):.0f} interleavings/s (min {min(rates):.0f}, max {max(rates):.0f})")
+        cost = 1 / statistics.median(rates)
+        print(
+            f"  {cost * 1000:.1f} ms per interleaving; the statements alone: {floor * 1000:.1f} ms ({cost / floor:.1f}×)"
+        )
+
+        timings = {}
+        results = {}
+        for jobs in (1, 2):
+            started = time.perf_counter()
+            results[jobs] = explore(fanout, server, limit=sample, seed=1, jobs=jobs)
+            timings[jobs] = time.perf_counter() - started
+        print(f"skip-locked-fanout, {sample} of {Space(fanout).size} interleavings (3 × 3 steps):")
+        for jobs, seconds in timings.items():
+            print(f"  -j {jobs}: {seconds:.2f} s, {sample / seconds:.0f} interleavings/s")
+        print(f"  -j 2 speed-up: {timings[1] / timings[2]:.2f}× (2 cores, shared with the machine's other work)")
+
+        shards = [explore(fanout, server, limit=sample, seed=1, shard=(k, 4)) for k in range(1, 5)]
+        merged = merge_explorations(shards).to_dict()
+        equal = merged == results[1].to_dict() == results[2].to_dict()
+        print(f"4 shards merged equal the whole (and -j 2): {equal}")
+        if not equal:
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
