@@ -662,7 +662,7 @@ def _render_exploration(result: Any, scenario: Scenario, fmt: str, timelines: di
     return render.render_exploration_text(result, scenario)
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
 @server_option
 @dsn_option
@@ -703,7 +703,7 @@ def _sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
     return params
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES_HELP)
 @click.argument("scenarios", metavar="SCENARIO...", nargs=-1, required=True)
 @fix_option
 @bug_option

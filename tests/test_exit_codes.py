@@ -87,6 +87,28 @@ def test_explore_3() -> None:
     assert invoke(["explore", "nowait", "--dsn", UNREACHABLE]).exit_code == 3
 
 
+def test_sweep_0(pgrace_server: ServerInfo) -> None:
+    args = ["sweep", "skip-locked-fanout", "-p", "workers=3,4", "--dsn", pgrace_server.dsn]
+    assert invoke(args).exit_code == 0
+
+
+def test_sweep_2() -> None:
+    assert invoke(["sweep", "skip-locked-fanout", "-p", "workers=two"]).exit_code == 2
+    assert invoke(["sweep", "skip-locked-fanout", "-p", "workers="]).exit_code == 2
+
+
+def test_sweep_3() -> None:
+    assert invoke(["sweep", "skip-locked-fanout", "-p", "workers=3", "--dsn", UNREACHABLE]).exit_code == 3
+
+
+def test_matrix_0(pgrace_server: ServerInfo) -> None:
+    assert invoke(["matrix", "--dsn", pgrace_server.dsn]).exit_code == 0
+
+
+def test_matrix_3() -> None:
+    assert invoke(["matrix", "--dsn", UNREACHABLE]).exit_code == 3
+
+
 def test_clean_0(pgrace_server: ServerInfo) -> None:
     assert invoke(["clean", "--dsn", pgrace_server.dsn]).exit_code == 0
 
@@ -187,6 +209,8 @@ REACHED: dict[str, tuple[str, list[str]]] = {
     "check": ("pgrace.catalog.find_files", ["check", "scenarios"]),
     "clean": ("pgrace.servers.existing.existing_server", ["clean", "--dsn", "host=/nowhere"]),
     "explore": ("pgrace.catalog.load", ["explore", "nowait"]),
+    "sweep": ("pgrace.catalog.load", ["sweep", "nowait", "-p", "x=1,2"]),
+    "matrix": ("pgrace.cli.open_server", ["matrix"]),
 }
 
 
