@@ -655,10 +655,11 @@ def report(tally: Tally, seconds: float) -> None:
         print(f"  per {title}: " + ", ".join(f"{name} {n}" for name, n in sorted(counts.items())))
     print("  signal × phase:")
     phases = sorted({p for _, _, p in tally.kills})
-    print("    " + " " * 8 + "".join(f"{p:>15}" for p in phases))
+    width = max(15, *(len(p) + 2 for p in phases))
+    print("    " + " " * 8 + "".join(f"{p:>{width}}" for p in phases))
     for sig in ("SIGINT", "SIGTERM", "SIGKILL"):
         row = [sum(n for (_, s, p), n in tally.kills.items() if s == sig and p == phase) for phase in phases]
-        print(f"    {sig:<8}" + "".join(f"{n:>15}" for n in row))
+        print(f"    {sig:<8}" + "".join(f"{n:>{width}}" for n in row))
     exits = ", ".join(f"{sig} → {code} ×{n}" for (sig, code), n in sorted(tally.exits.items()))
     print(f"  exit statuses: {exits}")
     for kind, n in sorted(tally.tracebacks.items()):

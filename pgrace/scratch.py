@@ -229,6 +229,11 @@ def _scratch_schema(admin: psycopg.Connection[TupleRow], server: ServerInfo, nam
     """
     try:
         admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    except KeyboardInterrupt:
+        # Interrupted around the CREATE: the schema may exist by now.
+        with deferred_interrupts(), contextlib.suppress(RunAborted):
+            _drop_own_schema(admin, server, name)
+        raise
     except psycopg.Error as exc:
         raise ServerUnavailable(
             f"cannot create scratch schema {name} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
@@ -276,10 +281,15 @@ def _drop_own_schema(admin: psycopg.Connection[TupleRow], server: ServerInfo, na
 
 
 def _drop_schema(admin: psycopg.Connection[TupleRow], name: str) -> None:
-    """Roll back the schema's prepared transactions (they hold its locks whoever is gone), then drop it."""
+    """Roll back the schema's prepared transactions (they hold its locks whoever is gone), then drop it.
+
+    A prepared transaction's locks have no pid; they are told apart by the virtual
+    transaction that also holds the lock on its own transaction id.
+    """
     gids = admin.execute(
         "SELECT DISTINCT p.gid FROM pg_prepared_xacts p"
-        " JOIN pg_locks l ON l.virtualtransaction = '-1/' || p.transaction::text"
+        " JOIN pg_locks x ON x.locktype = 'transactionid' AND x.transactionid = p.transaction AND x.pid IS NULL"
+        " JOIN pg_locks l ON l.virtualtransaction = x.virtualtransaction AND l.pid IS NULL"
         " JOIN pg_class c ON c.oid = l.relation"
         " WHERE p.database = current_database() AND c.relnamespace = to_regnamespace(%s)",
         (f'"{name}"',),

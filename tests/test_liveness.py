@@ -208,3 +208,24 @@ def test_a_leftover_owned_by_another_role_is_skipped_with_a_note(pgrace_server: 
     finally:
         with psycopg.connect(superuser_db, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {}").format(sql.Identifier(theirs)))
+
+
+LEFT_PREPARED = """
+setup { CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1); }
+session a
+step a1 { BEGIN; UPDATE t SET id = 2 WHERE id = 1; PREPARE TRANSACTION 'left-behind'; }
+session b
+step b1 { SELECT count(*) FROM t; }
+permutation a1 b1
+"""
+
+
+def test_a_prepared_transaction_left_in_the_scratch_schema_does_not_keep_it(userdb: str, tmp_path: Path) -> None:
+    """Its locks outlive every session of the run: the run rolls it back, then drops its schema."""
+    spec = tmp_path / "prepared.spec"
+    spec.write_text(LEFT_PREPARED)
+    result = CliRunner().invoke(main, ["run", str(spec), "--allow-scratch-schema", "--dsn", userdb])
+    assert result.exit_code == 0, result.output
+    assert schemas(userdb) == []
+    with psycopg.connect(userdb, autocommit=True) as conn:
+        assert conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall() == []
