@@ -3,6 +3,7 @@ locks, unique-index waits, virtual transactions, SIRead locks (issue 10, finding
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,7 +139,12 @@ def test_a_table_lock_queue_tells_queued_behind_from_waiting_for(pgrace_run: Run
     # every format says the same: the pictures' short form, Markdown's long one
     assert "queued behind migration for table jobs (migration waits for s1)" in render_mermaid(run)
     assert "migration waits for s1 (s1 holds AccessShareLock)" in render_markdown(run)
-    assert "queued behind migration for table jobs (migration waits for s1)" in render_svg(run)
+    svg = render_svg(run)
+    assert "queued behind migration for table jobs (migration waits for s1)" in svg
+    assert "migration is ahead" in svg and "s1 holds table jobs" in svg  # the arrows' heads: migration's, s1's
+    assert "app--)migration: ⏳ queued behind migration" in render_mermaid(run).replace("s3", "app").replace(
+        "s2", "migration"
+    )
     # the locks column (--locks all) shows the table lock s1 holds
     read_open = steps["read-open"]
     assert [lock.label() for lock in read_open.other_locks_after] == ["s1: table jobs AccessShareLock"]
@@ -339,3 +345,34 @@ def test_a_write_skew_40001_is_shown_with_the_sIRead_locks_held(pgrace_run: RunS
         ("a", "doctors", "predicate"),
         ("b", "doctors", "predicate"),
     }
+
+
+def test_the_locks_option_picks_what_the_locks_column_shows(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    """``--locks rows`` (the default) keeps the column as it was; ``all`` adds tables and advisory locks."""
+    from click.testing import CliRunner
+
+    from pgrace.cli import main
+
+    path = tmp_path / "held.toml"
+    path.write_text(
+        'name = "held"\nsetup = "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)"\nsessions = ["a"]\n'
+        '[[step]]\nsession = "a"\nsql = "BEGIN; SELECT pg_advisory_xact_lock(9); SELECT id FROM t FOR UPDATE"\n'
+    )
+    cli = CliRunner()
+    rows = cli.invoke(main, ["run", str(path), "--dsn", pgrace_server.dsn])
+    every = cli.invoke(main, ["run", str(path), "--dsn", pgrace_server.dsn, "--locks", "all", "--width", "160"])
+    assert rows.exit_code == every.exit_code == 0, rows.output + every.output
+    assert "row locks held" in rows.output and "a: t id=1 FOR UPDATE" in rows.output
+    assert "a: table t" not in rows.output and "a: advisory" not in rows.output
+    assert "locks held" in every.output and "row locks held" not in every.output
+    for label in ("a: t id=1 FOR UPDATE", "a: table t RowShareLock", "a: advisory 9 exclusive,"):  # a 30-wide column
+        assert label in every.output, label
+    data = json.loads(cli.invoke(main, ["run", str(path), "--dsn", pgrace_server.dsn, "-f", "json"]).stdout)
+    [step] = data["steps"]
+    assert [lock["kind"] for lock in step["locks_after"]] == ["row"]  # JSON: every kind, whatever --locks says
+    assert {(lock["kind"], lock["mode"]) for lock in step["other_locks_after"]} == {
+        ("relation", "RowShareLock"),
+        ("advisory", "ExclusiveLock"),
+    }
+    bad = cli.invoke(main, ["run", str(path), "--locks", "some"])
+    assert bad.exit_code == 2 and "--locks" in bad.output

@@ -136,6 +136,24 @@ def wait_holder(wait: Wait) -> str:
     return wait.holder or (wait.blocked_by[0] if wait.blocked_by else "another backend")
 
 
+def wait_points_at(wait: Wait) -> str:
+    """The session a picture's arrow points at: the one holding what the step wants or,
+    when the step is only queued behind other waiters (a table or advisory lock), the
+    first of them: the holder at the end of the chain does not conflict with the step."""
+    ahead = _queued_ahead(wait) if wait.kind != "row" else []
+    if ahead and not _direct_holders(wait):
+        return ahead[0]
+    return wait_holder(wait)
+
+
+def wait_badge(wait: Wait) -> str:
+    """The label at the arrow's head: ``s1 holds table jobs``, or ``migration is ahead`` in the queue."""
+    who = wait_points_at(wait)
+    if who != wait_holder(wait):
+        return f"{who} is ahead"
+    return f"{who} holds {wait_target(wait)}"
+
+
 def _waiter(wait: Wait) -> str:
     return wait.chain[0].waiter if wait.chain else ""
 

@@ -91,9 +91,14 @@ def _legend(run: Run) -> str:
     )
     return (
         f'<div class="legend"><span>{chips}</span>'
-        '<span><i class="swatch wait"></i>a step waits: the arrow points at the session holding the row</span>'
+        '<span><i class="swatch wait"></i>a step waits: the arrow points at the session holding the lock'
+        " (or queued ahead for it)</span>"
         '<span><i class="swatch error"></i>a step failed (SQLSTATE)</span>'
-        + ("<span>right: row locks held after each step</span>" if run.row_locks_available else "")
+        + (
+            f"<span>right: {'row locks' if run.lock_kinds == 'rows' else 'locks'} held after each step</span>"
+            if run.row_locks_available
+            else ""
+        )
         + "</div>"
     )
 

@@ -21,8 +21,8 @@ from pgrace.render.common import (
     shorten,
     timeline_sections,
     verdict_line,
-    wait_holder,
     wait_phrase,
+    wait_points_at,
 )
 from pgrace.render.escape import without_controls
 from pgrace.timeline import Run
@@ -79,7 +79,7 @@ def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[st
         if entry.note:
             lines.append(f"Note over {who}: {escape_text(shorten('» ' + entry.note, MAX_MESSAGE))}")
         for wait in entry.waits if not entry.by_marker else ():
-            holder = ids.get(wait_holder(wait))
+            holder = ids.get(wait_points_at(wait))
             text = escape_text("⏳ " + wait_phrase(wait))
             if holder is not None and holder != who:
                 lines.append(f"{who}--){holder}: {text}")

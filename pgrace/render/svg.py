@@ -36,8 +36,10 @@ from pgrace.render.common import (
     sql_lines,
     timeline_sections,
     verdict_line,
+    wait_badge,
     wait_holder,
     wait_phrase,
+    wait_points_at,
     wait_target,
 )
 from pgrace.render.escape import without_controls
@@ -98,6 +100,7 @@ class Geometry:
     lane_width: int
     locked: list[str]
     show_locks: bool
+    locks_title: str = "row locks held"
     top: float = 0.0
     rows: list[tuple[float, float]] = field(default_factory=list)  # (y, height) per entry
 
@@ -248,7 +251,7 @@ def _draw_section(
         canvas.text(x + geo.lane_width / 2, y + 23, name, size=16, weight="bold", fill="#ffffff", anchor="middle")
         canvas.add("</g>")
     if geo.show_locks and geo.locked:
-        canvas.text(geo.grid_x, y - 6, "row locks held", size=11.5, weight="bold", fill=MUTED)
+        canvas.text(geo.grid_x, y - 6, geo.locks_title, size=11.5, weight="bold", fill=MUTED)
         for i, row in enumerate(geo.locked):
             cx = geo.grid_x + i * LOCK_COLUMN
             canvas.rect(cx, y, LOCK_COLUMN - 6, HEADER_H - 6, rx=4, fill="#e5e7eb")
@@ -349,6 +352,7 @@ def _draw_wait(
     bar_bottom = geo.rows[span.end][0] if span.end is not None else bottom - ROW_GAP
     for wait, lines in zip(entry.waits, _band_lines(entry, inner), strict=False):
         holder = wait_holder(wait)
+        points_at = wait_points_at(wait)
         target = wait_target(wait)
         band_h = len(lines) * BAND_LINE + 8
         attrs = (
@@ -372,8 +376,8 @@ def _draw_wait(
             if span.end is None:
                 label = "still waiting"
             canvas.text(lane + BAR_X + 20, bar_top + length / 2 + 5, label, size=13, weight="bold", fill=WAIT_DARK)
-        if holder in geo.sessions and holder != span.session:
-            _draw_holder_badge(canvas, wait.mode or "", holder, target, band_y, band_h, span, geo, colours, uid)
+        if points_at in geo.sessions and points_at != span.session:
+            _draw_holder_badge(canvas, wait_badge(wait), points_at, band_y, band_h, span, geo, colours, uid)
         canvas.add("</g>")
     if span.end is not None:
         _draw_release(canvas, section, span, geo, uid)
@@ -381,9 +385,8 @@ def _draw_wait(
 
 def _draw_holder_badge(
     canvas: Canvas,
-    mode: str,
+    label: str,
     holder: str,
-    target: str,
     band_y: float,
     band_h: float,
     span: WaitSpan,
@@ -392,7 +395,6 @@ def _draw_holder_badge(
     uid: str,
 ) -> None:
     hx = geo.lane_x(holder)
-    label = f"{holder} holds {target}"
     room = geo.lane_width - BADGE_X - 8
     label = shorten(label, _chars(room - 26, 12, "bold"))
     bw = min(room, len(label) * 12 * CHAR_EM["bold"] + 30)
@@ -517,7 +519,8 @@ def _draw_lock_grid(canvas: Canvas, section: Section, geo: Geometry, colours: di
 
 def _geometry(run: Run, section: Section, lane_width: int) -> Geometry:
     locked = section.locked_rows()
-    return Geometry(run.scenario.session_names, lane_width, locked[:8], run.row_locks_available)
+    title = "row locks held" if run.lock_kinds == "rows" else "locks held"
+    return Geometry(run.scenario.session_names, lane_width, locked[:8], run.row_locks_available, title)
 
 
 def lane_width_for(sessions: int, compact: bool = False) -> int:
