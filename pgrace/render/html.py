@@ -91,8 +91,7 @@ def _legend(run: Run) -> str:
     )
     return (
         f'<div class="legend"><span>{chips}</span>'
-        '<span><i class="swatch wait"></i>a step waits: the arrow points at the session holding the lock'
-        " (or queued ahead for it)</span>"
+        '<span><i class="swatch wait"></i>a step waits: the arrow points at the session it waits for</span>'
         '<span><i class="swatch error"></i>a step failed (SQLSTATE)</span>'
         + (
             f"<span>right: {'row locks' if run.lock_kinds == 'rows' else 'locks'} held after each step</span>"
