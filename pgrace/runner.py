@@ -303,8 +303,11 @@ class Runner:
                 self._wait_for_session(session)
             self.unlaunched = position + 1
             self._launch_entry(step, entry)
-        while deferred:  # only blocked sessions have steps left: wait for the first, as without deferral
-            self._wait_for_session(self.sessions[self.scenario.step(deferred[0].step).session])
+        while deferred:  # only held steps are left: wait for a blocked session, as without deferral
+            session = self.sessions[self.scenario.step(deferred[0].step).session]
+            if not session.busy and self.waiting:  # held for a capture that a blocked step will make
+                session = self.sessions[self.waiting[0].step.session]
+            self._wait_for_session(session)
             self._launch_ready(deferred)
         self._finish_permutation()
         if self.options.checks_each_permutation or index == len(self.scenario.permutations) - 1:
@@ -335,11 +338,21 @@ class Runner:
         A session runs one statement at a time: a step whose session is still blocked waits
         in ``deferred`` (with the session's later steps) while other sessions' steps go
         ahead, and is launched as soon as its session is free again. A step that uses a
-        variable a held step captures (``:session.name``) waits for it as well.
+        variable (``:session.name``) that a held or still blocked step captures waits for it
+        as well: it runs after the step that captures it, with the captured value.
         """
+
+        def blocked_captures() -> set[str]:
+            return {
+                f"{s.name}.{variable}"
+                for s in self.sessions.values()
+                if s.active
+                for variable, _ in s.active.step.capture
+            }
+
         position = 0
         held: set[str] = set()
-        held_variables: set[str] = set()  # captured by a held step: whoever uses them waits too
+        held_variables = blocked_captures()  # whoever uses these waits too
         while position < len(deferred):
             step = self.scenario.step(deferred[position].step)
             busy = step.session in held or self.sessions[step.session].busy
@@ -349,7 +362,7 @@ class Runner:
                 position += 1
                 continue
             self._launch_entry(step, deferred.pop(position))
-            position, held, held_variables = 0, set(), set()  # that launch may have freed an earlier session
+            position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
 
     def _wait_for_session(self, session: SessionConnection) -> None:
         """The next step's session still runs an earlier step: wait for it, then the others.

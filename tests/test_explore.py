@@ -223,3 +223,25 @@ def test_explore_bad_options_exit_2_in_one_line(pgrace_server: ServerInfo, args:
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_step_using_a_blocked_steps_capture_waits_for_its_value(pgrace_server: ServerInfo) -> None:
+    """b1 uses what a1 captures; a1 is blocked by c: b1 is deferred until c commits and a1 has its row."""
+    scenario = _scenario(
+        [
+            ("c1", "c", "BEGIN; SELECT id FROM t FOR UPDATE"),
+            ("a1", "a", "SELECT id AS x FROM t FOR UPDATE"),
+            ("b1", "b", "SELECT :a.v AS seen"),
+            ("c2", "c", "COMMIT"),
+        ],
+        captures={"a1": "v"},
+    )
+    scenario = Scenario(**{**scenario.__dict__, "setup": ("CREATE TABLE t (id int); INSERT INTO t VALUES (7)",)})
+    options = RunOptions(step_timeout=5.0, defer_busy_sessions=True, checks_each_permutation=True)
+    with scratch_database(pgrace_server, "capture") as db:
+        run = run_scenario(scenario, db.dsn, row_locks_available=False, options=options)
+    steps = {s.step: s for s in run.step_runs()}
+    assert [s.step for s in run.step_runs()] == ["c1", "a1", "c2", "b1"]
+    b1 = steps["b1"].outcome
+    assert b1 is not None and b1.last_rows is not None and b1.last_rows.rows == ((7,),)
+    assert not any(isinstance(e, StepCancelled) for e in run.events)
