@@ -46,6 +46,7 @@ from pgrace.timeline import Run
 __all__ = ["Exploration", "Space", "explore", "merge_explorations"]
 
 EXPLORE_SCHEMA = "pgrace_explore"
+WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
 
 Position = tuple[int, ...]
@@ -305,6 +306,11 @@ def explore(
     k, n = shard
     if not 1 <= k <= n:
         raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
+    if limit is None and space.size > WHOLE_SPACE_LIMIT:
+        raise ScenarioError(
+            f"{space.size:,} interleavings are too many to run them all; explore a sample with --max N [--seed S]",
+            scenario.source,
+        )
     indices = choose(space.size, limit, seed, shard)
     orders = [space.unrank(i) for i in indices]
     if jobs <= 1 or len(orders) < 2:

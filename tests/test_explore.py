@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from pgrace import catalog, regression
 from pgrace.cli import main
+from pgrace.errors import ScenarioError
 from pgrace.explore import Space, choose, explore, merge_explorations
 from pgrace.model import PermutationStep, Scenario, Session, Step
 from pgrace.outcomes import classify, split_run
@@ -245,3 +246,14 @@ def test_a_step_using_a_blocked_steps_capture_waits_for_its_value(pgrace_server:
     b1 = steps["b1"].outcome
     assert b1 is not None and b1.last_rows is not None and b1.last_rows.rows == ((7,),)
     assert not any(isinstance(e, StepCancelled) for e in run.events)
+
+
+def test_a_huge_space_is_stated_and_needs_a_sample(pgrace_server: ServerInfo) -> None:
+    steps = [(f"{s}{i}", s, "SELECT 1") for s in "abc" for i in range(12)]
+    scenario = _scenario(steps)
+    size = math.factorial(36) // math.factorial(12) ** 3
+    assert Space(scenario).size == size
+    with pytest.raises(ScenarioError, match=f"{size:,} interleavings are too many"):
+        explore(scenario, pgrace_server)
+    sampled = explore(scenario, pgrace_server, limit=3, seed=9)
+    assert (sampled.space, sampled.explored, sampled.seed) == (size, 3, 9)
