@@ -1,6 +1,7 @@
 """Outcome tables: explore's classes, sweep's grid, matrix's lock tables; text, markdown, HTML, JSON.
 
-Pure functions of the data the drivers return; they print nothing and run nothing. The
+Pure functions of the data the drivers return; they print nothing and run nothing.
+Scenario and server text goes through :mod:`pgrace.render.escape` at each entry. The
 HTML page is self-contained: each class (or grid cell) opens its example's timeline,
 rendered beforehand by the caller and passed in as text.
 """
@@ -17,6 +18,7 @@ from tabulate import tabulate
 
 from pgrace.model import Scenario
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
+from pgrace.render.escape import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
     from pgrace.explore import Exploration
@@ -57,6 +59,7 @@ def _space_line(exploration: Exploration) -> str:
 
 
 def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str:
+    exploration, scenario = without_controls(exploration), without_controls(scenario)
     rows = [
         [number, c.count, "holds" if c.ok else "FAILS", c.waits, c.summary]
         for number, c in enumerate(exploration.classes, 1)
@@ -78,6 +81,7 @@ def _md(text: str) -> str:
 
 
 def render_exploration_markdown(exploration: Exploration, scenario: Scenario) -> str:
+    exploration, scenario = without_controls(exploration), without_controls(scenario)
     lines = [
         f"### {_md(exploration.scenario)} ({_md(exploration.variant)}): {_md(_space_line(exploration))}",
         "",
@@ -93,7 +97,7 @@ def render_exploration_markdown(exploration: Exploration, scenario: Scenario) ->
 
 
 def render_exploration_json(exploration: Exploration) -> str:
-    return json.dumps(exploration.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    return json_safe(json.dumps(exploration.to_dict(), indent=2, ensure_ascii=False)) + "\n"
 
 
 _STYLE = f"""
@@ -136,13 +140,14 @@ def _classes_html(
             continue
         parts.append(
             f'<details id="{anchor}-{number}"><summary>class {number}: {html.escape(c.summary)}</summary>'
-            f"<pre>{html.escape(timeline)}</pre></details>"
+            f"<pre>{html.escape(visible(timeline))}</pre></details>"
         )
     return parts
 
 
 def render_exploration_html(exploration: Exploration, scenario: Scenario, timelines: Mapping[int, str]) -> str:
-    """``timelines``: class number → its example's text timeline."""
+    """``timelines``: class number → its example's text timeline (already made visible)."""
+    exploration, scenario = without_controls(exploration), without_controls(scenario)
     title = f"{exploration.scenario} ({exploration.variant})"
     body = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(_space_line(exploration))}</p>"]
     body.extend(_classes_html(exploration.classes, scenario, timelines, "class"))
@@ -191,6 +196,7 @@ def _matrix_rows(table: MatrixTable) -> list[list[str]]:
 
 
 def render_matrix_text(matrix: Matrix) -> str:
+    matrix = without_controls(matrix)
     server = matrix.server_label
     if matrix.server_version not in server:
         server += f" (PostgreSQL {matrix.server_version})"
@@ -209,6 +215,7 @@ def render_matrix_text(matrix: Matrix) -> str:
 
 
 def render_matrix_markdown(matrix: Matrix) -> str:
+    matrix = without_controls(matrix)
     lines = [f"### Lock conflicts on PostgreSQL {_md(matrix.server_version)}", ""]
     for title, table in (("Row locks", matrix.row), ("Table locks", matrix.table)):
         lines += [f"**{title}** (held × requested): {_md(_agreement(table))}", ""]
@@ -221,6 +228,7 @@ def render_matrix_markdown(matrix: Matrix) -> str:
 
 
 def render_matrix_html(matrix: Matrix) -> str:
+    matrix = without_controls(matrix)
     body = [f"<h1>Lock conflicts on PostgreSQL {html.escape(matrix.server_version)}</h1>"]
     for title, table in (("Row locks", matrix.row), ("Table locks", matrix.table)):
         body.append(f"<h2>{title}</h2><p>{html.escape(_agreement(table))}</p><table>")
@@ -240,7 +248,7 @@ def render_matrix_html(matrix: Matrix) -> str:
 
 
 def render_matrix_json(matrix: Matrix) -> str:
-    return json.dumps(matrix.to_dict(), indent=2) + "\n"
+    return json_safe(json.dumps(matrix.to_dict(), indent=2, ensure_ascii=False)) + "\n"
 
 
 # -- sweep -------------------------------------------------------------------------------------
@@ -257,6 +265,7 @@ def _sweep_rows(sweeps: Sequence[Sweep]) -> tuple[list[str], list[list[str]]]:
 
 
 def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
+    sweeps = without_controls(list(sweeps))
     if not sweeps:
         return ""
     headers, rows = _sweep_rows(sweeps)
@@ -270,6 +279,7 @@ def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
 
 
 def render_sweep_markdown(sweeps: Sequence[Sweep]) -> str:
+    sweeps = without_controls(list(sweeps))
     if not sweeps:
         return ""
     headers, rows = _sweep_rows(sweeps)
@@ -280,6 +290,7 @@ def render_sweep_markdown(sweeps: Sequence[Sweep]) -> str:
 
 def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int, int], str]) -> str:
     """``timelines``: (sweep, cell, class) numbers from 0 → that class's example timeline."""
+    sweeps = without_controls(list(sweeps))
     if not sweeps:
         return _page("pgrace sweep", "")
     headers, _ = _sweep_rows(sweeps)
@@ -307,11 +318,11 @@ def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int
                 body.append(f"<p>×{c.count}: {html.escape(c.summary)}</p>")
                 timeline = timelines.get((i, j, k))
                 if timeline is not None:
-                    body.append(f"<pre>{html.escape(timeline)}</pre>")
+                    body.append(f"<pre>{html.escape(visible(timeline))}</pre>")
             body.append("</details>")
     return _page("pgrace sweep", "\n".join(body) + "\n")
 
 
 def render_sweep_json(sweeps: Sequence[Sweep]) -> str:
     data: Any = sweeps[0].to_dict() if len(sweeps) == 1 else [s.to_dict() for s in sweeps]
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    return json_safe(json.dumps(data, indent=2, ensure_ascii=False)) + "\n"
