@@ -144,7 +144,8 @@ class ReleaseTracker:
         if dead:
             return Release("terminated", session=sorted(dead)[0])
         newest = self.finished.get(self.last_launched)
-        if newest is not None and newest in during and newest.order == self.clock:
+        others = [f.order for f in self.finished.values() if f.seq != seq]
+        if newest is not None and newest in during and newest.order == max(others):
             return Release("step", seq=newest.seq, session=newest.session, failed=newest.error is not None)
         return Release("unknown")
 

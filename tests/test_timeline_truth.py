@@ -153,7 +153,9 @@ def test_lock_timeout_is_named_not_the_step_that_ran_last(pgrace_run: RunScenari
     assert steps["read"].release == Release("step", steps["alter"].seq, "migration", failed=True)
     text = text_of(run)
     assert "report's" not in text
-    assert f"↳ step {steps['alter'].seq} ends: its lock_timeout expired" in " ".join(text.split())
+    assert f"↳ step {steps['alter'].seq} ends: its lock_timeout expired; waited 2 steps" in text
+    assert f"↳ step {steps['read'].seq} resumes after migration's ALTER TABLE jobs ADD … (step 4) failed" in text
+    assert "waited 0 steps" not in text  # read waited while report's step ran
     assert run.ok, [c for c in run.checks if not c.ok]
 
 
@@ -323,3 +325,40 @@ def test_the_text_timeline_never_wraps_inside_a_token(pgrace_run: RunScenario) -
 def test_one_expectation_is_singular(pgrace_run: RunScenario) -> None:
     run = pgrace_run(scenario('[[step]]\nsession = "a"\nsql = "SELECT 1 AS one"\nexpect = { rows = [[1]] }\n'))
     assert "verdict: ✔ 1 expectation held" in text_of(run)
+
+
+def test_a_lock_released_inside_a_transaction_credits_that_step_and_not_a_bystander(pgrace_run: RunScenario) -> None:
+    run = pgrace_run(
+        scenario(
+            """
+            [[step]]
+            session = "a"
+            sql = "BEGIN; SAVEPOINT s; UPDATE t SET v = 1 WHERE id = 1"
+            [[step]]
+            name = "waits"
+            session = "b"
+            sql = "UPDATE t SET v = 2 WHERE id = 1"
+            expect = { waits_for = "a", released_by = "a" }
+            [[step]]
+            name = "bystander"
+            session = "c"
+            sql = "SELECT 1"
+            [[step]]
+            name = "still-holds"
+            session = "a"
+            sql = "SELECT 2"
+            [[step]]
+            name = "undo"
+            session = "a"
+            sql = "ROLLBACK TO SAVEPOINT s"
+            [[step]]
+            session = "a"
+            sql = "COMMIT"
+            """,
+            sessions='["a", "b", "c"]',
+            setup="CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0);",
+        )
+    )
+    steps = by_name(run)
+    assert steps["waits"].release == Release("step", steps["undo"].seq, "a")
+    assert run.ok, [c for c in run.checks if not c.ok]

@@ -367,9 +367,9 @@ def release_phrase(seq: int, release: Release | None, launched: Mapping[int, Ste
 
 def steps_waited(seq: int, release: Release | None, last_launched: int) -> int:
     """How many steps were launched while the step waited (up to the step that released it)."""
-    if release is not None and release.cause == "step" and release.seq is not None:
-        return max(0, release.seq - seq)
-    return max(0, last_launched - seq)
+    if release is not None and release.cause == "step" and release.seq is not None and release.seq > seq:
+        return release.seq - seq  # launched after it: the count stops at the step that freed it
+    return max(0, last_launched - seq)  # freed by the server, or by a step that was already running
 
 
 def plural(count: int, word: str) -> str:
