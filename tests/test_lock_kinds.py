@@ -266,6 +266,39 @@ def test_a_duplicate_enqueue_waits_for_the_other_transaction_on_its_unique_index
     assert dup.outcome is not None and dup.outcome.error is not None and dup.outcome.error.sqlstate == "23505"
 
 
+def test_on_conflict_waits_for_a_speculative_insertion(pgrace_run: RunScenario) -> None:
+    """s2's speculative insertion waits on s1 in the other unique index, holding its token; s3's
+    ON CONFLICT check finds s2's tuple and waits for the token (a ``spectoken`` lock), not the xid."""
+    run = pgrace_run(
+        scenario(
+            """
+            [[step]]
+            session = "s1"
+            sql = "BEGIN; INSERT INTO t VALUES (1, 1)"
+            [[step]]
+            name = "s2"
+            session = "s2"
+            sql = "INSERT INTO t VALUES (2, 1) ON CONFLICT (a) DO NOTHING"
+            [[step]]
+            name = "s3"
+            session = "s3"
+            sql = "INSERT INTO t VALUES (2, 2) ON CONFLICT (a) DO NOTHING"
+            [[step]]
+            session = "s1"
+            sql = "ROLLBACK"
+            """,
+            '["s1", "s2", "s3"]',
+            "CREATE TABLE t (a int UNIQUE, b int UNIQUE)",
+        )
+    )
+    steps = by_name(run)
+    [s2] = steps["s2"].waits
+    assert (s2.kind, s2.holder, s2.unique_indexes) == ("transaction", "s1", ("t_a_key", "t_b_key"))
+    [s3] = steps["s3"].waits
+    assert (s3.kind, s3.lock_type, s3.holder, s3.blocked_by) == ("speculative", "spectoken", "s2", ("s2",))
+    assert describe_wait(s3).startswith("⏳ waits for s2's speculative insertion to finish (a key conflict in one of")
+
+
 def test_create_index_concurrently_waits_for_an_open_transactions_snapshot(pgrace_run: RunScenario) -> None:
     run = pgrace_run(
         scenario(
@@ -365,7 +398,7 @@ def test_the_locks_option_picks_what_the_locks_column_shows(tmp_path: Path, pgra
     assert "row locks held" in rows.output and "a: t id=1 FOR UPDATE" in rows.output
     assert "a: table t" not in rows.output and "a: advisory" not in rows.output
     assert "locks held" in every.output and "row locks held" not in every.output
-    for label in ("a: t id=1 FOR UPDATE", "a: table t RowShareLock", "a: advisory 9 exclusive,"):  # a 30-wide column
+    for label in ("a: t id=1 FOR UPDATE", "a: table t RowShareLock", "a: advisory 9 exclusive, transaction"):
         assert label in every.output, label
     data = json.loads(cli.invoke(main, ["run", str(path), "--dsn", pgrace_server.dsn, "-f", "json"]).stdout)
     [step] = data["steps"]

@@ -164,7 +164,7 @@ def _lock_lines(event: LocksObserved, shown: tuple[RowLock, ...] | None) -> list
 def _table(run: Run, rows: list[Row], style: Style) -> str:
     sessions = run.scenario.session_names
     with_locks = run.row_locks_available
-    lock_width = 30 if with_locks else 0
+    lock_width = (30 if run.lock_kinds == "rows" else 40) if with_locks else 0  # all: "b: advisory (1, 2) shared, …"
     column = max(24, (style.width - 6 - lock_width - 2 * len(sessions)) // max(1, len(sessions)))
     colours = {name: SESSION_COLOURS[i % len(SESSION_COLOURS)] for i, name in enumerate(sessions)}
 
