@@ -120,8 +120,8 @@ def wait_target(wait: Wait) -> str:
     """What the step waits on, as a person names it: a row by key, a table, a lock."""
     if wait.kind == "row":
         return str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
-    if wait.kind == "relation":
-        return f"table {wait.table}"
+    if wait.kind == "relation":  # a table created in a transaction not committed yet has no name to read
+        return f"table {wait.table}" if wait.table else "a table not visible yet"
     if wait.kind == "advisory":
         return f"advisory lock {wait.advisory or wait.detail}"
     if wait.kind in ("transaction", "virtualxid"):
