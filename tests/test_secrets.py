@@ -22,6 +22,7 @@ from click.testing import CliRunner, Result
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgrace import servers
 from pgrace.cli import main
 from pgrace.servers import ServerInfo, describe_dsn, dsn_secrets, redact_dsn, scrub_secrets
 
@@ -73,6 +74,12 @@ sessions = ["a"]
 session = "a"
 sql = "SELECT 1"
 """
+
+
+@pytest.fixture(autouse=True)
+def forget_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no remembered secret: one test's scrubbing must not hide another's leak."""
+    monkeypatch.setattr(servers, "_REMEMBERED", set())
 
 
 def forbidden(secrets: list[str]) -> list[bytes]:
@@ -224,3 +231,30 @@ def test_a_run_with_the_right_password_shows_it_nowhere(password_server: str, tm
     for blob in [*outputs, *(p.read_bytes() for p in written_files(tmp_path))]:
         assert VICTIM_PASSWORD.encode() not in blob
     shutil.rmtree(tmp_path)
+
+
+def test_passwords_from_a_service_file_pgpassword_or_pgpass_do_not_leak(
+    password_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq finds these passwords itself; the wrong one is rejected by the server, and never shown."""
+    params = conninfo_to_dict(password_server)
+    service_file = tmp_path / "pg_service.conf"
+    service_file.write_text(
+        f"[victim]\nhost={params['host']}\nport={params['port']}\nuser=pgrace_victim\n"
+        f"dbname=postgres\npassword={WRONG_PASSWORD}\n"
+    )
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"*:*:*:pgrace_victim:{WRONG_PASSWORD}\n")
+    pgpass.chmod(0o600)
+    cli = CliRunner()
+    cases = [
+        ("service=victim", {"PGSERVICEFILE": str(service_file)}),
+        (password_server, {"PGPASSWORD": WRONG_PASSWORD}),
+        (password_server, {"PGPASSFILE": str(pgpass)}),
+    ]
+    for dsn, env in cases:
+        for args in (["run", "nowait"], ["clean"]):
+            result = cli.invoke(main, [*args, "--dsn", dsn], env=env)
+            assert result.exit_code == 3, result.output
+            assert "password authentication failed" in result.stderr
+            assert_clean(result, [WRONG_PASSWORD], tmp_path / "none")
