@@ -9,13 +9,16 @@ decides, in this order:
    55P03 (``lock_timeout``), 57014 (pgrace's own ``--step-timeout`` cancel when pgrace
    sent one, else ``statement_timeout`` or another backend's cancel request), a lost
    connection (its backend was terminated);
-2. a step of a session it waited for (directly, or through the waits of those sessions)
-   that completed during the wait and *ended* its transaction: its status went from
-   in-transaction (or an autocommit statement) to idle, or it aborted. A deadlock
-   victim's abort names the deadlock detector; a lost session names the termination;
-3. a session it waited for whose backend is gone (``pg_terminate_backend``, a crash);
-4. the last launched step, when it belongs to a session it waited for and nothing else
-   ran since (a lock released inside a transaction: ``pg_advisory_unlock``,
+2. the latest step of a session it waited for (directly, or through the waits of those
+   sessions) that completed during the wait and *ended* its transaction: its status went
+   from in-transaction (or an autocommit statement) to idle, it aborted, or its
+   connection died. A deadlock victim's abort names the deadlock detector (its result is
+   collected early: the error is on the wire before its locks go); a lost session names
+   the termination (and the ``crash`` step, if one did it);
+3. a session it waited for whose backend is gone (``pg_terminate_backend`` from
+   another session, a crash), asked of ``pg_stat_activity``;
+4. the last launched step, when it belongs to a session it waited for and no other step
+   completed since (a lock released inside a transaction: ``pg_advisory_unlock``,
    ``ROLLBACK TO SAVEPOINT``);
 5. otherwise ``unknown``: pgrace does not credit a step that released nothing.
 
