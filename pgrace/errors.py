@@ -56,13 +56,19 @@ def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:
 
 def report_internal_error(exc: BaseException) -> None:
     """A bug in pgrace: one line on stderr naming the exception; the whole traceback with PGRACE_DEBUG=1."""
+    from pgrace.render.escape import visible
+    from pgrace.servers import scrub_secrets
+
+    def safe(text: str) -> str:  # a libpq message in it may quote a DSN; server text may hold ESC
+        return visible(scrub_secrets(text))
+
     debug = bool(os.environ.get("PGRACE_DEBUG"))
     if debug:
-        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.write(safe("".join(traceback.format_exception(exc))))
     first = str(exc).strip().splitlines()
     detail = f": {first[0]}" if first else ""
     hint = "" if debug else " (set PGRACE_DEBUG=1 to see the traceback)"
-    print(f"pgrace: internal error, please report it: {type(exc).__name__}{detail}{hint}", file=sys.stderr)
+    print(safe(f"pgrace: internal error, please report it: {type(exc).__name__}{detail}{hint}"), file=sys.stderr)
 
 
 class PgraceError(Exception):

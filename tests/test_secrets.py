@@ -1,8 +1,9 @@
 """A password given in a DSN never reaches a byte of stdout, stderr or any file pgrace writes.
 
 Every shape below carries a password in a way libpq rejects, accepts oddly, or that a user
-may type by mistake. Each is run through ``run`` (text and JSON into files), ``check``
-(with --junit and golden files written) and ``clean``, by --dsn and by PGRACE_DSN. Nothing
+may type by mistake. Each is run through ``run`` (text, JSON and HTML into files), ``check``
+(with --junit and golden files written), ``clean``, ``explore``, ``sweep`` and ``matrix``,
+by --dsn and by PGRACE_DSN. Nothing
 listens on the port, so every one fails to connect; the real-server cases are at the end.
 """
 
@@ -113,6 +114,9 @@ def test_no_dsn_shape_leaks_its_password(dsn: str, secrets: list[str], tmp_path:
         ["run", str(story), "--format", "html", "-o", str(tmp_path / "out.html")],
         ["check", str(story), "--junit", str(tmp_path / "junit.xml"), "--golden", "--update"],
         ["clean"],
+        ["explore", str(story), "-o", str(tmp_path / "explore.txt")],
+        ["sweep", str(story)],
+        ["matrix", "--format", "json", "-o", str(tmp_path / "matrix.json")],
     ):
         assert_clean(cli.invoke(main, [*args, "--dsn", dsn]), secrets, tmp_path)
         assert_clean(cli.invoke(main, args, env={"PGRACE_DSN": dsn}), secrets, tmp_path)
@@ -258,3 +262,21 @@ def test_passwords_from_a_service_file_pgpassword_or_pgpass_do_not_leak(
             assert result.exit_code == 3, result.output
             assert "password authentication failed" in result.stderr
             assert_clean(result, [WRONG_PASSWORD], tmp_path / "none")
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_an_internal_error_shows_neither_a_password_nor_a_control_character(
+    debug: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgrace.errors import report_internal_error
+    from pgrace.servers import remember_secrets
+
+    monkeypatch.setenv("PGRACE_DEBUG", debug)
+    remember_secrets("host=127.0.0.1 password=S3cr3t-internal")
+    try:
+        raise RuntimeError('connection to "127.0.0.1" with S3cr3t-internal failed \x1b]0;pwned\x07')
+    except RuntimeError as exc:
+        report_internal_error(exc)
+    err = capsys.readouterr().err
+    assert "internal error" in err and "RuntimeError" in err
+    assert "S3cr3t-internal" not in err and "\x1b" not in err and "\x07" not in err
