@@ -39,6 +39,11 @@ def read_text(path: Path) -> str:
             data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ScenarioError(f"cannot read: {exc.strerror or exc}", source) from None
+    return decode(data, source)
+
+
+def decode(data: bytes, source: str) -> str:
+    """UTF-8 text of a file's bytes, refused (with the line) beyond MAX_FILE_BYTES or when not UTF-8."""
     if len(data) > MAX_FILE_BYTES:
         line = data.count(b"\n", 0, MAX_FILE_BYTES) + 1
         raise ScenarioError(f"file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB, pgrace's limit", source, line)

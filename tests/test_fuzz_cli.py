@@ -1,0 +1,184 @@
+"""The command line, fuzzed in-process: no traceback, no hang, only documented exit codes.
+
+Every command gets hostile scenario files (see ``fuzzing.py``), random ``-p`` values and
+random option values. Without a server (PGRACE_DSN and libpq point at a closed port) a
+command can only answer 0 (list, show), 2 (invalid input) or 3 (no server); a small
+sample of runs also goes to the real server. 4 (internal error) is always a failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from fuzzing import SPEC_PIECES, SPEC_SEEDS, TOML_PIECES, TOML_SEEDS, fuzz_settings, hostile
+from hypothesis import currently_in_test_context, event, given
+from hypothesis import strategies as st
+
+from pgrace import catalog
+from pgrace.cli import FORMATS, main
+from pgrace.servers import ServerInfo
+
+CLOSED = "host=127.0.0.1 port=1 connect_timeout=2"
+OFFLINE = {"PGRACE_DSN": "postgresql://nobody@127.0.0.1:1/db?connect_timeout=2", "PGHOST": "127.0.0.1", "PGPORT": "1"}
+SHIPPED = catalog.shipped_names()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("fuzz-cli")
+
+
+def invoke(args: list[str], allowed: set[int], env: dict[str, str] | None = None) -> Result:
+    result = CliRunner().invoke(main, args, env={**OFFLINE, "NO_COLOR": "1", **(env or {})})
+    if currently_in_test_context():
+        event(f"exit {result.exit_code}")
+    shown = f"args={args!r}\nstdout={result.stdout[-2000:]!r}\nstderr={result.stderr[-2000:]!r}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), shown
+    assert result.exit_code in allowed, shown
+    assert "Traceback" not in result.stdout + result.stderr, shown
+    if result.exit_code >= 2 and not result.stderr.startswith("Usage:"):  # click's usage errors have their own form
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pgrace: "), shown
+    return result
+
+
+# -- what goes on the command line ------------------------------------------------------------
+
+ODD_NUMBERS = ["nan", "inf", "-inf", "0", "-0", "1e400", "", " ", "0x10", "1_0", "-1", "1e-320", "3", "0.5"]
+values = st.one_of(
+    st.sampled_from(ODD_NUMBERS),
+    st.text(max_size=12),
+    st.floats().map(str),
+    st.integers().map(str),
+)
+params = st.lists(
+    st.one_of(
+        st.text(max_size=20),
+        st.builds("{}={}".format, st.text(max_size=8), st.text(max_size=20)),
+        st.builds("workers={}".format, st.sampled_from(["3", "0", "65", "-1", "1e3", "\0", "", "2; DROP TABLE x"])),
+    ),
+    max_size=3,
+).map(lambda items: [arg for item in items for arg in ("-p", item)])
+dsns = st.one_of(
+    st.sampled_from(["host=127.0.0.1 port='5432", "postgresql://", "postgresql://a:b@[::1", "=", "port=x", "a b c"]),
+    st.text(max_size=20).map(lambda text: f"{text} {CLOSED}"),
+)
+
+
+@st.composite
+def scenario_ref(draw: st.DrawFn, workdir: Path) -> str:
+    """A shipped name, a random word, or a hostile file written to disk."""
+    kind = draw(st.sampled_from(["shipped", "word", "toml", "spec", "toml", "spec"]))
+    if kind == "shipped":
+        return draw(st.sampled_from(SHIPPED))
+    if kind == "word":
+        return draw(st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=12))
+    seeds, pieces = (TOML_SEEDS, TOML_PIECES) if kind == "toml" else (SPEC_SEEDS, SPEC_PIECES)
+    path = workdir / f"case.{kind}"
+    path.write_bytes(draw(hostile(seeds, pieces)))
+    return str(path)
+
+
+def options(draw: Callable[..., Any], choices: dict[str, st.SearchStrategy[str] | None]) -> list[str]:
+    """A few of ``choices`` (flag: value strategy, or None for a switch), in any order."""
+    picked = draw(st.lists(st.sampled_from(sorted(choices)), max_size=4))
+    args: list[str] = []
+    for flag in picked:
+        strategy = choices[flag]
+        args += [flag] if strategy is None else [flag, draw(strategy)]
+    return args
+
+
+RUN_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
+    "--step-timeout": values,
+    "--pace": values,
+    "--width": values,
+    "--format": st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)),
+    "--fix": None,
+    "--bug": None,
+    "--compare": None,
+    "--no-color": None,
+}
+EXPLORE_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
+    "--max": values,
+    "--seed": values,
+    "--shard": st.one_of(st.sampled_from(["1/2", "0/2", "3/2", "1/0", "a/b", "/"]), st.text(max_size=6)),
+    "--jobs": values,
+    "--show": values,
+    "--format": st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)),
+}
+
+
+# -- offline: no server can be had -----------------------------------------------------------
+
+
+def test_offline_fuzz_runs_without_a_reachable_server() -> None:
+    """The premise of the offline tests: nothing here reaches a server."""
+    invoke(["run", "nowait"], {3})
+
+
+@fuzz_settings(1500)
+@given(data=st.data())
+def test_show_never_crashes(workdir: Path, data: st.DataObject) -> None:
+    ref = data.draw(scenario_ref(workdir))
+    extra = data.draw(st.lists(st.sampled_from(["--fix", "--bug"]), max_size=2))
+    invoke(["show", ref, *data.draw(params), *extra], {0, 2})
+
+
+@fuzz_settings(1500)
+@given(data=st.data())
+def test_run_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
+    ref = data.draw(scenario_ref(workdir))
+    args = ["run", ref, *data.draw(params), *options(data.draw, RUN_OPTIONS)]
+    invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
+
+
+@fuzz_settings(500)
+@given(data=st.data())
+def test_check_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
+    ref = data.draw(scenario_ref(workdir))
+    args = ["check", ref, "--step-timeout", data.draw(values), "--dsn", data.draw(dsns)]
+    invoke([*args, *data.draw(st.lists(st.sampled_from(["--golden", "--quiet", "--update"]), max_size=2))], {2, 3})
+
+
+@fuzz_settings(500)
+@given(data=st.data())
+def test_explore_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
+    ref = data.draw(scenario_ref(workdir))
+    args = ["explore", ref, *data.draw(params), *options(data.draw, EXPLORE_OPTIONS)]
+    if Path(ref).is_file() and data.draw(st.booleans()):
+        args += ["--merge", ref]  # a hostile file read as an exploration's JSON
+    invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
+
+
+@fuzz_settings(300)
+@given(data=st.data())
+def test_clean_and_list_never_crash(data: st.DataObject) -> None:
+    invoke(["clean", "--dsn", data.draw(dsns)], {2, 3})
+    invoke(["list", *data.draw(st.lists(st.text(max_size=6), max_size=2))], {0, 2})
+
+
+# -- a small sample on the real server ---------------------------------------------------------
+
+
+@fuzz_settings(20, deadline_s=120)
+@given(data=st.data())
+def test_runs_on_the_server_with_random_options_end_in_time(pgrace_server: ServerInfo, data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from(SHIPPED))
+    step_timeout = data.draw(st.sampled_from([0.05, 0.2, 1.0, 3.0]))
+    fmt = data.draw(st.sampled_from(FORMATS))
+    args = ["run", name, "--step-timeout", str(step_timeout), "--format", fmt]
+    if name == "skip-locked-fanout":
+        args += ["-p", f"workers={data.draw(st.one_of(st.integers(1, 6), st.text(max_size=4)))}"]
+    variant = data.draw(st.sampled_from(["--fix", "--bug", "--compare", ""]))
+    args += [variant] if variant and (variant != "--compare" or fmt in ("text", "svg", "markdown", "html")) else []
+    started = time.perf_counter()
+    invoke([*args, "--dsn", pgrace_server.dsn], {0, 1, 2})
+    took = time.perf_counter() - started
+    # Each statement is bounded by the step timeout (a blocked one waits at most 3x after its cancel).
+    assert took < 60, f"{args} took {took:.1f} s"
