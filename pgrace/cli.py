@@ -27,6 +27,7 @@ from pgrace.errors import (
     EXIT_SIGTERM,
     PgraceError,
     ScenarioError,
+    ScenarioFailed,
     Terminated,
     exit_code_of_interrupt,
     report_internal_error,
@@ -319,22 +320,51 @@ def run(
         on_event=presenter.on_event if presenter else None,
         on_idle=presenter.on_idle if presenter else None,
     )
-    with open_server(dsn) as server:
-        report_swept(server)
-        if presenter is not None:
-            with presenter:
+    try:
+        with open_server(dsn) as server:
+            report_swept(server)
+            if presenter is not None:
+                with presenter:
+                    result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
+                    presenter.finish(result)
+            else:
                 result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
-                presenter.finish(result)
-        else:
-            result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
+    except ScenarioFailed as failed:
+        # As isolationtester: what ran until then, then why it stopped (on stderr, exit 1).
+        if failed.run is not None and presenter is None:
+            _show_run(failed.run, fmt, style, counterpart, output, to_terminal)
+        raise
+    _show_run(result, fmt, style, counterpart, output, to_terminal if presenter is None else None)
+    for note in _teardown_failures(result) if fmt != "isolation" else []:
+        click.echo(f"pgrace: note: {note}", err=True)
+    sys.exit(0 if result.ok else 1)
+
+
+def _show_run(
+    result: Run, fmt: str, style: Style, counterpart: Scenario | None, output: str | None, to_terminal: bool | None
+) -> None:
+    """Render to ``output`` or stdout; ``to_terminal`` None: a presenter has shown it already."""
     text = _render(result, fmt, style, counterpart)
     if fmt == "isolation" and to_terminal:
         text = visible(text)  # isolationtester prints server text raw; a file or a pipe gets it byte for byte
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
-    elif presenter is None:
+    elif to_terminal is not None:
         click.echo(text, nl=False)
-    sys.exit(0 if result.ok else 1)
+
+
+def _teardown_failures(result: Run) -> list[str]:
+    """Teardown errors (a teardown cancelled at --step-timeout, say): isolationtester reports them, not fatal."""
+    from pgrace.timeline import SetupRan
+
+    notes = []
+    for event in result.events:
+        if isinstance(event, SetupRan) and event.phase == "teardown" and event.outcome.error is not None:
+            error = event.outcome.error
+            where = f"teardown of session {event.session}" if event.session else "teardown"
+            detail = f" ({error.detail})" if error.detail else ""
+            notes.append(visible(f"{where} failed: {error.severity}:  {error.message}{detail}"))
+    return notes
 
 
 def _run_compare(

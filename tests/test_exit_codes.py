@@ -129,9 +129,10 @@ def test_run_1_the_setup_fails_on_this_server(tmp_path: Path, pgrace_server: Ser
 
 def test_run_1_steps_blocking_each_other_are_the_scenarios_outcome(tmp_path: Path, pgrace_server: ServerInfo) -> None:
     path = file_of(tmp_path, "stuck.spec", MUTUALLY_BLOCKING)
-    result = invoke(["run", path, "--dsn", pgrace_server.dsn])
+    result = invoke(["run", path, "--format", "isolation", "--dsn", pgrace_server.dsn])
     assert result.exit_code == 1
     assert one_line(result) == f"pgrace: {path}: failed to complete permutation due to mutually-blocking steps: s1a"
+    assert "step s1a: SELECT 1; <waiting ...>\nstep s2a: SELECT 2;\n" in result.stdout  # what ran until then
 
 
 def test_check_1_a_case_failed(tmp_path: Path, pgrace_server: ServerInfo) -> None:
