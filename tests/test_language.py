@@ -51,12 +51,12 @@ sql = "BEGIN; UPDATE t SET v = 11 WHERE id = 1"
 [[step]]
 name = "impatient"
 session = "b"
-sql = "SET lock_timeout = '300ms'; UPDATE t SET v = 12 WHERE id = 1"
+sql = "SET lock_timeout = '500ms'; UPDATE t SET v = 12 WHERE id = 1"
 
 [[step]]
 name = "pause"
 session = "a"
-sleep = "900ms"
+sleep = "1200ms"
 note = "a holds the row while b's lock_timeout runs out"
 
 [[step]]
@@ -71,9 +71,9 @@ def test_lock_timeout_fires_during_a_sleep_and_is_reported_right_after_it(pgrace
     steps = by_name(run)
     impatient, pause = steps["impatient"], steps["pause"]
     assert impatient.waited and error_of(impatient) == ("ERROR", "55P03")
-    assert pause.sql == "sleep 900ms" and pause.status == "ok"
+    assert pause.sql == "sleep 1200ms" and pause.status == "ok"
     slept_from, slept_to = times(run, pause.seq)
-    assert slept_to - slept_from >= 900
+    assert slept_to - slept_from >= 1200
     finished = [e.seq for e in run.events if isinstance(e, StepFinished)]
     assert finished == [1, pause.seq, impatient.seq, steps["commit"].seq], "reported right after the sleep it ended in"
     assert impatient.release == Release("lock_timeout")  # the server ended the wait, not the sleep
@@ -106,14 +106,14 @@ def test_a_sleep_lets_the_deadlock_detector_pick_the_victim_the_file_pinned(pgra
             [[step]]
             name = "pause"
             session = "c"
-            sleep = "300ms"
+            sleep = "900ms"
             [[step]]
             name = "after"
             session = "c"
             sql = "SELECT 1"
             """,
             sessions='[{ name = "a", setup = "SET deadlock_timeout = \\"5s\\"" }, '
-            '{ name = "b", setup = "SET deadlock_timeout = \\"50ms\\"" }, "c"]',
+            '{ name = "b", setup = "SET deadlock_timeout = \\"300ms\\"" }, "c"]',
         ),
         step_timeout=10,
     )

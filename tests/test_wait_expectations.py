@@ -16,8 +16,8 @@ from pgrace.timeline import CheckResult
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
 
 
-def scenario(body: str) -> Scenario:
-    text = f"name = 'waits'\nsetup = {SETUP!r}\nsessions = ['a', 'b']\n" + textwrap.dedent(body)
+def scenario(body: str, sessions: str = "['a', 'b']") -> Scenario:
+    text = f"name = 'waits'\nsetup = {SETUP!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
     return parse_toml_scenario(text, "waits.toml")
 
 
@@ -82,7 +82,7 @@ def test_an_error_message_pattern(pgrace_run: RunScenario) -> None:
 
 
 def test_the_deadlock_victim_and_its_cycle(pgrace_run: RunScenario) -> None:
-    """With equal deadlock_timeout, a (which waited first) runs the check first and is the victim."""
+    """a's deadlock_timeout is the shorter (pinned, not left to timing): a runs the check and is the victim."""
     body = """
     [[step]]
     session = "a"
@@ -107,7 +107,8 @@ def test_the_deadlock_victim_and_its_cycle(pgrace_run: RunScenario) -> None:
     session = "b"
     sql = "COMMIT"
     """
-    got = results(pgrace_run, body)
+    pinned = "[{ name = 'a', setup = \"SET deadlock_timeout = '100ms'\" }, { name = 'b', setup = \"SET deadlock_timeout = '10s'\" }]"
+    got = {r.description: r for r in evaluate(pgrace_run(scenario(body, pinned)))}
     assert got["a-waits: is the victim of a deadlock of b, a"].ok
     assert not got["b-closes: is the victim of a deadlock"].ok
 
