@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.cli import main
+from pgrace.scratch import connect, scratch_name
 from pgrace.servers import ServerInfo
 
 PASSWORD = "Sup3r-s3cret-pw"
@@ -173,13 +174,41 @@ def shop2_state(dsn: str) -> tuple[object, ...]:
 
 
 @needs_corpus
-def test_a_spec_in_schema_mode_leaves_the_owners_tables_alone(shop2: str) -> None:
-    """The spec's setup drops and creates ``users`` and ``orders``: in the scratch schema only."""
+@pytest.mark.parametrize("search_path", [None, "options", "role"])
+def test_a_spec_in_schema_mode_leaves_the_owners_tables_alone(
+    shop2: str, pgrace_server: ServerInfo, search_path: str | None
+) -> None:
+    """The spec's setup drops and creates ``users`` and ``orders``: in the scratch schema only.
+
+    Also when the DSN's own options, or the role's defaults, put ``public`` on the search_path.
+    """
     before = shop2_state(shop2)
     assert before[1] == [(True,)]
+    dsn = shop2
+    if search_path == "options":
+        dsn = make_conninfo(shop2, options="-c search_path=public -c statement_timeout=60s")
+    elif search_path == "role":
+        with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+            admin.execute("ALTER ROLE keeper SET search_path = public")
     spec = CORPUS / "specs" / "update-locked-tuple.spec"
-    result = CliRunner().invoke(main, ["run", str(spec), "--allow-scratch-schema", "--dsn", shop2])
+    result = CliRunner().invoke(main, ["run", str(spec), "--allow-scratch-schema", "--dsn", dsn])
     assert result.exit_code == 0, result.output
     assert shop2_state(shop2) == before
     with psycopg.connect(shop2, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM public.orders").fetchone() == (90,)
+
+
+def test_a_run_connection_keeps_every_option_and_lands_in_the_scratch_schema(shop2: str) -> None:
+    """The DSN's options, the caller's (a spec's datestyle) and the scratch search_path, which wins."""
+    name = scratch_name("options")
+    with psycopg.connect(shop2, autocommit=True) as owner:
+        owner.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        try:
+            dsn = make_conninfo(shop2, options="-c search_path=public -c statement_timeout=61s")
+            with connect(dsn, name, options="-c datestyle=Postgres,MDY", application_name="pgrace/x/a") as conn:
+                shown = conn.execute(
+                    "SELECT current_schema(), current_setting('statement_timeout'), current_setting('datestyle')"
+                ).fetchone()
+            assert shown == (name, "61s", "Postgres, MDY")
+        finally:
+            owner.execute(sql.SQL("DROP SCHEMA {}").format(sql.Identifier(name)))
