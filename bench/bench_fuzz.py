@@ -1,7 +1,7 @@
 """A bigger fuzz campaign than `make test`'s: the same properties, SCALE times the examples.
 
 The suite's fuzz tests (tests/test_fuzz_parsers.py and tests/test_fuzz_cli.py) run
-about 16,000 inputs: hostile scenario and spec files (deep nesting, huge dotted keys,
+about 15,000 inputs: hostile scenario and spec files (deep nesting, huge dotted keys,
 NUL and control characters, invalid UTF-8, files past 1 MiB, long lines), random ``-p``
 and option values for every command, and a sample of runs on a real server. Each input
 must end in a documented exit code (or a located ScenarioError) within its deadline,
@@ -30,7 +30,8 @@ PER_SCALE = {  # the examples each fuzz test runs at scale 1 (their fuzz_setting
     "cli: run (no server)": 1500,
     "cli: check (no server)": 500,
     "cli: explore (no server)": 500,
-    "cli: clean + list (no server)": 600,
+    "cli: sweep (no server)": 500,
+    "cli: clean, list, matrix (no server)": 900,
     "cli: run on the server": 20,
 }
 

@@ -104,6 +104,19 @@ RUN_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
     "--compare": None,
     "--no-color": None,
 }
+SWEEP_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
+    "--explore": None,
+    "--max": values,
+    "--seed": values,
+    "--jobs": values,
+    "--format": st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)),
+    "--step-timeout": values,
+    "--fix": None,
+    "--bug": None,
+    "-p": st.one_of(
+        st.text(max_size=12), st.sampled_from(["workers=1,2", "workers=", "workers=,", "=1,2", "level=a,b"])
+    ),
+}
 EXPLORE_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
     "--max": values,
     "--seed": values,
@@ -156,11 +169,26 @@ def test_explore_never_crashes_offline(workdir: Path, data: st.DataObject) -> No
     invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
 
 
+@fuzz_settings(500)
+@given(data=st.data())
+def test_sweep_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
+    refs = data.draw(st.lists(scenario_ref(workdir), min_size=1, max_size=2))
+    args = ["sweep", *refs, *data.draw(params), *options(data.draw, SWEEP_OPTIONS)]
+    invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
+
+
 @fuzz_settings(300)
 @given(data=st.data())
-def test_clean_and_list_never_crash(data: st.DataObject) -> None:
+def test_clean_list_and_matrix_never_crash(data: st.DataObject) -> None:
     invoke(["clean", "--dsn", data.draw(dsns)], {2, 3})
     invoke(["list", *data.draw(st.lists(st.text(max_size=6), max_size=2))], {0, 2})
+    matrix = ["matrix", "--step-timeout", data.draw(values), "--format", data.draw(st.text(max_size=8))]
+    invoke([*matrix, "--dsn", data.draw(dsns)], {2, 3})
+
+
+def test_every_command_is_fuzzed() -> None:
+    fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix"}
+    assert set(main.commands) == fuzzed, "a new command needs its fuzz test here"
 
 
 # -- a small sample on the real server ---------------------------------------------------------

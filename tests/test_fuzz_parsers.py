@@ -4,7 +4,7 @@ Hypothesis mutates real files (the shipped scenarios, and our own spec files), g
 random ones, and splices in hostile structure (see ``fuzzing.py``): deep nesting, huge
 dotted keys, NUL and control characters, invalid UTF-8, long lines, files past 1 MiB.
 Each example must finish within its deadline (no parser spins) and end either in a
-scenario or in one located ScenarioError. In all 12,000 examples by default; set
+scenario or in one located ScenarioError. 10,000 examples by default (with test_fuzz_cli.py, over 15,000 inputs); set
 PGRACE_FUZZ_EXAMPLES (per test) or PGRACE_FUZZ_SCALE, or run bench/bench_fuzz.py, for more.
 """
 
