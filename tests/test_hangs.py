@@ -46,6 +46,21 @@ session s2
 setup { SELECT count(*) FROM t; }
 step s2a { SELECT 1 AS one; }
 """
+# s2's step waits for s1's lock; nothing later releases it (the runner waits for it at the end).
+STEP_HANG = """
+setup { CREATE TABLE t (id int); }
+teardown { DROP TABLE t; }
+session s1
+step s1a { BEGIN; LOCK TABLE t; }
+session s2
+step s2a { SELECT count(*) FROM t; }
+permutation s1a s2a
+"""
+# A step that is busy, not blocked: pg_sleep.
+STEP_BUSY = """
+session s1
+step s1a { SELECT pg_sleep(600); }
+"""
 RUN_ROOT = Path("/dev/shm")
 
 
@@ -88,15 +103,15 @@ def wait_until(what: str, condition: Callable[[], bool], child: subprocess.Popen
         time.sleep(0.01)  # polling the server for a phase; not a stand-in for pgrace's own detection
 
 
-def blocked_statement(dsn: str, prefix: str) -> Callable[[], bool]:
-    """True once the server shows a statement starting with ``prefix`` waiting for a lock."""
+def blocked_statement(dsn: str, prefix: str, waiting_for: str = "Lock") -> Callable[[], bool]:
+    """True once the server shows a statement starting with ``prefix`` waiting (for a lock, by default)."""
 
     def seen() -> bool:
         with psycopg.connect(dsn, autocommit=True) as admin:
             row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Lock'"
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = %s"
                 " AND application_name LIKE 'isolation/%%' AND query LIKE %s",
-                (prefix + "%",),
+                (waiting_for, prefix + "%"),
             ).fetchone()
         return bool(row and row[0])
 
@@ -175,16 +190,22 @@ def test_a_setup_that_blocks_forever_fails_the_run_after_the_step_timeout(
 
 @SIGNALS
 @pytest.mark.parametrize(
-    ("name", "text", "statement"),
-    [("teardown-hang", TEARDOWN_HANG, "DROP TABLE"), ("setup-hang", SETUP_HANG, "SELECT count(*) FROM t")],
+    ("name", "text", "statement", "waiting_for"),
+    [
+        ("teardown-hang", TEARDOWN_HANG, "DROP TABLE", "Lock"),
+        ("setup-hang", SETUP_HANG, "SELECT count(*) FROM t", "Lock"),
+        ("step-hang", STEP_HANG, "SELECT count(*) FROM t", "Lock"),
+        ("step-busy", STEP_BUSY, "SELECT pg_sleep", "Timeout"),
+    ],
 )
-def test_a_signal_ends_a_run_blocked_in_setup_or_teardown_within_2_s(
+def test_a_signal_ends_a_run_in_setup_steps_or_teardown_within_2_s(
     tmp_path: Path,
     pgrace_server: ServerInfo,
     children: list[subprocess.Popen[str]],
     name: str,
     text: str,
     statement: str,
+    waiting_for: str,
     signum: int,
     code: int,
     word: str,
@@ -192,7 +213,7 @@ def test_a_signal_ends_a_run_blocked_in_setup_or_teardown_within_2_s(
     path = spec(tmp_path, name, text)
     child = start(["run", str(path), "--step-timeout", "600", "--dsn", pgrace_server.dsn])
     children.append(child)
-    wait_until(f"{statement} waiting for its lock", blocked_statement(pgrace_server.dsn, statement), child)
+    wait_until(f"{statement} waiting", blocked_statement(pgrace_server.dsn, statement, waiting_for), child)
     _, err = end_within(child, signum, 2.0)
     assert child.returncode == code, err
     assert err == f"pgrace: {word}; cleaned up\n"
