@@ -10,7 +10,10 @@ test_hangs.py and test_cleanup.py.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -272,3 +275,26 @@ def test_the_readme_table_lists_every_code() -> None:
     section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
     documented = set(re.findall(r"^\| (\d+(?: / \d+)?) \|", section, re.MULTILINE))
     assert documented == {"0", "1", "2", "3", "4", "130 / 143", "141"}
+
+
+# -- 141 --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["list", "show", "run"])
+def test_141_when_stdout_is_closed_before_pgrace_writes(command: str, pgrace_server: ServerInfo) -> None:
+    """`pgrace … | head -0`: the reader is gone; no BrokenPipeError traceback, exit 141."""
+    args = {"list": ["list"], "show": ["show", "nowait"], "run": ["run", "nowait", "--dsn", pgrace_server.dsn]}
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        child = subprocess.run(
+            [sys.executable, "-m", "pgrace", *args[command]],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(writer)
+    assert child.returncode == 141, child.stderr
+    assert child.stderr == ""
