@@ -99,6 +99,36 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in new
         return seconds
 
 
+def _writable(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Refuse an output file whose folder is missing or read-only before running anything (exit 2)."""
+    if value is not None:
+        folder = Path(value).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"cannot write {value}: no writable folder {str(folder)!r}", ctx, param)
+    return value
+
+
+def write_output(path: str | Path, text: str) -> None:
+    """Write an output file; failing to (a full disk, say) is one line and exit 2, never a traceback."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot write: {exc.strerror or exc}", str(path)) from None
+
+
+def read_input(name: str) -> str:
+    """A text file named on the command line (not a scenario): unreadable or not UTF-8 is invalid input."""
+    try:
+        data = Path(name).read_bytes()
+    except OSError as exc:
+        raise ScenarioError(f"cannot read: {exc.strerror or exc}", name) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ScenarioError(f"not UTF-8: byte 0x{data[exc.start : exc.start + 1].hex()}", name, line) from None
+
+
 EXIT_CODES_HELP = """\b
 Exit codes:
   0    ran, and every expectation held
@@ -237,7 +267,9 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @step_timeout_option
 @click.option("--width", type=click.IntRange(min=40), help="Width of the text timeline (default: terminal).")
 @click.option("--color/--no-color", default=None, help="Colour per session (default: on a terminal, unless NO_COLOR).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help="Write to FILE."
+)
 @click.option(
     "--compare",
     is_flag=True,
@@ -348,7 +380,7 @@ def _show_run(
     if fmt == "isolation" and to_terminal:
         text = visible(text)  # isolationtester prints server text raw; a file or a pipe gets it byte for byte
     if output is not None:
-        Path(output).write_text(text, encoding="utf-8")
+        write_output(output, text)
     elif to_terminal is not None:
         click.echo(text, nl=False)
 
@@ -412,7 +444,7 @@ def _run_compare(
 
         text = render_text_compare(results, style)
     if output is not None:
-        Path(output).write_text(text, encoding="utf-8")
+        write_output(output, text)
     else:
         click.echo(text, nl=False)
     sys.exit(0 if all(r.ok for r in results) else 1)
@@ -434,7 +466,10 @@ def _run_compare(
 )
 @click.option("--update", is_flag=True, help="(Re)write the golden timelines instead of comparing them.")
 @click.option(
-    "--junit", type=click.Path(dir_okay=False, writable=True, path_type=Path), help="Write JUnit XML to FILE."
+    "--junit",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    callback=_writable,
+    help="Write JUnit XML to FILE.",
 )
 @click.option(
     "--expected",
@@ -514,7 +549,7 @@ def check(
     if junit is not None:
         from pgrace.render.junit import render_junit
 
-        junit.write_text(render_junit(results), encoding="utf-8")
+        write_output(junit, render_junit(results))
     sys.exit(1 if failed else 0)
 
 
@@ -574,7 +609,7 @@ def _shard(value: str | None) -> tuple[int, int]:
 
 def _emit(text: str, output: str | None) -> None:
     if output is not None:
-        Path(output).write_text(text, encoding="utf-8")
+        write_output(output, text)
     else:
         click.echo(text, nl=False)
 
@@ -586,7 +621,9 @@ server_option = click.option(
     help="Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE.",
 )
 dsn_option = click.option("--dsn", envvar="PGRACE_DSN", help="Use this server (libpq URI or conninfo).")
-output_option = click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
+output_option = click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help="Write to FILE."
+)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -642,7 +679,7 @@ def explore(
         raise click.UsageError(f"explore prints --format {', '.join(EXPLORE_FORMATS)}; --show N prints any format")
     space = explorer.Space(chosen)
     if merge_files:
-        texts = [(name, Path(name).read_text(encoding="utf-8")) for name in merge_files]
+        texts = [(name, read_input(name)) for name in merge_files]
         result = explorer.merge_explorations(explorer.load_explorations(texts, space))
         if (result.scenario, result.variant) != (chosen.name, chosen.variant):
             raise ScenarioError(f"the files explored {result.scenario} ({result.variant}), not this scenario")

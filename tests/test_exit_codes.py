@@ -298,3 +298,36 @@ def test_141_when_stdout_is_closed_before_pgrace_writes(command: str, pgrace_ser
         os.close(writer)
     assert child.returncode == 141, child.stderr
     assert child.stderr == ""
+
+
+# -- output and input files named by options ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "nowait", "-o", "/nonexistent/out.txt"],
+        ["explore", "nowait", "-o", "/nonexistent/out.txt"],
+        ["matrix", "-o", "/nonexistent/out.txt"],
+        ["check", "scenarios/nowait.toml", "--junit", "/nonexistent/junit.xml"],
+    ],
+)
+def test_2_for_an_output_file_in_a_missing_folder_before_anything_runs(args: list[str]) -> None:
+    result = invoke([*args, "--dsn", UNREACHABLE])  # refused before any server is tried (else 3)
+    assert result.exit_code == 2, result.output
+    assert "no writable folder '/nonexistent'" in result.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_2_when_the_output_cannot_be_written(pgrace_server: ServerInfo) -> None:
+    result = invoke(["run", "nowait", "-o", "/dev/full", "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 2
+    assert one_line(result) == "pgrace: /dev/full: cannot write: No space left on device"
+
+
+def test_explore_2_for_a_merge_file_that_is_not_utf8(tmp_path: Path) -> None:
+    merge = tmp_path / "shard.json"
+    merge.write_bytes(b'{"schema": 1, "x": "\xff"}')
+    result = invoke(["explore", "nowait", "--merge", str(merge)])
+    assert result.exit_code == 2
+    assert one_line(result) == f"pgrace: {merge}:1: not UTF-8: byte 0xff"

@@ -164,8 +164,10 @@ def test_check_never_crashes_offline(workdir: Path, data: st.DataObject) -> None
 def test_explore_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
     ref = data.draw(scenario_ref(workdir))
     args = ["explore", ref, *data.draw(params), *options(data.draw, EXPLORE_OPTIONS)]
-    if Path(ref).is_file() and data.draw(st.booleans()):
-        args += ["--merge", ref]  # a hostile file read as an exploration's JSON
+    if data.draw(st.booleans()):  # a hostile file read as an exploration's JSON
+        merge = workdir / "merge.json"
+        merge.write_bytes(data.draw(st.one_of(hostile(TOML_SEEDS, TOML_PIECES), st.binary(max_size=64))))
+        args += ["--merge", str(merge)]
     invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
 
 
