@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pgrace.api import run
     from pgrace.catalog import load
-    from pgrace.errors import PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
+    from pgrace.code import CodeClass, CodeExploration, TracedConnection, explore_code, run_code
+    from pgrace.errors import CodeError, PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
     from pgrace.model import Scenario, Session, Step
     from pgrace.runner import RunOptions
     from pgrace.servers import ServerInfo, open_server
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "CheckResult": "pgrace.timeline",
+    "CodeClass": "pgrace.code",
+    "CodeError": "pgrace.errors",
+    "CodeExploration": "pgrace.code",
+    "TracedConnection": "pgrace.code",
+    "explore_code": "pgrace.code",
+    "run_code": "pgrace.code",
     "PgraceError": "pgrace.errors",
     "Run": "pgrace.timeline",
     "RunAborted": "pgrace.errors",
@@ -44,6 +51,9 @@ _HOMES = {
 
 __all__ = [
     "CheckResult",
+    "CodeClass",
+    "CodeError",
+    "CodeExploration",
     "PgraceError",
     "Run",
     "RunAborted",
@@ -56,9 +66,12 @@ __all__ = [
     "SetupFailed",
     "Step",
     "StepRun",
+    "TracedConnection",
+    "explore_code",
     "load",
     "open_server",
     "run",
+    "run_code",
 ]
 
 

@@ -2,7 +2,8 @@
 
     PgraceError                     exit 1, base class
     ├── ScenarioError               exit 2, invalid input: a scenario or spec file (file:line),
-    │                                       an option value, a malformed --dsn
+    │   │                                   an option value, a malformed --dsn
+    │   └── CodeError                       session code run_code/explore_code cannot interleave
     ├── ScenarioFailed              exit 1, the scenario could not run to its end on this server:
     │   ├── SetupFailed                     its setup SQL failed, or
     │   └── StepsStuck                      its steps blocked each other (isolationtester: exit 1)
@@ -131,3 +132,7 @@ class RunAborted(PgraceError):
     """
 
     exit_code = EXIT_NO_SERVER
+
+
+class CodeError(ScenarioError):
+    """Session code that pgrace cannot interleave (``run_code``/``explore_code``), named by its file:line."""

@@ -7,6 +7,10 @@ Fixtures:
 * ``pgrace_run`` (function): ``pgrace_run(scenario, variant=None, params=None)`` runs a
   scenario (a shipped name, a path, or a :class:`~pgrace.model.Scenario`) on that
   server and returns the :class:`~pgrace.timeline.Run` to assert on.
+* ``pgrace_code`` (function): the application's own functions interleaved on that server
+  (:mod:`pgrace.code`): ``pgrace_code.run(sessions, ...)``, ``pgrace_code.explore(sessions, ...)``,
+  and ``pgrace_code.assert_every(found, predicate)``, which fails the test with the text
+  timeline of the simplest interleaving whose outcome does not satisfy ``predicate``.
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pgrace.model import Scenario
 from pgrace.servers import ServerInfo, open_server
 from pgrace.timeline import Run
+
+if TYPE_CHECKING:
+    from pgrace.code import CodeClass, CodeExploration
 
 RunScenario = Callable[..., Run]
 
@@ -61,3 +68,40 @@ def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
         return api.run(loaded.variant_named(variant), server=pgrace_server, options=options)
 
     return run
+
+
+class PgraceCode:
+    """What the ``pgrace_code`` fixture gives a test: run_code and explore_code on the test session's server."""
+
+    def __init__(self, server: ServerInfo) -> None:
+        self.server = server
+
+    def run(self, sessions: dict[str, Callable[[Any], object]], **options: Any) -> Run:
+        from pgrace.code import run_code
+
+        return run_code(sessions, server=self.server, **options)
+
+    def explore(self, sessions: dict[str, Callable[[Any], object]], **options: Any) -> CodeExploration:
+        from pgrace.code import explore_code
+
+        return explore_code(sessions, server=self.server, **options)
+
+    def assert_every(self, found: CodeExploration, predicate: Callable[[CodeClass], bool], what: str = "") -> None:
+        """Fail the test with the timeline of the simplest interleaving of the first class failing ``predicate``."""
+        failing = [c for c in found.classes if not predicate(c)]
+        if not failing:
+            return
+        first = failing[0]
+        said = f" ({what})" if what else ""
+        shown = ", ".join(session for session, _ in first.example)
+        pytest.fail(
+            f"{sum(c.count for c in failing)} of {found.explored} interleavings fail{said}: {first.summary}\n"
+            f"the simplest one ({shown}):\n\n{found.timeline(first)}",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def pgrace_code(pgrace_server: ServerInfo) -> PgraceCode:
+    """Interleave the application's functions, statement by statement, on ``pgrace_server``."""
+    return PgraceCode(pgrace_server)

@@ -1,0 +1,313 @@
+"""Interleaving the application's own Python (pgrace.code): the issue-14 acceptance, on a real server."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgrace
+from pgrace.code import explore_code, run_code
+from pgrace.errors import CodeError, PgraceError
+from pgrace.model import RowRef
+from pgrace.pytest_plugin import PgraceCode
+from pgrace.render.json import render_json
+from pgrace.render.text import render_text
+from pgrace.servers import ServerInfo
+from pgrace.timeline import Run
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = "CREATE TABLE accounts (id int PRIMARY KEY, balance int); INSERT INTO accounts VALUES (1, 500)"
+FINAL = "SELECT balance FROM accounts WHERE id = 1"
+
+
+def withdraw(conn: Any) -> None:
+    (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = 1").fetchone()
+    conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (balance - 100,))
+    conn.commit()
+
+
+def withdraw_locked(conn: Any) -> None:
+    (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = 1 FOR UPDATE").fetchone()  # line 38
+    conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (balance - 100,))
+    conn.commit()
+
+
+def _example(name: str) -> ModuleType:
+    path = ROOT / "examples" / "code" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"pgrace_example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # SQLAlchemy resolves Mapped[...] annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finals(found: pgrace.CodeExploration) -> dict[Any, int]:
+    return {c.final: c.count for c in found.classes}
+
+
+def test_the_lost_update_is_found_with_its_simplest_example(pgrace_server: ServerInfo) -> None:
+    found = explore_code({"alice": withdraw, "bob": withdraw}, setup=SETUP, final=FINAL, server=pgrace_server)
+    assert set(_finals(found)) == {((400,),), ((300,),)}
+    assert found.complete and found.explored == sum(c.count for c in found.classes)
+    lost = next(c for c in found.classes if c.final == ((400,),))
+    kinds = [sql.split()[0] for _, sql in lost.example if sql != "COMMIT"]
+    assert kinds == ["SELECT", "SELECT", "UPDATE", "UPDATE"]  # reads, reads, writes, writes
+    assert {s for s, _ in lost.example[:2]} == {"alice", "bob"}
+    assert "UPDATE accounts SET balance = 400 WHERE id = 1" in [sql for _, sql in lost.example]
+
+
+def test_select_for_update_makes_every_interleaving_end_at_300(pgrace_server: ServerInfo) -> None:
+    found = explore_code(
+        {"alice": withdraw_locked, "bob": withdraw_locked}, setup=SETUP, final=FINAL, server=pgrace_server
+    )
+    assert _finals(found) == {((300,),): found.explored}
+    assert found.classes[0].waits > 0  # the cure works by making the second one wait
+
+
+def test_the_same_classes_as_pgrace_explore_of_the_scenario_file(pgrace_server: ServerInfo) -> None:
+    """explore_code's outcome keys are pgrace explore's (the shipped lost-update scenario, same SQL)."""
+    from pgrace import catalog
+    from pgrace.explore import explore
+
+    scenario = catalog.load("lost-update")
+    from_file = {tuple(tuple(r) for r in c.final[0]) for c in explore(scenario, pgrace_server).classes}
+    setup = "CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance int NOT NULL);"
+    setup += " INSERT INTO accounts VALUES (1, 'shared', 500)"
+    found = explore_code(
+        {"alice": withdraw, "bob": withdraw}, setup=setup, final=scenario.checks[0].sql, server=pgrace_server
+    )
+    assert {c.final for c in found.classes} == from_file
+
+
+def test_the_sqlalchemy_orm_race_is_found_the_same_way(pgrace_server: ServerInfo) -> None:
+    example = _example("withdraw_sqlalchemy")
+    sessions = {"alice": example.withdraw, "bob": example.withdraw}
+    found = explore_code(sessions, setup=example.SETUP, final=example.FINAL, server=pgrace_server)
+    assert set(_finals(found)) == {((400,),), ((300,),)}
+    lost = next(c for c in found.classes if c.final == ((400,),))
+    kinds = [sql.split()[0] for _, sql in lost.example if sql != "COMMIT"]
+    assert kinds == ["SELECT", "SELECT", "UPDATE", "UPDATE"]
+    cured = {"alice": example.withdraw_locked, "bob": example.withdraw_locked}
+    found = explore_code(cured, setup=example.SETUP, final=example.FINAL, server=pgrace_server)
+    assert _finals(found) == {((300,),): found.explored}
+
+
+def test_the_psycopg_example_race_and_cure(pgrace_server: ServerInfo) -> None:
+    example = _example("withdraw_psycopg")
+    found = explore_code(
+        {"alice": example.withdraw, "bob": example.withdraw},
+        setup=example.SETUP,
+        final=example.FINAL,
+        server=pgrace_server,
+    )
+    assert set(_finals(found)) == {((400,),), ((300,),)}
+    cured = {"alice": example.withdraw_locked, "bob": example.withdraw_locked}
+    found = explore_code(cured, setup=example.SETUP, final=example.FINAL, server=pgrace_server)
+    assert set(_finals(found)) == {((300,),)}
+
+
+def test_a_code_run_names_the_row_its_holder_and_the_callers_line(pgrace_server: ServerInfo) -> None:
+    run = run_code(
+        {"alice": withdraw_locked, "bob": withdraw_locked},
+        setup=SETUP,
+        final=FINAL,
+        order=["alice", "bob", "alice", "alice", "bob", "bob"],
+        server=pgrace_server,
+    )
+    steps = run.step_runs()
+    waiting = [s for s in steps if s.waited]
+    assert [s.session for s in waiting] == ["bob"]
+    wait = waiting[0].waits[0]
+    assert wait.row == RowRef("accounts", (("id", 1),)) and wait.holder == "alice"
+    assert waiting[0].release is not None and waiting[0].release.session == "alice"  # alice's COMMIT freed it
+    line = withdraw_locked.__code__.co_firstlineno + 1
+    assert run.scenario.step(waiting[0].step).note.endswith(f"test_code.py:{line}")
+    text = render_text(run)
+    assert "waits for alice on row accounts id=1" in text
+    assert f"test_code.py:{line}" in text
+    assert "balance=300" in text
+    render_json(run)  # every renderer works on it
+
+
+def test_order_is_followed_and_the_timeline_is_the_same_every_time(pgrace_server: ServerInfo) -> None:
+    order = ["alice", "bob", "bob", "bob", "alice", "alice"]
+    texts = {
+        render_text(
+            run_code({"alice": withdraw, "bob": withdraw}, setup=SETUP, final=FINAL, order=order, server=pgrace_server)
+        )
+        for _ in range(2)
+    }
+    assert len(texts) == 1
+    assert "balance=400" in texts.pop()
+
+
+def test_an_exception_of_the_application_is_an_outcome(pgrace_server: ServerInfo) -> None:
+    def withdraw_checked(conn: Any) -> None:
+        (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = 1 FOR UPDATE").fetchone()
+        if balance < 450:
+            raise ValueError("insufficient funds")
+        conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (balance - 100,))
+        conn.commit()
+
+    found = explore_code(
+        {"alice": withdraw_checked, "bob": withdraw_checked}, setup=SETUP, final=FINAL, server=pgrace_server
+    )
+    assert {(c.final, c.errors) for c in found.classes} == {(((400,),), ("ValueError",))}
+    run = found.replay(found.classes[0])
+    text = render_text(run)
+    assert "raise ValueError('insufficient funds')" in text
+    assert "(end of " in text  # the transaction it left open is rolled back, as a step
+
+
+def test_transactions_blocks_and_executemany_are_steps(pgrace_server: ServerInfo) -> None:
+    def writer(conn: Any) -> None:
+        with conn.transaction():
+            conn.cursor().executemany("INSERT INTO t VALUES (%s)", [(1,), (2,)])
+
+    run = run_code({"w": writer}, setup="CREATE TABLE t (i int)", final="SELECT count(*) FROM t", server=pgrace_server)
+    shown = [s.sql for s in run.step_runs()]
+    assert shown == [
+        "BEGIN (conn.transaction())",
+        "INSERT INTO t VALUES (%s) -- ×2",
+        "COMMIT (end of conn.transaction())",
+    ]
+
+
+def test_a_deadlock_between_two_functions_is_the_servers_verdict(pgrace_server: ServerInfo) -> None:
+    def transfer(first: int, second: int) -> Any:
+        def move(conn: Any) -> None:
+            conn.execute("UPDATE accounts SET balance = balance - 1 WHERE id = %s", (first,))
+            conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s", (second,))
+            conn.commit()
+
+        return move
+
+    run = run_code(
+        {"a": transfer(1, 2), "b": transfer(2, 1)},
+        setup="CREATE TABLE accounts (id int PRIMARY KEY, balance int); INSERT INTO accounts VALUES (1, 5), (2, 5)",
+        order=["a", "b", "a", "b"],
+        server=pgrace_server,
+    )
+    errors = [s.outcome.error.sqlstate for s in run.step_runs() if s.outcome and s.outcome.error]
+    assert "40P01" in errors
+
+
+# -- bad input: one message each, nothing left behind ---------------------------------------------
+
+
+def _leftovers(server: ServerInfo, name: str) -> list[Any]:
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        backends = conn.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE %s", (f"pgrace/{name}/%",)
+        ).fetchall()
+        scratch = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (f"%code_{name}%",)).fetchall()
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("pgrace session")]
+    return [*backends, *scratch, *threads]
+
+
+def never_touches(conn: Any) -> None:
+    return None
+
+
+def raises_first(conn: Any) -> None:
+    raise RuntimeError("config missing")
+
+
+def opens_its_own(conn: Any) -> None:
+    conn.execute("SELECT 1")
+    with psycopg.connect(conn.info.dsn) as other:
+        other.execute("SELECT 1")
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (never_touches, "session bad never sent a statement to the database"),
+        (raises_first, "session bad raised RuntimeError before its first statement: config missing"),
+        (opens_its_own, "session bad opened a connection of its own at tests/test_code.py:"),
+    ],
+)
+def test_bad_session_code_is_one_message_naming_the_function(
+    pgrace_server: ServerInfo, fn: Any, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(CodeError) as caught:
+        explore_code({"good": withdraw, "bad": fn}, setup=SETUP, final=FINAL, server=pgrace_server, name="badinput")
+    text = str(caught.value)
+    assert message in text
+    assert text.startswith(f"tests/test_code.py:{fn.__code__.co_firstlineno}: ")
+    assert caught.value.exit_code == 2
+    assert _leftovers(pgrace_server, "badinput") == []
+
+
+def test_a_statement_that_never_returns_is_cancelled_at_the_step_timeout(pgrace_server: ServerInfo) -> None:
+    def sleeper(conn: Any) -> None:
+        conn.execute("SELECT pg_sleep(60)")
+
+    run = run_code({"s": sleeper}, step_timeout=0.5, server=pgrace_server, name="sleeper")
+    step = run.step_runs()[0]
+    assert step.cancelled and step.outcome is not None and step.outcome.error is not None
+    assert step.outcome.error.sqlstate == "57014"
+    assert "pgrace cancelled it after the step timeout 0.5 s" in (step.outcome.error.detail or "")
+    assert _leftovers(pgrace_server, "sleeper") == []
+
+
+def test_unknown_sessions_in_order_are_refused(pgrace_server: ServerInfo) -> None:
+    with pytest.raises(PgraceError, match="order names 'carol', which is not a session"):
+        run_code({"alice": withdraw}, setup=SETUP, order=["carol"], server=pgrace_server)
+
+
+# -- the pytest fixture ---------------------------------------------------------------------------
+
+
+def test_the_fixture_explores_and_a_failure_shows_the_failing_timeline(
+    pgrace_code: PgraceCode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    found = pgrace_code.explore({"alice": withdraw, "bob": withdraw}, setup=SETUP, final=FINAL)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        pgrace_code.assert_every(found, lambda c: c.final == ((300,),), "both withdrawals land")
+    text = str(failed.value)
+    assert "interleavings fail (both withdrawals land): final (400)" in text
+    assert "interleavings fail (both withdrawals land): final (400)\n" in text
+    assert f"» tests/test_code.py:{withdraw.__code__.co_firstlineno + 2}" in text  # the UPDATE's line
+    assert "final state:\n  SELECT balance FROM accounts WHERE id = 1  → balance=400" in text
+    cured = pgrace_code.explore({"alice": withdraw_locked, "bob": withdraw_locked}, setup=SETUP, final=FINAL)
+    pgrace_code.assert_every(cured, lambda c: c.final == ((300,),))
+    run: Run = pgrace_code.run({"alice": withdraw}, setup=SETUP, final=FINAL)
+    assert run.check_outcomes()[0].last_rows is not None
+
+
+def test_import_pgrace_stays_cheap() -> None:
+    """The code API is in pgrace.__all__, but importing pgrace loads neither it nor psycopg."""
+    assert {"run_code", "explore_code", "CodeError"} <= set(pgrace.__all__)
+    probe = "import sys, pgrace; print(sorted(m for m in ('psycopg', 'pgrace.code', 'sqlalchemy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_readme_shows_the_examples_real_output(
+    pgrace_server: ServerInfo, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    monkeypatch.chdir(ROOT)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- output: python examples/code/withdraw_psycopg.py -->\n```text\n(.*?)```\n", readme, re.S)
+    assert block is not None
+    _example("withdraw_psycopg").main(server=pgrace_server)
+    shown = capsys.readouterr().out
+
+    def server_free(text: str) -> str:  # the server line names the server the tests run on
+        return "\n".join(line for line in text.splitlines() if not line.startswith("server: "))
+
+    assert server_free(shown) == server_free(block[1])
