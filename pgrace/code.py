@@ -476,8 +476,10 @@ class CodeRunner:
                     chosen = chooser(ready)
                     launched = self._launch(gates[chosen])
                     self._settle(launched)
-        finally:
-            self._stop_all()
+        except BaseException:
+            self._stop_all(quiet=True)  # the error that ended the run is the one to report
+            raise
+        self._stop_all()
         self._check_input(gates)
         if self.final:
             outcome = self._exec(self.control, self.final)
@@ -514,8 +516,11 @@ class CodeRunner:
         gate.thread = threading.Thread(target=main, name=f"pgrace session {gate.name}", daemon=True)
         gate.thread.start()
 
-    def _stop_all(self) -> None:
-        """Release every parked session (it unwinds), wait for them, and leave the connections idle."""
+    def _stop_all(self, quiet: bool = False) -> None:
+        """Release every parked session (it unwinds), wait for them, and leave the connections idle.
+
+        A thread still running after its statement was cancelled is stuck (``quiet``: left, as a daemon).
+        """
         with self.cond:
             for gate in self.gates.values():
                 gate.stopping = True
@@ -529,6 +534,8 @@ class CodeRunner:
                     self.cancels[name].cancel()
                 gate.thread.join(self.step_timeout)
             if gate.thread.is_alive():
+                if quiet:
+                    continue
                 raise StepsStuck(f"session {gate.name} did not return, even after its statement was cancelled")
             conn = self.conns[name]
             conn._lent = False
@@ -581,6 +588,7 @@ class CodeRunner:
     # -- scheduling ----------------------------------------------------------------------
 
     def _launch(self, gate: _Gate) -> _Active:
+        self._report_raised()  # an exception comes before the rollback of what it left open
         with self.cond:
             request = gate.request
             assert request is not None
@@ -694,7 +702,11 @@ class CodeRunner:
     def _report_raised(self) -> None:
         """An exception that escaped a session's code (not the one a statement raised) is its last outcome."""
         with self.cond:
-            ended = [g for g in self.gates.values() if g.state == "done" and g.raised is not None and not g.reported]
+            ended = [
+                g
+                for g in self.gates.values()
+                if g.raised is not None and not g.reported and (g.state == "done" or g.end_location is not None)
+            ]
             for gate in ended:
                 gate.reported = True
         for gate in ended:
@@ -974,8 +986,9 @@ def run_code(
 
 
 def _verdict(checks: list[Any], expected: bool) -> list[Any]:
-    """A final query without expected rows is reported, not judged."""
-    return checks if expected else [c for c in checks if c.step is not None or c.line is not None]
+    """Only ``expect`` is judged: a final query without expected rows is reported, and a failed
+    statement is an outcome of the code (a scenario file's steps say which errors they allow; code cannot)."""
+    return [c for c in checks if c.step is None] if expected else []
 
 
 def explore_code(

@@ -166,6 +166,9 @@ def test_an_exception_of_the_application_is_an_outcome(pgrace_server: ServerInfo
     text = render_text(run)
     assert "raise ValueError('insufficient funds')" in text
     assert "(end of " in text  # the transaction it left open is rolled back, as a step
+    raiser = [s.sql for s in run.step_runs() if s.session == run.step_runs()[-1].session]
+    assert raiser[-2:] == ["raise ValueError('insufficient funds')", "ROLLBACK"]  # the raise, then its rollback
+    assert run.checks == []  # no expectation given: outcomes are reported, not judged
 
 
 def test_transactions_blocks_and_executemany_are_steps(pgrace_server: ServerInfo) -> None:
