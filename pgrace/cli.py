@@ -16,11 +16,10 @@ import sys
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from pgrace import api, catalog
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -32,15 +31,17 @@ from pgrace.errors import (
     exit_code_of_interrupt,
     report_internal_error,
 )
-from pgrace.model import Scenario
 from pgrace.render.escape import visible, without_controls
-from pgrace.render.json import render_json
-from pgrace.render.presenter import Presenter
-from pgrace.render.text import Style, render_text
-from pgrace.runner import RunOptions
-from pgrace.scratch import sweep_leftovers
-from pgrace.servers import ServerInfo, open_server, scrub_secrets
-from pgrace.timeline import Run
+
+# Each command imports what it needs when it runs: psycopg, the runner and the renderers
+# cost more than a short run itself (tests/test_import_cost.py checks that importing this
+# module pulls in none of them).
+if TYPE_CHECKING:
+    from pgrace.model import Scenario
+    from pgrace.render.text import Style
+    from pgrace.runner import RunOptions
+    from pgrace.servers import ServerInfo
+    from pgrace.timeline import Run
 
 FORMATS = ("text", "json", "isolation", "html", "svg", "mermaid", "markdown")
 COMPARE_FORMATS = ("text", "html", "svg", "markdown")
@@ -65,6 +66,8 @@ class PgraceGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PgraceError as exc:
+            from pgrace.servers import scrub_secrets
+
             click.echo(f"pgrace: {visible(scrub_secrets(str(exc)))}", err=True)  # no password, no control char
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
@@ -152,6 +155,8 @@ def main() -> None:
 @main.command("list", epilog=EXIT_CODES_HELP)
 def list_command() -> None:
     """List the shipped scenarios, one line each."""
+    from pgrace import catalog
+
     for name in catalog.shipped_names():
         scenario = catalog.load(name)
         variants = "bug + fix" if scenario.other else scenario.variant
@@ -187,6 +192,12 @@ step_timeout_option = click.option(
     metavar="SECONDS",
     help="Cancel a step that cannot finish after this long.",
 )
+database_name_option = click.option(
+    "--database-name",
+    metavar="NAME",
+    help="Name the scratch database NAME instead of pgrace_...: e.g. isolation_regression for specs that name"
+    " pg_regress's database. It must not exist; it is created for the run and dropped after.",
+)
 allow_schema_option = click.option(
     "--allow-scratch-schema",
     is_flag=True,
@@ -196,6 +207,8 @@ allow_schema_option = click.option(
 
 def report_swept(server: ServerInfo) -> None:
     """Drop what killed runs left on this server, and say so (a failure here never stops a run)."""
+    from pgrace.scratch import sweep_leftovers
+
     with suppress(PgraceError):
         swept = sweep_leftovers(server)
         for name in swept.removed:
@@ -218,6 +231,8 @@ param_option = click.option(
 @param_option
 def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     """Show a scenario's story and steps without running it."""
+    from pgrace import catalog
+
     chosen = without_controls(_variant(catalog.load(scenario, _params(params)), fix, bug))
     click.echo(f"{chosen.name} ({chosen.variant}): {chosen.title}")
     click.echo(f"source: {chosen.source}")
@@ -284,6 +299,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     help="The locks column: row locks only, or table, advisory and SIRead locks too (JSON always has every kind).",
 )
 @allow_schema_option
+@database_name_option
 def run(
     scenario: str,
     fix: bool,
@@ -301,6 +317,7 @@ def run(
     compare: bool,
     lock_kinds: Literal["rows", "all"],
     allow_scratch_schema: bool,
+    database_name: str | None,
 ) -> None:
     """Run a scenario and print its timeline and verdict.
 
@@ -308,14 +325,21 @@ def run(
     `.toml` scenario or an isolation `.spec` file. With --step or --pace the run
     is played live for an audience (a picture format then needs -o FILE).
     """
+    from pgrace import catalog
+    from pgrace.servers import open_server
+
     loaded = catalog.load(scenario, _params(params))
     dsn = server_target or dsn
     to_terminal = output is None and sys.stdout.isatty()
     colour = color if color is not None else (to_terminal and "NO_COLOR" not in os.environ)
-    style = Style(
-        colour=colour and fmt == "text", width=width or (shutil.get_terminal_size().columns if to_terminal else 120)
-    )
+    style = None
+    if fmt == "text":  # the text renderer is only imported when it is used
+        from pgrace.render.text import Style
+
+        style = Style(colour=colour, width=width or (shutil.get_terminal_size().columns if to_terminal else 120))
     if compare:
+        from pgrace.runner import RunOptions
+
         _run_compare(
             loaded,
             fix or bug,
@@ -333,6 +357,9 @@ def run(
     live = bool(step_by_step or pace) and (fmt == "text" or output is not None)
     presenter = None
     if live:
+        from pgrace.render.presenter import Presenter
+        from pgrace.render.text import Style
+
         on_screen = sys.stdout.isatty()
         presenter = Presenter(
             chosen,
@@ -345,22 +372,39 @@ def run(
             counterpart=counterpart,
             lock_kinds=lock_kinds,
         )
-    options = RunOptions(
-        step_timeout=step_timeout,
-        lock_kinds=lock_kinds,
-        before_step=presenter.before_step if presenter else None,
-        on_event=presenter.on_event if presenter else None,
-        on_idle=presenter.on_idle if presenter else None,
-    )
     try:
         with open_server(dsn) as server:
+            # The driver and the runner are imported once the server is starting: an embedded
+            # postmaster boots in its own process meanwhile.
+            from pgrace import api
+            from pgrace.runner import RunOptions
+
+            options = RunOptions(
+                step_timeout=step_timeout,
+                lock_kinds=lock_kinds,
+                before_step=presenter.before_step if presenter else None,
+                on_event=presenter.on_event if presenter else None,
+                on_idle=presenter.on_idle if presenter else None,
+            )
             report_swept(server)
             if presenter is not None:
                 with presenter:
-                    result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
+                    result = api.run(
+                        chosen,
+                        server=server,
+                        options=options,
+                        allow_scratch_schema=allow_scratch_schema,
+                        database_name=database_name,
+                    )
                     presenter.finish(result)
             else:
-                result = api.run(chosen, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
+                result = api.run(
+                    chosen,
+                    server=server,
+                    options=options,
+                    allow_scratch_schema=allow_scratch_schema,
+                    database_name=database_name,
+                )
     except ScenarioFailed as failed:
         # As isolationtester: what ran until then, then why it stopped (on stderr, exit 1).
         if failed.run is not None and presenter is None:
@@ -373,7 +417,12 @@ def run(
 
 
 def _show_run(
-    result: Run, fmt: str, style: Style, counterpart: Scenario | None, output: str | None, to_terminal: bool | None
+    result: Run,
+    fmt: str,
+    style: Style | None,
+    counterpart: Scenario | None,
+    output: str | None,
+    to_terminal: bool | None,
 ) -> None:
     """Render to ``output`` or stdout; ``to_terminal`` None: a presenter has shown it already."""
     text = _render(result, fmt, style, counterpart)
@@ -406,11 +455,14 @@ def _run_compare(
     dsn: str | None,
     live: bool,
     options: RunOptions,
-    style: Style,
+    style: Style | None,
     output: str | None,
     allow_scratch_schema: bool,
 ) -> None:
     """Run the bug and the fix on one server and render them next to each other."""
+    from pgrace import api
+    from pgrace.servers import open_server
+
     if picked_variant:
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
     if live:
@@ -441,8 +493,9 @@ def _run_compare(
         text = render_markdown_compare(results)
     else:
         from pgrace.render.compare import render_text_compare
+        from pgrace.render.text import Style
 
-        text = render_text_compare(results, style)
+        text = render_text_compare(results, style or Style())
     if output is not None:
         write_output(output, text)
     else:
@@ -478,6 +531,7 @@ def _run_compare(
     help="For a single .spec: compare with FILE (and FILE_N alternatives) instead of NAME.out.",
 )
 @step_timeout_option
+@database_name_option
 @click.option("--quiet", "-q", is_flag=True, help="Print failures and the total only.")
 @click.option(
     "--explore",
@@ -499,6 +553,7 @@ def check(
     junit: Path | None,
     expected: Path | None,
     step_timeout: float,
+    database_name: str | None,
     quiet: bool,
     explore_all: bool,
     limit: int | None,
@@ -517,6 +572,9 @@ def check(
     """
     from pgrace import regression
     from pgrace.render.check import render_matrix, render_results
+    from pgrace.runner import RunOptions
+    from pgrace.scratch import reusable_scratch_database
+    from pgrace.servers import open_server
 
     if not paths:  # scenarios/ here, else the shipped ones (an installed wheel carries them)
         from pgrace.catalog import shipped_dir
@@ -530,11 +588,16 @@ def check(
         opened = [stack.enter_context(open_server(t)) for t in (targets or [None])]
         for server in opened:
             report_swept(server)
+            scratch = None  # specs share one scratch database per server, reset only when a spec leaves objects
+            if not explore_all and any(case.spec is not None for case in cases):
+                scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
             for case in cases:
                 if explore_all:
                     result = regression.run_explore_case(case, server, options, limit, seed, jobs)
                 else:
-                    result = regression.run_case(case, server, options, update=update)
+                    result = regression.run_case(
+                        case, server, options, update=update, database_name=database_name, scratch=scratch
+                    )
                 results.append(result)
                 if not quiet or not result.ok:
                     click.echo(render_results([result], with_server=len(opened) > 1), nl=False)
@@ -557,6 +620,9 @@ def check(
 @click.option("--dsn", envvar="PGRACE_DSN", required=True, help="The server to clean (libpq URI or conninfo).")
 def clean(dsn: str) -> None:
     """Remove scratch databases and schemas that killed pgrace runs left on a server."""
+    from pgrace.scratch import sweep_leftovers
+    from pgrace.servers import open_server
+
     with open_server(dsn) as server:
         swept = sweep_leftovers(server)
     for name in swept.removed:
@@ -567,8 +633,10 @@ def clean(dsn: str) -> None:
     click.echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {server.label}")
 
 
-def _render(result: Run, fmt: str, style: Style, counterpart: Scenario | None = None) -> str:
+def _render(result: Run, fmt: str, style: Style | None, counterpart: Scenario | None = None) -> str:
     if fmt == "json":
+        from pgrace.render.json import render_json
+
         return render_json(result)
     if fmt == "isolation":
         from pgrace.render.isolation import render_isolation
@@ -590,7 +658,9 @@ def _render(result: Run, fmt: str, style: Style, counterpart: Scenario | None = 
         from pgrace.render.markdown import render_markdown
 
         return render_markdown(result, counterpart=counterpart)
-    return render_text(result, style)
+    from pgrace.render.text import Style, render_text
+
+    return render_text(result, style or Style())
 
 
 # -- finding races: explore, sweep, matrix ----------------------------------------------------
@@ -672,7 +742,10 @@ def explore(
     interleaving. Interleavings are grouped by what the final checks saw and which
     SQLSTATEs the steps raised, each class with its count and its simplest example.
     """
+    from pgrace import catalog
     from pgrace import explore as explorer
+    from pgrace.render.text import Style, render_text
+    from pgrace.servers import open_server
 
     chosen = _variant(catalog.load(scenario, _params(params)), fix, bug)
     if show is None and fmt not in EXPLORE_FORMATS:
@@ -744,6 +817,7 @@ def matrix(fmt: str, server_target: str | None, dsn: str | None, step_timeout: f
     """
     from pgrace import matrix as lock_matrix
     from pgrace.render import outcomes as render
+    from pgrace.servers import open_server
 
     with open_server(server_target or dsn) as server:
         report_swept(server)
@@ -813,9 +887,12 @@ def sweep(
     A bug variant's cell says whether the anomaly its final checks describe "occurs" or is
     "prevented" (by 40001, by blocking, or by neither); a fix's, whether its checks hold.
     """
+    from pgrace import catalog
     from pgrace import sweep as sweeper
     from pgrace.explore import replay
     from pgrace.render import outcomes as render
+    from pgrace.render.text import Style, render_text
+    from pgrace.servers import open_server
 
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")

@@ -19,6 +19,7 @@ from pgrace.errors import ScenarioError, ScenarioFailed
 from pgrace.model import Scenario
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
+from pgrace.scratch import ReusableScratch
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
 
@@ -92,17 +93,29 @@ def prepare(paths: Sequence[str], golden: bool = False, expected: Path | None = 
     return cases
 
 
-def run_case(case: Case, server: ServerInfo, options: RunOptions | None = None, update: bool = False) -> CaseResult:
-    """Run one case on one server and judge it."""
+def run_case(
+    case: Case,
+    server: ServerInfo,
+    options: RunOptions | None = None,
+    update: bool = False,
+    database_name: str | None = None,
+    scratch: ReusableScratch | None = None,
+) -> CaseResult:
+    """Run one case on one server and judge it (``database_name``: the scratch database's exact name).
+
+    Specs run in ``scratch`` when given: one database for all of them, as pg_regress does.
+    """
     started = time.perf_counter()
     try:
         if case.spec is not None:  # isolationtester prints no row locks: skip reading them
-            checked = speccheck.run_check(case.spec, server, replace(options or RunOptions(), track_row_locks=False))
+            spec_options = replace(options or RunOptions(), track_row_locks=False)
+            checked = speccheck.run_check(case.spec, server, spec_options, database_name, scratch)
             problems = [] if checked.passed else [_first_difference(checked.comparison)]
             return CaseResult(
                 case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
             )
-        run = api.run(case.scenario, server=server, options=options)
+        named = database_name if scratch is None else None  # the specs' shared database holds that name
+        run = api.run(case.scenario, server=server, options=options, database_name=named)
     except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
         return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
     result = CaseResult(case, server, run.ok, 0.0, run=run)

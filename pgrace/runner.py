@@ -62,6 +62,9 @@ from pgrace.timeline import (
 )
 from pgrace.variables import Value, substitute
 
+# isolationtester's wait loop: select() on the step's socket for this long, then probe.
+ISOLATIONTESTER_SLICE_S = 0.01
+
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
 
@@ -433,8 +436,10 @@ class Runner:
             session.pgconn.send_query(text.encode())
             while session.pgconn.flush():
                 select.select([], [session.pgconn.socket], [], 0.01)
-        except psycopg.OperationalError as exc:
-            active.outcome = Outcome(error=self._lost(session, active, None, _first_line(str(exc))))
+        except psycopg.OperationalError:
+            active.outcome = Outcome(
+                error=self._lost(session, active, None, _raw_message(session.pgconn.error_message))
+            )
         return active
 
     def _values(self, session: SessionConnection | None, facts: bool = True) -> dict[str, Value]:
@@ -532,14 +537,16 @@ class Runner:
     def _lost(self, session: SessionConnection, active: Active, received: SqlError | None, libpq: str) -> SqlError:
         """The session's connection is gone: why (the server's FATAL, else libpq's words), noted once.
 
-        Never XX000: a lost connection is 08006 unless the server said more.
+        Never XX000: a lost connection is 08006 unless the server said more. libpq's own
+        words (``libpq``, whole) are kept after the server's: isolationtester prints both.
         """
         if received is not None and received.severity in ("FATAL", "PANIC"):
-            error = received
+            error = dataclasses.replace(received, libpq=libpq)
         elif session.fatal is not None:
-            error = dataclasses.replace(session.fatal, severity="FATAL")
+            error = dataclasses.replace(session.fatal, severity="FATAL", libpq=libpq)
         else:
-            error = SqlError("08006", libpq or "connection to the server was lost", "FATAL")
+            said = _first_line(libpq) or "connection to the server was lost"
+            error = SqlError("08006", said, "FATAL", text=libpq, libpq=libpq)
         if session.lost is None:
             session.lost = SessionLost(session.name, error.message, error.sqlstate, self.recorder.now(), active.seq)
             active.lost = session.lost
@@ -584,11 +591,16 @@ class Runner:
         if not retry and any(b.step is None for b in active.entry.blockers):
             self._report_waiting(active, by_marker=True)
             return False
-        slice_s = 0.0001
+        # A spec waits as isolationtester does, in 10 ms slices before each probe: which of
+        # several steps freed by one server event is reported first depends on it (while
+        # it polls each waiting step for 10 ms, a deadlock may be detected). pgrace's own
+        # scenarios start at 0.1 ms, to see a wait as soon as it starts.
+        spec_slice = ISOLATIONTESTER_SLICE_S if self.scenario.format == "spec" else None
+        slice_s = spec_slice or 0.0001
         called = time.perf_counter()
         while active.outcome is None and pgconn.is_busy():
             readable, _, _ = select.select([pgconn.socket], [], [], slice_s)
-            slice_s = min(slice_s * 2, 0.001)
+            slice_s = spec_slice or min(slice_s * 2, 0.001)
             self._idle()
             if readable:
                 self._consume(pgconn)
@@ -754,7 +766,7 @@ class Runner:
         results: list[ResultSet] = []
         commands: list[str] = []
         error: SqlError | None = None
-        libpq = ""  # libpq's own error text: it has no SQLSTATE
+        libpq = ""  # libpq's own error text, whole: it has no SQLSTATE
         while (res := pgconn.get_result()) is not None:
             status = res.status
             if status == pq.ExecStatus.TUPLES_OK:
@@ -763,14 +775,14 @@ class Runner:
                 commands.append((res.command_status or b"").decode())
             elif status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
                 if res.error_field(pq.DiagnosticField.SQLSTATE) is None:
-                    libpq = libpq or _first_line(res.get_error_message())
+                    libpq = libpq or _raw_message(res.error_message)
                     error = error or sql_error(res)
                 else:
                     error = sql_error(res)
             elif status != pq.ExecStatus.EMPTY_QUERY:
                 error = SqlError("0A000", f"unexpected result status: PGRES_{pq.ExecStatus(status).name}", "ERROR")
         if pgconn.status == pq.ConnStatus.BAD:
-            error = self._lost(session, active, error, libpq or _first_line(pgconn.get_error_message()))
+            error = self._lost(session, active, error, libpq or _raw_message(pgconn.error_message))
         elif error is not None and error.sqlstate == "40P01" and error.detail:
             error = dataclasses.replace(error, cycle=self.inspector.deadlock_cycle(error.detail))
         return Outcome(tuple(results), tuple(commands), error)
@@ -801,7 +813,8 @@ class Runner:
 
     def _exec_setup(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
         outcome = self._exec(pgconn, text, session)
-        if outcome.error is not None:
+        self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
+        if outcome.error is not None:  # the run so far goes with the error: isolationtester prints it
             where = f"setup of session {session}" if session else "setup"
             error = outcome.error
             cancelled = f" ({error.detail})" if error.detail and error.detail.startswith("pgrace cancelled") else ""
@@ -810,7 +823,6 @@ class Runner:
                 self.scenario.source,
                 self.scenario.setup_line,
             )
-        self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
 
     def _exec_teardown(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
         self.recorder.add(SetupRan("teardown", session, self._exec(pgconn, text, session), self.recorder.now()))
@@ -913,7 +925,13 @@ def sql_error(res: pq.abc.PGresult) -> SqlError:
         message,
         _field(res, pq.DiagnosticField.SEVERITY_NONLOCALIZED) or "ERROR",
         _field(res, pq.DiagnosticField.MESSAGE_DETAIL) or None,
+        text=_raw_message(res.error_message),
     )
+
+
+def _raw_message(message: bytes) -> str:
+    """libpq's message exactly as PQerrorMessage gives it (psycopg's own accessors tidy it up)."""
+    return message.decode("utf-8", "replace")
 
 
 def _field(res: pq.abc.PGresult, code: pq.DiagnosticField) -> str:

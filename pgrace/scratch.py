@@ -40,7 +40,17 @@ from pgrace.errors import RunAborted, ServerUnavailable
 from pgrace.model import Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts, scrub_secrets
 
-__all__ = ["ScratchDatabase", "Sweep", "connect", "lock_key", "scratch_database", "scratch_name", "sweep_leftovers"]
+__all__ = [
+    "ReusableScratch",
+    "ScratchDatabase",
+    "Sweep",
+    "connect",
+    "lock_key",
+    "reusable_scratch_database",
+    "scratch_database",
+    "scratch_name",
+    "sweep_leftovers",
+]
 
 _PREFIX = "pgrace_"
 _MAX_NAME_BYTES = 63  # NAMEDATALEN - 1: longer names would be silently truncated
@@ -153,17 +163,24 @@ def connect(dsn: str, schema: str | None, *, options: str = "", observer: bool =
 
 @contextlib.contextmanager
 def scratch_database(
-    server: ServerInfo, hint: str, allow_schema: bool = False, scenario: Scenario | None = None
+    server: ServerInfo,
+    hint: str,
+    allow_schema: bool = False,
+    scenario: Scenario | None = None,
+    database_name: str | None = None,
+    with_pgrowlocks: bool = True,
 ) -> Iterator[ScratchDatabase]:
     """Create a fresh database, yield it, and always drop it (terminating its connections).
 
     Without the CREATEDB privilege this fails, unless ``allow_schema``: then ``scenario``
     is checked for SQL that could reach outside a schema (refused with ScenarioError),
     and a uniquely named schema in the connection's own database is used and dropped instead.
+    ``database_name`` gives the database that exact name instead (specs that name their
+    database, as pg_regress's ``isolation_regression``); it must not exist yet.
     """
     admin = _connect(server)
     try:
-        name = _claim_new_name(admin, server, hint)
+        name = database_name if database_name is not None else _claim_new_name(admin, server, hint)
         dsn = make_conninfo(server.dsn, dbname=name)
         server_version = admin.info.server_version
         try:
@@ -189,7 +206,7 @@ def scratch_database(
                 yield scratch
             return
         try:
-            has_pgrowlocks = _try_pgrowlocks(dsn)
+            has_pgrowlocks = with_pgrowlocks and _try_pgrowlocks(dsn)
             yield ScratchDatabase(dsn=dsn, name=name, has_pgrowlocks=has_pgrowlocks)
         except BaseException:
             # The run's own error is the one to report; a failed drop must not mask it.
@@ -218,6 +235,91 @@ def _claim_new_name(admin: psycopg.Connection[TupleRow], server: ServerInfo, hin
         if row == (True,):
             return name
     raise ServerUnavailable(f"cannot take pgrace's lock on {server.label}: every key tried is held")
+
+
+# What a run may leave behind in its database, counted per catalog: user objects only
+# (oid >= FirstNormalObjectId), temporary schemas aside (sessions create them lazily and
+# they are harmless), plus prepared transactions and per-database settings.
+_USER_OBJECTS = " UNION ALL ".join(
+    [
+        f"SELECT '{catalog}', count(*) FROM pg_catalog.{catalog} WHERE oid >= 16384"
+        for catalog in (
+            "pg_class",
+            "pg_proc",
+            "pg_type",
+            "pg_operator",
+            "pg_cast",
+            "pg_extension",
+            "pg_event_trigger",
+            "pg_publication",
+            "pg_collation",
+            "pg_conversion",
+            "pg_ts_config",
+            "pg_foreign_server",
+            "pg_largeobject_metadata",
+            "pg_policy",
+            "pg_statistic_ext",
+        )
+    ]
+    + [
+        "SELECT 'pg_namespace', count(*) FROM pg_catalog.pg_namespace WHERE oid >= 16384"
+        " AND nspname !~ '^pg_(toast_)?temp_'",
+        "SELECT 'pg_prepared_xacts', count(*) FROM pg_catalog.pg_prepared_xacts WHERE database = current_database()",
+        "SELECT 'pg_db_role_setting', count(*) FROM pg_catalog.pg_db_role_setting s"
+        " JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase WHERE d.datname = current_database()",
+    ]
+)
+
+
+@dataclass
+class ReusableScratch:
+    """One scratch database for many runs in a row (``pgrace check``), reset only when needed.
+
+    pg_regress runs every isolation spec in the same ``isolation_regression`` database and
+    relies on each spec's teardown to clean up; dropping and creating a database per spec
+    costs more than most specs. :meth:`reset_if_dirty` recreates the database (same name)
+    only when a run left user objects, a prepared transaction or a setting behind.
+    """
+
+    server: ServerInfo
+    database: ScratchDatabase
+    clean: tuple[tuple[str, int], ...] = ()
+    resets: int = 0
+
+    def fingerprint(self) -> tuple[tuple[str, int], ...]:
+        """What the database holds, once the last run's sessions have gone (their locks with them)."""
+        deadline = time.monotonic() + _END_SESSIONS_DEADLINE_S
+        others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        with psycopg.connect(self.database.dsn, autocommit=True) as conn:
+            while (row := conn.execute(others).fetchone()) and row[0] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return tuple((str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall())
+
+    def reset_if_dirty(self) -> bool:
+        """After a run: True when the database had to be dropped and created again."""
+        if self.fingerprint() == self.clean:
+            return False
+        name = self.database.name
+        admin = _connect(self.server)
+        try:
+            with deferred_interrupts():
+                admin = _drop(admin, self.server, name, self.database.dsn, admin.info.server_version)
+                _create(admin, self.server, name)
+        finally:
+            admin.close()
+        self.resets += 1
+        return True
+
+
+@contextlib.contextmanager
+def reusable_scratch_database(
+    server: ServerInfo, hint: str, database_name: str | None = None
+) -> Iterator[ReusableScratch]:
+    """A :class:`ReusableScratch` (no pgrowlocks: its users print no row locks); always dropped at the end."""
+    with scratch_database(server, hint, database_name=database_name, with_pgrowlocks=False) as db:
+        scratch = ReusableScratch(server, db)
+        scratch.clean = scratch.fingerprint()
+        yield scratch
 
 
 @contextlib.contextmanager
@@ -432,6 +534,11 @@ def _create(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str) 
             # whole cluster, so the default (WAL_LOG) is kept there.
             statement += sql.SQL(" STRATEGY FILE_COPY")
         admin.execute(statement)
+    except psycopg.errors.DuplicateDatabase as exc:
+        raise ServerUnavailable(
+            f"database {name} already exists on {server.label}; pgrace creates it fresh for the run and drops it"
+            " afterwards, so it will not use an existing one: drop it first"
+        ) from exc
     except psycopg.errors.InsufficientPrivilege as exc:
         user = admin.info.user
         raise NoCreateDb(

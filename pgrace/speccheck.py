@@ -16,16 +16,17 @@ file) is reported before any server is started: :func:`prepare_check`, then
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgrace.errors import ScenarioError
+from pgrace.errors import ScenarioError, SetupFailed
 from pgrace.model import Scenario
 from pgrace.runner import RunOptions, run_scenario
-from pgrace.scratch import scratch_database
+from pgrace.scratch import ReusableScratch, scratch_database
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
 
@@ -201,18 +202,38 @@ def prepare_check(path: Path, expected: Path | None = None) -> PreparedCheck:
     return preparer(path, expected)
 
 
-def run_check(prepared: PreparedCheck, server: ServerInfo, options: RunOptions | None = None) -> CheckedFile:
-    """Run the scenario in a fresh scratch database, render it, compare with the expected files."""
+def run_check(
+    prepared: PreparedCheck,
+    server: ServerInfo,
+    options: RunOptions | None = None,
+    database_name: str | None = None,
+    scratch: ReusableScratch | None = None,
+) -> CheckedFile:
+    """Run the scenario in a fresh scratch database, render it, compare with the expected files.
+
+    With ``scratch``, run in that database instead (as pg_regress runs every spec in one),
+    and reset it afterwards if the run left anything behind.
+    """
     started = time.perf_counter()
-    with scratch_database(server, prepared.name) as db:
-        run = run_scenario(
-            prepared.scenario,
-            db.dsn,
-            server_version=server.version,
-            server_label=server.label,
-            row_locks_available=db.has_pgrowlocks,
-            options=options,
-        )
+    try:
+        with contextlib.ExitStack() as stack:
+            if scratch is not None:
+                stack.callback(scratch.reset_if_dirty)
+                db = scratch.database
+            else:
+                db = stack.enter_context(scratch_database(server, prepared.name, database_name=database_name))
+            run = run_scenario(
+                prepared.scenario,
+                db.dsn,
+                server_version=server.version,
+                server_label=server.label,
+                row_locks_available=db.has_pgrowlocks,
+                options=options,
+            )
+    except SetupFailed as exc:  # isolationtester prints the run up to the failure: that is the output to compare
+        if not isinstance(exc.run, Run):
+            raise
+        run = exc.run
     output = prepared.render(run)
     seconds = time.perf_counter() - started
     comparison = compare_output(output, prepared.expected, actual_name=f"{prepared.path} (pgrace)")

@@ -75,6 +75,14 @@ class SqlError:
     Filled by the runner from the DETAIL, whose pids and xids change from run to run
     and so never reach the text timeline.
     """
+    text: str = ""
+    """libpq's whole message (``PQresultErrorMessage``: DETAIL, HINT, position included).
+
+    isolationtester prints it for a failed setup or teardown.
+    """
+    libpq: str = ""
+    """What libpq reported itself after the server's error, verbatim: e.g. "server closed the
+    connection unexpectedly ..." once a FATAL ended the session. isolationtester prints it too."""
 
 
 @dataclass(frozen=True)

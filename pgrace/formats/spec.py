@@ -428,11 +428,12 @@ def parse_spec(text: str, path: str) -> Scenario:
 
 
 def unused_steps(scenario: Scenario) -> list[str]:
-    """Steps that no permutation uses, in declaration order.
+    """Steps that no permutation uses, sorted by name as isolationtester sorts them (``strcmp``).
 
     isolationtester warns ``unused step name: X`` for each, before anything else.
     Automatic permutations use every step, so this is only ever non-empty for specs
     with explicit permutation lines.
     """
     used = {pstep.step for permutation in scenario.permutations for pstep in permutation}
-    return [step.name for step in scenario.steps if step.name not in used]
+    unused = [step.name for step in scenario.steps if step.name not in used]
+    return sorted(unused, key=lambda name: name.encode("utf-8"))

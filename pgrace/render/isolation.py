@@ -27,6 +27,7 @@ from pgrace.timeline import (
 
 NUMERIC_CHARS = frozenset("0123456789.Ee -")
 DIGITS = frozenset("0123456789")
+NO_CONNECTION = "no connection to the server"  # libpq's words for a query on a lost connection
 
 
 def render_isolation(run: Run) -> str:
@@ -36,6 +37,10 @@ def render_isolation(run: Run) -> str:
     launched: dict[int, StepLaunched] = {}
     reported_waiting: set[int] = set()
     for event in run.events:
+        if isinstance(event, StepFinished) and _not_sent(event):
+            # isolationtester cannot send on a lost connection: it says so and exits.
+            out.append(f"failed to send query for step {launched[event.seq].step}: {NO_CONNECTION}\n\n")
+            break
         if isinstance(event, StepLaunched):
             launched[event.seq] = event
         elif isinstance(event, StepWaiting):
@@ -44,6 +49,11 @@ def render_isolation(run: Run) -> str:
             reported_waiting.add(event.seq)
         out.append(_render_event(event, launched))
     return "".join(out)
+
+
+def _not_sent(event: StepFinished) -> bool:
+    """The runner did not send the step: its session's connection was already lost (08003)."""
+    return event.outcome.error is not None and event.outcome.error.sqlstate == "08003"
 
 
 def _render_event(event: Event, launched: dict[int, StepLaunched]) -> str:
@@ -70,10 +80,19 @@ def _render_event(event: Event, launched: dict[int, StepLaunched]) -> str:
 
 
 def _render_outcome(outcome: Outcome) -> str:
-    """Every result table in order, then the error (severity and primary text only)."""
+    """Every result table in order, then the error (severity and primary text only).
+
+    An error libpq made itself (no fields: a lost connection) is printed whole, plus a
+    newline, after the server's error if there was one: isolationtester prints each
+    error result it gets that way.
+    """
     text = "".join(pqprint(result) for result in outcome.results)
-    if outcome.error is not None:
-        text += f"{outcome.error.severity}:  {outcome.error.message}\n"
+    error = outcome.error
+    if error is not None:
+        if not (error.libpq and error.libpq == error.text):  # the server said something
+            text += f"{error.severity}:  {error.message}\n"
+        if error.libpq:
+            text += f"{error.libpq}\n"
     return text
 
 
@@ -81,7 +100,8 @@ def _render_setup(event: SetupRan) -> str:
     """Setup and teardown print their tables bare, with no ``step`` line.
 
     A failure is reported the way isolationtester reports it on stderr: the text of
-    ``PQerrorMessage`` (severity, primary message, and DETAIL when there is one).
+    ``PQerrorMessage`` (severity, primary message, DETAIL, HINT and position as libpq
+    formats them).
     """
     text = "".join(pqprint(result) for result in event.outcome.results)
     error = event.outcome.error
@@ -89,7 +109,7 @@ def _render_setup(event: SetupRan) -> str:
         where: str = event.phase
         if event.session is not None:
             where += f" of session {event.session}"
-        text += f"{where} failed: {_error_message(error)}"
+        text += f"{where} failed: {error.text or _error_message(error)}"
     return text
 
 

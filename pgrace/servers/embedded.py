@@ -38,9 +38,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-from psycopg.conninfo import make_conninfo
-
 from pgrace.errors import ServerUnavailable
 from pgrace.servers import ServerInfo, deferred_interrupts
 
@@ -196,6 +193,9 @@ def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                 proc, log_path = _spawn(bindir, template, rundir, user)
         except OSError as exc:
             raise ServerUnavailable(f"cannot start the server in {rundir}: {exc}") from exc
+        # psycopg is first imported here, while the new postmaster starts up beside us.
+        from psycopg.conninfo import make_conninfo
+
         dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
         version = _wait_ready(proc, dsn, rundir, log_path)
         yield ServerInfo(dsn=dsn, version=version, label=f"{label.split(' (')[0]} {version}")
@@ -678,6 +678,8 @@ def _child_setup(user: _User | None, *, death_signal: bool) -> Callable[[], None
 
 def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: str) -> str:
     """Poll until the server accepts a connection; return its version."""
+    import psycopg
+
     deadline = time.monotonic() + _READY_DEADLINE_S
     last_error = "no attempt made"
     while True:

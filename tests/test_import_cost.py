@@ -1,0 +1,79 @@
+"""Import only what a command needs: a short `pgrace run` is dominated by imports otherwise.
+
+Checked on ``sys.modules`` of a fresh interpreter, never on time (this machine is shared
+and noisy; bench/differential.py --speed measures the time).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from pgrace.servers import ServerInfo
+
+# Heavy or format-specific modules that importing the CLI must not pull in.
+NOT_AT_IMPORT = (
+    "psycopg",
+    "asyncio",
+    "tabulate",
+    "decimal",
+    "pgrace.api",
+    "pgrace.runner",
+    "pgrace.locks",
+    "pgrace.scratch",
+    "pgrace.servers",
+    "pgrace.render.text",
+    "pgrace.render.json",
+    "pgrace.render.presenter",
+    "pgrace.render.html",
+    "pgrace.render.svg",
+    "pgrace.render.isolation",
+)
+
+# What a JSON run never needs: the other renderers and the presenter.
+NOT_FOR_JSON = (
+    "pgrace.render.text",
+    "pgrace.render.presenter",
+    "pgrace.render.html",
+    "pgrace.render.svg",
+    "pgrace.render.mermaid",
+    "pgrace.render.markdown",
+    "pgrace.render.isolation",
+    "pgrace.regression",
+)
+
+
+def modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code`` (printed at exit as JSON)."""
+    script = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: print('\\nMODULES ' + json.dumps(sorted(sys.modules))))\n" + code
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    line = next(line for line in done.stdout.splitlines() if line.startswith("MODULES "))
+    return set(json.loads(line.removeprefix("MODULES ")))
+
+
+def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def test_importing_the_cli_imports_no_driver_runner_or_renderer() -> None:
+    assert loaded(modules_after("import pgrace.cli"), NOT_AT_IMPORT) == []
+
+
+def test_importing_the_package_is_light_too() -> None:
+    assert loaded(modules_after("import pgrace"), NOT_AT_IMPORT) == []
+
+
+def test_a_json_run_imports_no_other_renderer(pgrace_server: ServerInfo) -> None:
+    code = (
+        "import sys\n"
+        "from pgrace.cli import main\n"
+        f"sys.argv = ['pgrace', 'run', 'nowait', '--format', 'json', '--dsn', {pgrace_server.dsn!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+    )
+    modules = modules_after(code)
+    assert "pgrace.render.json" in modules  # it did run
+    assert loaded(modules, NOT_FOR_JSON) == []
