@@ -861,7 +861,11 @@ class Runner:
             error = sql_error(res)
             if cancelled and error.sqlstate == "57014":
                 why = f"pgrace cancelled it after --step-timeout {self.options.step_timeout:g} s"
-                error = dataclasses.replace(error, detail=f"{why}; {error.detail}" if error.detail else why)
+                error = dataclasses.replace(
+                    error,
+                    detail=f"{why}; {error.detail}" if error.detail else why,
+                    text=f"{error.text}DETAIL:  {why}\n",
+                )
             return Outcome(error=error)
         if res.status == pq.ExecStatus.TUPLES_OK:
             return Outcome((result_set(res),))

@@ -214,7 +214,7 @@ REACHED: dict[str, tuple[str, list[str]]] = {
     "clean": ("pgrace.servers.existing.existing_server", ["clean", "--dsn", "host=/nowhere"]),
     "explore": ("pgrace.catalog.load", ["explore", "nowait"]),
     "sweep": ("pgrace.catalog.load", ["sweep", "nowait", "-p", "x=1,2"]),
-    "matrix": ("pgrace.cli.open_server", ["matrix"]),
+    "matrix": ("pgrace.servers.open_server", ["matrix"]),  # the CLI imports it when the command runs
 }
 
 

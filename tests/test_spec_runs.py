@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from corpus import CORPUS, needs_corpus
 
 from pgrace.cli import main
-from pgrace.errors import ScenarioError
+from pgrace.errors import ScenarioError, SetupFailed
 from pgrace.model import RowRef
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
@@ -326,7 +326,7 @@ def test_run_of_a_spec_whose_setup_fails_prints_what_isolationtester_prints(serv
     """stdout holds the header, the permutation line and the failure; the exit code stays the error's."""
     runner = CliRunner()
     result = runner.invoke(main, ["run", str(SPECS / "setup-fails.spec"), "--format", "isolation", "--dsn", server.dsn])
-    assert result.exit_code == 2
+    assert result.exit_code == SetupFailed.exit_code  # what that code is, is not this test's business
     assert result.stdout == (SPECS / "setup-fails.out").read_text(encoding="utf-8")
     assert "setup failed: ERROR:  function no_such_function() does not exist" in result.stderr
 
