@@ -3,8 +3,9 @@
 Each *session* is a callable that receives a psycopg 3 connection pgrace opened and tagged
 (``application_name`` ``pgrace/<name>/<session>``). It runs in a thread of its own. The
 connection is a :class:`TracedConnection`: every statement it is about to send (each
-``execute``, ``executemany``, COPY start, ``commit`` and ``rollback``, and the BEGIN,
-SAVEPOINT and COMMIT of ``conn.transaction()``) is handed to the scheduler, and the
+``execute``, ``executemany``, COPY start, ``commit`` and ``rollback``, the BEGIN,
+SAVEPOINT and COMMIT of ``conn.transaction()``, a named cursor's DECLARE, FETCH and
+CLOSE) is handed to the scheduler, and the
 session's thread waits there until the scheduler lets it go. So the scheduler owns the
 order, one statement at a time, and nothing depends on timing.
 
@@ -144,6 +145,15 @@ class TracedCursor(psycopg.Cursor[Any]):
         return super().copy(statement, params, **kwargs)
 
 
+class TracedServerCursor(psycopg.ServerCursor[Any]):
+    """A named (server-side) cursor: its DECLARE and each FETCH are steps."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = cast(TracedConnection, self.connection)
+        conn._label = f"DECLARE {self.name} CURSOR FOR {_describe(self, query, params)}"
+        return super().execute(query, params, **kwargs)
+
+
 class TracedConnection(psycopg.Connection[Any]):
     """pgrace's connection for a session: each statement waits for the scheduler's permission.
 
@@ -220,10 +230,16 @@ class TracedConnection(psycopg.Connection[Any]):
             self._untracked = False
 
 
-_GEN_LABELS = {"_enter_gen": "BEGIN (conn.transaction())", "_exit_gen": "COMMIT (end of conn.transaction())"}
+_GEN_LABELS = {
+    "_enter_gen": "BEGIN (conn.transaction())",
+    "_exit_gen": "COMMIT (end of conn.transaction())",
+    "_fetch_gen": "FETCH (server-side cursor)",
+    "_scroll_gen": "MOVE (server-side cursor)",
+    "_close_gen": "CLOSE (server-side cursor)",
+}
 
 
-def _describe(cursor: psycopg.Cursor[Any], query: Any, params: Any) -> str:
+def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: Any, params: Any) -> str:
     """The statement as the server runs it, values in place (psycopg's client-side quoting), for people."""
     try:
         text = query.as_string(cursor.connection) if isinstance(query, sql.Composable) else query
@@ -283,7 +299,7 @@ def _finish(gate: _Gate, outcome: Outcome, conn: TracedConnection) -> None:
 
 def _outcome(cursor: psycopg.Cursor[Any] | None, label: str) -> Outcome:
     res = cursor.pgresult if cursor is not None else None
-    if res is None:
+    if res is None:  # commit, rollback, a transaction block's or a server-side cursor's statement
         return Outcome(commands=(label.split(" ")[0],))
     command = (res.command_status or b"").decode()
     if res.status == pq.ExecStatus.TUPLES_OK:
@@ -431,6 +447,7 @@ class CodeRunner:
         )
 
         if isinstance(conn, TracedConnection):
+            conn.server_cursor_factory = TracedServerCursor
             self.stack.callback(conn.close_for_good)
         else:
             self.stack.callback(conn.close)

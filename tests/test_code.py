@@ -6,6 +6,7 @@ import importlib.util
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -171,10 +172,18 @@ def test_an_exception_of_the_application_is_an_outcome(pgrace_server: ServerInfo
     assert run.checks == []  # no expectation given: outcomes are reported, not judged
 
 
-def test_transactions_blocks_and_executemany_are_steps(pgrace_server: ServerInfo) -> None:
+def test_transactions_blocks_executemany_copy_and_server_cursors_are_steps(pgrace_server: ServerInfo) -> None:
     def writer(conn: Any) -> None:
         with conn.transaction():
             conn.cursor().executemany("INSERT INTO t VALUES (%s)", [(1,), (2,)])
+        with conn.cursor().copy("COPY t FROM STDIN") as copy:
+            for i in (3, 4):
+                copy.write_row((i,))  # the COPY's data is not a step of its own
+        conn.commit()
+        with conn.cursor(name="reader") as named:
+            named.execute("SELECT i FROM t WHERE i > %s", (1,))
+            assert len(named.fetchall()) == 3
+        conn.rollback()
 
     run = run_code({"w": writer}, setup="CREATE TABLE t (i int)", final="SELECT count(*) FROM t", server=pgrace_server)
     shown = [s.sql for s in run.step_runs()]
@@ -182,7 +191,15 @@ def test_transactions_blocks_and_executemany_are_steps(pgrace_server: ServerInfo
         "BEGIN (conn.transaction())",
         "INSERT INTO t VALUES (%s) -- ×2",
         "COMMIT (end of conn.transaction())",
+        "COPY t FROM STDIN",
+        "COMMIT",
+        "DECLARE reader CURSOR FOR SELECT i FROM t WHERE i > 1",
+        "FETCH (server-side cursor)",
+        "CLOSE (server-side cursor)",
+        "ROLLBACK",
     ]
+    assert run.check_outcomes()[0].last_rows is not None
+    assert run.check_outcomes()[0].last_rows.text_rows == (("4",),)
 
 
 def test_a_deadlock_between_two_functions_is_the_servers_verdict(pgrace_server: ServerInfo) -> None:
@@ -252,12 +269,43 @@ def test_bad_session_code_is_one_message_naming_the_function(
     assert _leftovers(pgrace_server, "badinput") == []
 
 
+def test_python_that_never_sends_anything_is_bounded_by_the_step_timeout(pgrace_server: ServerInfo) -> None:
+    def dawdles(conn: Any) -> None:
+        conn.execute("SELECT 1")
+        deadline = time.monotonic() + 0.8  # the application computing, not a wait for the database
+        while time.monotonic() < deadline:
+            pass
+        conn.execute("SELECT 2")
+
+    with pytest.raises(CodeError, match=r"session slow ran Python for more than 0\.3 s without sending a statement"):
+        run_code({"slow": dawdles}, step_timeout=0.3, server=pgrace_server, name="dawdle")
+    assert _leftovers(pgrace_server, "dawdle") == []
+
+
+def test_an_engine_of_its_own_is_a_connection_of_its_own(pgrace_server: ServerInfo) -> None:
+    def own_engine(conn: Any) -> None:
+        from sqlalchemy import create_engine, text
+
+        conn.execute("SELECT 1")
+        url = f"postgresql+psycopg:///?{conn.info.dsn.replace(' ', '&')}"
+        with create_engine(url).connect() as other:
+            other.execute(text("SELECT 1"))
+
+    with pytest.raises(CodeError, match="session own opened a connection of its own at "):
+        run_code({"own": own_engine}, server=pgrace_server, name="ownengine")
+    assert _leftovers(pgrace_server, "ownengine") == []
+
+
 def test_a_statement_that_never_returns_is_cancelled_at_the_step_timeout(pgrace_server: ServerInfo) -> None:
+    seen: list[tuple[str, str]] = []
+
     def sleeper(conn: Any) -> None:
+        seen.append(conn.execute("SELECT current_database(), current_setting('application_name')").fetchone())
         conn.execute("SELECT pg_sleep(60)")
 
     run = run_code({"s": sleeper}, step_timeout=0.5, server=pgrace_server, name="sleeper")
-    step = run.step_runs()[0]
+    assert "code_sleeper" in seen[0][0] and seen[0][1] == "pgrace/sleeper/s"  # what _leftovers looks for
+    step = run.step_runs()[1]
     assert step.cancelled and step.outcome is not None and step.outcome.error is not None
     assert step.outcome.error.sqlstate == "57014"
     assert "pgrace cancelled it after the step timeout 0.5 s" in (step.outcome.error.detail or "")
