@@ -25,18 +25,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import signal
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing import get_context
+from types import FrameType
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgrace import variables
-from pgrace.errors import ScenarioError
+from pgrace.errors import ScenarioError, Terminated
 from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, merge_classes, ordered, split_run, switches
 from pgrace.runner import RunOptions, run_scenario
@@ -286,6 +288,37 @@ def run_interleavings(
     return observed
 
 
+def _run_in_processes(
+    scenario: Scenario, server: ServerInfo, parts: list[list[tuple[str, ...]]], step_timeout: float
+) -> list[Observed]:
+    """One process per part, each with its own scratch database; all of them stopped cleanly on error.
+
+    When this process is interrupted (Ctrl-C, SIGTERM) or a worker fails, every worker is
+    sent SIGTERM, which it turns into :class:`~pgrace.errors.Terminated`: its scratch
+    database is dropped before it exits, and this process waits for that.
+    """
+    pool = ProcessPoolExecutor(max_workers=len(parts), mp_context=get_context("spawn"), initializer=_worker_started)
+    try:
+        futures = [pool.submit(_run_part, scenario, server, part, step_timeout) for part in parts if part]
+        observed = [o for future in futures for o in future.result()]
+    except BaseException:
+        for process in list(pool._processes.values()):
+            if process.is_alive():
+                process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return observed
+
+
+def _worker_started() -> None:
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
 def _run_part(scenario: Scenario, server: ServerInfo, orders: list[tuple[str, ...]], step_timeout: float) -> Any:
     """A worker process's share (module level, so it can be pickled)."""
     return run_interleavings(scenario, server, orders, step_timeout)
@@ -316,10 +349,7 @@ def explore(
     if jobs <= 1 or len(orders) < 2:
         observed = run_interleavings(scenario, server, orders, step_timeout)
     else:
-        parts = [orders[w::jobs] for w in range(jobs)]
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_run_part, scenario, server, part, step_timeout) for part in parts if part]
-            observed = [o for future in futures for o in future.result()]
+        observed = _run_in_processes(scenario, server, [orders[w::jobs] for w in range(jobs)], step_timeout)
     classes: dict[str, OutcomeClass] = {}
     for one in observed:
         add_observed(classes, one, space.preference(one.launched), scenario)

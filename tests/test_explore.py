@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -257,3 +262,34 @@ def test_a_huge_space_is_stated_and_needs_a_sample(pgrace_server: ServerInfo) ->
         explore(scenario, pgrace_server)
     sampled = explore(scenario, pgrace_server, limit=3, seed=9)
     assert (sampled.space, sampled.explored, sampled.seed) == (size, 3, 9)
+
+
+def _explore_databases(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgrace_explore_skip%'").fetchall()
+    return [name for (name,) in rows]
+
+
+def test_sigterm_during_jobs_drops_every_workers_scratch_database(pgrace_server: ServerInfo) -> None:
+    assert _explore_databases(pgrace_server.dsn) == []
+    # 50,000 interleavings of 4 workers × 3 steps: minutes of work, unless the workers stop at once.
+    args = ["explore", "skip-locked-fanout", "-p", "workers=4", "--max", "50000", "-j", "2"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pgrace", *args, "--dsn", pgrace_server.dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(_explore_databases(pgrace_server.dsn)) < 2:  # both workers are exploring
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.02)  # polling for another process's progress, not a stand-in for lock detection
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert (child.returncode, stderr) == (143, "pgrace: terminated; cleaned up\n")
+    assert _explore_databases(pgrace_server.dsn) == []
