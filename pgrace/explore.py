@@ -13,7 +13,8 @@ around each, as isolationtester does. The final checks run after every permutati
 step whose session is still blocked cannot be sent (one statement at a time per
 connection): it is deferred until its session is free, while the other sessions' steps go
 ahead, so the launch order may differ from the interleaving's own; examples show the
-launch order. A transaction a session left open is rolled back before the teardown, and
+launch order. Each session is reset after each interleaving (an open transaction rolled
+back, then ``DISCARD ALL``: advisory locks, settings, temporary tables), and
 a scenario without a teardown gets one: the objects its setup made (in a schema of their
 own) are dropped.
 
@@ -257,7 +258,7 @@ def run_interleavings(
         checks_each_permutation=True,
         defer_busy_sessions=True,
         describe_waits=False,
-        end_open_transactions=True,
+        reset_sessions=True,
     )
     observed: list[Observed] = []
     with scratch_database(server, f"explore_{scenario.name}") as db:

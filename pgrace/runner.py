@@ -82,7 +82,7 @@ class RunOptions:
     # For `pgrace explore`, where a permutation is one interleaving among many:
     checks_each_permutation: bool = False  # final checks after every permutation, before its teardown
     defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead
-    end_open_transactions: bool = False  # roll back what a session left open, before the teardown
+    reset_sessions: bool = False  # after each permutation: roll back, DISCARD ALL (advisory locks, SETs, temps)
     describe_waits: bool = True  # False: record that a step waited, not on what (explore only classifies)
 
 
@@ -319,11 +319,20 @@ class Runner:
             session = self.sessions[declared.name]
             if declared.teardown is not None and session.lost is None:
                 self._exec_teardown(session.pgconn, declared.teardown, declared.name)
-            left_open = session.lost is None and session.pgconn.transaction_status != pq.TransactionStatus.IDLE
-            if self.options.end_open_transactions and left_open:
-                self._exec_teardown(session.pgconn, "ROLLBACK", declared.name)
+            if self.options.reset_sessions and session.lost is None:
+                self._reset_session(session)
         for teardown in self.scenario.teardown:
             self._exec_teardown(self.control.pgconn, teardown, None)
+
+    def _reset_session(self, session: SessionConnection) -> None:
+        """Leave nothing of one permutation to the next: an open transaction, advisory locks, settings.
+
+        ``DISCARD ALL`` keeps what the connection was opened with (its application_name and
+        options), as a fresh connection would have them.
+        """
+        if session.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            self._exec_teardown(session.pgconn, "ROLLBACK", session.name)
+        self._exec_teardown(session.pgconn, "DISCARD ALL", session.name)
 
     def _launch_entry(self, step: Step, entry: PermutationStep) -> None:
         if self.options.before_step is not None:

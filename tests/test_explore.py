@@ -18,7 +18,7 @@ from pgrace import catalog, regression
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
 from pgrace.explore import Space, choose, explore, merge_explorations
-from pgrace.model import PermutationStep, Scenario, Session, Step
+from pgrace.model import FinalCheck, PermutationStep, Scenario, Session, Step
 from pgrace.outcomes import classify, split_run
 from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import scratch_database
@@ -293,3 +293,27 @@ def test_sigterm_during_jobs_drops_every_workers_scratch_database(pgrace_server:
             child.communicate()
     assert (child.returncode, stderr) == (143, "pgrace: terminated; cleaned up\n")
     assert _explore_databases(pgrace_server.dsn) == []
+
+
+def test_merge_refuses_what_is_not_an_explorations_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"scenario": "lost-update"')
+    result = CliRunner().invoke(main, ["explore", "lost-update", "--merge", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:1: not JSON" in result.output
+    bad.write_text('{"scenario": "lost-update"}')
+    result = CliRunner().invoke(main, ["explore", "lost-update", "--merge", str(bad)])
+    assert result.exit_code == 2 and "not an exploration's JSON" in result.output
+
+
+def test_nothing_of_one_interleaving_reaches_the_next_session_state_included(pgrace_server: ServerInfo) -> None:
+    """A session-level advisory lock outlives COMMIT; each interleaving must start without it."""
+    scenario = _scenario(
+        [
+            ("a1", "a", "INSERT INTO t VALUES ('a', pg_try_advisory_lock(42))"),
+            ("b1", "b", "INSERT INTO t VALUES ('b', pg_try_advisory_lock(42))"),
+        ]
+    )
+    check = FinalCheck("who got the lock", "SELECT string_agg(who, ',') FROM t WHERE got", (("a",),))
+    scenario = Scenario(**{**scenario.__dict__, "setup": ("CREATE TABLE t (who text, got bool)",), "checks": (check,)})
+    found = explore(scenario, pgrace_server)
+    assert sorted((c.final, c.count) for c in found.classes) == [(((("a",),),), 1), (((("b",),),), 1)]
