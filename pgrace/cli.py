@@ -934,3 +934,144 @@ def sweep(
     else:
         text = render.render_sweep_text(results)
     _emit(text, output)
+
+
+LOAD_FORMATS = ("text", "json", "svg", "html")
+
+
+def _client_counts(raw: str) -> tuple[int, ...]:
+    """``-c 1,2,4,8``: whole numbers from 1 to 1000, refused as one line (exit 2) otherwise."""
+    counts: list[int] = []
+    for part in raw.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 1 <= int(part) <= 1000:
+            raise ScenarioError(f"-c/--clients is a list of client counts from 1 to 1000, like 1,2,4,8; not {raw!r}")
+        counts.append(int(part))
+    return tuple(counts)
+
+
+def _whole(raw: str | None, option: str) -> int | None:
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 86400:
+        raise ScenarioError(f"{option} is a whole number from 1 to 86400, not {raw!r}")
+    return int(raw)
+
+
+@main.command(
+    epilog=EXIT_CODES_HELP.replace(
+        "  2    invalid input",
+        "  1    (load) an invariant was violated, or pgbench could not run the transaction\n  2    invalid input",
+    ).replace(
+        "  3    no server could be had",
+        "  3    no server (or no pgbench) could be had",
+    )
+)
+@scenario_argument
+@fix_option
+@bug_option
+@param_option
+@click.option("--compare", is_flag=True, help="Run the bug and the fix; one table and one plot.")
+@click.option(
+    "--clients", "-c", "clients", default="1,2,4,8", show_default=True, help="Client counts, one pgbench run each."
+)
+@click.option(
+    "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
+)
+@click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
+@click.option("--format", "-f", "fmt", type=click.Choice(LOAD_FORMATS), default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
+@click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one.")
+@click.option("--server", "server_target", metavar="SERVER", help="'embedded', a connection string or a bin directory.")
+@click.option(
+    "--pgbench", "pgbench_path", metavar="PATH", help="The pgbench to run (default: the server's own, or PATH)."
+)
+@click.option(
+    "--emit",
+    "emit_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Write the pgbench script and the setup and check SQL to DIR, and run nothing.",
+)
+def load(
+    scenario: str,
+    fix: bool,
+    bug: bool,
+    params: tuple[str, ...],
+    compare: bool,
+    clients: str,
+    duration: str | None,
+    transactions: str | None,
+    fmt: str,
+    output: str | None,
+    dsn: str | None,
+    server_target: str | None,
+    pgbench_path: str | None,
+    emit_dir: Path | None,
+) -> None:
+    """Run the scenario's [load] transaction with pgbench at each client count; count what went wrong.
+
+    Per client count: transactions per second, latency p50/p95/p99, failures and retries,
+    the most clients waiting on a lock at once (and on what), and every invariant of the
+    [load] section that did not hold. Each count starts from a fresh scratch database.
+    """
+    from pgrace import pgbench as engine
+    from pgrace.render.load import render_load
+
+    loaded = catalog.load(scenario, _params(params))
+    counts = _client_counts(clients)
+    seconds = _whole(duration, "-T/--time")
+    per_client = _whole(transactions, "-t/--transactions")
+    if seconds is not None and per_client is not None:
+        raise ScenarioError("-T/--time and -t/--transactions exclude each other")
+    if compare and (fix or bug):
+        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
+    if compare:
+        if loaded.other is None:
+            raise ScenarioError(f"scenario {loaded.name!r} has one variant only; --compare needs two", loaded.source)
+        variants = sorted([loaded, loaded.other], key=lambda s: s.variant != "bug")
+    else:
+        variants = [_variant(loaded, fix, bug)]
+    for variant in variants:
+        engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
+    if emit_dir is not None:
+        for variant in variants:
+            for path in engine.emit(variant, emit_dir):
+                click.echo(str(path))
+        return
+    on_terminal = sys.stderr.isatty()
+
+    def progress(result: engine.LoadResult, run: engine.ClientRun) -> None:
+        if on_terminal:
+            click.echo(
+                visible(
+                    f"{result.scenario} {result.variant}: {run.clients} clients, {run.tps:.1f} tps, "
+                    f"p95 {run.latency_ms['p95']} ms, {run.lock_waiters_max} waiting at most, "
+                    f"{len(run.violations)} violations"
+                ),
+                err=True,
+            )
+
+    options = engine.LoadOptions(
+        clients=counts,
+        duration=None if per_client is not None else float(seconds or 5),
+        transactions=per_client,
+        pgbench=pgbench_path,
+        on_progress=progress,
+    )
+    results: list[engine.LoadResult] = []
+    try:
+        with open_server(server_target or dsn) as server:
+            report_swept(server)
+            for variant in variants:
+                results.append(engine.run_load(variant, server, options))
+    except KeyboardInterrupt as exc:
+        partial = getattr(exc, "partial", None)
+        if partial is not None:
+            results.append(partial)
+        if results:
+            with suppress(Exception):
+                _emit(render_load(results, fmt), output)
+        raise
+    _emit(render_load(results, fmt), output)
+    sys.exit(1 if any(run.violations for result in results for run in result.runs) else 0)

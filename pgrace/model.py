@@ -169,6 +169,45 @@ class FinalCheck:
 
 
 @dataclass(frozen=True)
+class LoadCommand:
+    """One line of a load worker's transaction, as pgbench will run it.
+
+    ``sql``: a statement (pgrace ``:variables`` as written; ``capture`` becomes pgbench's
+    ``\\gset``); ``set``: ``\\set name random(low, high)``; ``sleep``: ``\\sleep``, the simulated work.
+    ``step`` names the scenario step the SQL was taken from, if any.
+    """
+
+    kind: Literal["sql", "set", "sleep"]
+    sql: str = ""
+    capture: tuple[tuple[str, str], ...] = ()
+    name: str = ""
+    low: int = 0
+    high: int = 0
+    seconds: float = 0.0
+    step: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadCheck:
+    """An invariant checked after a load run: ``sql`` returns one row ``(expected, actual[, detail])``."""
+
+    description: str
+    sql: str
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """A scenario's ``[load]`` section: one worker's transaction, run by pgbench's clients."""
+
+    transaction: tuple[LoadCommand, ...]
+    setup: tuple[str, ...] = ()
+    checks: tuple[LoadCheck, ...] = ()
+    line: int | None = None
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A complete, validated scenario for one variant ("bug" or "fix") of one file."""
 
@@ -188,6 +227,7 @@ class Scenario:
     params: tuple[tuple[str, Any], ...] = ()
     param_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # params whose :name is one of these SQL words
     other: Scenario | None = None  # the other variant: the cure of a bug, or the bug a cure avoids
+    load: Load | None = None  # the [load] section, resolved against this variant's steps
 
     @property
     def session_names(self) -> list[str]:

@@ -49,6 +49,7 @@ TOP_KEYS = {
     "sessions",
     "step",
     "check",
+    "load",
 }
 VARIANTS = ("bug", "fix")
 SESSION_KEYS = {"name", "count", "setup", "teardown"}
@@ -59,7 +60,7 @@ PARAM_KEYS = {"default", "choices"}
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
 MAX_SLEEP = 60.0
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
-VARIANT_KEYS = {"title", "narrative", "step", "check", "setup"}
+VARIANT_KEYS = {"title", "narrative", "step", "check", "setup", "load"}
 EXPECT_KEYS = {
     "waits",
     "waits_for",
@@ -236,10 +237,20 @@ class Builder:
             param_choices=tuple(choices.items()),
         )
         self._check_variables(main)
+        if "load" in data:
+            from pgrace.formats.load_toml import build_load
+
+            main = replace(main, load=build_load(self, data["load"], None, main, None))
         if other_name not in data:
             return main
         other = self._other_variant(main, other_name, data[other_name], sessions, groups)
         self._check_variables(other)
+        override = data[other_name].get("load")
+        if "load" in data or override is not None:
+            from pgrace.formats.load_toml import build_load
+
+            base = data.get("load", {})
+            other = replace(other, load=build_load(self, base, override, other, other_name))
         return replace(main, other=replace(other, other=None))
 
     # -- pieces -----------------------------------------------------------------------

@@ -36,6 +36,8 @@ class ServerInfo:
     """``server_version`` as the server reports it, e.g. ``"18.1"``."""
     label: str
     """Human description without any password, safe for logs and reports."""
+    bindir: str | None = None
+    """The bin directory of the server's own installation (pgbench lives there), when pgrace started it."""
 
 
 def open_server(

@@ -198,7 +198,9 @@ def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
 
         dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
         version = _wait_ready(proc, dsn, rundir, log_path)
-        yield ServerInfo(dsn=dsn, version=version, label=f"{label.split(' (')[0]} {version}")
+        yield ServerInfo(
+            dsn=dsn, version=version, label=f"{label.split(' (')[0]} {version}", bindir=os.path.join(bindir, "bin")
+        )
     finally:
         with deferred_interrupts():
             if proc is not None:

@@ -1,0 +1,165 @@
+"""The ``[load]`` section of a scenario file: one worker's transaction, for ``pgrace load``.
+
+    [load]
+    setup = "CREATE TABLE ledger (amount int NOT NULL)"   # after the scenario's setup
+    transaction = [
+      "BEGIN",
+      { step = "alice-read" },             # the variant's own step: its SQL and capture
+      { sleep = "5ms" },                   # simulated work, inside the transaction
+      { set = "amount", random = [1, 100] },
+      { sql = "UPDATE ...", capture = "x" },
+      "COMMIT",
+    ]
+    [[load.check]]                         # after each client count: (expected, actual[, detail])
+    description = "no withdrawal is lost"
+    sql = "SELECT ..."
+
+``[fix.load]`` (or ``[bug.load]``) replaces any of these keys for that variant. A step is
+named as in the file (``claim``, or ``claim.worker1`` for one of a group), and resolved
+against each variant's steps, so the fix's load runs the fix's SQL.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from pgrace.model import Load, LoadCheck, LoadCommand, Scenario
+from pgrace.variables import find
+
+if TYPE_CHECKING:
+    from pgrace.formats.scenario_toml import Builder, KeyPath
+
+LOAD_KEYS = {"setup", "transaction", "check"}
+COMMAND_KEYS = {"step", "sql", "capture", "sleep", "set", "random"}
+CHECK_KEYS = {"description", "sql"}
+VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, variant_key: str | None) -> Load:
+    """The ``[load]`` table (with the variant's ``[VARIANT.load]`` keys over it), resolved on ``scenario``'s steps."""
+    from pgrace.formats.scenario_toml import did_you_mean
+
+    loc = builder.loc
+    if not isinstance(raw, dict):
+        raise loc.error("[load] must be a table", "load")
+    builder._check_keys(raw, LOAD_KEYS, ("load",), "[load] key")
+    merged = dict(raw)
+    origin: dict[str, KeyPath] = {key: ("load",) for key in raw}
+    if override is not None:
+        where: KeyPath = (str(variant_key), "load")
+        if not isinstance(override, dict):
+            raise loc.error(f"[{variant_key}.load] must be a table", *where)
+        builder._check_keys(override, LOAD_KEYS, where, f"[{variant_key}.load] key")
+        merged.update(override)
+        origin.update({key: where for key in override})
+    transaction = merged.get("transaction")
+    path = origin.get("transaction", ("load",))
+    if not isinstance(transaction, list) or not transaction:
+        raise loc.error("[load] needs transaction = [...], the statements of one worker's transaction", *path)
+    params = {k for k, _ in scenario.params}
+    known: set[str] = set()  # pgbench variables defined so far: \set names and captures
+    commands: list[LoadCommand] = []
+    for index, item in enumerate(transaction):
+        where = (*path, "transaction")
+        line = loc.line_of(*where)
+        command = _command(builder, item, scenario, where, line)
+        for text in (command.sql,):
+            for use in find(text):
+                if use.session is not None:
+                    raise loc.error(
+                        f"load command {index + 1} uses {use.written}: a load transaction is one worker;"
+                        f" write :{use.name}",
+                        *where,
+                    )
+                if use.name not in params and use.name not in known:
+                    raise loc.error(
+                        f"load command {index + 1} uses {use.written}, which no earlier command captures or sets"
+                        f" and no param defines{did_you_mean(use.name, params | known)}",
+                        *where,
+                    )
+                if use.form == "identifier" and use.name not in params:
+                    raise loc.error(
+                        f"load command {index + 1} uses {use.written}: pgbench binds a captured value as a"
+                        " parameter, never as an identifier",
+                        *where,
+                    )
+        known |= {variable for variable, _ in command.capture}
+        if command.kind == "set":
+            known.add(command.name)
+        commands.append(command)
+    setup_path = origin.get("setup", ("load",))
+    setup = builder._sql_list(merged.get("setup", []), *setup_path, "setup")
+    for text in setup:
+        for use in find(text):
+            if use.session is not None or use.name not in params:
+                raise loc.error(f"[load] setup uses {use.written}, which is not a param", *setup_path, "setup")
+    checks_raw = merged.get("check", [])
+    check_path = origin.get("check", ("load",))
+    if not isinstance(checks_raw, list):
+        raise loc.error("load checks are [[load.check]] tables", *check_path)
+    checks = []
+    for index, item in enumerate(checks_raw):
+        where = (*check_path, "check", index)
+        if not isinstance(item, dict):
+            raise loc.error("each load check is a [[load.check]] table", *where)
+        builder._check_keys(item, CHECK_KEYS, where, "load check key")
+        query = builder._str(item.get("sql"), *where, "sql", what="load check sql")
+        for use in find(query):
+            if use.session is not None or use.name not in params:
+                raise loc.error(f"load check uses {use.written}, which is not a param", *where)
+        checks.append(
+            LoadCheck(builder._str(item.get("description", query), *where, "description"), query, loc.line_of(*where))
+        )
+    return Load(tuple(commands), setup, tuple(checks), loc.line_of("load"))
+
+
+def _command(builder: Builder, item: Any, scenario: Scenario, where: KeyPath, line: int) -> LoadCommand:
+    from pgrace.formats.scenario_toml import _base_name, did_you_mean
+
+    loc = builder.loc
+    if isinstance(item, str):
+        return LoadCommand("sql", sql=item, line=line)
+    if not isinstance(item, dict):
+        raise loc.error("a load command is SQL text or a table: { step }, { sql }, { sleep }, { set, random }", *where)
+    builder._check_keys(item, COMMAND_KEYS, where, "load command key")
+    kinds = [key for key in ("step", "sql", "sleep", "set") if key in item]
+    if len(kinds) != 1:
+        raise loc.error("a load command is one of { step }, { sql }, { sleep }, { set, random }", *where)
+    kind = kinds[0]
+    if kind == "step":
+        name = item["step"]
+        if not isinstance(name, str):
+            raise loc.error("step names a step of the scenario", *where)
+        steps = [s for s in scenario.steps if s.name == name] or [
+            s for s in scenario.steps if _base_name(s.name) == name
+        ]
+        if not steps:
+            names = {s.name for s in scenario.steps} | {_base_name(s.name) for s in scenario.steps}
+            raise loc.error(
+                f"[load] names no step {name!r} of the {scenario.variant} variant{did_you_mean(name, names)}", *where
+            )
+        step = steps[0]
+        if step.sleep is not None or step.crash is not None:
+            raise loc.error(f"step {name!r} sends no SQL; a load transaction runs SQL steps only", *where)
+        capture = builder._capture(item["capture"], where) if "capture" in item else step.capture
+        return LoadCommand("sql", sql=step.sql, capture=capture, step=step.name, line=line)
+    if kind == "sql":
+        text = builder._str(item["sql"], *where, "sql", what="load sql")
+        return LoadCommand("sql", sql=text, capture=builder._capture(item.get("capture"), where), line=line)
+    if "capture" in item:
+        raise loc.error(f"a {kind} command sends no SQL: it has no capture", *where)
+    if kind == "sleep":
+        return LoadCommand("sleep", seconds=builder._duration(item["sleep"], (*where, "sleep")), line=line)
+    name = item["set"]
+    bounds = item.get("random")
+    if not isinstance(name, str) or not VARIABLE.match(name):
+        raise loc.error("set names a variable: letters, digits and '_'", *where)
+    if (
+        not isinstance(bounds, list)
+        or len(bounds) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+        or bounds[0] > bounds[1]
+    ):
+        raise loc.error("a set command draws random = [low, high], two whole numbers, low <= high", *where)
+    return LoadCommand("set", name=name, low=bounds[0], high=bounds[1], line=line)
