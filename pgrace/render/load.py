@@ -58,26 +58,25 @@ def render_load_text(results: list[LoadResult]) -> str:
         headers = ["clients", "tps", "p50 ms", "p95 ms", "p99 ms", "failures", "retries", "lock waiters", "violations"]
     else:
         counts = sorted({run.clients for result in results for run in result.runs})
-        headers = ["clients"]
-        for result in results:
-            v = result.variant
-            headers += [f"{v} tps", f"{v} p95 ms", f"{v} failures", f"{v} lock waiters", f"{v} violations"]
+        names = " / ".join(r.variant for r in results)
+        headers = [
+            "clients",
+            *(f"{what} ({names})" for what in ("tps", "p95 ms", "failures", "lock waiters", "violations")),
+        ]
         rows = []
         for count in counts:
-            row: list[object] = [count]
-            for result in results:
-                run = next((r for r in result.runs if r.clients == count), None)
-                if run is None:
-                    row += ["-"] * 5
-                else:
-                    row += [
-                        f"{run.tps:.1f}",
-                        _ms(run.latency_ms["p95"]),
-                        run.failures,
-                        _waiters(run),
-                        len(run.violations),
-                    ]
-            rows.append(row)
+            found = [next((r for r in result.runs if r.clients == count), None) for result in results]
+            cells = [
+                [
+                    f"{r.tps:.1f}" if r else "-",
+                    _ms(r.latency_ms["p95"]) if r else "-",
+                    str(r.failures) if r else "-",
+                    _waiters(r) if r else "-",
+                    str(len(r.violations)) if r else "-",
+                ]
+                for r in found
+            ]
+            rows.append([str(count), *(" / ".join(c[i] for c in cells) for i in range(5))])
     lines.append(visible(tabulate(rows, headers=headers, disable_numparse=True, colalign=("right",) * len(headers))))
     details = [
         f"  {result.variant}, {run.clients} clients: {v.check}: expected {v.expected}, actual {v.actual}"
