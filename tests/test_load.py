@@ -64,7 +64,10 @@ def test_load_variables_must_be_captured_or_set_earlier() -> None:
     script = pgbench_script(scenario)
     # the capture is renamed as the scenario says (x = column v); the param is composed as a literal;
     # the captured and drawn values stay pgbench variables (bound parameters under -M extended)
-    assert '\\set n random(1, 9)\n-- step read\nWITH pgrace_step AS (SELECT v FROM t WHERE id = 1) SELECT "v" AS "x"' in script
+    assert (
+        '\\set n random(1, 9)\n-- step read\nWITH pgrace_step AS (SELECT v FROM t WHERE id = 1) SELECT "v" AS "x"'
+        in script
+    )
     assert "UPDATE t SET v = :x + :n + 7;" in script
 
 
