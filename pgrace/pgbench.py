@@ -403,11 +403,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 _SAMPLE = """
+WITH l AS MATERIALIZED (SELECT * FROM pg_locks)  -- one reading of the lock table for the whole sample
 SELECT w.pid, w.locktype, coalesce(w.relation, t.relation)::regclass::text
-FROM pg_locks w
+FROM l w
 JOIN pg_stat_activity a ON a.pid = w.pid
 LEFT JOIN LATERAL (
-  SELECT relation FROM pg_locks t WHERE t.pid = w.pid AND t.locktype = 'tuple' AND t.granted LIMIT 1
+  SELECT relation FROM l t WHERE t.pid = w.pid AND t.locktype = 'tuple' AND t.granted LIMIT 1
 ) t ON true
 WHERE NOT w.granted AND a.application_name = %s
 """

@@ -203,6 +203,35 @@ def test_clean_3() -> None:
     assert invoke(["clean", "--dsn", UNREACHABLE]).exit_code == 3
 
 
+LOAD_VIOLATED = (
+    'setup = "CREATE TABLE t (v int)"\nsessions = ["a"]\n[[step]]\nsession = "a"\nsql = "SELECT 1"\n'
+    '[load]\ntransaction = ["INSERT INTO t VALUES (1)"]\n'
+    '[[load.check]]\ndescription = "one row per transaction, less one"\nsql = "SELECT count(*) - 1, count(*) FROM t"\n'
+)
+
+
+def test_load_0(pgrace_server: ServerInfo) -> None:
+    assert invoke(["load", "nowait", "--fix", "-c", "2", "-t", "3", "--dsn", pgrace_server.dsn]).exit_code == 0
+
+
+def test_load_1_an_invariant_was_violated(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    result = invoke(
+        ["load", file_of(tmp_path, "v.toml", LOAD_VIOLATED), "-c", "2", "-t", "3", "--dsn", pgrace_server.dsn]
+    )
+    assert result.exit_code == 1, result.output
+    assert "one row per transaction, less one: expected 5, actual 6" in result.stdout
+
+
+def test_load_2() -> None:
+    assert invoke(["load", "nowait", "-c", "0"]).exit_code == 2
+    assert invoke(["load", "offset-overlock"]).exit_code == 2  # no [load] section
+
+
+def test_load_3() -> None:
+    assert invoke(["load", "nowait", "-t", "1", "--dsn", UNREACHABLE]).exit_code == 3
+    assert invoke(["load", "nowait", "-t", "1", "--dsn", UNREACHABLE, "--pgbench", "/nonexistent"]).exit_code == 3
+
+
 # -- 4, 130, 143 ------------------------------------------------------------------------------
 
 # For each command, a function it calls and arguments that reach it.
@@ -215,6 +244,7 @@ REACHED: dict[str, tuple[str, list[str]]] = {
     "explore": ("pgrace.catalog.load", ["explore", "nowait"]),
     "sweep": ("pgrace.catalog.load", ["sweep", "nowait", "-p", "x=1,2"]),
     "matrix": ("pgrace.servers.open_server", ["matrix"]),  # the CLI imports it when the command runs
+    "load": ("pgrace.catalog.load", ["load", "nowait", "-t", "1"]),
 }
 
 

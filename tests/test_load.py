@@ -243,3 +243,14 @@ def test_shipped_load_sections_do_not_change_run() -> None:
         scenario = catalog.load(name)
         assert scenario.load is not None and scenario.other is not None and scenario.other.load is not None
         assert pgbench_script(scenario) != pgbench_script(scenario.other)
+
+
+def test_the_readme_load_example_is_a_valid_section() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"```toml\n(\[load\].*?)```", readme, re.DOTALL)
+    assert match is not None
+    base = (Path(__file__).resolve().parents[1] / "scenarios" / "lost-update.toml").read_text().split("\n[load]")[0]
+    script = pgbench_script(parse_toml_scenario(base + "\n" + match.group(1), "readme.toml"))
+    assert "\\set amount random(1, 100)\nUPDATE accounts SET balance = :balance - :amount WHERE id = 1;" in script
