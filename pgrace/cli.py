@@ -944,7 +944,7 @@ def _client_counts(raw: str) -> tuple[int, ...]:
     counts: list[int] = []
     for part in raw.split(","):
         part = part.strip()
-        if not part.isdigit() or not 1 <= int(part) <= 1000:
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= 1000:
             raise ScenarioError(f"-c/--clients is a list of client counts from 1 to 1000, like 1,2,4,8; not {raw!r}")
         counts.append(int(part))
     return tuple(counts)
@@ -953,7 +953,7 @@ def _client_counts(raw: str) -> tuple[int, ...]:
 def _whole(raw: str | None, option: str) -> int | None:
     if raw is None:
         return None
-    if not raw.strip().isdigit() or not 1 <= int(raw) <= 86400:
+    if not (raw.strip().isascii() and raw.strip().isdigit()) or not 1 <= int(raw) <= 86400:
         raise ScenarioError(f"{option} is a whole number from 1 to 86400, not {raw!r}")
     return int(raw)
 
@@ -1015,8 +1015,10 @@ def load(
     the most clients waiting on a lock at once (and on what), and every invariant of the
     [load] section that did not hold. Each count starts from a fresh scratch database.
     """
+    from pgrace import catalog
     from pgrace import pgbench as engine
     from pgrace.render.load import render_load
+    from pgrace.servers import open_server
 
     loaded = catalog.load(scenario, _params(params))
     counts = _client_counts(clients)

@@ -189,8 +189,28 @@ def test_clean_list_and_matrix_never_crash(data: st.DataObject) -> None:
     invoke([*matrix, "--dsn", data.draw(dsns)], {2, 3})
 
 
+LOAD_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
+    "-c": st.one_of(st.sampled_from(["1,2", "0", "1,,2", "²", "١", "1001", ""]), st.text(max_size=8)),
+    "-T": values,
+    "-t": values,
+    "--format": st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)),
+    "--pgbench": st.text(max_size=8),
+    "--fix": None,
+    "--bug": None,
+    "--compare": None,
+}
+
+
+@fuzz_settings(300)
+@given(data=st.data())
+def test_load_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
+    ref = data.draw(scenario_ref(workdir))
+    args = ["load", ref, *data.draw(params), *options(data.draw, LOAD_OPTIONS)]
+    invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
+
+
 def test_every_command_is_fuzzed() -> None:
-    fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix"}
+    fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix", "load"}
     assert set(main.commands) == fuzzed, "a new command needs its fuzz test here"
 
 
