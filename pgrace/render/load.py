@@ -8,6 +8,7 @@ Scenario text and server text are escaped for the medium, as everywhere in pgrac
 from __future__ import annotations
 
 import json
+import math
 from html import escape as html_escape
 from xml.sax.saxutils import escape as xml_escape
 
@@ -128,13 +129,15 @@ def render_load_svg(results: list[LoadResult]) -> str:
             (run.tps if key == "tps" else float(run.lock_waiters_max)) for result in results for run in result.runs
         ]
         high = max([*values, 1.0]) * 1.1
+        if key == "waits":  # whole clients: a scale of 4 ticks that are whole numbers
+            high = 4.0 * math.ceil(high / 4)
         out.append(f'<text x="{left}" y="{y0 - 8}" font-size="14" fill="#111827">{xml_escape(title)}</text>')
         out.append(f'<rect x="{left}" y="{y0}" width="{plot_w}" height="{panel_h}" fill="none" stroke="#d1d5db"/>')
         for tick in range(5):
             value = high * tick / 4
             y = y0 + panel_h - panel_h * tick / 4
             out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#f3f4f6"/>')
-            label = f"{value:.0f}" if high >= 10 else f"{value:.1f}"
+            label = f"{value:.0f}" if high >= 10 or key == "waits" else f"{value:.1f}"
             out.append(
                 f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" fill="#4b5563">{label}</text>'
             )
