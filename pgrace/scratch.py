@@ -285,20 +285,32 @@ class ReusableScratch:
     database: ScratchDatabase
     clean: tuple[tuple[str, int], ...] = ()
     resets: int = 0
+    _conn: psycopg.Connection[TupleRow] | None = field(default=None, repr=False)
 
     def fingerprint(self) -> tuple[tuple[str, int], ...]:
-        """What the database holds, once the last run's sessions have gone (their locks with them)."""
+        """What the database holds, once the last run's sessions have gone (their locks with them).
+
+        One connection serves every check (a connection costs as much as a small spec).
+        """
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.database.dsn, autocommit=True)
+        conn = self._conn
         deadline = time.monotonic() + _END_SESSIONS_DEADLINE_S
         others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        with psycopg.connect(self.database.dsn, autocommit=True) as conn:
-            while (row := conn.execute(others).fetchone()) and row[0] and time.monotonic() < deadline:
-                time.sleep(0.001)
-            return tuple((str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall())
+        while (row := conn.execute(others).fetchone()) and row[0] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return tuple((str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall())
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def reset_if_dirty(self) -> bool:
         """After a run: True when the database had to be dropped and created again."""
         if self.fingerprint() == self.clean:
             return False
+        self.close()  # DROP DATABASE would end it anyway
         name = self.database.name
         admin = _connect(self.server)
         try:
@@ -318,8 +330,11 @@ def reusable_scratch_database(
     """A :class:`ReusableScratch` (no pgrowlocks: its users print no row locks); always dropped at the end."""
     with scratch_database(server, hint, database_name=database_name, with_pgrowlocks=False) as db:
         scratch = ReusableScratch(server, db)
-        scratch.clean = scratch.fingerprint()
-        yield scratch
+        try:
+            scratch.clean = scratch.fingerprint()
+            yield scratch
+        finally:
+            scratch.close()
 
 
 @contextlib.contextmanager
