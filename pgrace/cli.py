@@ -74,7 +74,14 @@ class PgraceGroup(click.Group):
             code = exit_code_of_interrupt(exc)
             click.echo(f"pgrace: {'terminated' if code == EXIT_SIGTERM else 'interrupted'}; cleaned up", err=True)
             ctx.exit(code)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except click.ClickException as exc:  # a bad option or argument: one line too, like any invalid input
+            sub = exc.ctx if isinstance(exc, click.UsageError) and exc.ctx is not ctx else None
+            where = f"{sub.info_name}: " if sub is not None and sub.info_name else ""
+            hint = f" (see pgrace {where[:-2]} --help)" if where else ""
+            message = " ".join(exc.format_message().split())
+            click.echo(visible(f"pgrace: {where}{message}{hint}"), err=True)
+            ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:  # stdout closed early (`pgrace run x | head`): nothing more to say
             ctx.exit(EXIT_BROKEN_PIPE)

@@ -168,7 +168,8 @@ def test_run_and_check_2_for_a_step_timeout_that_is_not_a_positive_finite_number
     target = "nowait" if command == "run" else str(ROOT / "scenarios" / "nowait.toml")
     result = invoke([command, target, "--step-timeout", value, "--dsn", UNREACHABLE])
     assert result.exit_code == 2, result.output
-    assert "--step-timeout" in result.stderr
+    assert one_line(result).startswith(f"pgrace: {command}: Invalid value for '--step-timeout': ")
+    assert one_line(result).endswith(f" (see pgrace {command} --help)")
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])

@@ -42,7 +42,7 @@ def invoke(args: list[str], allowed: set[int], env: dict[str, str] | None = None
     assert result.exit_code in allowed, shown
     # a generated value may itself be the word "Traceback", echoed in a usage error: look for the real thing
     assert "Traceback (most recent call last)" not in result.stdout + result.stderr, shown
-    if result.exit_code >= 2 and not result.stderr.startswith("Usage:"):  # click's usage errors have their own form
+    if result.exit_code >= 2:  # pgrace's errors and click's usage errors alike: one line
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("pgrace: "), shown
     return result
