@@ -59,6 +59,16 @@ class PgraceGroup(click.Group):
     traceback only with PGRACE_DEBUG=1.
     """
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """``pgrace --bogus``: one line too (bare ``pgrace`` still prints the help)."""
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                raise
+            click.echo(visible(f"pgrace: {' '.join(exc.format_message().split())} (see pgrace --help)"), err=True)
+            ctx.exit(exc.exit_code)
+
     def invoke(self, ctx: click.Context) -> Any:
         previous: Any = None
         with suppress(ValueError):  # only the main thread may install handlers

@@ -158,6 +158,20 @@ def test_list_2() -> None:
     assert invoke(["list", "--no-such-option"]).exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--bogus"], "pgrace: No such option '--bogus'. (see pgrace --help)"),
+        (["nosuch"], "pgrace: No such command 'nosuch'."),
+        (["list", "--bogus"], "pgrace: list: No such option '--bogus'. (see pgrace list --help)"),
+    ],
+)
+def test_2_usage_errors_are_one_line(args: list[str], line: str) -> None:
+    result = invoke(args)
+    assert result.exit_code == 2
+    assert one_line(result) == line
+
+
 def test_show_2() -> None:
     assert invoke(["show", "no-such-scenario"]).exit_code == 2
 
