@@ -11,10 +11,12 @@ Ctrl-C half-way through importing it).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+# Not `from typing import TYPE_CHECKING`: typing pulls in re, enum and collections (~10 ms),
+# and the console entry can only take over Ctrl-C once this package is imported.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from pgrace.api import run
     from pgrace.catalog import load
     from pgrace.code import CodeClass, CodeExploration, TracedConnection, explore_code, run_code
@@ -79,6 +81,8 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'pgrace' has no attribute {name!r}")
+    import importlib  # here, not at the top: importing the package stays next to free
+
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value

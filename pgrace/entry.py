@@ -7,22 +7,23 @@ traceback. The commands themselves live in :mod:`pgrace.cli`.
 
 from __future__ import annotations
 
-import signal
-from types import FrameType
+import _signal  # type: ignore[import-not-found]  # C module: `signal` first imports enum (ms of traceback-prone Ctrl-C)
 
 _early: list[int] = []
 
 
-def _remember(signum: int, frame: FrameType | None) -> None:
+def _remember(signum: int, frame: object) -> None:
     _early.append(signum)
 
 
 # From here until main() is ready, a signal is remembered rather than raised mid-import.
-signal.signal(signal.SIGINT, _remember)
-signal.signal(signal.SIGTERM, _remember)
+_signal.signal(_signal.SIGINT, _remember)
+_signal.signal(_signal.SIGTERM, _remember)
 
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
+from types import FrameType  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
 from pgrace.errors import (  # noqa: E402
