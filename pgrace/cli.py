@@ -70,6 +70,7 @@ class PgraceGroup(click.Group):
             ctx.exit(exc.exit_code)
 
     def invoke(self, ctx: click.Context) -> Any:
+        _forget_secrets()
         previous: Any = None
         with suppress(ValueError):  # only the main thread may install handlers
             previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -99,9 +100,18 @@ class PgraceGroup(click.Group):
             report_internal_error(exc)
             ctx.exit(EXIT_INTERNAL)
         finally:
+            _forget_secrets()
             # Cleanup is done: a late SIGTERM (e.g. during interpreter shutdown) just ends the process.
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _forget_secrets() -> None:
+    """A command's DSN secrets are scrubbed from that command's messages only, never from a later command's
+    (in one process, e.g. under a test runner, a password like ``sql`` would blank out words forever)."""
+    servers = sys.modules.get("pgrace.servers")  # not imported yet: nothing remembered, nothing to import
+    if servers is not None:
+        servers.forget_secrets()
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click

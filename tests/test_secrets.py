@@ -280,3 +280,14 @@ def test_an_internal_error_shows_neither_a_password_nor_a_control_character(
     err = capsys.readouterr().err
     assert "internal error" in err and "RuntimeError" in err
     assert "S3cr3t-internal" not in err and "\x1b" not in err and "\x07" not in err
+
+
+def test_one_commands_secrets_do_not_blank_out_a_later_commands_words() -> None:
+    """Found in CI: a fuzzed `--dsn 'password=sql'` made every later message in the process read `postgre***`."""
+    cli = CliRunner()
+    failed = cli.invoke(main, ["run", "lost-update", "--dsn", "host=/nonexistent port=1 password=shipped"])
+    assert failed.exit_code == 3, failed.output
+    assert "shipped" not in failed.output
+    later = cli.invoke(main, ["show", "no-such-race"])  # its one-line error goes through the scrubber
+    assert later.exit_code == 2, later.output
+    assert "no shipped scenario 'no-such-race'" in later.stderr and "***" not in later.stderr

@@ -267,6 +267,11 @@ def remember_secrets(dsn: str) -> None:
         _REMEMBERED.add(env_password)
 
 
+def forget_secrets() -> None:
+    """Start afresh: secrets are remembered for one command, so one command's scrubbing never reaches another's text."""
+    _REMEMBERED.clear()
+
+
 def scrub_secrets(text: str, dsn: str | None = None) -> str:
     """Replace every secret of ``dsn`` and of every remembered DSN in ``text`` with ``***``.
 
