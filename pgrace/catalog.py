@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
@@ -21,6 +24,49 @@ def shipped_dir() -> Path:
 def shipped_names() -> list[str]:
     folder = shipped_dir()
     return sorted(p.stem for p in folder.glob("*.toml")) if folder.is_dir() else []
+
+
+OTHER_TOPIC = "other"  # the group of scenarios whose file names no topic
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One shipped scenario as `pgrace list` shows it."""
+
+    name: str
+    title: str
+    topic: str
+    tags: tuple[str, ...]
+    variants: tuple[str, ...]
+
+    @property
+    def variants_label(self) -> str:
+        return " + ".join(sorted(self.variants))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "topic": self.topic,
+            "tags": list(self.tags),
+            "variants": sorted(self.variants),
+        }
+
+
+def entries() -> list[Entry]:
+    """Every shipped scenario, by name."""
+    found = []
+    for name in shipped_names():
+        scenario = load(name)
+        topic = scenario.topic or OTHER_TOPIC
+        found.append(Entry(name, scenario.title, topic, scenario.tags, scenario.variants))
+    return found
+
+
+def by_topic(chosen: list[Entry]) -> list[tuple[str, list[Entry]]]:
+    """Topics in alphabetical order ("other" last), scenarios by name within each."""
+    ordered = sorted(chosen, key=lambda e: (e.topic == OTHER_TOPIC, e.topic, e.name))
+    return [(topic, list(members)) for topic, members in groupby(ordered, key=lambda e: e.topic)]
 
 
 def looks_like_path(ref: str) -> bool:

@@ -8,11 +8,13 @@ user in exactly one place, :class:`PgraceGroup`, as one line and the error's exi
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import signal
 import sys
+import textwrap
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import FrameType
@@ -180,14 +182,55 @@ def main() -> None:
 
 
 @main.command("list", epilog=EXIT_CODES_HELP)
-def list_command() -> None:
-    """List the shipped scenarios, one line each."""
+@click.option(
+    "--tag", "tags", multiple=True, metavar="TAG", help="Only scenarios with this tag (repeatable: all of them)."
+)
+@click.option("--topic", metavar="TOPIC", help="Only scenarios of this topic, e.g. 'job queue'.")
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
+    """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
     from pgrace import catalog
+    from pgrace.formats.scenario_toml import did_you_mean
 
-    for name in catalog.shipped_names():
-        scenario = catalog.load(name)
-        variants = "bug + fix" if scenario.other else scenario.variant
-        click.echo(visible(f"{name:<24} {scenario.title}  [{variants}]"))
+    entries = catalog.entries()
+    known_tags = {tag for entry in entries for tag in entry.tags}
+    for tag in tags:
+        if tag not in known_tags:
+            raise click.BadParameter(
+                f"no shipped scenario has tag {tag!r}{did_you_mean(tag, known_tags)}", param_hint="--tag"
+            )
+    known_topics = {entry.topic for entry in entries}
+    if topic is not None and topic not in known_topics:
+        raise click.BadParameter(
+            f"no shipped scenario has topic {topic!r}{did_you_mean(topic, known_topics)}", param_hint="--topic"
+        )
+    chosen = [e for e in entries if set(tags) <= set(e.tags) and (topic is None or e.topic == topic)]
+    if fmt == "json":
+        click.echo(json.dumps([entry.to_dict() for entry in chosen], indent=2, ensure_ascii=False))
+        return
+    for number, (group, members) in enumerate(catalog.by_topic(chosen)):
+        click.echo(visible(("\n" if number else "") + group))
+        for entry in members:
+            click.echo(visible(f"  {entry.name:<28} {entry.title}  [{entry.variants_label}]"))
+    shown = sorted({tag for entry in chosen for tag in entry.tags})
+    if shown:
+        wrapped = textwrap.wrap(
+            ", ".join(shown),
+            width=100,
+            initial_indent="  ",
+            subsequent_indent="  ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+        click.echo(visible("\ntags (pgrace list --tag TAG):\n" + "\n".join(wrapped)))
 
 
 def _params(values: tuple[str, ...]) -> dict[str, str]:
@@ -263,6 +306,11 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     chosen = without_controls(_variant(catalog.load(scenario, _params(params)), fix, bug))
     click.echo(f"{chosen.name} ({chosen.variant}): {chosen.title}")
     click.echo(f"source: {chosen.source}")
+    if chosen.topic or chosen.tags:
+        click.echo(
+            f"topic: {chosen.topic or catalog.OTHER_TOPIC}"
+            + (f"; tags: {', '.join(chosen.tags)}" if chosen.tags else "")
+        )
     if chosen.narrative:
         click.echo("")
         click.echo(chosen.narrative)

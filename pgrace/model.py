@@ -228,6 +228,8 @@ class Scenario:
     param_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # params whose :name is one of these SQL words
     other: Scenario | None = None  # the other variant: the cure of a bug, or the bug a cure avoids
     load: Load | None = None  # the [load] section, resolved against this variant's steps
+    topic: str = ""  # what the story is about ("job queue", "money"): `pgrace list` groups by it
+    tags: tuple[str, ...] = ()  # words to find it by (`pgrace list --tag skip-locked`)
 
     @property
     def session_names(self) -> list[str]:

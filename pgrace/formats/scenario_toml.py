@@ -42,6 +42,8 @@ TOP_KEYS = {
     "name",
     "title",
     "narrative",
+    "topic",
+    "tags",
     "variant",
     "params",
     "setup",
@@ -59,6 +61,9 @@ CRASHES = ("terminate", "disconnect")
 PARAM_KEYS = {"default", "choices"}
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
 MAX_SLEEP = 60.0
+TOPIC = re.compile(r"^[a-z0-9-]+( [a-z0-9-]+)*\Z")
+TAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*\Z")
+MAX_LABEL = 40
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
 VARIANT_KEYS = {"title", "narrative", "step", "check", "setup", "load"}
 EXPECT_KEYS = {
@@ -235,6 +240,8 @@ class Builder:
             checks=checks,
             params=tuple(params.items()),
             param_choices=tuple(choices.items()),
+            topic=self._topic(),
+            tags=self._tags(),
         )
         self._check_variables(main)
         if "load" in data:
@@ -697,6 +704,37 @@ class Builder:
                 )
             )
         return tuple(checks)
+
+    def _topic(self) -> str:
+        """Lower-case words and single spaces, so topics group and sort the same everywhere."""
+        if "topic" not in self.data:
+            return ""
+        topic = self._str(self.data["topic"], "topic")
+        if not TOPIC.match(topic) or len(topic) > MAX_LABEL:
+            raise self.loc.error(
+                f"topic {topic!r} must be lower-case words (letters, digits, '-') separated by single spaces,"
+                f' at most {MAX_LABEL} characters (e.g. "job queue")',
+                "topic",
+            )
+        return topic
+
+    def _tags(self) -> tuple[str, ...]:
+        """Each tag one lower-case word (``skip-locked``), each listed once."""
+        raw = self.data.get("tags", [])
+        if not isinstance(raw, list):
+            raise self.loc.error('tags must be a list of strings, e.g. tags = ["skip-locked", "for-update"]', "tags")
+        tags: list[str] = []
+        for tag in raw:
+            if not isinstance(tag, str) or not TAG.match(tag) or len(tag) > MAX_LABEL:
+                raise self.loc.error(
+                    f"tag {tag!r} must be lower-case letters and digits joined by single '-'"
+                    f" (e.g. 'skip-locked'), at most {MAX_LABEL} characters",
+                    "tags",
+                )
+            if tag in tags:
+                raise self.loc.error(f"tag {tag!r} is listed twice", "tags")
+            tags.append(tag)
+        return tuple(tags)
 
     def _other_variant(
         self,
