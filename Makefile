@@ -21,20 +21,20 @@ test: install lint ## Lint, type-check and run the test suite against a real Pos
 	$(BIN)/pytest -q
 
 lint: install ## ruff (lint and format check) and mypy --strict
-	$(BIN)/ruff check pgrace tests bench
-	$(BIN)/ruff format --check pgrace tests bench
+	$(BIN)/ruff check pgrace tests bench tools
+	$(BIN)/ruff format --check pgrace tests bench tools
 	$(BIN)/mypy
 
 format: install ## Apply ruff's formatting and safe fixes
-	$(BIN)/ruff check --fix pgrace tests bench
-	$(BIN)/ruff format pgrace tests bench
+	$(BIN)/ruff check --fix pgrace tests bench tools
+	$(BIN)/ruff format pgrace tests bench tools
 
 demo: install ## Run the lost-update scenario, bug then fix
 	$(BIN)/pgrace run lost-update
 	$(BIN)/pgrace run lost-update --fix
 
 pictures: install ## Redraw the screenshots in docs/ (needs chromium)
-	$(BIN)/python -m pgrace.screenshot docs
+	$(BIN)/python -m tools.screenshot docs
 
 bench: install ## Run every benchmark in bench/
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -14,21 +14,22 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from PIL import Image
 
 from pgrace.cli import main
 from pgrace.render.common import PALETTE, WAIT_COLOUR, WAIT_DARK
-from pgrace.screenshot import (
+from pgrace.servers import ServerInfo, open_server
+from tools.screenshot import (
     SOURCE_KEY,
-    Image,
-    decode_png,
+    crop_to_content,
     docs_pages,
     dump_dom,
     find_chromium,
     html_digest,
+    load_rgb,
     png_text,
     screenshot,
 )
-from pgrace.servers import ServerInfo, open_server
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -43,11 +44,13 @@ def rgb(hex_colour: str) -> bytes:
     return bytes(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
 
 
-def pixels(image: Image, hex_colour: str) -> list[tuple[int, int]]:
+def pixels(image: Image.Image, hex_colour: str) -> list[tuple[int, int]]:
     """Every pixel of exactly this colour (flat fills render exactly), found at C speed."""
     target = rgb(hex_colour)
+    data, stride = image.tobytes(), 3 * image.width
     found = []
-    for y, row in enumerate(image.rows):
+    for y in range(image.height):
+        row = data[y * stride : (y + 1) * stride]
         start = row.find(target)
         while start != -1:
             if start % 3 == 0:
@@ -113,7 +116,7 @@ def test_a_browser_shows_worker2_waiting_on_job_1_held_by_worker1(pgrace_server:
     # and painted it where a person looks for it
     shot = tmp_path / "hol.png"
     screenshot(page, shot, 1100, 1500)
-    image = decode_png(shot.read_bytes())
+    image = load_rgb(shot)
     assert (image.width, image.height) == (1100, 1500)
     lane1 = x_range(pixels(image, PALETTE[0].light))  # the lane tints are used for nothing else
     lane2 = x_range(pixels(image, PALETTE[1].light))
@@ -163,3 +166,12 @@ def test_the_readme_shows_pictures_from_docs() -> None:
     assert shown, "the README should show a picture of a timeline"
     for path in shown:
         assert (ROOT / path).is_file(), path
+
+
+def test_pictures_are_cropped_to_their_content_with_a_margin() -> None:
+    image = Image.new("RGB", (300, 200), (255, 255, 255))
+    image.paste((10, 20, 30), (40, 5, 120, 90))  # content ends at x=119, y=89
+    cropped = crop_to_content(image)
+    assert cropped.size == (120 + 16, 90 + 16)
+    assert cropped.getpixel((40, 5)) == (10, 20, 30) and cropped.getpixel((0, 0)) == (255, 255, 255)
+    assert crop_to_content(Image.new("RGB", (50, 50), (255, 255, 255))).size == (17, 17)
