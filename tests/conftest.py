@@ -16,3 +16,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if corpus.REQUIRED:
         pytest.fail(f"PGRACE_REQUIRE_CORPUS is set but the isolation corpus is not at {corpus.CORPUS}")
     pytest.skip(f"isolation corpus not found at {corpus.CORPUS}")
+
+
+@pytest.fixture(autouse=True)
+def forget_remembered_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no remembered DSN secret.
+
+    `pgrace` remembers the secrets of every DSN it is given for the life of its process; tests
+    invoke the CLI in-process, so a fuzzed `--dsn "x=name"` would otherwise scrub the word
+    `name` from every later test's output.
+    """
+    from pgrace import servers
+
+    monkeypatch.setattr(servers, "_REMEMBERED", set())
