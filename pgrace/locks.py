@@ -613,26 +613,50 @@ class LockInspector:
             return None
         try:
             rows = self.observer.execute(
-                "SELECT locked_row::text, modes, pids FROM pgrowlocks(%s)",
+                "SELECT locked_row::text, modes, pids, xids::text[] FROM pgrowlocks(%s)",
                 (table.name,),
             ).fetchall()
+            owners = self._owners_without_pid(
+                [x for _, _, pids, xids in rows for p, x in zip(pids, xids, strict=False) if not p]
+            )
         except psycopg.Error:
             return None
         ctids = [r[0] for r in rows]
         keys = self._resolve_keys(table, ctids) if ctids else {}
         out = []
-        for ctid, modes, pids in rows:
-            for mode, pid in zip(modes, pids, strict=False):
+        for ctid, modes, pids, xids in rows:
+            for mode, pid, xid in zip(modes, pids, xids, strict=False):
+                if not pid and xid not in owners:
+                    continue  # a multixact member whose transaction has ended holds nothing
                 out.append(
                     RowLock(
                         keys.get(ctid),
                         ctid,
                         table.name,
-                        self.name_of(pid),
+                        owners[xid] if not pid else self.name_of(pid),
                         mode.upper(),
                     )
                 )
         return out
+
+    def _owners_without_pid(self, xids: list[str]) -> dict[str, str]:
+        """Who holds a row lock that pgrowlocks gives no pid for (pid 0), by xid; ended transactions are absent.
+
+        pgrowlocks finds a locker's pid from its top-level xid only, and lists every member of
+        a multixact, finished or not: a committed foreign-key check's FOR KEY SHARE stays in
+        the multixact beside the lock of the transaction still running. A transaction still
+        holds its own xid's lock (a subtransaction too, under its backend's pid; a prepared
+        transaction with no pid at all), so pg_locks tells the three apart.
+        """
+        if not xids:
+            return {}
+        rows = self.observer.execute(
+            "SELECT transactionid::text, pid FROM pg_catalog.pg_locks"
+            " WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted"
+            " AND transactionid::text = ANY(%s)",
+            (xids,),
+        ).fetchall()
+        return {xid: self.name_of(pid) if pid else "a prepared transaction" for xid, pid in rows}
 
     def _resolve_keys(self, table: Table, ctids: list[str]) -> dict[str, RowRef]:
         """ctid -> primary key, read at this moment (the row version the lock is on)."""
