@@ -7,7 +7,9 @@ import pytest
 from pgrace import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario
+from pgrace.regression import GOLDEN_STYLE
 from pgrace.render.json import run_to_dict
+from pgrace.render.text import render_text
 from pgrace.timeline import Run, StepRun
 
 SHIPPED = catalog.shipped_names()
@@ -152,3 +154,122 @@ def test_a_queue_of_waiters_shows_as_a_chain(pgrace_run: RunScenario) -> None:
     [wait3] = claims[2].waits
     assert wait3.blocked_by == ("worker2",) and wait3.queued_behind == ("worker2",) and wait3.holder == "worker1"
     assert wait3.row is not None and wait3.row.key_dict() == {"id": 1}
+
+
+# -- the job-queue library --------------------------------------------------------------
+
+
+def rows_of(step: StepRun) -> list[tuple[object, ...]]:
+    assert step.outcome is not None and step.outcome.last_rows is not None, step.step
+    return list(step.outcome.last_rows.rows)
+
+
+def sqlstate_of(step: StepRun) -> str | None:
+    return step.outcome.error.sqlstate if step.outcome and step.outcome.error else None
+
+
+def test_lock_strengths_fk_check_passes_no_key_update_but_waits_for_for_update(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("lock-strengths", "bug")
+    by = steps(run)
+    assert not by["enqueue-email"].waited  # FOR KEY SHARE vs the UPDATE's FOR NO KEY UPDATE
+    billing = by["enqueue-billing"]
+    [wait] = billing.waits
+    assert (wait.mode, wait.holder_mode, wait.holder) == ("FOR KEY SHARE", "FOR UPDATE", "worker")
+    assert wait.row is not None and (wait.row.table, wait.row.key_dict()) == ("queues", {"id": 2})
+    # a finished transaction's lock is not held: the producer's FK check lock is not listed after it committed
+    assert all(lk.session == "worker" for s in run.step_runs() for lk in (s.locks_after or ()))
+    assert "pid " not in render_text(run, GOLDEN_STYLE)
+
+
+def test_lock_strengths_fix_takes_for_no_key_update_and_no_one_waits(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("lock-strengths", "fix")
+    assert not any(s.waited for s in run.step_runs())
+    held = steps(run)["lock-billing"].locks_after
+    assert held is not None
+    assert ("queues", 2, "FOR NO KEY UPDATE") in [
+        (lk.table, lk.row.key_dict()["id"] if lk.row else None, lk.mode) for lk in held
+    ]
+
+
+def test_crashed_worker_leaves_a_committed_claim_running_for_a_dead_backend(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("crashed-worker", "bug")
+    assert [lost.session for lost in run.sessions_lost()] == ["worker1"]
+    assert rows_of(steps(run)["poll"]) == []  # SKIP LOCKED has nothing to skip and nothing to take
+    assert final_rows(run) == [(1, "running", True, False)]
+
+
+def test_crashed_worker_fix_reclaims_the_stale_job_for_worker2(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("crashed-worker", "fix")
+    by = steps(run)
+    assert rows_of(by["reclaim"]) == [(1,)] and rows_of(by["poll"]) == [(1,)]
+    assert final_rows(run) == [(0,)]
+
+
+def test_crash_mid_transaction_releases_the_claim_and_its_lock(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("crash-mid-transaction")
+    by = steps(run)
+    assert [(lk.session, lk.row.key_dict() if lk.row else None) for lk in by["claim1"].locks_after or ()] == [
+        ("worker1", {"id": 1})
+    ]
+    assert rows_of(by["poll1"]) == [] and rows_of(by["poll2"]) == [(1,)]
+    assert by["dies"].locks_after == ()
+    assert final_rows(run) == [(0,)]
+
+
+def test_slow_work_under_lock_parks_worker2_across_the_http_call(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("slow-work-under-lock", "bug")
+    by = steps(run)
+    claim2, call, commit1 = by["claim2"], by["http-call"], by["commit1"]
+    assert claim2.waited and claim2.blocked_by == ["worker1"]
+    assert claim2.seq < call.seq < commit1.seq and claim2.released_by == commit1.seq
+    assert final_rows(run) == [(1, "done", "worker1", False), (2, "done", "worker2", True), (3, "queued", None, None)]
+
+
+def test_slow_work_fix_commits_the_claim_so_no_one_waits(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("slow-work-under-lock", "fix")
+    assert not any(s.waited for s in run.step_runs())
+    assert steps(run)["claim1"].locks_after == ()
+    assert final_rows(run) == [(2, False)]
+
+
+def test_nowait_retry_fails_on_the_same_row_every_time(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("nowait-retry", "bug")
+    by = steps(run)
+    tries = [by[f"try{n}"] for n in (1, 2, 3)]
+    assert [sqlstate_of(t) for t in tries] == ["55P03"] * 3
+    assert not any(s.waited for s in run.step_runs())
+    assert final_rows(run) == [(1, "running", "worker1"), (2, "queued", None), (3, "queued", None)]
+
+
+def test_nowait_retry_fix_skips_to_the_free_jobs(pgrace_run: RunScenario) -> None:
+    by = steps(pgrace_run("nowait-retry", "fix"))
+    assert [rows_of(by[f"try{n}"]) for n in (1, 2, 3)] == [[(2,)], [(3,)], []]
+
+
+def test_batch_claim_without_a_lock_runs_the_same_batch_twice(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("batch-claim", "bug")
+    by = steps(run)
+    assert rows_of(by["batch1"]) == rows_of(by["batch2"]) == [(1,), (2,), (3,)]
+    assert by["batch2"].waited and by["batch2"].blocked_by == ["worker1"]
+    assert final_rows(run) == [(0, "4,5,6"), (2, "1,2,3")]
+
+
+def test_batch_claim_with_skip_locked_takes_disjoint_batches_without_waiting(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("batch-claim", "fix")
+    by = steps(run)
+    assert rows_of(by["batch1"]) == [(1,), (2,), (3,)] and rows_of(by["batch2"]) == [(4,), (5,), (6,)]
+    assert not any(s.waited for s in run.step_runs())
+
+
+def test_status_vs_lock_without_a_status_filter_runs_job_1_twice(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("status-vs-lock", "bug")
+    by = steps(run)
+    assert rows_of(by["claim1"]) == rows_of(by["claim2"]) == [(1,)]
+    assert by["start1"].locks_after == ()  # committed: no lock left for SKIP LOCKED to skip
+    assert final_rows(run)[0] == (1, "running", 2)
+
+
+def test_status_vs_lock_fix_takes_job_2(pgrace_run: RunScenario) -> None:
+    run = pgrace_run("status-vs-lock", "fix")
+    assert rows_of(steps(run)["claim2"]) == [(2,)]
+    assert final_rows(run) == [(1, "running", 1), (2, "running", 1)]

@@ -179,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     with open_server("embedded") as server:
         pages = docs_pages(server)
     for file_name, html in pages.items():
-        picture(html, folder / file_name, width=page_width(html))
-        print(f"{folder / file_name}: {(folder / file_name).stat().st_size // 1024} KiB")
+        png = folder / file_name
+        if png.is_file() and png_text(png.read_bytes()).get(SOURCE_KEY) == html_digest(html):
+            print(f"{png}: up to date")  # same page, same picture: no churn in git
+            continue
+        picture(html, png, width=page_width(html))
+        print(f"{png}: {png.stat().st_size // 1024} KiB")
     return 0
 
 
