@@ -36,7 +36,7 @@ def invoke(*args: str) -> tuple[int, str]:
 def listing(output: str) -> tuple[str, list[str]]:
     """`pgrace list` text: the scenario part, and the tags named under it."""
     scenarios, _, tags = output.partition("\ntags (pgrace list --tag TAG):\n")
-    return scenarios, ", ".join(line.strip() for line in tags.splitlines()).split(", ") if tags else []
+    return scenarios, " ".join(line.strip() for line in tags.splitlines()).split(", ") if tags else []
 
 
 def test_topic_and_tags_are_read_and_shared_by_both_variants() -> None:
