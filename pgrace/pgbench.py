@@ -175,6 +175,7 @@ def _statement(text: str, scenario: Scenario, command: LoadCommand) -> tuple[str
 def pgbench_script(scenario: Scenario) -> str:
     """The pgbench script of ``scenario``'s ``[load]`` transaction (for ``pgbench -M extended -f``)."""
     from pglast import split
+    from pglast.parser import ParseError
 
     load = _load_of(scenario)
     lines = [f"-- pgrace load: {_one_line(scenario.name)} ({scenario.variant}); run with pgbench -n -M extended -f"]
@@ -187,7 +188,14 @@ def pgbench_script(scenario: Scenario) -> str:
             continue
         if command.step:
             lines.append(f"-- step {_one_line(command.step)}")
-        statements = [s.strip() for s in split(command.sql, with_parser=False) if s.strip()]
+        try:
+            statements = [s.strip() for s in split(command.sql, with_parser=False) if s.strip()]
+        except ParseError as exc:  # PostgreSQL's scanner cannot read it: pgbench could not either
+            raise ScenarioError(
+                f"load SQL {' '.join(command.sql.split())[:60]!r} cannot be split into statements: {exc}",
+                scenario.source,
+                command.line,
+            ) from None
         for index, statement in enumerate(statements):
             last = index == len(statements) - 1
             if last and command.capture:
