@@ -23,9 +23,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from psycopg import sql
+if TYPE_CHECKING:  # psycopg is imported when a value is composed: a run imports it while the server boots
+    from psycopg import sql
 
 Form = Literal["value", "literal", "identifier"]  # :name, :'name', :"name"
 
@@ -133,6 +134,8 @@ def substitute(text: str, values: Mapping[str, Value], context: Any = None) -> s
     server's syntax error says the rest). ``context`` is a psycopg connection, for
     quoting by its settings, or None.
     """
+    from psycopg import sql
+
     parts: list[sql.Composable] = []
     position = 0
     for use in find(text):
@@ -150,6 +153,8 @@ def substitute(text: str, values: Mapping[str, Value], context: Any = None) -> s
 
 def compose(form: Form, value: Value) -> sql.Composable:
     """The SQL for one use: never text glued in, except a declared choice's own words."""
+    from psycopg import sql
+
     if form == "value":
         if value.words:
             return sql.SQL(str(value.value))
