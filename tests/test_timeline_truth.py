@@ -362,3 +362,12 @@ def test_a_lock_released_inside_a_transaction_credits_that_step_and_not_a_bystan
     steps = by_name(run)
     assert steps["waits"].release == Release("step", steps["undo"].seq, "a")
     assert run.ok, [c for c in run.checks if not c.ok]
+
+
+def test_a_victim_ended_before_any_other_step_ran_tells_no_step_count(pgrace_run: RunScenario) -> None:
+    """The shipped transfer deadlock: Bob's step closes the cycle and is the last launched; the
+    detector ends it. 'waited 0 steps' said nothing true; the line names the detector only."""
+    run = pgrace_run("deadlock-transfer")
+    text = text_of(run)
+    assert "waited 0 steps" not in text
+    assert re.search(r"↳ step \d+ ends: the deadlock detector\s+chose it as the victim\s", text), text

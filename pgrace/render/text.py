@@ -150,6 +150,8 @@ def _sql_lines(run: Run, step: StepLaunched) -> list[str]:
 def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
     phrase = release_phrase(event.seq, event.release, launched, sql_limit=24)
     waited = steps_waited(event.seq, event.release, max(launched))
+    if not waited:  # ended by the server before another step was launched: no step count to tell
+        return f"↳ step {event.seq} {phrase}"
     return f"↳ step {event.seq} {phrase}; waited {plural(waited, 'step')}"
 
 
