@@ -166,7 +166,7 @@ _ERROR_NAMES = {
     "40001": "(serialization failure)",
     "40P01": "(deadlock)",
     "55P03": "(lock not available)",
-    "57014": "(cancelled: step timeout)",
+    "57014": "(query canceled: a timeout or a cancel request)",  # statement_timeout, --step-timeout or a cancel
     "25P02": "(in failed transaction)",
     "23505": "(unique violation)",
     "08006": "(connection lost)",

@@ -318,3 +318,12 @@ def test_nothing_of_one_interleaving_reaches_the_next_session_state_included(pgr
     scenario = Scenario(**{**scenario.__dict__, "setup": ("CREATE TABLE t (who text, got bool)",), "checks": (check,)})
     found = explore(scenario, pgrace_server)
     assert sorted((c.final, c.count) for c in found.classes) == [(((("a",),),), 1), (((("b",),),), 1)]
+
+
+def test_a_57014_class_is_not_called_a_step_timeout() -> None:
+    """57014 is any canceled query: ddl-lock-queue's statement_timeout is not pgrace's --step-timeout."""
+    from pgrace.outcomes import OutcomeClass, summarize
+
+    scenario = catalog.load("ddl-lock-queue")
+    summary = summarize(OutcomeClass(False, 1, ("57014",), (), (), 0, ()), scenario)
+    assert "57014 (query canceled" in summary and "step timeout" not in summary
