@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import namedtuple_row
 
-from pgrace.model import RowRef
+from pgrace.model import LOCK_MODES, RowRef
 from pgrace.timeline import AdvisoryKey, Blocker, RowLock, Wait
 
 # Heavyweight tuple-lock mode -> the row-lock strength it stands for (heapam.c tupleLockExtraInfo).
@@ -81,18 +81,8 @@ ORDER BY 2
 
 # The conflict table of the eight lock modes, as PostgreSQL's documentation draws it
 # ("Explicit Locking", table "Conflicting Lock Modes"): row = mode requested, column =
-# mode held, in this order. The lock manager uses the same table for every lock type
+# mode held, in the order of model.LOCK_MODES. The lock manager uses the same table for every lock type
 # (tables, tuples, transactions, advisory locks); SIReadLock conflicts with nothing.
-LOCK_MODES = (
-    "AccessShareLock",
-    "RowShareLock",
-    "RowExclusiveLock",
-    "ShareUpdateExclusiveLock",
-    "ShareLock",
-    "ShareRowExclusiveLock",
-    "ExclusiveLock",
-    "AccessExclusiveLock",
-)
 _CONFLICT_TABLE = """
 . . . . . . . X
 . . . . . . X X

@@ -21,6 +21,19 @@ Format = Literal["pgrace", "spec"]
 CrashMode = Literal["terminate", "disconnect"]  # backend terminated by the server, or the client's socket closed
 
 
+#: PostgreSQL's eight table-level lock modes, weakest first, as pg_locks names them.
+LOCK_MODES = (
+    "AccessShareLock",
+    "RowShareLock",
+    "RowExclusiveLock",
+    "ShareUpdateExclusiveLock",
+    "ShareLock",
+    "ShareRowExclusiveLock",
+    "ExclusiveLock",
+    "AccessExclusiveLock",
+)
+
+
 @dataclass(frozen=True)
 class RowRef:
     """A row named by its table and primary key, as a person would name it."""

@@ -23,6 +23,7 @@ from typing import Any
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
 from pgrace.model import (
+    LOCK_MODES,
     CrashMode,
     FinalCheck,
     LockExpectation,
@@ -79,16 +80,6 @@ EXPECT_KEYS = {
     "released_by",
 }
 WAIT_KEYS = {"table", "key", "mode", "advisory", "transaction_of", "unique_index"}
-TABLE_MODES = (
-    "AccessShareLock",
-    "RowShareLock",
-    "RowExclusiveLock",
-    "ShareUpdateExclusiveLock",
-    "ShareLock",
-    "ShareRowExclusiveLock",
-    "ExclusiveLock",
-    "AccessExclusiveLock",
-)
 WAITS_ON = (
     'waits_on is a row { table = "jobs", key = { id = 1 } }, a table { table = "jobs", mode = "AccessExclusiveLock" },'
     ' { advisory = 42 }, { transaction_of = "web1" } or { unique_index = "jobs_pkey" } (or true)'
@@ -610,9 +601,9 @@ class Builder:
                 raise self.loc.error(WAITS_ON, *where)
             if mode is not None:
                 wanted = re.sub(r"\s+|lock$", "", str(mode).lower())
-                known = {m.lower().removesuffix("lock"): m for m in TABLE_MODES}
+                known = {m.lower().removesuffix("lock"): m for m in LOCK_MODES}
                 if wanted not in known:
-                    raise self.loc.error(f"table lock mode is one of {', '.join(TABLE_MODES)}, not {mode!r}", *where)
+                    raise self.loc.error(f"table lock mode is one of {', '.join(LOCK_MODES)}, not {mode!r}", *where)
                 mode = known[wanted]
             return WaitTarget("relation", table=raw["table"], mode=mode)
         if len(raw) != 1 or "mode" in raw:
