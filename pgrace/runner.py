@@ -289,10 +289,10 @@ class Runner:
             if session.lost is not None:  # every permutation starts with all sessions connected
                 self._reconnect(session)
         for setup in self.scenario.setup:
-            self._exec_setup(self.control.pgconn, setup, None)
+            self._exec_setup(self.control.pgconn, self._with_params(setup), None)
         for declared in self.scenario.sessions:
             if declared.setup is not None:
-                self._exec_setup(self.sessions[declared.name].pgconn, declared.setup, declared.name)
+                self._exec_setup(self.sessions[declared.name].pgconn, self._with_params(declared.setup), declared.name)
         deferred: list[PermutationStep] = []
         for position, entry in enumerate(permutation):
             self.unlaunched = position
@@ -318,11 +318,11 @@ class Runner:
         for declared in self.scenario.sessions:
             session = self.sessions[declared.name]
             if declared.teardown is not None and session.lost is None:
-                self._exec_teardown(session.pgconn, declared.teardown, declared.name)
+                self._exec_teardown(session.pgconn, self._with_params(declared.teardown), declared.name)
             if self.options.reset_sessions and session.lost is None:
                 self._reset_session(session)
         for teardown in self.scenario.teardown:
-            self._exec_teardown(self.control.pgconn, teardown, None)
+            self._exec_teardown(self.control.pgconn, self._with_params(teardown), None)
 
     def _reset_session(self, session: SessionConnection) -> None:
         """Leave nothing of one permutation to the next: an open transaction, advisory locks, settings.
@@ -820,6 +820,14 @@ class Runner:
 
     # -- setup, teardown, checks, locks ------------------------------------------------
 
+    def _with_params(self, text: str) -> str:
+        """A pgrace file's setup or teardown with its parameters filled in (a spec has none).
+
+        Done by the callers, not by ``_exec``: checks arrive already substituted with captured
+        values too, and pgrace's own ROLLBACK and DISCARD ALL need no scan.
+        """
+        return substitute(text, self.params) if self.scenario.format == "pgrace" else text
+
     def _exec_setup(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
         outcome = self._exec(pgconn, text, session)
         self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
@@ -847,8 +855,6 @@ class Runner:
         The control connection (``session`` None) or a session's setup losing its
         connection ends the run: without it there is no story to tell.
         """
-        if self.scenario.format == "pgrace":
-            text = substitute(text, self.params)
         where = f"session {session}'s connection" if session else "pgrace's control connection"
         try:
             pgconn.send_query(text.encode())
