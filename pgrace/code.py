@@ -48,7 +48,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -716,6 +716,30 @@ class CodeRunner:
         self.releases.waiting(active.seq, waits)
         self.recorder.add(StepWaiting(active.seq, waits, detected))
 
+    def _settle_blockers(self, names: Iterable[str]) -> None:
+        """Note the completions of the blockers' steps the server has finished but the scheduler not yet reported.
+
+        A holder's COMMIT frees the waiter before its own answer reaches its thread, so the
+        waiter's thread can report first. A blocker whose backend is no longer active has
+        its answer on the wire: it is waited for, and noted for the release (its report
+        follows). One still active has not finished, and is not waited for.
+        """
+        pending = {n: self.active[n] for n in names if n in self.active}
+        if not pending:
+            return
+        states = self.inspector.states([self.conns[n].pgconn.backend_pid for n in pending])
+        for name, active in pending.items():
+            gate = self.gates[name]
+            with self.cond:
+                if states.get(self.conns[name].pgconn.backend_pid) != "active":
+                    deadline = time.perf_counter() + self.step_timeout
+                    while gate.finished is None and (left := deadline - time.perf_counter()) > 0:
+                        self.cond.wait(left)
+                finished = gate.finished
+            if finished is not None:
+                outcome, after = finished
+                self.releases.completed(active.seq, active.tx_before, after, outcome.error, False)
+
     def _report_raised(self) -> None:
         """An exception that escaped a session's code (not the one a statement raised) is its last outcome."""
         with self.cond:
@@ -771,7 +795,7 @@ class CodeRunner:
                     outcome.error,
                     cancelled_by_pgrace=active.cancelled,
                     lost=False,
-                    settle=lambda names: None,
+                    settle=self._settle_blockers,
                     gone=lambda names: set(),
                 )
             self.recorder.add(StepFinished(active.seq, outcome, self.recorder.now(), active.waiting_reported, release))

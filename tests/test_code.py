@@ -139,6 +139,33 @@ def test_a_code_run_names_the_row_its_holder_and_the_callers_line(pgrace_server:
     render_json(run)  # every renderer works on it
 
 
+def test_a_holder_slow_to_hear_its_commit_still_gets_the_release(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server frees bob the moment alice commits; alice's thread may hear "COMMIT" later than bob
+    hears his row. The release is still alice's COMMIT: her answer is on the wire, so pgrace waits for it."""
+    finish = pgrace.code._finish
+
+    def late_for_alice(gate: Any, outcome: Any, conn: Any) -> None:
+        if gate.name == "alice" and outcome.commands == ("COMMIT",):
+            time.sleep(0.05)  # an injected delay: alice's thread is slow, the server is not
+        finish(gate, outcome, conn)
+
+    monkeypatch.setattr(pgrace.code, "_finish", late_for_alice)
+    run = run_code(
+        {"alice": withdraw_locked, "bob": withdraw_locked},
+        setup=SETUP,
+        final=FINAL,
+        order=["alice", "bob", "alice", "alice", "bob", "bob"],
+        server=pgrace_server,
+    )
+    (waiting,) = [s for s in run.step_runs() if s.waited]
+    assert waiting.release is not None
+    assert (waiting.release.cause, waiting.release.session) == ("step", "alice")
+    assert run.scenario.step("alice.3").sql == "COMMIT"
+    assert waiting.release.seq == next(s.seq for s in run.step_runs() if s.step == "alice.3")
+
+
 def test_order_is_followed_and_the_timeline_is_the_same_every_time(pgrace_server: ServerInfo) -> None:
     order = ["alice", "bob", "bob", "bob", "alice", "alice"]
     texts = {
