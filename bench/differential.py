@@ -275,6 +275,9 @@ def speed(binary: Path, server: ServerInfo, specs: list[Path], outputs: dict[str
         ratios = f"total {pgrace_total / tester_total:.2f}x  median {median / tester_median:.2f}x"
         print(f"  ratio                           {ratios}")
     print(f"  pgrace check said: {verdicts.group(0) if verdicts else done.stdout[-500:] + done.stderr[-500:]}")
+    for line in done.stdout.splitlines():
+        if line.startswith("FAIL"):
+            print(f"    {line}")
     print(f"  whole process, median of {PROCESS_RUNS} (pgrace run uses the embedded server, template cached):")
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
@@ -285,7 +288,9 @@ def speed(binary: Path, server: ServerInfo, specs: list[Path], outputs: dict[str
         times = []
         for _ in range(PROCESS_RUNS):
             started = time.perf_counter()
-            subprocess.run(argv, capture_output=True, check=False)
+            finished = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if finished.returncode != 0:  # a quick failure is no speed
+                raise SystemExit(f"{label} failed (exit {finished.returncode}): {finished.stderr.strip()}")
             times.append(time.perf_counter() - started)
         print(f"    {label:<32} {statistics.median(times):.3f} s")
 
