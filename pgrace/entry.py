@@ -67,8 +67,26 @@ def main() -> NoReturn:
     # Past this point nothing needs cleaning up: a late signal just ends the process.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _exit(code)
+
+
+def _exit(code: int) -> NoReturn:
+    """End the process, skipping the interpreter's own teardown when nothing else runs.
+
+    Tearing down the modules and psycopg's libraries (libpq, OpenSSL) costs ~40 ms, more than
+    a tenth of a whole run, and frees only memory the kernel takes back anyway. The exit
+    handlers still run and the streams are flushed; every file, connection and server was
+    closed by the command itself. With another thread alive, the ordinary exit waits for it.
+    """
+    import atexit
+    import threading
+
+    if threading.active_count() > 1:
+        _flush()
+        sys.exit(code)
+    atexit._run_exitfuncs()
     _flush()
-    sys.exit(code)
+    os._exit(code)
 
 
 def _flush() -> None:

@@ -10,6 +10,7 @@ test_hangs.py and test_cleanup.py.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -343,6 +344,34 @@ def test_141_when_stdout_is_closed_before_pgrace_writes(command: str, pgrace_ser
         os.close(writer)
     assert child.returncode == 141, child.stderr
     assert child.stderr == ""
+
+
+def test_the_quick_exit_loses_no_output(tmp_path: Path) -> None:
+    """pgrace ends without the interpreter's teardown: every byte must be out first, on each stream."""
+    picture = tmp_path / "run.svg"
+    script = tmp_path / "at_exit.py"
+    script.write_text(
+        "import atexit, runpy, sys\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'ran')!r}, 'w').close())\n"
+        "sys.argv = ['pgrace', *sys.argv[1:]]\n"
+        "runpy.run_module('pgrace', run_name='__main__')\n"
+    )
+    child = subprocess.run(
+        [sys.executable, str(script), "run", "lost-update", "--format", "json"], capture_output=True, text=True
+    )
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout)["scenario"] == "lost-update"
+    assert (tmp_path / "ran").exists(), "exit handlers did not run"
+    child = subprocess.run(
+        [sys.executable, "-m", "pgrace", "run", "lost-update", "--format", "svg", "-o", str(picture)],
+        capture_output=True,
+        text=True,
+    )
+    assert child.returncode == 0, child.stderr
+    assert picture.read_text().rstrip().endswith("</svg>")
+    child = subprocess.run([sys.executable, "-m", "pgrace", "show", "no-such-scenario"], capture_output=True, text=True)
+    assert (child.returncode, child.stdout) == (2, "")
+    assert child.stderr.startswith("pgrace: ") and child.stderr.endswith("\n")
 
 
 # -- output and input files named by options ------------------------------------------------
