@@ -39,6 +39,8 @@ from pgrace.render.escape import visible, without_controls
 # cost more than a short run itself (tests/test_import_cost.py checks that importing this
 # module pulls in none of them).
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pgrace.model import Scenario
     from pgrace.render.text import Style
     from pgrace.runner import RunOptions
@@ -401,56 +403,55 @@ def run(
     is played live for an audience (a picture format then needs -o FILE).
     """
     from pgrace import catalog
-    from pgrace.servers import open_server
+    from pgrace.servers import booting_server
 
-    loaded = catalog.load(scenario, _params(params))
-    dsn = server_target or dsn
-    to_terminal = output is None and sys.stdout.isatty()
-    colour = color if color is not None else (to_terminal and "NO_COLOR" not in os.environ)
-    style = None
-    if fmt == "text":  # the text renderer is only imported when it is used
-        from pgrace.render.text import Style
+    # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
+    with booting_server(server_target or dsn) as server_ready:
+        loaded = catalog.load(scenario, _params(params))
+        to_terminal = output is None and sys.stdout.isatty()
+        colour = color if color is not None else (to_terminal and "NO_COLOR" not in os.environ)
+        style = None
+        if fmt == "text":  # the text renderer is only imported when it is used
+            from pgrace.render.text import Style
 
-        style = Style(colour=colour, width=width or (shutil.get_terminal_size().columns if to_terminal else 120))
-    if compare:
-        from pgrace.runner import RunOptions
+            style = Style(colour=colour, width=width or (shutil.get_terminal_size().columns if to_terminal else 120))
+        if compare:
+            from pgrace.runner import RunOptions
 
-        _run_compare(
-            loaded,
-            fix or bug,
-            fmt,
-            dsn,
-            step_by_step or bool(pace),
-            RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds),
-            style,
-            output,
-            allow_scratch_schema,
-        )
-        return
-    chosen = _variant(loaded, fix, bug)
-    counterpart = loaded.other if chosen is loaded else loaded  # the other variant, for "the cure" or "the bug"
-    live = bool(step_by_step or pace) and (fmt == "text" or output is not None)
-    presenter = None
-    if live:
-        from pgrace.render.presenter import Presenter
-        from pgrace.render.text import Style
+            _run_compare(
+                loaded,
+                fix or bug,
+                fmt,
+                server_ready,
+                step_by_step or bool(pace),
+                RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds),
+                style,
+                output,
+                allow_scratch_schema,
+            )
+            return
+        chosen = _variant(loaded, fix, bug)
+        counterpart = loaded.other if chosen is loaded else loaded  # the other variant, for "the cure" or "the bug"
+        live = bool(step_by_step or pace) and (fmt == "text" or output is not None)
+        presenter = None
+        if live:
+            from pgrace.render.presenter import Presenter
+            from pgrace.render.text import Style
 
-        on_screen = sys.stdout.isatty()
-        presenter = Presenter(
-            chosen,
-            Style(
-                colour=color if color is not None else (on_screen and "NO_COLOR" not in os.environ),
-                width=width or (shutil.get_terminal_size().columns if on_screen else 120),
-            ),
-            pace=pace,
-            step_by_step=step_by_step,
-            counterpart=counterpart,
-            lock_kinds=lock_kinds,
-        )
-    try:
-        with open_server(dsn) as server:
-            # The driver and the runner are imported once the server is starting: an embedded
-            # postmaster boots in its own process meanwhile.
+            on_screen = sys.stdout.isatty()
+            presenter = Presenter(
+                chosen,
+                Style(
+                    colour=color if color is not None else (on_screen and "NO_COLOR" not in os.environ),
+                    width=width or (shutil.get_terminal_size().columns if on_screen else 120),
+                ),
+                pace=pace,
+                step_by_step=step_by_step,
+                counterpart=counterpart,
+                lock_kinds=lock_kinds,
+            )
+        try:
+            server = server_ready()
             from pgrace import api
             from pgrace.runner import RunOptions
 
@@ -480,15 +481,15 @@ def run(
                     allow_scratch_schema=allow_scratch_schema,
                     database_name=database_name,
                 )
-    except ScenarioFailed as failed:
-        # As isolationtester: what ran until then, then why it stopped (on stderr, exit 1).
-        if failed.run is not None and presenter is None:
-            _show_run(failed.run, fmt, style, counterpart, output, to_terminal)
-        raise
-    _show_run(result, fmt, style, counterpart, output, to_terminal if presenter is None else None)
-    for note in _teardown_failures(result) if fmt != "isolation" else []:
-        click.echo(f"pgrace: note: {note}", err=True)
-    sys.exit(0 if result.ok else 1)
+        except ScenarioFailed as failed:
+            # As isolationtester: what ran until then, then why it stopped (on stderr, exit 1).
+            if failed.run is not None and presenter is None:
+                _show_run(failed.run, fmt, style, counterpart, output, to_terminal)
+            raise
+        _show_run(result, fmt, style, counterpart, output, to_terminal if presenter is None else None)
+        for note in _teardown_failures(result) if fmt != "isolation" else []:
+            click.echo(f"pgrace: note: {note}", err=True)
+        sys.exit(0 if result.ok else 1)
 
 
 def _show_run(
@@ -527,7 +528,7 @@ def _run_compare(
     loaded: Scenario,
     picked_variant: bool,
     fmt: str,
-    dsn: str | None,
+    server_ready: Callable[[], ServerInfo],
     live: bool,
     options: RunOptions,
     style: Style | None,
@@ -536,7 +537,6 @@ def _run_compare(
 ) -> None:
     """Run the bug and the fix on one server and render them next to each other."""
     from pgrace import api
-    from pgrace.servers import open_server
 
     if picked_variant:
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
@@ -549,11 +549,9 @@ def _run_compare(
             f"scenario {loaded.name!r} has one variant only; --compare needs a bug and a fix", loaded.source
         )
     variants = sorted([loaded, loaded.other], key=lambda s: s.variant != "bug")
-    with open_server(dsn) as server:
-        report_swept(server)
-        results = [
-            api.run(v, server=server, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants
-        ]
+    server = server_ready()
+    report_swept(server)
+    results = [api.run(v, server=server, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants]
     if fmt == "html":
         from pgrace.render.html import render_html_compare
 

@@ -17,8 +17,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.errors import ServerUnavailable
 from pgrace.scratch import scratch_database, scratch_name
-from pgrace.servers import ServerInfo, open_server, redact_dsn
-from pgrace.servers.embedded import embedded_server
+from pgrace.servers import ServerInfo, booting_server, open_server, redact_dsn
+from pgrace.servers.embedded import embedded_booting, embedded_server
 from pgrace.servers.existing import existing_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,6 +135,99 @@ def test_embedded_server_is_stopped_on_keyboard_interrupt() -> None:
     assert code == -signal.SIGINT  # KeyboardInterrupt went on up after the cleanup
     assert [p for p in processes if _alive(p)] == []  # stopped before the child exited
     assert not os.path.exists(rundir)
+
+
+def _processes_of(rundir: str) -> list[int]:
+    """Live processes working in ``rundir`` or its data directory (the copying ``cp``, postgres)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if cwd.startswith(rundir) and _alive(int(entry)):
+                found.append(int(entry))
+    return found
+
+
+def _run_dirs() -> set[str]:
+    return {str(p) for p in Path("/dev/shm").glob(f"pgrace-{os.getpid()}-*")}
+
+
+def test_a_booting_server_is_waited_for_only_when_asked() -> None:
+    """The copy and the postmaster's start happen in other processes; ready() waits for them."""
+    before = _run_dirs()
+    with embedded_booting() as ready:
+        (rundir,) = _run_dirs() - before
+        assert _processes_of(rundir), "nothing is starting the server"
+        info = ready()
+        assert ready() is info  # waited for once
+        with psycopg.connect(info.dsn) as conn:
+            assert conn.execute("SELECT current_setting('data_directory')").fetchone() == (f"{rundir}/data",)
+    assert not os.path.exists(rundir)
+    assert _wait_gone(_processes_of(rundir), timeout=0) == []
+
+
+def test_a_server_left_while_still_booting_leaves_nothing_behind() -> None:
+    """Leaving before ready() (a bad scenario file, Ctrl-C) stops the copy or the postmaster, whichever runs."""
+    for _ in range(5):
+        before = _run_dirs()
+        with embedded_booting():
+            (rundir,) = _run_dirs() - before
+            starting = _processes_of(rundir)
+        assert _wait_gone(starting, timeout=0) == []
+        assert not os.path.exists(rundir)
+
+
+_BOOTING_CHILD = textwrap.dedent(
+    """
+    import glob, os, time
+    from pgrace.servers.embedded import embedded_booting
+    with embedded_booting():
+        print(*glob.glob(f"/dev/shm/pgrace-{os.getpid()}-*"), flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def test_a_server_whose_pgrace_is_killed_while_booting_goes_too() -> None:
+    """SIGKILL right after the start: the copying shell gets the parent-death signal and ends its cp."""
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    for _ in range(3):
+        with subprocess.Popen(
+            [sys.executable, "-c", _BOOTING_CHILD],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=pythonpath),
+        ) as child:
+            assert child.stdout is not None
+            rundir = child.stdout.readline().strip()
+            assert rundir
+            child.kill()
+        assert _wait_gone(_processes_of(rundir)) == []
+
+
+def test_booting_server_reports_a_failed_start_when_the_server_is_wanted(tmp_path: Path) -> None:
+    """The caller's own errors come first: entering never fails, ready() raises the server's."""
+    # A directory that is no PostgreSQL installation, then a server that is not there.
+    with booting_server(str(tmp_path)) as ready, pytest.raises(ServerUnavailable, match="no PostgreSQL installation"):
+        ready()
+    with booting_server("host=/nonexistent-socket-dir dbname=postgres") as ready, pytest.raises(ServerUnavailable):
+        ready()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
+def test_the_template_belongs_to_the_server_user_who_copies_it(server: ServerInfo) -> None:
+    """Each run's copy is made by the server user (``cp`` in the child), so the template is theirs."""
+    cache = Path(os.environ.get("PGRACE_CACHE_DIR", "/var/cache/pgrace"))
+    with psycopg.connect(server.dsn) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+    assert row is not None
+    server_uid = os.stat(row[0]).st_uid
+    templates = [t for t in cache.glob("template-*/data") if not t.parent.name.startswith("template-local-")]
+    assert templates
+    assert {os.stat(t).st_uid for t in templates} == {server_uid} != {0}
 
 
 def test_pgrowlocks_works_on_embedded_server(server: ServerInfo) -> None:

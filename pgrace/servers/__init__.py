@@ -16,11 +16,15 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
-import psycopg.conninfo
+from pgrace.errors import PgraceError
 
-__all__ = ["ServerInfo", "describe_dsn", "dsn_secrets", "open_server", "redact_dsn", "scrub_secrets"]
+if TYPE_CHECKING:  # psycopg is imported where it is used: a run imports it while its server boots
+    import psycopg
+
+__all__ = ["ServerInfo", "booting_server", "describe_dsn", "dsn_secrets", "open_server", "redact_dsn", "scrub_secrets"]
 
 #: Environment variable naming an existing server; used when no DSN is passed explicitly.
 DSN_ENV_VAR = "PGRACE_DSN"
@@ -50,8 +54,7 @@ def open_server(
     None -> the ``PGRACE_DSN`` environment variable if set -> else the embedded server.
     Backends are imported lazily: each is only needed when chosen.
     """
-    if target is None:
-        target = os.environ.get(DSN_ENV_VAR) or "embedded"
+    target = _resolve(target)
     if target == "embedded":
         from pgrace.servers.embedded import embedded_server
 
@@ -67,6 +70,42 @@ def open_server(
     from pgrace.servers.existing import existing_server
 
     return existing_server(target)
+
+
+@contextlib.contextmanager
+def booting_server(target: str | None = None) -> Iterator[Callable[[], ServerInfo]]:
+    """`open_server` in two steps: a server pgrace starts itself boots now, ``ready()`` waits for it.
+
+    Meanwhile the caller does its own work (a run loads its scenario and imports the
+    driver while postgres starts in other processes). A server pgrace only connects to is
+    opened by ``ready()``. Either way a failure to get the server is raised by ``ready()``,
+    so the caller's own errors (a bad scenario file) are reported first, as without this.
+    """
+    target = _resolve(target)
+    with contextlib.ExitStack() as stack:
+        start: Callable[[], ServerInfo] | None = None
+        failure: PgraceError | None = None
+        if target == "embedded" or (not target.startswith("docker:") and os.path.isdir(target)):
+            from pgrace.servers.embedded import embedded_booting, local_booting
+
+            try:
+                start = stack.enter_context(embedded_booting() if target == "embedded" else local_booting(target))
+            except PgraceError as exc:
+                failure = exc
+        opened: list[ServerInfo] = []
+
+        def ready() -> ServerInfo:
+            if failure is not None:
+                raise failure
+            if not opened:
+                opened.append(start() if start is not None else stack.enter_context(open_server(target)))
+            return opened[0]
+
+        yield ready
+
+
+def _resolve(target: str | None) -> str:
+    return target if target is not None else os.environ.get(DSN_ENV_VAR) or "embedded"
 
 
 _URI_RE = re.compile(r"^(?P<scheme>postgres(?:ql)?://)(?P<userinfo>[^@/?]*@)?", re.IGNORECASE)
@@ -119,7 +158,9 @@ _REMEMBERED: set[str] = set()
 @functools.cache
 def _libpq_keywords() -> frozenset[str]:
     """The keywords this libpq knows; any other key in a DSN is a typo and its value may be a password."""
-    return frozenset(o.keyword.decode() for o in psycopg.pq.Conninfo.get_defaults())
+    from psycopg import pq
+
+    return frozenset(o.keyword.decode() for o in pq.Conninfo.get_defaults())
 
 
 def _password_like(key: str) -> bool:
@@ -246,6 +287,8 @@ def dsn_secrets(dsn: str) -> frozenset[str]:
     # Anywhere, even run into another value ("host=h password=x" typed without its space).
     for m in _ANYWHERE_SECRET_RE.finditer(dsn):
         add(m.group("value").strip("'"))
+    import psycopg.conninfo
+
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error:
@@ -292,6 +335,8 @@ def describe_dsn(dsn: str) -> str:
 
     The string the user gave is never shown: it may hold a password in any shape.
     """
+    import psycopg.conninfo
+
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error:

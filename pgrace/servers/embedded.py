@@ -120,9 +120,20 @@ def embedded_server() -> Iterator[ServerInfo]:
     The server is tied to the calling thread: the parent-death signal fires when the
     thread that started it exits, so enter and leave the block in one long-lived thread.
     """
+    with embedded_booting() as ready:
+        yield ready()
+
+
+@contextlib.contextmanager
+def embedded_booting() -> Iterator[Callable[[], ServerInfo]]:
+    """`embedded_server` in two steps: postgres starts now, ``ready()`` waits for it.
+
+    The server boots in its own processes while the caller goes on (loading a scenario,
+    importing the driver): a run pays for the start only where it has nothing else to do.
+    """
     pginstall = _find_pginstall()
-    with _managed_server(pginstall, _binaries_key(pginstall), "embedded PostgreSQL", movable=True) as info:
-        yield info
+    with _booting_server(pginstall, _binaries_key(pginstall), "embedded PostgreSQL", movable=True) as ready:
+        yield ready
 
 
 @contextlib.contextmanager
@@ -132,37 +143,33 @@ def local_server(bindir: str) -> Iterator[ServerInfo]:
     ``bindir`` holds ``postgres`` and ``initdb`` (e.g. Debian's /usr/lib/postgresql/15/bin).
     System installs are readable by every user, so nothing is copied.
     """
+    with local_booting(bindir) as ready:
+        yield ready()
+
+
+@contextlib.contextmanager
+def local_booting(bindir: str) -> Iterator[Callable[[], ServerInfo]]:
+    """`local_server` in two steps, as `embedded_booting`."""
     path = Path(bindir).resolve()
     root = path.parent if path.name == "bin" else path
     for exe in ("postgres", "initdb"):
         if not os.access(root / "bin" / exe, os.X_OK):
             raise ServerUnavailable(f"no PostgreSQL installation at {bindir}: {root / 'bin' / exe} is missing")
-    version = _binary_version(str(root))
-    key = "local-" + hashlib.sha256(f"{root}:{version}".encode()).hexdigest()[:12]
-    with _managed_server(str(root), key, f"local PostgreSQL ({root})", movable=False) as info:
-        yield info
-
-
-@functools.lru_cache(maxsize=8)
-def _binary_version(root: str) -> str:
-    """``postgres --version`` of an installation, e.g. "postgres (PostgreSQL) 15.18 (Debian ...)"."""
-    try:
-        result = subprocess.run(
-            [os.path.join(root, "bin", "postgres"), "--version"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise ServerUnavailable(f"cannot run {root}/bin/postgres --version: {exc}") from exc
-    return result.stdout.strip()
-
-
-def _major_version(bindir: str) -> int:
-    match = re.search(r"\(PostgreSQL\) (\d+)", _binary_version(bindir))
-    return int(match.group(1)) if match else 0
+    # The installation's identity without running it (`postgres --version` costs a process
+    # every run): an upgrade replaces the binary, and with it its inode, size and time.
+    binary = os.stat(root / "bin" / "postgres")
+    identity = f"{root}:{binary.st_ino}:{binary.st_size}:{binary.st_mtime_ns}"
+    key = "local-" + hashlib.sha256(identity.encode()).hexdigest()[:12]
+    with _booting_server(str(root), key, f"local PostgreSQL ({root})", movable=False) as ready:
+        yield ready
 
 
 @contextlib.contextmanager
-def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iterator[ServerInfo]:
-    """Prepare the cache (binaries when ``movable``, template), start postgres, yield, stop."""
+def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iterator[Callable[[], ServerInfo]]:
+    """Prepare the cache (binaries when ``movable``, template), start postgres, yield, stop.
+
+    What is yielded waits until the server accepts connections, then describes it.
+    """
     user = _server_user()
     cache = _cache_path(user)
     base = _run_base()
@@ -193,14 +200,27 @@ def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                 proc, log_path = _spawn(bindir, template, rundir, user)
         except OSError as exc:
             raise ServerUnavailable(f"cannot start the server in {rundir}: {exc}") from exc
-        # psycopg is first imported here, while the new postmaster starts up beside us.
-        from psycopg.conninfo import make_conninfo
+        started = proc
+        described: list[ServerInfo] = []
 
-        dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
-        version = _wait_ready(proc, dsn, rundir, log_path)
-        yield ServerInfo(
-            dsn=dsn, version=version, label=f"{label.split(' (')[0]} {version}", bindir=os.path.join(bindir, "bin")
-        )
+        def ready() -> ServerInfo:
+            if not described:
+                # psycopg is first imported here, while the new postmaster starts up beside us.
+                from psycopg.conninfo import make_conninfo
+
+                dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
+                version = _wait_ready(started, dsn, rundir, log_path)
+                described.append(
+                    ServerInfo(
+                        dsn=dsn,
+                        version=version,
+                        label=f"{label.split(' (')[0]} {version}",
+                        bindir=os.path.join(bindir, "bin"),
+                    )
+                )
+            return described[0]
+
+        yield ready
     finally:
         with deferred_interrupts():
             if proc is not None:
@@ -211,31 +231,49 @@ def _managed_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
 
 
 def _spawn(bindir: str, template: str, rundir: str, user: _User | None) -> tuple[subprocess.Popen[bytes], str]:
-    """Copy the template into ``rundir`` and start postgres on it; return it and its log path."""
-    owner = None if user is None else (user.uid, user.gid)
-    if owner is not None:
-        os.chown(rundir, *owner)
+    """Start postgres on a fresh copy of the template in ``rundir``; return it and its log path.
+
+    The copy (about 1,000 files) is made by ``cp`` in the child, which then becomes postgres:
+    it runs beside pgrace, which meanwhile loads the scenario and imports the driver,
+    instead of holding it up. The child runs as the server user, who owns the template.
+    """
+    if user is not None:
+        os.chown(rundir, user.uid, user.gid)
     data = os.path.join(rundir, "data")
-    _copy_tree(template, data, owner)
     log_path = os.path.join(rundir, "postgres.log")
     argv = [os.path.join(bindir, "bin", "postgres"), "-D", data, "-k", rundir]
     settings = dict(_SERVER_SETTINGS)
-    if _major_version(bindir) < 18:
+    if _major_version(template) < 18:
         del settings["io_method"]  # new in PostgreSQL 18
     for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]
+    # The shell becomes postgres once the copy is done. Stopped before that (by `_stop`, or
+    # the parent-death signal), it ends its cp and waits for it: nothing is left copying.
+    copy_then_start = (
+        "trap 'kill $copy 2>/dev/null; wait $copy; exit 1' QUIT TERM; "
+        'cp -RPp -- "$1" "$2" & copy=$!; wait $copy || exit; shift 2; exec "$@"'
+    )
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            argv,
+            ["/bin/sh", "-c", copy_then_start, "pgrace-start", template, data, *argv],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=_child_env(),
             cwd=rundir,
-            # The parent-death signal can only be armed from inside the child.
+            # The parent-death signal can only be armed from inside the child; exec keeps it.
             preexec_fn=_child_setup(user, death_signal=True),
         )
     return proc, log_path
+
+
+def _major_version(data: str) -> int:
+    """The major version a data directory was made by, from its PG_VERSION file."""
+    try:
+        with open(os.path.join(data, "PG_VERSION")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 # --- locating and caching the binaries -------------------------------------------------
@@ -392,11 +430,22 @@ def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User |
     final = os.path.join(cache, f"template-{key}-{options}")
     data = os.path.join(final, "data")
     if os.path.isfile(os.path.join(data, "PG_VERSION")):
+        if user is not None and os.stat(data).st_uid != user.uid:
+            with _cache_lock(cache):  # made by an older pgrace, as root: each run's cp is the server user's
+                _give_tree(data, (user.uid, user.gid))
         return data
     with _cache_lock(cache):
         if not os.path.isfile(os.path.join(data, "PG_VERSION")):
             _build_template(bindir, cache, base, user, final)
     return data
+
+
+def _give_tree(root: str, owner: tuple[int, int]) -> None:
+    """Make ``owner`` the owner of everything under ``root``; the top directory last, as it is what is checked."""
+    for current, dirs, files in os.walk(root, topdown=False):
+        for name in [*files, *dirs]:
+            os.lchown(os.path.join(current, name), *owner)
+    os.chown(root, *owner)
 
 
 def _build_template(bindir: str, cache: str, base: str, user: _User | None, final: str) -> None:
@@ -427,7 +476,9 @@ def _build_template(bindir: str, cache: str, base: str, user: _User | None, fina
         _drop_spare_wal(work_data)
         tmp = _make_tmp_dir(cache)
         try:
-            _copy_tree(work_data, os.path.join(tmp, "data"), None)
+            shutil.copytree(work_data, os.path.join(tmp, "data"), symlinks=True)
+            if user is not None:
+                _give_tree(os.path.join(tmp, "data"), (user.uid, user.gid))
             _publish(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -580,58 +631,6 @@ def _pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _copy_tree(src: str, dst: str, owner: tuple[int, int] | None) -> None:
-    """Copy the template data directory, giving it to ``owner``.
-
-    Hand-rolled with sendfile and fchown because shutil.copytree (copy2 + copystat per
-    file, ~1000 files) takes twice as long and this runs on every start.
-    """
-    src_st = os.stat(src)
-    os.mkdir(dst, stat.S_IMODE(src_st.st_mode))
-    if owner is not None:
-        os.chown(dst, *owner)
-    with os.scandir(src) as it:
-        entries = list(it)
-    for entry in entries:
-        target = os.path.join(dst, entry.name)
-        if entry.is_dir(follow_symlinks=False):
-            _copy_tree(entry.path, target, owner)
-        elif entry.is_symlink():
-            os.symlink(os.readlink(entry.path), target)
-            if owner is not None:
-                os.lchown(target, *owner)
-        else:
-            _copy_file(entry.path, target, entry.stat(follow_symlinks=False), owner)
-
-
-def _copy_file(src: str, dst: str, st: os.stat_result, owner: tuple[int, int] | None) -> None:
-    fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fout = os.open(
-            dst,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-            stat.S_IMODE(st.st_mode),
-        )
-        try:
-            if owner is not None:
-                os.fchown(fout, *owner)
-            offset = 0
-            try:
-                while offset < st.st_size:
-                    sent = os.sendfile(fout, fin, offset, st.st_size - offset)
-                    if sent == 0:
-                        break
-                    offset += sent
-            except OSError:  # no sendfile to regular files on this platform
-                os.lseek(fin, offset, os.SEEK_SET)
-                while chunk := os.read(fin, 1 << 20):
-                    os.write(fout, chunk)
-        finally:
-            os.close(fout)
-    finally:
-        os.close(fin)
-
-
 # --- the server process --------------------------------------------------------------
 
 
@@ -713,7 +712,8 @@ def _stop(proc: subprocess.Popen[bytes], data: str) -> None:
 
     A postmaster that is already dead (killed under us) cannot stop its children: they
     notice and exit by themselves, except one busy computing.  Those are waited for,
-    then killed, so that nothing of the run outlives it.
+    then killed, so that nothing of the run outlives it.  Before postgres the child is the
+    shell still copying the template: SIGQUIT makes it end its copy (see `_spawn`).
     """
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
