@@ -647,18 +647,20 @@ def check(
     from pgrace.render.check import render_matrix, render_results
     from pgrace.runner import RunOptions
     from pgrace.scratch import reusable_scratch_database
-    from pgrace.servers import open_server
+    from pgrace.servers import booting_server
 
     if not paths:  # scenarios/ here, else the shipped ones (an installed wheel carries them)
         from pgrace.catalog import shipped_dir
 
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(shipped_dir()),)
-    cases = regression.prepare(list(paths), golden=golden or update, expected=expected)
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     options = RunOptions(step_timeout=step_timeout)
     results: list[regression.CaseResult] = []
     with ExitStack() as stack:
-        opened = [stack.enter_context(open_server(t)) for t in (targets or [None])]
+        # pgrace's own servers boot, side by side, while the files are read.
+        booting = [stack.enter_context(booting_server(t)) for t in (targets or [None])]
+        cases = regression.prepare(list(paths), golden=golden or update, expected=expected)
+        opened = [ready() for ready in booting]
         for server in opened:
             report_swept(server)
             scratch = None  # specs share one scratch database per server, reset only when a spec leaves objects
