@@ -425,6 +425,7 @@ class CodeRunner:
             self.observer = self._connect(psycopg.Connection, "observer")
             self.observer.autocommit = True
             self.observer.execute("SET lock_timeout = '200ms'")
+            self.observer.prepare_threshold = 0  # the same catalog questions at every step: planned once
             self.inspector = LockInspector(self.observer, {c.pgconn.backend_pid: s for s, c in self.conns.items()})
         except psycopg.Error as exc:
             self.stack.close()

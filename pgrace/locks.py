@@ -657,7 +657,8 @@ class LockInspector:
             table=sql.SQL(table.name),  # already a quoted regclass name
         )
         try:
-            rows = self.observer.execute(query, (ctids,)).fetchall()
+            # Never prepared: the scenario may change the key's type, and a prepared plan would then fail.
+            rows = self.observer.execute(query, (ctids,), prepare=False).fetchall()
         except psycopg.Error:
             return {}
         return {r[0]: RowRef(table.name, tuple(zip(table.key_columns, r[1:], strict=True))) for r in rows}

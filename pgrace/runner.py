@@ -225,6 +225,7 @@ class Runner:
                 self.sessions[session.name] = SessionConnection(session.name, conn, self.recorder)
             self.observer = self._connect(f"pgrace/{self.scenario.name}/observer", observer=True)
             self.observer.execute("SET lock_timeout = '200ms'")
+            self.observer.prepare_threshold = 0  # it asks the same catalog questions after every step: plan them once
             self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
         except psycopg.Error as exc:  # e.g. a connection ended by someone else while it was being set up
             self.stack.__exit__(None, None, None)

@@ -409,3 +409,30 @@ def test_the_locks_option_picks_what_the_locks_column_shows(tmp_path: Path, pgra
     }
     bad = cli.invoke(main, ["run", str(path), "--locks", "some"])
     assert bad.exit_code == 2 and "--locks" in bad.output
+
+
+def test_a_locked_row_is_named_by_its_key_after_the_key_changes_type(pgrace_run: RunScenario) -> None:
+    """The observer asks the same catalog questions after every step, prepared once; the question about a
+    table's own rows is not: a prepared plan would fail once the scenario changes the key's type."""
+    body = """
+        [[step]]
+        name = "a-lock-int"
+        session = "a"
+        sql = "BEGIN; SELECT * FROM t WHERE id = 1 FOR UPDATE"
+        [[step]]
+        name = "a-commit"
+        session = "a"
+        sql = "COMMIT"
+        [[step]]
+        name = "b-retype"
+        session = "b"
+        sql = "ALTER TABLE t ALTER COLUMN id TYPE text"
+        [[step]]
+        name = "a-lock-text"
+        session = "a"
+        sql = "BEGIN; SELECT * FROM t WHERE id = '1' FOR UPDATE"
+    """
+    run = pgrace_run(scenario(body, '["a", "b"]', "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)"))
+    steps = by_name(run)
+    assert [lock.label() for lock in steps["a-lock-int"].locks_after or ()] == ["a: t id=1 FOR UPDATE"]
+    assert [lock.label() for lock in steps["a-lock-text"].locks_after or ()] == ["a: t id='1' FOR UPDATE"]
