@@ -116,14 +116,19 @@ def test_the_psycopg_example_race_and_cure(pgrace_server: ServerInfo) -> None:
     assert set(_finals(found)) == {((300,),)}
 
 
-def test_a_code_run_names_the_row_its_holder_and_the_callers_line(pgrace_server: ServerInfo) -> None:
-    run = run_code(
+def _bob_waits_for_alice(server: ServerInfo) -> Run:
+    """alice locks the row and commits while bob waits for it."""
+    return run_code(
         {"alice": withdraw_locked, "bob": withdraw_locked},
         setup=SETUP,
         final=FINAL,
         order=["alice", "bob", "alice", "alice", "bob", "bob"],
-        server=pgrace_server,
+        server=server,
     )
+
+
+def test_a_code_run_names_the_row_its_holder_and_the_callers_line(pgrace_server: ServerInfo) -> None:
+    run = _bob_waits_for_alice(pgrace_server)
     steps = run.step_runs()
     waiting = [s for s in steps if s.waited]
     assert [s.session for s in waiting] == ["bob"]
@@ -152,13 +157,7 @@ def test_a_holder_slow_to_hear_its_commit_still_gets_the_release(
         finish(gate, outcome, conn)
 
     monkeypatch.setattr(pgrace.code, "_finish", late_for_alice)
-    run = run_code(
-        {"alice": withdraw_locked, "bob": withdraw_locked},
-        setup=SETUP,
-        final=FINAL,
-        order=["alice", "bob", "alice", "alice", "bob", "bob"],
-        server=pgrace_server,
-    )
+    run = _bob_waits_for_alice(pgrace_server)
     (waiting,) = [s for s in run.step_runs() if s.waited]
     assert waiting.release is not None
     assert (waiting.release.cause, waiting.release.session) == ("step", "alice")
