@@ -65,6 +65,7 @@ DATABASE = "isolation_regression"
 PROCESS_RUNS = 7  # whole-process timings: the median of this many
 STABILITY_RUNS = 3  # isolationtester runs of a spec on which pgrace differs
 SPEC_TIMEOUT_S = 90.0  # a whole isolationtester run; beyond it the spec is not runnable here
+spec_timeout_s = SPEC_TIMEOUT_S  # what --spec-timeout says
 STEP_WAIT_S = 10  # isolationtester's max_step_wait (it cancels a step after this long), pgrace's --step-timeout
 
 # Specs need what the server may lack; isolationtester would fail on them for reasons that
@@ -154,7 +155,7 @@ def run_tester(binary: Path, server: ServerInfo, spec: Path, database: str) -> t
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=tester_env(spec.stem),
-                timeout=SPEC_TIMEOUT_S,
+                timeout=spec_timeout_s,
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
@@ -199,7 +200,7 @@ def compare(binary: Path, server: ServerInfo, spec: Path) -> Outcome:
     expected, tester_s, code = run_tester(binary, server, spec, DATABASE)
     if code is None:
         return Outcome(
-            name, "not runnable", f"isolationtester did not finish in {SPEC_TIMEOUT_S:.0f} s", tester_s=tester_s
+            name, "not runnable", f"isolationtester did not finish in {spec_timeout_s:.0f} s", tester_s=tester_s
         )
     if "Parsed test spec" not in expected:
         first = expected.strip().splitlines()[0] if expected.strip() else f"exit {code}"
@@ -303,7 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", "--only", action="append", default=[], metavar="NAME", help="run only these specs")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the diff of each spec that differs")
     parser.add_argument("--speed", action="store_true", help="also measure pgrace's speed against isolationtester")
+    parser.add_argument(
+        "--spec-timeout",
+        type=float,
+        default=SPEC_TIMEOUT_S,
+        metavar="S",
+        help=f"isolationtester's time for one spec before it is not runnable (default {SPEC_TIMEOUT_S:.0f})",
+    )
     args = parser.parse_args(argv)
+    global spec_timeout_s
+    spec_timeout_s = args.spec_timeout
 
     specs = find_specs(args.dirs or [DEFAULT_CORPUS])
     if args.only:
