@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import corpus
 import pytest
+
+from pgrace.servers import ServerInfo, open_server
+
+PG15 = Path("/usr/lib/postgresql/15/bin")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,3 +36,15 @@ def forget_remembered_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     from pgrace import servers
 
     monkeypatch.setattr(servers, "_REMEMBERED", set())
+
+
+@pytest.fixture(scope="module", params=["embedded", "postgresql-15"])
+def each_server(request: pytest.FixtureRequest, pgrace_server: ServerInfo) -> Iterator[ServerInfo]:
+    """The embedded PostgreSQL 18, then Debian's PostgreSQL 15 when it is installed."""
+    if request.param == "embedded":
+        yield pgrace_server
+        return
+    if not (PG15 / "postgres").exists():
+        pytest.skip(f"no PostgreSQL 15 at {PG15}")
+    with open_server(str(PG15)) as local:
+        yield local

@@ -6,8 +6,6 @@ whom, on what, which SQLSTATE, what ended the wait, the final state), from the r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +13,7 @@ import pytest
 from pgrace import api, catalog
 from pgrace.explore import explore
 from pgrace.render.json import run_to_dict
-from pgrace.servers import ServerInfo, open_server
-
-PG15 = Path("/usr/lib/postgresql/15/bin")
+from pgrace.servers import ServerInfo
 
 PRODUCTION = [
     "deadlock-transfer",
@@ -30,18 +26,6 @@ PRODUCTION = [
     "repeatable-read-lost-update",
     "phantom-count",
 ]
-
-
-@pytest.fixture(scope="module", params=["embedded", "postgresql-15"])
-def server(request: pytest.FixtureRequest, pgrace_server: ServerInfo) -> Iterator[ServerInfo]:
-    """The embedded server, and Debian's PostgreSQL 15 when installed."""
-    if request.param == "embedded":
-        yield pgrace_server
-        return
-    if not (PG15 / "postgres").exists():
-        pytest.skip(f"no PostgreSQL 15 at {PG15}")
-    with open_server(str(PG15)) as local:
-        yield local
 
 
 def run(server: ServerInfo, name: str, variant: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -67,8 +51,8 @@ def test_the_production_races_are_shipped() -> None:
         assert set(catalog.load(name).variants) == {"bug", "fix"}
 
 
-def test_deadlock_transfer_bob_is_the_one_victim_of_a_cycle_of_both(server: ServerInfo) -> None:
-    data, steps = run(server, "deadlock-transfer", "bug")
+def test_deadlock_transfer_bob_is_the_one_victim_of_a_cycle_of_both(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "deadlock-transfer", "bug")
     assert sqlstates(steps) == {"bob-credit": "40P01"}
     victim = steps["bob-credit"]
     assert victim["blocked_by"] == ["alice"] and victim["release"]["cause"] == "deadlock"
@@ -80,8 +64,8 @@ def test_deadlock_transfer_bob_is_the_one_victim_of_a_cycle_of_both(server: Serv
     assert final(data) == [["alice", 400], ["bob", 600]]
 
 
-def test_deadlock_transfer_fix_has_no_deadlock_and_both_payments(server: ServerInfo) -> None:
-    data, steps = run(server, "deadlock-transfer", "fix")
+def test_deadlock_transfer_fix_has_no_deadlock_and_both_payments(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "deadlock-transfer", "fix")
     assert sqlstates(steps) == {}
     lock = steps["bob-lock"]
     assert lock["blocked_by"] == ["alice"] and lock["waited_on"][0]["key"] == {"id": 1}
@@ -89,14 +73,14 @@ def test_deadlock_transfer_fix_has_no_deadlock_and_both_payments(server: ServerI
     assert final(data) == [["alice", 450], ["bob", 550]]
 
 
-def test_duplicate_enqueue_queues_the_job_twice_without_a_wait(server: ServerInfo) -> None:
-    data, steps = run(server, "duplicate-enqueue", "bug")
+def test_duplicate_enqueue_queues_the_job_twice_without_a_wait(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "duplicate-enqueue", "bug")
     assert not any(s["waited"] for s in steps.values()) and sqlstates(steps) == {}
     assert final(data) == [["invoice-42", 2]]
 
 
-def test_duplicate_enqueue_fix_waits_on_the_unique_index_then_inserts_nothing(server: ServerInfo) -> None:
-    data, steps = run(server, "duplicate-enqueue", "fix")
+def test_duplicate_enqueue_fix_waits_on_the_unique_index_then_inserts_nothing(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "duplicate-enqueue", "fix")
     second = steps["web2-enqueue"]
     [wait] = second["waited_on"]
     assert wait["kind"] == "transaction" and wait["holder"] == "web1"
@@ -105,8 +89,8 @@ def test_duplicate_enqueue_fix_waits_on_the_unique_index_then_inserts_nothing(se
     assert final(data) == [["invoice-42", 1]]
 
 
-def test_ddl_lock_queue_a_reader_queues_behind_the_alter_until_its_timeout(server: ServerInfo) -> None:
-    data, steps = run(server, "ddl-lock-queue", "bug")
+def test_ddl_lock_queue_a_reader_queues_behind_the_alter_until_its_timeout(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "ddl-lock-queue", "bug")
     alter, read = steps["alter"], steps["web-read"]
     assert alter["blocked_by"] == ["report"] and alter["waited_on"][0]["mode"] == "AccessExclusiveLock"
     assert alter["release"]["session"] == "report" and alter["error"] is None
@@ -116,8 +100,8 @@ def test_ddl_lock_queue_a_reader_queues_behind_the_alter_until_its_timeout(serve
     assert final(data, 0) == [[1]] and final(data, 1) == [[None]]
 
 
-def test_ddl_lock_queue_fix_gives_up_then_retries_and_the_reader_never_waits(server: ServerInfo) -> None:
-    data, steps = run(server, "ddl-lock-queue", "fix")
+def test_ddl_lock_queue_fix_gives_up_then_retries_and_the_reader_never_waits(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "ddl-lock-queue", "fix")
     alter = steps["alter"]
     assert alter["error"]["sqlstate"] == "55P03" and alter["release"]["cause"] == "lock_timeout"
     assert not steps["web-read"]["waited"] and steps["web-read"]["rows"] == [["queued"]]
@@ -125,8 +109,8 @@ def test_ddl_lock_queue_fix_gives_up_then_retries_and_the_reader_never_waits(ser
     assert final(data) == [["queued"]]
 
 
-def test_advisory_lock_session_lock_survives_the_rollback(server: ServerInfo) -> None:
-    data, steps = run(server, "advisory-lock", "bug")
+def test_advisory_lock_session_lock_survives_the_rollback(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "advisory-lock", "bug")
     waiter = steps["worker2-lock"]
     [wait] = waiter["waited_on"]
     assert wait["kind"] == "advisory" and wait["holder"] == "worker1"
@@ -136,63 +120,63 @@ def test_advisory_lock_session_lock_survives_the_rollback(server: ServerInfo) ->
     assert final(data, 0) == [[0]] and final(data, 1) == [[True, "idle"]]
 
 
-def test_advisory_lock_fix_the_failed_transaction_releases_the_lock(server: ServerInfo) -> None:
-    data, steps = run(server, "advisory-lock", "fix")
+def test_advisory_lock_fix_the_failed_transaction_releases_the_lock(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "advisory-lock", "fix")
     waiter = steps["worker2-lock"]
     assert waiter["waited_on"][0]["kind"] == "advisory" and waiter["error"] is None
     assert waiter["released_by"] == steps["worker1-fails"]["index"]  # the error ended the transaction
     assert final(data, 0) == [["worker2"]] and final(data, 1) == [[0]]
 
 
-def test_write_skew_leaves_nobody_on_call_without_any_wait(server: ServerInfo) -> None:
-    data, steps = run(server, "write-skew", "bug")
+def test_write_skew_leaves_nobody_on_call_without_any_wait(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "write-skew", "bug")
     assert not any(s["waited"] for s in steps.values()) and sqlstates(steps) == {}
     assert final(data) == [[0]]
 
 
-def test_write_skew_fix_fails_bobs_commit_with_40001_and_the_retry_keeps_him(server: ServerInfo) -> None:
-    data, steps = run(server, "write-skew", "fix")
+def test_write_skew_fix_fails_bobs_commit_with_40001_and_the_retry_keeps_him(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "write-skew", "fix")
     assert sqlstates(steps) == {"bob-commit": "40001"}
     assert steps["bob-retry"]["commands"][-2:] == ["UPDATE 0", "COMMIT"]
     assert final(data) == [[True]]
 
 
-def test_atomic_update_bob_waits_and_still_overwrites(server: ServerInfo) -> None:
-    data, steps = run(server, "atomic-update", "bug")
+def test_atomic_update_bob_waits_and_still_overwrites(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "atomic-update", "bug")
     write = steps["bob-write"]
     assert write["blocked_by"] == ["alice"] and write["released_by"] == steps["alice-commit"]["index"]
     assert write["rows"] == [[400]] and final(data) == [[400]]
 
 
-def test_atomic_update_fix_applies_bobs_change_to_alices_row(server: ServerInfo) -> None:
-    data, steps = run(server, "atomic-update", "fix")
+def test_atomic_update_fix_applies_bobs_change_to_alices_row(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "atomic-update", "fix")
     write = steps["bob-write"]
     assert write["blocked_by"] == ["alice"] and write["rows"] == [[300]] and final(data) == [[300]]
 
 
-def test_upsert_race_second_insert_waits_then_fails_23505(server: ServerInfo) -> None:
-    data, steps = run(server, "upsert-race", "bug")
+def test_upsert_race_second_insert_waits_then_fails_23505(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "upsert-race", "bug")
     second = steps["web2-count"]
     assert second["waited_on"][0]["unique_indexes"] == ["page_views_pkey"]
     assert second["release"]["session"] == "web1" and second["error"]["sqlstate"] == "23505"
     assert final(data) == [["/launch", 1]]
 
 
-def test_upsert_race_fix_turns_the_conflict_into_an_update(server: ServerInfo) -> None:
-    data, steps = run(server, "upsert-race", "fix")
+def test_upsert_race_fix_turns_the_conflict_into_an_update(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "upsert-race", "fix")
     second = steps["web2-count"]
     assert second["waited"] and second["error"] is None and second["rows"] == [[2]]
     assert final(data) == [["/launch", 2]]
 
 
-def test_repeatable_read_bug_read_committed_loses_a_withdrawal(server: ServerInfo) -> None:
-    data, steps = run(server, "repeatable-read-lost-update", "bug")
+def test_repeatable_read_bug_read_committed_loses_a_withdrawal(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "repeatable-read-lost-update", "bug")
     assert steps["bob-write"]["waited"] and sqlstates(steps) == {}
     assert final(data) == [[400, 2]]
 
 
-def test_repeatable_read_turns_the_lost_update_into_40001(server: ServerInfo) -> None:
-    data, steps = run(server, "repeatable-read-lost-update", "fix")
+def test_repeatable_read_turns_the_lost_update_into_40001(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "repeatable-read-lost-update", "fix")
     write = steps["bob-write"]
     assert write["blocked_by"] == ["alice"] and write["released_by"] == steps["alice-commit"]["index"]
     assert sqlstates(steps) == {"bob-write": "40001"}
@@ -200,14 +184,14 @@ def test_repeatable_read_turns_the_lost_update_into_40001(server: ServerInfo) ->
     assert final(data) == [[True]]
 
 
-def test_phantom_count_books_three_of_two_seats(server: ServerInfo) -> None:
-    data, steps = run(server, "phantom-count", "bug")
+def test_phantom_count_books_three_of_two_seats(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "phantom-count", "bug")
     assert not any(s["waited"] for s in steps.values())
     assert final(data) == [[3]]
 
 
-def test_phantom_count_fix_serialises_on_the_workshop_row(server: ServerInfo) -> None:
-    data, steps = run(server, "phantom-count", "fix")
+def test_phantom_count_fix_serialises_on_the_workshop_row(each_server: ServerInfo) -> None:
+    data, steps = run(each_server, "phantom-count", "fix")
     count = steps["bob-count"]
     assert count["waited_on"][0]["table"] == "workshops" and count["blocked_by"] == ["alice"]
     assert count["rows"] == [[2]] and steps["bob-book"]["commands"] == ["INSERT 0 0"]

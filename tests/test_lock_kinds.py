@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +21,14 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
 from pgrace.runner import RunOptions
-from pgrace.servers import ServerInfo, open_server
+from pgrace.servers import ServerInfo
 from pgrace.timeline import AdvisoryKey, Blocker, Run, StepRun
-
-PG15 = Path("/usr/lib/postgresql/15/bin")
-
-
-@pytest.fixture(scope="module", params=["embedded", "postgresql-15"])
-def server(request: pytest.FixtureRequest, pgrace_server: ServerInfo) -> Iterator[ServerInfo]:
-    """Every lock kind on the embedded server and on Debian's PostgreSQL 15, when installed."""
-    if request.param == "embedded":
-        yield pgrace_server
-        return
-    if not (PG15 / "postgres").exists():
-        pytest.skip(f"no PostgreSQL 15 at {PG15}")
-    with open_server(str(PG15)) as local:
-        yield local
 
 
 @pytest.fixture
-def pgrace_run(server: ServerInfo) -> RunScenario:
+def pgrace_run(each_server: ServerInfo) -> RunScenario:
     def run(scenario: Any, **options: Any) -> Run:
-        return api.run(scenario, server=server, options=RunOptions(**options))
+        return api.run(scenario, server=each_server, options=RunOptions(**options))
 
     return run
 
