@@ -21,7 +21,8 @@ from typing import Any
 
 import psycopg
 
-from pgrace.model import PermutationStep, Scenario, Session, Step
+from pgrace.locks import CONFLICTS
+from pgrace.model import LOCK_MODES, PermutationStep, Scenario, Session, Step
 from pgrace.runner import RunOptions, run_scenario
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run, StepRun
@@ -49,22 +50,11 @@ TABLE_LOCK_MODES = (
     "ACCESS EXCLUSIVE",
 )
 
-# Table 13.2: requested mode -> the current (held) modes it conflicts with.
+# Table 13.2: requested mode -> the current (held) modes it conflicts with, in the manual's
+# names; pgrace's one copy of the table is locks.CONFLICTS, in pg_locks' names.
+_MANUAL_NAME = dict(zip(LOCK_MODES, TABLE_LOCK_MODES, strict=True))
 DOCUMENTED_TABLE_CONFLICTS: dict[str, frozenset[str]] = {
-    "ACCESS SHARE": frozenset({"ACCESS EXCLUSIVE"}),
-    "ROW SHARE": frozenset({"EXCLUSIVE", "ACCESS EXCLUSIVE"}),
-    "ROW EXCLUSIVE": frozenset({"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}),
-    "SHARE UPDATE EXCLUSIVE": frozenset(
-        {"SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}
-    ),
-    "SHARE": frozenset(
-        {"ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}
-    ),
-    "SHARE ROW EXCLUSIVE": frozenset(
-        {"ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}
-    ),
-    "EXCLUSIVE": frozenset(TABLE_LOCK_MODES[1:]),
-    "ACCESS EXCLUSIVE": frozenset(TABLE_LOCK_MODES),
+    _MANUAL_NAME[wanted]: frozenset(_MANUAL_NAME[held] for held in CONFLICTS[wanted]) for wanted in LOCK_MODES
 }
 
 
