@@ -223,11 +223,11 @@ class TracedConnection(psycopg.Connection[Any]):
     @contextlib.contextmanager
     def untracked(self) -> Iterator[None]:
         """Statements sent here are pgrace's or a library's own set-up, not the application's steps."""
-        self._untracked = True
+        was, self._untracked = self._untracked, True
         try:
             yield
         finally:
-            self._untracked = False
+            self._untracked = was  # nested (a rollback inside a library's set-up): still untracked after
 
 
 _GEN_LABELS = {
@@ -423,7 +423,6 @@ class CodeRunner:
                 self.conns[session] = conn
             self.cancels = {s: c.pgconn.get_cancel() for s, c in self.conns.items()}
             self.observer = self._connect(psycopg.Connection, "observer")
-            self.observer.autocommit = True
             self.observer.execute("SET lock_timeout = '200ms'")
             self.observer.prepare_threshold = 0  # the same catalog questions at every step: planned once
             self.inspector = LockInspector(self.observer, {c.pgconn.backend_pid: s for s, c in self.conns.items()})
@@ -456,7 +455,7 @@ class CodeRunner:
 
     # -- one run -------------------------------------------------------------------------
 
-    def run_once(self, chooser: Chooser, observe: bool, index: int = 0) -> tuple[Run, list[tuple[str, ...]]]:
+    def run_once(self, chooser: Chooser, observe: bool) -> tuple[Run, list[tuple[str, ...]]]:
         """Setup, the sessions under ``chooser``'s order, the final query, teardown.
 
         Returns the run and the options met at each choice (the ready sessions, in order).
@@ -503,7 +502,7 @@ class CodeRunner:
             outcome = self._exec(self.control, self.final)
             self.recorder.add(CheckQueried(0, outcome, self.recorder.now(), self.final))
         self._reset()
-        self.run.scenario = self._scenario(gates)
+        self.run.scenario = self._scenario()
         return self.run, met
 
     def _start(self, gate: _Gate, fn: SessionCode) -> None:
@@ -581,7 +580,7 @@ class CodeRunner:
             if gate.steps == 0:
                 raise CodeError(f"session {name} never sent a statement to the database", path, line)
 
-    def _scenario(self, gates: dict[str, _Gate]) -> Scenario:
+    def _scenario(self) -> Scenario:
         first = next(iter(self.code.values()))
         path, line = _where_defined(first)
         steps = tuple(Step(s.name, s.session, s.sql, note=s.where, line=s.line) for s in self.steps)
@@ -1022,7 +1021,6 @@ def run_code(
         name, sessions, info, setup=setup, final=final, teardown=teardown, step_timeout=step_timeout, expect=expect
     ) as runner:
         run, _ = runner.run_once(_ordered_chooser(order, list(sessions)), observe=True)
-        run.row_locks_available = runner.has_row_locks
     run.checks = _verdict(evaluate(run), expect is not None)
     return run
 
@@ -1091,7 +1089,6 @@ def explore_code(
         ) as again:
             chooser, _ = _replaying(cls.choices)
             run, _ = again.run_once(chooser, observe=True)
-            run.row_locks_available = again.has_row_locks
         run.checks = _verdict(evaluate(run), expect is not None)
         return run
 
