@@ -17,7 +17,6 @@ import sys
 import textwrap
 from contextlib import ExitStack, suppress
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
@@ -29,8 +28,8 @@ from pgrace.errors import (
     PgraceError,
     ScenarioError,
     ScenarioFailed,
-    Terminated,
     exit_code_of_interrupt,
+    raise_terminated,
     report_internal_error,
 )
 from pgrace.render.escape import visible, without_controls
@@ -49,10 +48,6 @@ if TYPE_CHECKING:
 
 FORMATS = ("text", "json", "isolation", "html", "svg", "mermaid", "markdown")
 COMPARE_FORMATS = ("text", "html", "svg", "markdown")
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
 
 
 class PgraceGroup(click.Group):
@@ -77,7 +72,7 @@ class PgraceGroup(click.Group):
         _forget_secrets()
         previous: Any = None
         with suppress(ValueError):  # only the main thread may install handlers
-            previous = signal.signal(signal.SIGTERM, _raise_terminated)
+            previous = signal.signal(signal.SIGTERM, raise_terminated)
         try:
             return super().invoke(ctx)
         except PgraceError as exc:

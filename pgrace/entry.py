@@ -23,7 +23,6 @@ _signal.signal(_signal.SIGTERM, _remember)
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-from types import FrameType  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
 from pgrace.errors import (  # noqa: E402
@@ -32,12 +31,9 @@ from pgrace.errors import (  # noqa: E402
     EXIT_SIGTERM,
     Terminated,
     exit_code_of_interrupt,
+    raise_terminated,
     report_internal_error,
 )
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
 
 
 def main() -> NoReturn:
@@ -45,7 +41,7 @@ def main() -> NoReturn:
     code: int
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGTERM, raise_terminated)
         if _early:
             raise Terminated() if _early[0] == signal.SIGTERM else KeyboardInterrupt()
         from pgrace.cli import main as cli

@@ -34,6 +34,8 @@ import traceback
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from pgrace.timeline import Run
 
 EXIT_OK = 0
@@ -48,6 +50,11 @@ EXIT_SIGTERM = 143
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an exception so that every context manager cleans up as for Ctrl-C."""
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """The SIGTERM handler: raise :class:`Terminated`."""
+    raise Terminated()
 
 
 def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:

@@ -32,14 +32,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing import get_context
-from types import FrameType
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgrace import variables
-from pgrace.errors import ScenarioError, Terminated
+from pgrace.errors import ScenarioError, raise_terminated
 from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, merge_classes, ordered, split_run, switches
 from pgrace.runner import RunOptions, run_scenario
@@ -313,11 +312,7 @@ def _run_in_processes(
 
 
 def _worker_started() -> None:
-    signal.signal(signal.SIGTERM, _terminated)
-
-
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
+    signal.signal(signal.SIGTERM, raise_terminated)
 
 
 def _run_part(scenario: Scenario, server: ServerInfo, orders: list[tuple[str, ...]], step_timeout: float) -> Any:
