@@ -320,7 +320,7 @@ def _one_count(
 
     app = f"{APP_PREFIX}{scenario.name[:30]}/{secrets.token_hex(4)}"
     with (
-        scratch_database(server, f"load_{scenario.name}", scenario=scenario) as db,
+        scratch_database(server, f"load_{scenario.name}", with_pgrowlocks=False) as db,  # pg_locks is sampled
         tempfile.TemporaryDirectory(prefix="pgrace-load-") as work,
     ):
         with psycopg.connect(db.dsn, autocommit=True) as conn:

@@ -60,30 +60,28 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
     params = {k for k, _ in scenario.params}
     known: set[str] = set()  # pgbench variables defined so far: \set names and captures
     commands: list[LoadCommand] = []
+    where = (*path, "transaction")
+    line = loc.line_of(*where)
     for index, item in enumerate(transaction):
-        where = (*path, "transaction")
-        line = loc.line_of(*where)
         command = _command(builder, item, scenario, where, line)
-        for text in (command.sql,):
-            for use in find(text):
-                if use.session is not None:
-                    raise loc.error(
-                        f"load command {index + 1} uses {use.written}: a load transaction is one worker;"
-                        f" write :{use.name}",
-                        *where,
-                    )
-                if use.name not in params and use.name not in known:
-                    raise loc.error(
-                        f"load command {index + 1} uses {use.written}, which no earlier command captures or sets"
-                        f" and no param defines{did_you_mean(use.name, params | known)}",
-                        *where,
-                    )
-                if use.form == "identifier" and use.name not in params:
-                    raise loc.error(
-                        f"load command {index + 1} uses {use.written}: pgbench binds a captured value as a"
-                        " parameter, never as an identifier",
-                        *where,
-                    )
+        for use in find(command.sql):
+            if use.session is not None:
+                raise loc.error(
+                    f"load command {index + 1} uses {use.written}: a load transaction is one worker; write :{use.name}",
+                    *where,
+                )
+            if use.name not in params and use.name not in known:
+                raise loc.error(
+                    f"load command {index + 1} uses {use.written}, which no earlier command captures or sets"
+                    f" and no param defines{did_you_mean(use.name, params | known)}",
+                    *where,
+                )
+            if use.form == "identifier" and use.name not in params:
+                raise loc.error(
+                    f"load command {index + 1} uses {use.written}: pgbench binds a captured value as a"
+                    " parameter, never as an identifier",
+                    *where,
+                )
         known |= {variable for variable, _ in command.capture}
         if command.kind == "set":
             known.add(command.name)
