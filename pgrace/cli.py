@@ -496,13 +496,12 @@ def _show_run(
     to_terminal: bool | None,
 ) -> None:
     """Render to ``output`` or stdout; ``to_terminal`` None: a presenter has shown it already."""
+    if output is None and to_terminal is None:
+        return
     text = _render(result, fmt, style, counterpart)
     if fmt == "isolation" and to_terminal:
         text = visible(text)  # isolationtester prints server text raw; a file or a pipe gets it byte for byte
-    if output is not None:
-        write_output(output, text)
-    elif to_terminal is not None:
-        click.echo(text, nl=False)
+    _emit(text, output)
 
 
 def _teardown_failures(result: Run) -> list[str]:
@@ -564,10 +563,7 @@ def _run_compare(
         from pgrace.render.text import Style
 
         text = render_text_compare(results, style or Style())
-    if output is not None:
-        write_output(output, text)
-    else:
-        click.echo(text, nl=False)
+    _emit(text, output)
     sys.exit(0 if all(r.ok for r in results) else 1)
 
 
