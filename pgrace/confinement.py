@@ -271,10 +271,9 @@ def sql_texts(scenario: Scenario) -> Iterator[tuple[str, int | None]]:
     Parameters are known; what steps capture is not yet: a captured value stands in as
     NULL, and as an identifier as ``pgrace_variable`` (so ``:"v".t`` is seen qualified).
     """
-    from pgrace.variables import Value, find, substitute
+    from pgrace.variables import Value, find, param_values, substitute
 
-    choices = dict(scenario.param_choices)
-    params = {name: Value(value, words=name in choices) for name, value in scenario.params}
+    params = param_values(scenario)
 
     def filled(text: str) -> str:
         if scenario.format != "pgrace":

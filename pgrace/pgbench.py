@@ -37,7 +37,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgrace.errors import ScenarioError, ScenarioFailed, ServerUnavailable
 from pgrace.model import LoadCommand, Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
-from pgrace.variables import Value, find, substitute
+from pgrace.variables import find, param_values, substitute
 
 APP_PREFIX = "pgrace-load/"
 SAMPLE_EVERY_S = 0.05
@@ -120,14 +120,9 @@ class LoadOptions:
 # -- the script ------------------------------------------------------------------------------
 
 
-def _params(scenario: Scenario) -> dict[str, Value]:
-    choices = {name for name, _ in scenario.param_choices}
-    return {name: Value(value, words=name in choices) for name, value in scenario.params}
-
-
 def compose_sql(text: str, scenario: Scenario) -> str:
     """SQL that pgrace itself runs (setup, checks): the scenario's params composed in."""
-    return substitute(text, _params(scenario))
+    return substitute(text, param_values(scenario))
 
 
 def _pgbench_variables(text: str) -> list[str]:
@@ -147,9 +142,9 @@ def _pgbench_variables(text: str) -> list[str]:
     return found
 
 
-def _statement(text: str, scenario: Scenario, command: LoadCommand) -> tuple[str, list[str]]:
+def _statement(text: str, scenario: Scenario, command: LoadCommand) -> str:
     """One statement for pgbench: params composed, runtime variables as pgbench's ``:name``."""
-    composed = substitute(text, _params(scenario))
+    composed = compose_sql(text, scenario)
     pieces: list[str] = []
     names: list[str] = []
     position = 0
@@ -169,7 +164,7 @@ def _statement(text: str, scenario: Scenario, command: LoadCommand) -> tuple[str
             scenario.source,
             command.line,
         )
-    return result, names
+    return result
 
 
 def pgbench_script(scenario: Scenario) -> str:
@@ -209,11 +204,9 @@ def pgbench_script(scenario: Scenario) -> str:
                         .format(sql.SQL(statement), columns)
                         .as_string(None)
                     )
-                text, _ = _statement(statement, scenario, command)
-                lines.append(f"{text} \\gset")
+                lines.append(f"{_statement(statement, scenario, command)} \\gset")
             else:
-                text, _ = _statement(statement, scenario, command)
-                lines.append(f"{text};")
+                lines.append(f"{_statement(statement, scenario, command)};")
     return "\n".join(lines) + "\n"
 
 

@@ -60,7 +60,7 @@ from pgrace.timeline import (
     StepLaunched,
     StepWaiting,
 )
-from pgrace.variables import Value, substitute
+from pgrace.variables import Value, param_values, substitute
 
 # isolationtester's wait loop: select() on the step's socket for this long, then probe.
 ISOLATIONTESTER_SLICE_S = 0.01
@@ -210,8 +210,7 @@ class Runner:
         self.idle_at = 0.0  # when on_idle last ran
         self.permutation: tuple[PermutationStep, ...] = ()
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
-        choices = dict(scenario.param_choices)
-        self.params = {name: Value(value, words=name in choices) for name, value in scenario.params}
+        self.params = param_values(scenario)
 
     # -- connections ------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # psycopg is imported when a value is composed: a run imports it while the server boots
     from psycopg import sql
 
+    from pgrace.model import Scenario
+
 Form = Literal["value", "literal", "identifier"]  # :name, :'name', :"name"
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -78,6 +80,12 @@ class Value:
         if isinstance(self.value, bool):
             return "true" if self.value else "false"
         return str(self.value)
+
+
+def param_values(scenario: Scenario) -> dict[str, Value]:
+    """The scenario's params as values: a declared choice goes in as its SQL words, any other as a literal."""
+    choices = {name for name, _ in scenario.param_choices}
+    return {name: Value(value, words=name in choices) for name, value in scenario.params}
 
 
 def find(text: str) -> list[Use]:
