@@ -276,6 +276,8 @@ def report_swept(server: ServerInfo) -> None:
     """Drop what killed runs left on this server, and say so (a failure here never stops a run)."""
     from pgrace.scratch import sweep_leftovers
 
+    if server.fresh:  # started for this command a moment ago: nothing to sweep, no connection to spend
+        return
     with suppress(PgraceError):
         swept = sweep_leftovers(server)
         for name in swept.removed:

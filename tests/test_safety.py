@@ -117,6 +117,18 @@ def test_passwords_never_appear_in_any_output(user_db: str) -> None:
     assert any("clerk" in output for output in outputs)  # the user is named, only the secret is hidden
 
 
+def test_a_server_started_for_the_command_is_not_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server pgrace has just made from its template holds nothing a killed run left: no sweep, no connection."""
+    from pgrace import scratch
+
+    def sweep(server: ServerInfo) -> scratch.Sweep:
+        raise AssertionError(f"swept {server.label}")
+
+    monkeypatch.setattr(scratch, "sweep_leftovers", sweep)
+    result = CliRunner().invoke(main, ["run", "nowait"])
+    assert result.exit_code == 0, result.output  # a --dsn server is swept: the next test
+
+
 def test_a_killed_run_on_a_dsn_server_is_cleaned_by_the_next_run(pgrace_server: ServerInfo) -> None:
     child, _ = start_blocked_run(["--dsn", pgrace_server.dsn])
     child.send_signal(signal.SIGKILL)

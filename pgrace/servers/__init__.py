@@ -42,6 +42,8 @@ class ServerInfo:
     """Human description without any password, safe for logs and reports."""
     bindir: str | None = None
     """The bin directory of the server's own installation (pgbench lives there), when pgrace started it."""
+    fresh: bool = False
+    """pgrace started it for this process from its clean template: no killed run can have left anything on it."""
 
 
 def open_server(

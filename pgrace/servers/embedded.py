@@ -216,6 +216,7 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                         version=version,
                         label=f"{label.split(' (')[0]} {version}",
                         bindir=os.path.join(bindir, "bin"),
+                        fresh=True,
                     )
                 )
             return described[0]
