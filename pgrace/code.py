@@ -61,6 +61,7 @@ from pgrace.model import FinalCheck, PermutationStep, Scenario, Session, Step
 from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
 from pgrace.releases import ReleaseTracker
 from pgrace.runner import Recorder, result_set
+from pgrace.scratch import schema_reset_sql, scratch_database_with_schema
 from pgrace.servers import ServerInfo, open_server
 from pgrace.timeline import (
     CheckQueried,
@@ -829,10 +830,9 @@ class CodeRunner:
 
     def _reset(self) -> None:
         """Back to an empty schema for the next run: the caller's teardown, else the schema dropped and made again."""
-        reset = sql.SQL("DROP SCHEMA {0} CASCADE; CREATE SCHEMA {0}").format(sql.Identifier(CODE_SCHEMA))
         if self.teardown:
             self._control(self.teardown, "teardown")
-        self._exec(self.control, reset.as_string(None))
+        self._exec(self.control, schema_reset_sql(CODE_SCHEMA))
 
 
 def _raised_at(exc: BaseException) -> tuple[str, int | None]:
@@ -927,21 +927,11 @@ def _runner(
     step_timeout: float,
     expect: Sequence[Sequence[Any]] | None,
 ) -> Iterator[CodeRunner]:
-    from pgrace.scratch import scratch_database
-
     if len(sessions) < 1 or not all(callable(fn) for fn in sessions.values()):
         raise CodeError("sessions: a mapping of session names to callables that take a connection")
-    with scratch_database(server, f"code_{name}") as db:
-        if db.schema is not None:
-            raise CodeError("running code needs a scratch database (the CREATEDB privilege)")
-        with psycopg.connect(db.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(CODE_SCHEMA)))
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
-                    sql.Identifier(db.name), sql.Identifier(CODE_SCHEMA)
-                )
-            )
-        with CodeRunner(
+    with (
+        scratch_database_with_schema(server, f"code_{name}", CODE_SCHEMA) as db,
+        CodeRunner(
             name,
             sessions,
             db.dsn,
@@ -951,9 +941,10 @@ def _runner(
             step_timeout=step_timeout,
             server=server,
             expect=expect,
-        ) as runner:
-            runner.has_row_locks = db.has_pgrowlocks
-            yield runner
+        ) as runner,
+    ):
+        runner.has_row_locks = db.has_pgrowlocks
+        yield runner
 
 
 def _name_of(sessions: Mapping[str, SessionCode], name: str | None) -> str:

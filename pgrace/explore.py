@@ -34,14 +34,12 @@ from functools import lru_cache
 from multiprocessing import get_context
 from typing import Any
 
-import psycopg
-from psycopg import sql
-
 from pgrace import variables
 from pgrace.errors import ScenarioError, raise_terminated
 from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, merge_classes, ordered, split_run, switches
 from pgrace.runner import RunOptions, run_scenario
+from pgrace.scratch import schema_reset_sql, scratch_database_with_schema
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
 
@@ -235,8 +233,7 @@ def prepared(scenario: Scenario) -> Scenario:
     steps = tuple(dataclasses.replace(s, expect=StepExpectation()) for s in scenario.steps)
     changed = dataclasses.replace(scenario, steps=steps, other=None)
     if not scenario.teardown:
-        reset = sql.SQL("DROP SCHEMA {0} CASCADE; CREATE SCHEMA {0}").format(sql.Identifier(EXPLORE_SCHEMA))
-        changed = dataclasses.replace(changed, teardown=(reset.as_string(None),))
+        changed = dataclasses.replace(changed, teardown=(schema_reset_sql(EXPLORE_SCHEMA),))
     return changed
 
 
@@ -248,8 +245,6 @@ def run_interleavings(
     on_observed: Callable[[int], None] | None = None,
 ) -> list[Observed]:
     """Run each order as one permutation (in batches on one set of connections); classify each."""
-    from pgrace.scratch import scratch_database
-
     runnable = prepared(scenario)
     options = RunOptions(
         step_timeout=step_timeout,
@@ -260,16 +255,7 @@ def run_interleavings(
         reset_sessions=True,
     )
     observed: list[Observed] = []
-    with scratch_database(server, f"explore_{scenario.name}") as db:
-        if db.schema is not None:
-            raise ScenarioError("explore needs a scratch database (the CREATEDB privilege)", scenario.source)
-        with psycopg.connect(db.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(EXPLORE_SCHEMA)))
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
-                    sql.Identifier(db.name), sql.Identifier(EXPLORE_SCHEMA)
-                )
-            )
+    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
         for start in range(0, len(orders), BATCH):
             batch = orders[start : start + BATCH]
             perms = tuple(tuple(PermutationStep(name) for name in order) for order in batch)

@@ -324,6 +324,29 @@ class ReusableScratch:
 
 
 @contextlib.contextmanager
+def scratch_database_with_schema(server: ServerInfo, hint: str, schema: str) -> Iterator[ScratchDatabase]:
+    """A scratch database whose sessions work in ``schema``, first on their search_path.
+
+    Run after run on one database (explore, code runs): :func:`schema_reset_sql` undoes what
+    a run made, without a new database.
+    """
+    with scratch_database(server, hint) as db:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
+                    sql.Identifier(db.name), sql.Identifier(schema)
+                )
+            )
+        yield db
+
+
+def schema_reset_sql(schema: str) -> str:
+    """The working schema of :func:`scratch_database_with_schema` dropped and made again, empty."""
+    return sql.SQL("DROP SCHEMA {0} CASCADE; CREATE SCHEMA {0}").format(sql.Identifier(schema)).as_string(None)
+
+
+@contextlib.contextmanager
 def reusable_scratch_database(
     server: ServerInfo, hint: str, database_name: str | None = None
 ) -> Iterator[ReusableScratch]:
