@@ -42,6 +42,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import inspect
 import itertools
 import os
@@ -1004,15 +1005,26 @@ def run_code(
     (the next statement of it then comes first); after ``order``, the first session ready goes.
     ``final`` is a query run after the sessions; ``expect``, its rows, if they are checked.
     """
+    runner = _runner(
+        _name_of(sessions, name),
+        sessions,
+        shared_server(server),
+        setup=setup,
+        final=final,
+        teardown=teardown,
+        step_timeout=step_timeout,
+        expect=expect,
+    )
+    return _observed_run(runner, _ordered_chooser(order, list(sessions)), expect is not None)
+
+
+def _observed_run(runner: contextlib.AbstractContextManager[CodeRunner], chooser: Chooser, expected: bool) -> Run:
+    """One run watched in full (waits, locks), judged as code runs are (see `_verdict`)."""
     from pgrace.checks import evaluate
 
-    info = shared_server(server)
-    name = _name_of(sessions, name)
-    with _runner(
-        name, sessions, info, setup=setup, final=final, teardown=teardown, step_timeout=step_timeout, expect=expect
-    ) as runner:
-        run, _ = runner.run_once(_ordered_chooser(order, list(sessions)), observe=True)
-    run.checks = _verdict(evaluate(run), expect is not None)
+    with runner as entered:
+        run, _ = entered.run_once(chooser, observe=True)
+    run.checks = _verdict(evaluate(run), expected)
     return run
 
 
@@ -1046,9 +1058,18 @@ def explore_code(
     examples: dict[str, tuple[list[tuple[str, str]], tuple[int, ...]]] = {}
     explored = 0
     complete = True
-    with _runner(
-        name, sessions, info, setup=setup, final=final, teardown=teardown, step_timeout=step_timeout, expect=expect
-    ) as runner:
+    runner_for = functools.partial(
+        _runner,
+        name,
+        sessions,
+        info,
+        setup=setup,
+        final=final,
+        teardown=teardown,
+        step_timeout=step_timeout,
+        expect=expect,
+    )
+    with runner_for() as runner:
         prefix: list[int] = []
         while True:
             chooser, taken = _replaying(prefix)
@@ -1073,15 +1094,7 @@ def explore_code(
             prefix = [*taken[:-1], taken[-1] + 1]
 
     def replay(cls: CodeClass) -> Run:
-        from pgrace.checks import evaluate
-
-        with _runner(
-            name, sessions, info, setup=setup, final=final, teardown=teardown, step_timeout=step_timeout, expect=expect
-        ) as again:
-            chooser, _ = _replaying(cls.choices)
-            run, _ = again.run_once(chooser, observe=True)
-        run.checks = _verdict(evaluate(run), expect is not None)
-        return run
+        return _observed_run(runner_for(), _replaying(cls.choices)[0], expect is not None)
 
     found = [
         CodeClass(
