@@ -676,11 +676,7 @@ class CodeRunner:
         """A statement running (not blocked) past the step timeout is cancelled once; past three, the run ends."""
         elapsed = now - active.sent
         if not active.cancelled and elapsed >= self.step_timeout:
-            active.cancelled = True
-            graph = self.inspector.blocking_graph()
-            self.recorder.add(StepCancelled(active.seq, self.step_timeout, graph, self.recorder.now(), ()))
-            with contextlib.suppress(psycopg.Error):
-                self.cancels[active.session].cancel()
+            self._cancel(active, blocked=False)
         elif active.cancelled and elapsed >= 3 * self.step_timeout:
             step = next(s for s in self.steps if s.name == active.name)
             raise StepsStuck(f"step {active.name} did not finish even after it was cancelled: {step.sql}", step.where)
@@ -700,15 +696,20 @@ class CodeRunner:
                 oldest = min(self.active.values(), key=lambda a: a.seq)
                 if oldest.cancelled:
                     raise StepsStuck(f"step {oldest.name} did not finish even after it was cancelled")
-                oldest.cancelled = True
                 oldest.sent = time.perf_counter() - self.step_timeout
-                graph = self.inspector.blocking_graph()
-                holders = tuple(Holder(n, "") for _, on in graph for n in on)
-                self.recorder.add(StepCancelled(oldest.seq, self.step_timeout, graph, self.recorder.now(), holders))
-                with contextlib.suppress(psycopg.Error):
-                    self.cancels[oldest.session].cancel()
+                self._cancel(oldest, blocked=True)
                 started = time.perf_counter()
         self._settle(None)
+
+    def _cancel(self, active: _Active, blocked: bool) -> None:
+        """pgrace's own cancel at the step timeout, recorded with who blocked whom at that moment
+        (``blocked``: the step waited for a lock, and its holders are named)."""
+        active.cancelled = True
+        graph = self.inspector.blocking_graph()
+        holders = tuple(Holder(n, "") for _, on in graph for n in on) if blocked else ()
+        self.recorder.add(StepCancelled(active.seq, self.step_timeout, graph, self.recorder.now(), holders))
+        with contextlib.suppress(psycopg.Error):
+            self.cancels[active.session].cancel()
 
     def _report_waiting(self, active: _Active) -> None:
         detected = self.recorder.now()
