@@ -22,7 +22,7 @@ from pgrace.render.escape import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
     from pgrace.explore import Exploration
-    from pgrace.matrix import Matrix, MatrixTable
+    from pgrace.matrix import Cell, Matrix, MatrixTable
     from pgrace.outcomes import OutcomeClass
     from pgrace.sweep import Sweep
 
@@ -160,20 +160,14 @@ def jsonable(value: Any) -> Any:
 
 # -- matrix ------------------------------------------------------------------------------------
 
-_TABLE_ABBREVIATIONS = {
-    "ACCESS SHARE": "AS",
-    "ROW SHARE": "RS",
-    "ROW EXCLUSIVE": "RE",
-    "SHARE UPDATE EXCLUSIVE": "SUE",
-    "SHARE": "S",
-    "SHARE ROW EXCLUSIVE": "SRE",
-    "EXCLUSIVE": "E",
-    "ACCESS EXCLUSIVE": "AE",
-}
+
+def _abbreviation(mode: str) -> str:
+    """A table-lock mode by its initials: SHARE UPDATE EXCLUSIVE is SUE."""
+    return "".join(word[0] for word in mode.split())
 
 
-def _matrix_cell(blocks: bool, agrees: bool) -> str:
-    return ("blocks" if blocks else "·") + ("" if agrees else " ≠doc")
+def _matrix_cell(cell: Cell) -> str:
+    return ("blocks" if cell.blocks else "·") + ("" if cell.agrees else " ≠doc")
 
 
 def _agreement(table: MatrixTable) -> str:
@@ -189,10 +183,7 @@ def _agreement(table: MatrixTable) -> str:
 
 
 def _matrix_rows(table: MatrixTable) -> list[list[str]]:
-    return [
-        [held, *(_matrix_cell(table.cell(held, r).blocks, table.cell(held, r).agrees) for r in table.modes)]
-        for held in table.modes
-    ]
+    return [[held, *(_matrix_cell(table.cell(held, requested)) for requested in table.modes)] for held in table.modes]
 
 
 def render_matrix_text(matrix: Matrix) -> str:
@@ -206,11 +197,11 @@ def render_matrix_text(matrix: Matrix) -> str:
     lines.append(_agreement(matrix.row))
     lines.append("")
     lines.append("Table locks (LOCK TABLE ... IN mode MODE): held (rows) × requested (columns).")
-    headers = [_TABLE_ABBREVIATIONS.get(m, m) for m in matrix.table.modes]
+    headers = [_abbreviation(m) for m in matrix.table.modes]
     rows = _matrix_rows(matrix.table)
     lines.append(tabulate(rows, headers=["held \\ requested", *headers]))
     lines.append(_agreement(matrix.table))
-    lines.append("   ".join(f"{abbr} = {mode}" for mode, abbr in _TABLE_ABBREVIATIONS.items()))
+    lines.append("   ".join(f"{_abbreviation(mode)} = {mode}" for mode in matrix.table.modes))
     return "\n".join(lines) + "\n"
 
 
@@ -240,7 +231,7 @@ def render_matrix_html(matrix: Matrix) -> str:
             for requested in table.modes:
                 c = table.cell(held, requested)
                 classes = ("fail" if c.blocks else "ok") + ("" if c.agrees else " differs")
-                shown = html.escape(_matrix_cell(c.blocks, c.agrees))
+                shown = html.escape(_matrix_cell(c))
                 cells.append(f'<td class="{classes}" title="{html.escape(c.seen)}">{shown}</td>')
             body.append(f"<tr><th>{html.escape(held)}</th>{''.join(cells)}</tr>")
         body.append("</table>")
