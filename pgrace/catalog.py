@@ -73,6 +73,14 @@ def looks_like_path(ref: str) -> bool:
     return ref.endswith(SUFFIXES) or "/" in ref or Path(ref).exists()
 
 
+def variant(scenario: Scenario, wanted: str | None) -> Scenario:
+    """``scenario``'s variant ``wanted`` ("bug", "fix"; None: the first in the file), or an error naming the file."""
+    try:
+        return scenario.variant_named(wanted)
+    except KeyError:
+        raise ScenarioError(f"scenario {scenario.name!r} has no {wanted} variant", scenario.source) from None
+
+
 def load(ref: str, params: dict[str, str] | None = None) -> Scenario:
     """A shipped scenario's name, or a path to a scenario or spec file."""
     if not looks_like_path(ref):

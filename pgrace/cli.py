@@ -243,11 +243,9 @@ def _params(values: tuple[str, ...]) -> dict[str, str]:
 def _variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    wanted = "fix" if fix else "bug" if bug else None
-    try:
-        return scenario.variant_named(wanted)
-    except KeyError:
-        raise ScenarioError(f"scenario {scenario.name!r} has no {wanted} variant", scenario.source) from None
+    from pgrace import catalog
+
+    return catalog.variant(scenario, "fix" if fix else "bug" if bug else None)
 
 
 scenario_argument = click.argument("scenario", metavar="SCENARIO")

@@ -114,7 +114,6 @@ class LoadOptions:
     pgbench: str | None = None
     sample_every: float = SAMPLE_EVERY_S
     on_progress: Callable[[LoadResult, ClientRun], None] | None = None
-    on_start: Callable[[LoadResult, int], None] | None = None
 
 
 # -- the script ------------------------------------------------------------------------------
@@ -293,8 +292,6 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     result = LoadResult(scenario.name, scenario.variant, server.version)
     try:
         for clients in options.clients:
-            if options.on_start is not None:
-                options.on_start(result, clients)
             run = _one_count(scenario, server, options, script, pgbench, major, clients)
             result.runs.append(run)
             if options.on_progress is not None:

@@ -42,7 +42,6 @@ class Cell:
 @dataclass
 class Sweep:
     scenario: str
-    title: str
     variant: str
     params: dict[str, list[str]]
     cells: list[Cell] = field(default_factory=list)
@@ -98,10 +97,7 @@ def sweep(
     cells: list[Cell] = []
     for combination in combinations(params):
         loaded = catalog.load(ref, combination)
-        try:
-            chosen = loaded.variant_named(variant)
-        except KeyError:
-            raise ScenarioError(f"scenario {loaded.name!r} has no {variant} variant", loaded.source) from None
+        chosen = catalog.variant(loaded, variant)
         if explore:
             found = explore_variant(chosen, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
             classes = found.classes
@@ -113,4 +109,4 @@ def sweep(
             classes = list(grouped.values())
         cells.append(Cell(combination, classes, chosen.variant))
     assert chosen is not None
-    return Sweep(chosen.name, chosen.title, chosen.variant, params, cells, explore)
+    return Sweep(chosen.name, chosen.variant, params, cells, explore)

@@ -72,7 +72,6 @@ def test_sweep_grid_in_every_format() -> None:
     prevented = OutcomeClass(False, 1, ("40001",), ("c",), (), 1, ("a-1",), summary="p")
     sweep = Sweep(
         "s",
-        "t",
         "bug",
         {"level": ["rc", "ser"]},
         [SweepCell({"level": "rc"}, [occurs], "bug"), SweepCell({"level": "ser"}, [prevented], "bug")],
