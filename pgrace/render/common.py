@@ -411,6 +411,11 @@ def shown_locks(run: Run, event: LocksObserved) -> tuple[RowLock, ...] | None:
     return (event.locks or ()) + event.other_locks
 
 
+def locks_heading(run: Run) -> str:
+    """The locks column's heading: what :func:`shown_locks` puts in it."""
+    return "row locks held" if run.lock_kinds == "rows" else "locks held"
+
+
 _CLAUSE = re.compile(
     r"\s+(?=(?:FROM|WHERE|ORDER\s+BY|GROUP\s+BY|HAVING|LIMIT|OFFSET|FOR\s+(?:NO\s+KEY\s+)?UPDATE"
     r"|FOR\s+(?:KEY\s+)?SHARE|SET|VALUES|RETURNING|ON\s+CONFLICT)\b)",

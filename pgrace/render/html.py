@@ -16,6 +16,7 @@ from pgrace.render.common import (
     OK_COLOUR,
     WAIT_COLOUR,
     WAIT_DARK,
+    locks_heading,
     outcome_lines,
     session_colours,
     story_facts,
@@ -93,11 +94,7 @@ def _legend(run: Run) -> str:
         f'<div class="legend"><span>{chips}</span>'
         '<span><i class="swatch wait"></i>a step waits: the arrow points at the session it waits for</span>'
         '<span><i class="swatch error"></i>a step failed (SQLSTATE)</span>'
-        + (
-            f"<span>right: {'row locks' if run.lock_kinds == 'rows' else 'locks'} held after each step</span>"
-            if run.row_locks_available
-            else ""
-        )
+        + (f"<span>right: {locks_heading(run)} after each step</span>" if run.row_locks_available else "")
         + "</div>"
     )
 

@@ -14,6 +14,7 @@ from pgrace.render.common import (
     StepSummary,
     describe_wait,
     lock_label,
+    locks_heading,
     one_line,
     outcome_lines,
     session_colours,
@@ -104,7 +105,7 @@ def render_markdown(run: Run, level: int = 2, counterpart: Scenario | None = Non
         if section.heading:
             out += [f"**{escape_md(section.heading)}**", ""]
         header = ["#", *[f"{colours[s].square} {escape_md(s)}" for s in sessions]]
-        header += (["row locks held"] if run.lock_kinds == "rows" else ["locks held"]) if with_locks else []
+        header += [locks_heading(run)] if with_locks else []
         out.append("| " + " | ".join(header) + " |")
         out.append("| ---: | " + " | ".join(":--" for _ in header[1:]) + " |")
         last: object = ()

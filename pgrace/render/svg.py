@@ -30,6 +30,7 @@ from pgrace.render.common import (
     Section,
     SessionColour,
     WaitSpan,
+    locks_heading,
     plural,
     session_colours,
     shorten,
@@ -519,8 +520,7 @@ def _draw_lock_grid(canvas: Canvas, section: Section, geo: Geometry, colours: di
 
 def _geometry(run: Run, section: Section, lane_width: int) -> Geometry:
     locked = section.locked_rows()
-    title = "row locks held" if run.lock_kinds == "rows" else "locks held"
-    return Geometry(run.scenario.session_names, lane_width, locked[:8], run.row_locks_available, title)
+    return Geometry(run.scenario.session_names, lane_width, locked[:8], run.row_locks_available, locks_heading(run))
 
 
 def lane_width_for(sessions: int, compact: bool = False) -> int:

@@ -16,6 +16,7 @@ from pgrace.render.common import (
     SESSION_COLOURS,
     cancel_text,
     describe_wait,
+    locks_heading,
     lost_text,
     outcome_lines,
     plural,
@@ -187,7 +188,7 @@ def _table(run: Run, rows: list[Row], style: Style) -> str:
         if with_locks:
             cells.append("\n".join(w for line in row.locks for w in wrap_cell(line, lock_width, indent="")))
         table.append(cells)
-    title = "row locks held" if run.lock_kinds == "rows" else "locks held"
+    title = locks_heading(run)
     headers = ["#"] + [paint(name, name) for name in sessions] + ([title] if with_locks else [])
     return tabulate(table, headers=headers, tablefmt="simple", disable_numparse=True)
 
