@@ -88,7 +88,6 @@ def sweep(
 ) -> Sweep:
     """Run ``ref`` (a shipped name or a file) once per combination of ``params`` values."""
     from pgrace import api
-    from pgrace.explore import Space
     from pgrace.explore import explore as explore_variant
 
     if not params:
@@ -105,7 +104,7 @@ def sweep(
             run = api.run(chosen, server=server, options=RunOptions(step_timeout=step_timeout))
             grouped: dict[str, OutcomeClass] = {}
             observed = classify(run)
-            add_observed(grouped, observed, Space(chosen).preference(observed.launched), chosen)
+            add_observed(grouped, observed, (0, 0), chosen)  # one run, no other example to prefer
             classes = list(grouped.values())
         cells.append(Cell(combination, classes, chosen.variant))
     assert chosen is not None
