@@ -248,6 +248,17 @@ def _variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
     return catalog.variant(scenario, "fix" if fix else "bug" if bug else None)
 
 
+def _both_variants(scenario: Scenario, picked_variant: bool) -> list[Scenario]:
+    """What --compare runs: the bug, then the fix."""
+    if picked_variant:
+        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
+    if scenario.other is None:
+        raise ScenarioError(
+            f"scenario {scenario.name!r} has one variant only; --compare needs a bug and a fix", scenario.source
+        )
+    return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
+
+
 scenario_argument = click.argument("scenario", metavar="SCENARIO")
 step_timeout_option = click.option(
     "--step-timeout",
@@ -532,17 +543,11 @@ def _run_compare(
     """Run the bug and the fix on one server and render them next to each other."""
     from pgrace import api
 
-    if picked_variant:
-        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
+    variants = _both_variants(loaded, picked_variant)
     if live:
         raise click.UsageError("--compare cannot be played live; run each variant with --step instead")
     if fmt not in COMPARE_FORMATS:
         raise click.UsageError(f"--compare shows --format {', '.join(COMPARE_FORMATS)}, not {fmt}")
-    if loaded.other is None:
-        raise ScenarioError(
-            f"scenario {loaded.name!r} has one variant only; --compare needs a bug and a fix", loaded.source
-        )
-    variants = sorted([loaded, loaded.other], key=lambda s: s.variant != "bug")
     server = server_ready()
     report_swept(server)
     results = [api.run(v, server=server, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants]
@@ -1092,14 +1097,7 @@ def load(
     per_client = _whole(transactions, "-t/--transactions")
     if seconds is not None and per_client is not None:
         raise ScenarioError("-T/--time and -t/--transactions exclude each other")
-    if compare and (fix or bug):
-        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
-    if compare:
-        if loaded.other is None:
-            raise ScenarioError(f"scenario {loaded.name!r} has one variant only; --compare needs two", loaded.source)
-        variants = sorted([loaded, loaded.other], key=lambda s: s.variant != "bug")
-    else:
-        variants = [_variant(loaded, fix, bug)]
+    variants = _both_variants(loaded, fix or bug) if compare else [_variant(loaded, fix, bug)]
     for variant in variants:
         engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
     if emit_dir is not None:
