@@ -958,7 +958,6 @@ def sweep(
     A bug variant's cell says whether the anomaly its final checks describe "occurs" or is
     "prevented" (by 40001, by blocking, or by neither); a fix's, whether its checks hold.
     """
-    from pgrace import catalog
     from pgrace import sweep as sweeper
     from pgrace.explore import replay
     from pgrace.render import outcomes as render
@@ -967,34 +966,30 @@ def sweep(
 
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    wanted = "fix" if fix else "bug" if bug else None
     grid = _sweep_params(params)
-    for ref in scenarios:  # invalid input fails before a server starts
-        for combination in sweeper.combinations(grid):
-            _variant(catalog.load(ref, combination), fix, bug)
+    # Every combination is loaded once, up front: invalid input fails before a server starts.
+    loaded = [sweeper.variants(ref, grid, "fix" if fix else "bug" if bug else None) for ref in scenarios]
     timelines: dict[tuple[int, int, int], str] = {}
     with open_server(server_target or dsn) as server:
         report_swept(server)
         results = [
-            sweeper.sweep(
-                ref,
+            sweeper.sweep_variants(
+                chosen,
                 grid,
                 server,
-                variant=wanted,
                 explore=explore_cells,
                 limit=limit,
                 seed=seed if limit is not None else None,
                 jobs=jobs,
                 step_timeout=step_timeout,
             )
-            for ref in scenarios
+            for chosen in loaded
         ]
         if fmt == "html":
-            for i, (ref, result) in enumerate(zip(scenarios, results, strict=True)):
-                for j, cell in enumerate(result.cells):
-                    chosen = _variant(catalog.load(ref, cell.params), fix, bug)
+            for i, (chosen, result) in enumerate(zip(loaded, results, strict=True)):
+                for j, ((_, scenario), cell) in enumerate(zip(chosen, result.cells, strict=True)):
                     for k, cls in enumerate(cell.classes):
-                        run = replay(chosen, server, cls, step_timeout)
+                        run = replay(scenario, server, cls, step_timeout)
                         timelines[(i, j, k)] = render_text(run, Style(colour=False, width=120))
     if fmt == "json":
         text = render.render_sweep_json(results)

@@ -74,6 +74,17 @@ def combinations(params: dict[str, list[str]]) -> list[dict[str, str]]:
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*(params[n] for n in names))]
 
 
+def variants(
+    ref: str, params: dict[str, list[str]], variant: str | None = None
+) -> list[tuple[dict[str, str], Scenario]]:
+    """``ref`` (a shipped name or a file) loaded once per combination of ``params`` values, ``variant`` chosen."""
+    if not params:
+        raise ScenarioError("sweep needs at least one -p NAME=VALUE[,VALUE...]")
+    return [
+        (combination, catalog.variant(catalog.load(ref, combination), variant)) for combination in combinations(params)
+    ]
+
+
 def sweep(
     ref: str,
     params: dict[str, list[str]],
@@ -87,25 +98,44 @@ def sweep(
     step_timeout: float = 10.0,
 ) -> Sweep:
     """Run ``ref`` (a shipped name or a file) once per combination of ``params`` values."""
+    return sweep_variants(
+        variants(ref, params, variant),
+        params,
+        server,
+        explore=explore,
+        limit=limit,
+        seed=seed,
+        jobs=jobs,
+        step_timeout=step_timeout,
+    )
+
+
+def sweep_variants(
+    chosen: Sequence[tuple[dict[str, str], Scenario]],
+    params: dict[str, list[str]],
+    server: ServerInfo,
+    *,
+    explore: bool = False,
+    limit: int | None = None,
+    seed: int | None = None,
+    jobs: int = 1,
+    step_timeout: float = 10.0,
+) -> Sweep:
+    """Run each loaded combination (see :func:`variants`) on ``server``: a grid of outcome classes."""
     from pgrace import api
     from pgrace.explore import explore as explore_variant
 
-    if not params:
-        raise ScenarioError("sweep needs at least one -p NAME=VALUE[,VALUE...]")
-    chosen: Scenario | None = None
     cells: list[Cell] = []
-    for combination in combinations(params):
-        loaded = catalog.load(ref, combination)
-        chosen = catalog.variant(loaded, variant)
+    for combination, scenario in chosen:
         if explore:
-            found = explore_variant(chosen, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
+            found = explore_variant(scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
             classes = found.classes
         else:
-            run = api.run(chosen, server=server, options=RunOptions(step_timeout=step_timeout))
+            run = api.run(scenario, server=server, options=RunOptions(step_timeout=step_timeout))
             grouped: dict[str, OutcomeClass] = {}
             observed = classify(run)
-            add_observed(grouped, observed, (0, 0), chosen)  # one run, no other example to prefer
+            add_observed(grouped, observed, (0, 0), scenario)  # one run, no other example to prefer
             classes = list(grouped.values())
-        cells.append(Cell(combination, classes, chosen.variant))
-    assert chosen is not None
-    return Sweep(chosen.name, chosen.variant, params, cells, explore)
+        cells.append(Cell(combination, classes, scenario.variant))
+    first = chosen[0][1]
+    return Sweep(first.name, first.variant, params, cells, explore)
