@@ -21,11 +21,10 @@ against each variant's steps, so the fix's load runs the fix's SQL.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from pgrace.model import Load, LoadCheck, LoadCommand, Scenario
-from pgrace.variables import find
+from pgrace.variables import NAME, find
 
 if TYPE_CHECKING:
     from pgrace.formats.scenario_toml import Builder, KeyPath
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 LOAD_KEYS = {"setup", "transaction", "check"}
 COMMAND_KEYS = {"step", "sql", "capture", "sleep", "set", "random"}
 CHECK_KEYS = {"description", "sql"}
-VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, variant_key: str | None) -> Load:
@@ -151,7 +149,7 @@ def _command(builder: Builder, item: Any, scenario: Scenario, where: KeyPath, li
         return LoadCommand("sleep", seconds=builder._duration(item["sleep"], (*where, "sleep")), line=line)
     name = item["set"]
     bounds = item.get("random")
-    if not isinstance(name, str) or not VARIABLE.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise loc.error("set names a variable: letters, digits and '_'", *where)
     if (
         not isinstance(bounds, list)
