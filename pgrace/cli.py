@@ -973,7 +973,7 @@ def sweep(
     with open_server(server_target or dsn) as server:
         report_swept(server)
         results = [
-            sweeper.sweep_variants(
+            sweeper.sweep(
                 chosen,
                 grid,
                 server,

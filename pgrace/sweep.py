@@ -86,31 +86,6 @@ def variants(
 
 
 def sweep(
-    ref: str,
-    params: dict[str, list[str]],
-    server: ServerInfo,
-    *,
-    variant: str | None = None,
-    explore: bool = False,
-    limit: int | None = None,
-    seed: int | None = None,
-    jobs: int = 1,
-    step_timeout: float = 10.0,
-) -> Sweep:
-    """Run ``ref`` (a shipped name or a file) once per combination of ``params`` values."""
-    return sweep_variants(
-        variants(ref, params, variant),
-        params,
-        server,
-        explore=explore,
-        limit=limit,
-        seed=seed,
-        jobs=jobs,
-        step_timeout=step_timeout,
-    )
-
-
-def sweep_variants(
     chosen: Sequence[tuple[dict[str, str], Scenario]],
     params: dict[str, list[str]],
     server: ServerInfo,
