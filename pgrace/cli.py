@@ -38,7 +38,7 @@ from pgrace.render.escape import visible, without_controls
 # cost more than a short run itself (tests/test_import_cost.py checks that importing this
 # module pulls in none of them).
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from pgrace.model import Scenario
     from pgrace.render.text import Style
@@ -135,6 +135,26 @@ def _writable(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise click.BadParameter(f"cannot write {value}: no writable folder {str(folder)!r}", ctx, param)
     return value
+
+
+def refuse_overwriting_inputs(output: str | Path | None, inputs: Iterable[str | Path], what: str = "-o") -> None:
+    """An output file that is one of the files the command reads (itself, or through a link) is refused, exit 2.
+
+    ``pgrace run my.toml -o my.toml`` would otherwise replace the scenario with its own timeline.
+    Any other existing file is overwritten, as a shell's ``>`` would.
+    """
+    if output is None:
+        return
+    for source in inputs:
+        with suppress(OSError):  # a file that does not exist (yet) cannot be an input
+            if os.path.samefile(output, source):
+                raise ScenarioError(f"{what} would write over {source}, which this command reads", str(output))
+
+
+OUTPUT_HELP = (
+    "Write to FILE instead of stdout. An existing FILE is overwritten, as a shell's > would;"
+    " a file the command reads never is."
+)
 
 
 def write_output(path: str | Path, text: str) -> None:
@@ -365,9 +385,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @step_timeout_option
 @click.option("--width", type=click.IntRange(min=40), help="Width of the text timeline (default: terminal).")
 @click.option("--color/--no-color", default=None, help="Colour per session (default: on a terminal, unless NO_COLOR).")
-@click.option(
-    "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help="Write to FILE."
-)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
 @click.option(
     "--compare",
     is_flag=True,
@@ -414,6 +432,7 @@ def run(
     # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
     with booting_server(server_target or dsn) as server_ready:
         loaded = catalog.load(scenario, _params(params))
+        refuse_overwriting_inputs(output, [loaded.source])
         to_terminal = output is None and sys.stdout.isatty()
         colour = color if color is not None else (to_terminal and "NO_COLOR" not in os.environ)
         style = None
@@ -656,6 +675,7 @@ def check(
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t)) for t in (targets or [None])]
         cases = regression.prepare(list(paths), golden=golden or update, expected=expected)
+        refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
         opened = [ready() for ready in booting]
         for server in opened:
             report_swept(server)
@@ -763,7 +783,7 @@ server_option = click.option(
 )
 dsn_option = click.option("--dsn", envvar="PGRACE_DSN", help="Use this server (libpq URI or conninfo).")
 output_option = click.option(
-    "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help="Write to FILE."
+    "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP
 )
 
 
@@ -819,6 +839,7 @@ def explore(
     from pgrace.servers import open_server
 
     chosen = _variant(catalog.load(scenario, _params(params)), fix, bug)
+    refuse_overwriting_inputs(output, [chosen.source, *merge_files])
     if show is None and fmt not in EXPLORE_FORMATS:
         raise click.UsageError(f"explore prints --format {', '.join(EXPLORE_FORMATS)}; --show N prints any format")
     space = explorer.Space(chosen)
@@ -969,6 +990,7 @@ def sweep(
     grid = _sweep_params(params)
     # Every combination is loaded once, up front: invalid input fails before a server starts.
     loaded = [sweeper.variants(ref, grid, "fix" if fix else "bug" if bug else None) for ref in scenarios]
+    refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
     timelines: dict[tuple[int, int, int], str] = {}
     with open_server(server_target or dsn) as server:
         report_swept(server)
@@ -1046,7 +1068,7 @@ def _whole(raw: str | None, option: str) -> int | None:
 )
 @click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
 @click.option("--format", "-f", "fmt", type=click.Choice(LOAD_FORMATS), default="text", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to FILE.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
 @click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one.")
 @click.option("--server", "server_target", metavar="SERVER", help="'embedded', a connection string or a bin directory.")
 @click.option(
@@ -1087,6 +1109,7 @@ def load(
     from pgrace.servers import open_server
 
     loaded = catalog.load(scenario, _params(params))
+    refuse_overwriting_inputs(output, [loaded.source])
     counts = _client_counts(clients)
     seconds = _whole(duration, "-T/--time")
     per_client = _whole(transactions, "-t/--transactions")
