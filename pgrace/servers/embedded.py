@@ -571,13 +571,17 @@ def _run_base() -> str:
 def _remove_stale_runs(base: str) -> None:
     """Remove run directories (and servers) left by pgrace processes that were killed.
 
-    Directories of live processes are left alone.  Called with ``_run_dirs_lock`` held.
+    ``base`` (``/dev/shm``) is writable by every user, so a name is no proof: only a real
+    directory (no symlink followed) that this user's pgrace could have made, owned by us or
+    by the server user and closed to everyone else, is swept. Directories of live processes
+    are left alone. Called with ``_run_dirs_lock`` held.
     """
     try:
         entries = list(os.scandir(base))
     except OSError:
         return
     me = os.getpid()
+    owners = _run_dir_owners()
     for entry in entries:
         m = _RUN_DIR_RE.match(entry.name)
         if m is None or entry.path in _our_run_dirs:
@@ -585,26 +589,48 @@ def _remove_stale_runs(base: str) -> None:
         pid = int(m.group(1))
         if pid != me and _pid_alive(pid):
             continue
-        if not entry.is_dir(follow_symlinks=False):
+        if not _owned_private_dir(entry.path, owners):
             continue
-        _kill_leftover_postmaster(os.path.join(entry.path, "data"))
+        _kill_leftover_postmaster(entry.path, owners)
         shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def _kill_leftover_postmaster(data: str) -> None:
-    """Stop a postmaster still serving ``data``, verified by its cwd so we never kill a stranger."""
+def _run_dir_owners() -> set[int]:
+    """Who may own a run directory of this user's pgrace: we, and as root the server user we chown it to."""
+    owners = {os.geteuid()}
+    if os.geteuid() == 0:
+        with contextlib.suppress(ServerUnavailable):
+            user = _server_user()
+            if user is not None:
+                owners.add(user.uid)
+    return owners
+
+
+def _owned_private_dir(path: str, owners: set[int]) -> bool:
+    """A directory itself (not a link to one), owned by one of ``owners``, with no access for group or others."""
     try:
-        with open(os.path.join(data, "postmaster.pid")) as f:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in owners and not st.st_mode & 0o077
+
+
+def _kill_leftover_postmaster(rundir: str, owners: set[int]) -> None:
+    """Stop the postmaster a dead pgrace left in ``rundir``, and nothing else.
+
+    A pid file can name any process, so the process must prove it is that server: run by
+    one of ``owners``, working in ``rundir/data``, started as ``postgres -D rundir/data``.
+    """
+    data = os.path.join(rundir, "data")
+    if not _owned_private_dir(data, owners):
+        return
+    try:
+        fd = os.open(os.path.join(data, "postmaster.pid"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
             pid = int(f.readline().strip())
     except (OSError, ValueError):
         return
-    if not _pid_alive(pid):
-        return
-    try:
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return  # cannot verify that it is ours: leave it alone
-    if cwd != os.path.realpath(data):
+    if pid <= 1 or not _pid_alive(pid) or not _is_server_of(pid, data, owners):
         return
     for sig, wait_s in ((signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
@@ -614,6 +640,22 @@ def _kill_leftover_postmaster(data: str) -> None:
             if not _pid_alive(pid):
                 return
             time.sleep(0.005)
+
+
+def _is_server_of(pid: int, data: str, owners: set[int]) -> bool:
+    """Whether ``pid`` is a postgres serving ``data`` that one of ``owners`` runs (read from /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            uids = next(line.split()[1:] for line in f if line.startswith("Uid:"))
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, StopIteration):
+        return False  # cannot verify that it is ours: leave it alone
+    if not uids or int(uids[0]) not in owners or cwd != os.path.realpath(data):
+        return False
+    wanted = os.fsencode(data)
+    return any(argv[i] == b"-D" and argv[i + 1] == wanted for i in range(len(argv) - 1))
 
 
 def _pid_alive(pid: int) -> bool:
