@@ -302,9 +302,13 @@ allow_schema_option = click.option(
 
 
 def report_swept(server: ServerInfo) -> None:
-    """Drop what killed runs left on this server, and say so (a failure here never stops a run)."""
+    """Say what was mended to start the server; drop what killed runs left on it, and say so.
+
+    A failure here never stops a run."""
     from pgrace.scratch import sweep_leftovers
 
+    for note in server.notes:
+        click.echo(f"pgrace: note: {visible(note)}", err=True)
     if server.fresh:  # started for this command a moment ago: nothing to sweep, no connection to spend
         return
     with suppress(PgraceError):

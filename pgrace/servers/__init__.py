@@ -44,6 +44,8 @@ class ServerInfo:
     """The bin directory of the server's own installation (pgbench lives there), when pgrace started it."""
     fresh: bool = False
     """pgrace started it for this process from its clean template: no killed run can have left anything on it."""
+    notes: tuple[str, ...] = ()
+    """What pgrace had to mend to start it (a damaged cache entry rebuilt), one line each, for the user."""
 
 
 def open_server(

