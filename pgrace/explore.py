@@ -37,7 +37,17 @@ from typing import Any
 from pgrace import variables
 from pgrace.errors import ScenarioError, raise_terminated
 from pgrace.model import PermutationStep, Scenario, StepExpectation
-from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, merge_classes, ordered, split_run, switches
+from pgrace.outcomes import (
+    Observed,
+    OutcomeClass,
+    add_observed,
+    classify,
+    merge_classes,
+    ordered,
+    split_run,
+    switches,
+    whole_number,
+)
 from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import schema_reset_sql, scratch_database_with_schema
 from pgrace.servers import ServerInfo
@@ -193,8 +203,8 @@ def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
         return Exploration(
             str(data["scenario"]),
             str(data["variant"]),
-            int(data["space"]),
-            int(data["explored"]),
+            whole_number(data["space"], "space"),
+            whole_number(data["explored"], "explored"),
             data["seed"],
             classes,
         )
@@ -354,6 +364,8 @@ def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Ex
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ScenarioError(f"not JSON: {exc.msg}", name, exc.lineno) from None
+        except ValueError as exc:  # a number of more digits than Python converts
+            raise ScenarioError(f"not an exploration's JSON ({exc})", name) from None
         if not isinstance(data, dict):
             raise ScenarioError("not an exploration's JSON (an object expected)", name)
         parts.append(exploration_from_dict(data, space))

@@ -87,15 +87,22 @@ class OutcomeClass:
     def from_dict(cls, data: dict[str, Any], preference: tuple[int, int]) -> OutcomeClass:
         return cls(
             ok=bool(data["ok"]),
-            count=int(data["count"]),
+            count=whole_number(data["count"], "count"),
             errors=tuple(data["errors"]),
             failed_checks=tuple(data["failed_checks"]),
             final=tuple(tuple(tuple(row) for row in rows) for rows in data["final"]),
-            waits=int(data["waits"]),
+            waits=whole_number(data["waits"], "waits"),
             example=tuple(data["example"]),
             preference=preference,
             summary=str(data["summary"]),
         )
+
+
+def whole_number(value: Any, name: str) -> int:
+    """A count read back from JSON: a whole number from 0 up (JSON also spells 1e999, NaN, 1.5 and true)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{name} is not a whole number: {str(value)[:40]}")
+    return value
 
 
 def classify(run: Run) -> Observed:

@@ -185,10 +185,15 @@ def scratch_database(
         server_version = admin.info.server_version
         try:
             _create(admin, server, name)
-        except NoCreateDb:
-            if not allow_schema:
+        except NoCreateDb as exc:
+            if allow_schema:
+                in_schema = True
+            elif scenario is not None:  # a scenario run, the one kind that can live in a schema instead
+                raise NoCreateDb(
+                    f"{exc}, or pass --allow-scratch-schema to use a throwaway schema in its database instead"
+                ) from exc.__cause__
+            else:
                 raise
-            in_schema = True
         except KeyboardInterrupt:
             # Interrupted around the CREATE: the database may exist by now.
             with deferred_interrupts(), contextlib.suppress(RunAborted):
@@ -581,8 +586,7 @@ def _create(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str) 
         user = admin.info.user
         raise NoCreateDb(
             f"role {user!r} may not create databases on {server.label}; pgrace needs a "
-            f"scratch database per run: grant it CREATEDB (ALTER ROLE {user} CREATEDB), "
-            "or pass --allow-scratch-schema to use a throwaway schema in its database instead"
+            f"scratch database per run: grant it CREATEDB (ALTER ROLE {user} CREATEDB)"
         ) from exc
     except psycopg.Error as exc:
         raise ServerUnavailable(

@@ -123,3 +123,23 @@ def test_many_steps_parse_in_linear_time() -> None:
 def test_the_readme_states_the_limits() -> None:
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     assert limits.LIMITS_TEXT in readme
+
+
+@pytest.mark.parametrize(
+    "number", ["1e999", "-1e999", "NaN", "Infinity", "1" * 5000, "1.5", '"70"', "true", "null", "[70]"]
+)
+@pytest.mark.parametrize("field", ["space", "explored", "count"])
+def test_a_shards_json_with_numbers_out_of_bounds_is_refused(tmp_path: Path, field: str, number: str) -> None:
+    """JSON may say 1e999 (inf), NaN or a 5,000-digit number: each is invalid input, never an internal error."""
+    values = {"space": "70", "explored": "70", "count": "70"}
+    values[field] = number
+    shard = tmp_path / "shard.json"
+    shard.write_text(
+        f'{{"scenario": "lost-update", "variant": "bug", "space": {values["space"]}, "explored": {values["explored"]},'
+        f' "seed": null, "classes": [{{"ok": true, "count": {values["count"]}, "errors": [], "waits": [],'
+        f' "final": [], "example": ["alice-begin"]}}]}}'
+    )
+    result = CliRunner().invoke(main, ["explore", "lost-update", "--merge", str(shard)])
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("pgrace: ") and "not an exploration's JSON" in line, line

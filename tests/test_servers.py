@@ -301,8 +301,26 @@ def role(server: ServerInfo) -> Iterator[str]:
 
 def test_scratch_database_without_createdb_is_reported(server: ServerInfo, role: str) -> None:
     limited = ServerInfo(dsn=make_conninfo(server.dsn, user=role), version=server.version, label="limited")
-    with pytest.raises(ServerUnavailable, match="may not create databases"), scratch_database(limited, "x"):
+    with pytest.raises(ServerUnavailable, match="may not create databases") as raised, scratch_database(limited, "x"):
         pass
+    assert "--allow-scratch-schema" not in str(raised.value)  # only a scenario run can take that way out
+
+
+@pytest.mark.parametrize(
+    ("command", "offers_schema_mode"),
+    [(["run", "lost-update"], True), (["explore", "lost-update", "--max", "1"], False), (["matrix"], False)],
+)
+def test_without_createdb_only_run_is_told_of_allow_scratch_schema(
+    server: ServerInfo, role: str, command: list[str], offers_schema_mode: bool
+) -> None:
+    from click.testing import CliRunner
+
+    from pgrace.cli import main
+
+    result = CliRunner().invoke(main, [*command, "--dsn", make_conninfo(server.dsn, user=role)])
+    assert result.exit_code == 3, result.output
+    assert "may not create databases" in result.stderr
+    assert ("--allow-scratch-schema" in result.stderr) is offers_schema_mode, result.stderr
 
 
 def test_scratch_database_without_superuser_lacks_pgrowlocks(server: ServerInfo, role: str) -> None:
