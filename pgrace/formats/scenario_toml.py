@@ -60,6 +60,7 @@ STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capt
 ACTIONS = ("sql", "sleep", "crash")  # what a step does: exactly one of them
 CRASHES = ("terminate", "disconnect")
 PARAM_KEYS = {"default", "choices"}
+BOUNDED_PARAM_KEYS = {"default", "min", "max"}
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
 MAX_SLEEP = 60.0
 TOPIC = re.compile(r"^[a-z0-9-]+( [a-z0-9-]+)*\Z")
@@ -260,10 +261,13 @@ class Builder:
             raise self.loc.error("params must be a table of name = default value", "params")
         params: dict[str, Any] = {}
         choices: dict[str, tuple[str, ...]] = {}
+        bounds: dict[str, tuple[int, int]] = {}
         for key, value in declared.items():
             if (bad := control_in_name(key)) is not None:
                 raise self.loc.error(f"param name {key!r} holds control character {bad}", "params", key)
-            if isinstance(value, dict):
+            if isinstance(value, dict) and "choices" not in value and ("min" in value or "max" in value):
+                value, bounds[key] = self._bounded_param(key, value)
+            elif isinstance(value, dict):
                 value, choices[key] = self._choice_param(key, value)
             if not isinstance(value, (int, float, str, bool)):
                 raise self.loc.error(
@@ -285,7 +289,30 @@ class Builder:
                 params[key] = _choose(raw, choices[key], key, self.source)
             else:
                 params[key] = _coerce(raw, params[key], key, self.source)
+            if key in bounds and not bounds[key][0] <= params[key] <= bounds[key][1]:
+                low, high = bounds[key]
+                raise ScenarioError(
+                    f"param {key!r} is a whole number from {low} to {high} in this scenario, not {raw!r}", self.source
+                )
         return params, choices
+
+    def _bounded_param(self, key: str, table: dict[str, Any]) -> tuple[int, tuple[int, int]]:
+        """``{ default = 3, min = 3, max = 32 }``: a whole number the scenario works for only within bounds."""
+        self._check_keys(table, BOUNDED_PARAM_KEYS, ("params", key), f"key of param {key!r}")
+        values: list[int] = []
+        for name in ("default", "min", "max"):
+            value = table.get(name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise self.loc.error(
+                    f"param {key!r}: default, min and max are whole numbers, e.g. {{ default = 3, min = 1, max = 32 }}",
+                    "params",
+                    key,
+                )
+            values.append(value)
+        default, low, high = values
+        if not low <= default <= high:
+            raise self.loc.error(f"param {key!r}: min <= default <= max does not hold", "params", key)
+        return default, (low, high)
 
     def _choice_param(self, key: str, table: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
         """``{ default = "READ COMMITTED", choices = [...] }``: ``:key`` is put in as one of these SQL words."""
@@ -480,6 +507,16 @@ class Builder:
             return [ref]
         if ref in groups:
             return groups[ref]
+        for group, members in groups.items():  # worker3 of a group that has 2 members this time
+            suffix = ref.removeprefix(group)
+            if suffix != ref and suffix.isdigit() and not suffix.startswith("0"):
+                raise self.loc.error(
+                    f"session {ref!r} is not one of the {len(members)} sessions of group {group!r}"
+                    f" ({', '.join(members)}); give the group at least {suffix}, or bound its count param"
+                    " with { default = ..., min = ... }",
+                    *where,
+                    "session",
+                )
         raise self.loc.error(
             f"unknown session {ref!r}{did_you_mean(ref, names + list(groups))}",
             *where,
