@@ -767,3 +767,12 @@ def step_summaries(run: Run) -> list[StepSummary]:
             )
         )
     return summaries
+
+
+def same_sessions(columns: list[list[StepSummary]]) -> bool:
+    """Whether step N is sent by the same session in every variant, for every N both have."""
+    return all(len({column[i].session for column in columns if i < len(column)}) == 1 for i in range(rows(columns)))
+
+
+def rows(columns: list[list[StepSummary]]) -> int:
+    return max((len(c) for c in columns), default=0)

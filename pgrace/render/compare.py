@@ -1,8 +1,11 @@
-"""Bug and fix side by side in the terminal: the same steps, lined up by launch order.
+"""Bug and fix side by side in the terminal: the steps lined up by launch order.
 
-A ``[fix]`` changes a scenario's steps, not their order, so step N of one variant is
-step N of the other: each row shows the session, then what that step did in each
-variant (its SQL, its wait, its result). Then each variant's verdict and what happened.
+A ``[fix.step.NAME]`` changes a step, not the order, so step N of one variant is step N
+of the other, sent by the same session: each row shows the session, then what that step
+did in each variant (its SQL, its wait, its result). A fix with a step list of its own
+(``[[fix.step]]``) may send step N from another session: then each cell names its own
+session, and there is no shared session column. Then each variant's verdict and what
+happened.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pgrace.render.common import (
     StepSummary,
     one_line,
     outcome_lines,
+    rows,
+    same_sessions,
     step_summaries,
     story_facts,
 )
@@ -25,10 +30,10 @@ from pgrace.render.text import Style, render_verdict
 from pgrace.timeline import CheckQueried, Run
 
 
-def _cell(summary: StepSummary | None, width: int) -> str:
+def _cell(summary: StepSummary | None, width: int, session: str | None = None) -> str:
     if summary is None:
         return ""
-    lines = [one_line(summary.sql)]
+    lines = [one_line(summary.sql) if session is None else f"{session}: {one_line(summary.sql)}"]
     if summary.note:
         lines.append(f"» {summary.note}")
     lines += summary.lines
@@ -50,13 +55,20 @@ def render_text_compare(runs: list[Run], style: Style | None = None) -> str:
     session_width = max(len(s) for s in sessions) if sessions else 7
     column = max(24, (style.width - 6 - session_width - 2 - 2 * len(runs)) // max(1, len(runs)))
     columns = [step_summaries(run) for run in runs]
+    shared = same_sessions(columns)
+
+    def coloured(session: str) -> str:
+        return click.style(session, fg=colours[session]) if style.colour and session in colours else session
+
     table = []
-    for i in range(max((len(c) for c in columns), default=0)):
+    for i in range(rows(columns)):
         row = [c[i] if i < len(c) else None for c in columns]
-        session = next(r.session for r in row if r is not None)
-        name = click.style(session, fg=colours[session]) if style.colour and session in colours else session
-        table.append([str(i + 1), name, *[_cell(r, column) for r in row]])
-    headers = ["#", "session", *[f"{r.scenario.variant}" for r in runs]]
+        if shared:
+            session = next(r.session for r in row if r is not None)
+            table.append([str(i + 1), coloured(session), *[_cell(r, column) for r in row]])
+        else:
+            table.append([str(i + 1), *[_cell(r, column, coloured(r.session) if r else None) for r in row]])
+    headers = ["#", *(["session"] if shared else []), *[f"{r.scenario.variant}" for r in runs]]
     out += ["", tabulate(table, headers=headers, tablefmt="simple", disable_numparse=True)]
     for run in runs:
         lines = render_verdict(run.checks, style)

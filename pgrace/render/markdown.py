@@ -17,6 +17,7 @@ from pgrace.render.common import (
     locks_heading,
     one_line,
     outcome_lines,
+    same_sessions,
     session_colours,
     step_summaries,
     story_facts,
@@ -154,13 +155,21 @@ def render_markdown_compare(runs: list[Run]) -> str:
         out.append(f"- **{escape_md(run.scenario.variant)}**: {escape_md(run.scenario.title)}")
     colours = session_colours(first.session_names)
     columns = [step_summaries(run) for run in runs]
-    out += ["", "| # | session | " + " | ".join(escape_md(r.scenario.variant) for r in runs) + " |"]
-    out.append("| ---: | :-- | " + " | ".join(":--" for _ in runs) + " |")
+    shared = same_sessions(columns)  # else each cell names its own session: the fix has steps of its own
+
+    def who(session: str) -> str:
+        return f"{colours[session].square if session in colours else ''} {escape_md(session)}"
+
+    variants = " | ".join(escape_md(r.scenario.variant) for r in runs)
+    out += ["", f"| # | session | {variants} |" if shared else f"| # | {variants} |"]
+    out.append("| ---: | " + (":-- | " if shared else "") + " | ".join(":--" for _ in runs) + " |")
     for i in range(max(len(c) for c in columns)):
-        rows = [c[i] if i < len(c) else None for c in columns]
-        session = next(r.session for r in rows if r is not None)
-        square = colours[session].square if session in colours else ""
-        cells = [str(i + 1), f"{square} {escape_md(session)}"] + [_summary_cell(r) for r in rows]
+        row = [c[i] if i < len(c) else None for c in columns]
+        if shared:
+            session = next(r.session for r in row if r is not None)
+            cells = [str(i + 1), who(session)] + [_summary_cell(r) for r in row]
+        else:
+            cells = [str(i + 1)] + [f"{who(r.session)}: {_summary_cell(r)}" if r else "" for r in row]
         out.append("| " + " | ".join(cells) + " |")
     for run in runs:
         out += ["", f"### {escape_md(run.scenario.variant)}", "", *_verdict(run)]
