@@ -189,7 +189,7 @@ class Exploration:
             "space": self.space,
             "explored": self.explored,
             "seed": self.seed,
-            "classes": [c.to_dict() for c in self.classes],
+            "classes": [c.to_dict(self.variant) for c in self.classes],
         }
 
     @property

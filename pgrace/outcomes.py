@@ -71,9 +71,11 @@ class OutcomeClass:
     def key(self) -> str:
         return json.dumps([self.final, self.failed_checks, self.errors], default=str)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, variant: str | None = None) -> dict[str, Any]:
+        """The JSON shape; ``reproduces`` (a bug variant's: did the bug happen?) is null for a fix."""
         return {
             "ok": self.ok,
+            "reproduces": self.ok if variant == "bug" else None,
             "count": self.count,
             "summary": self.summary,
             "errors": list(self.errors),
@@ -149,12 +151,27 @@ def switches(order: Sequence[str], scenario: Scenario) -> int:
     return sum(1 for a, b in itertools.pairwise(sessions) if a != b)
 
 
+def verdict_of(ok: bool, variant: str) -> tuple[str, bool]:
+    """A class's checks as a reader takes them, and whether that is the bad news.
+
+    A bug variant's final checks describe the bug: when they hold, the bug happened.
+    """
+    if variant == "bug":
+        return ("reproduces the bug", True) if ok else ("does not reproduce", False)
+    return ("holds", False) if ok else ("FAILS", True)
+
+
 def summarize(cls: OutcomeClass, scenario: Scenario) -> str:
-    """One line: the final rows, then what went wrong (failed checks, errors), if anything."""
+    """One line: the final rows, then what happened (the checks, in the variant's terms), then errors."""
     parts = []
     if cls.final:
         parts.append("final " + " | ".join(_rows_text(rows) for rows in cls.final))
-    if cls.failed_checks:
+    if scenario.variant == "bug" and scenario.checks:
+        if cls.failed_checks:
+            parts.append("no bug: " + "; ".join(f"«{d}» did not happen" for d in cls.failed_checks))
+        else:
+            parts.append("the bug: " + "; ".join(c.description for c in scenario.checks))
+    elif cls.failed_checks:
         parts.append("fails: " + "; ".join(cls.failed_checks))
     elif scenario.checks:
         parts.append("checks hold")

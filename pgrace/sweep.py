@@ -32,7 +32,7 @@ class Cell:
     variant: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": dict(self.params), "classes": [c.to_dict() for c in self.classes]}
+        return {"params": dict(self.params), "classes": [c.to_dict(self.variant) for c in self.classes]}
 
     @property
     def verdict(self) -> str:

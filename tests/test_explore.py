@@ -185,12 +185,17 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
     text = cli.invoke(main, ["explore", "lost-update", *dsn])
     assert text.exit_code == 0, text.output
     assert text.output.startswith("lost-update (bug): all 70 interleavings: 2 outcome classes\n")
-    assert "final (400) · checks hold" in text.output and "final (300) · fails:" in text.output
+    # A bug variant's checks describe the bug: where they hold, the bug happened (and is the bad news).
+    assert "reproduces the bug        40  final (400) · the bug: the balance is 400, not 300" in text.output
+    assert "does not reproduce         0  final (300) · no bug: «the balance is 400" in text.output
+    assert "holds" not in text.output and "FAILS" not in text.output
 
     whole = json.loads(cli.invoke(main, ["explore", "lost-update", "-f", "json", *dsn]).output)
     assert set(whole) == {"scenario", "variant", "space", "explored", "seed", "classes"}
+    assert [(c["ok"], c["reproduces"]) for c in whole["classes"]] == [(True, True), (False, False)]
     assert set(whole["classes"][0]) == {
         "ok",
+        "reproduces",
         "count",
         "summary",
         "errors",

@@ -82,5 +82,5 @@ def test_sweep_grid_in_every_format() -> None:
     assert '<td class="fail"><a href="#cell-0-0">occurs</a></td>' in page and "the timeline" in page
     assert json.loads(render.render_sweep_json([sweep]))["cells"][1] == {
         "params": {"level": "ser"},
-        "classes": [prevented.to_dict()],
+        "classes": [prevented.to_dict("bug")],
     }

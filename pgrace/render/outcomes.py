@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from pgrace.model import Scenario
+from pgrace.outcomes import verdict_of
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
 from pgrace.render.escape import json_safe, visible, without_controls
 
@@ -61,7 +62,7 @@ def _space_line(exploration: Exploration) -> str:
 def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str:
     exploration, scenario = without_controls(exploration), without_controls(scenario)
     rows = [
-        [number, c.count, "holds" if c.ok else "FAILS", c.waits, c.summary]
+        [number, c.count, verdict_of(c.ok, exploration.variant)[0], c.waits, c.summary]
         for number, c in enumerate(exploration.classes, 1)
     ]
     lines = [f"{exploration.scenario} ({exploration.variant}): {_space_line(exploration)}", ""]
@@ -89,8 +90,9 @@ def render_exploration_markdown(exploration: Exploration, scenario: Scenario) ->
         "|---:|---:|:---|---:|:---|:---|",
     ]
     for number, c in enumerate(exploration.classes, 1):
+        said, bad = verdict_of(c.ok, exploration.variant)
         lines.append(
-            f"| {number} | {c.count} | {'holds' if c.ok else '**FAILS**'} | {c.waits} | {_md(c.summary)} "
+            f"| {number} | {c.count} | {f'**{said}**' if bad else said} | {c.waits} | {_md(c.summary)} "
             f"| {_md(example_text(scenario, c.example))} |"
         )
     return "\n".join(lines) + "\n"
@@ -128,9 +130,10 @@ def _classes_html(
     ]
     for number, c in enumerate(classes, 1):
         link = f"{anchor}-{number}"
+        said, bad = verdict_of(c.ok, scenario.variant)
         parts.append(
-            f'<tr class="{"ok" if c.ok else "fail"}"><td><a href="#{link}">{number}</a></td><td>{c.count}</td>'
-            f'<td class="verdict">{"holds" if c.ok else "FAILS"}</td><td>{c.waits}</td>'
+            f'<tr class="{"fail" if bad else "ok"}"><td><a href="#{link}">{number}</a></td><td>{c.count}</td>'
+            f'<td class="verdict">{said}</td><td>{c.waits}</td>'
             f"<td>{html.escape(c.summary)}</td><td>{html.escape(example_text(scenario, c.example))}</td></tr>"
         )
     parts.append("</table>")
