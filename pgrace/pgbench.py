@@ -37,7 +37,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgrace.errors import ScenarioError, ScenarioFailed, ServerUnavailable
 from pgrace.model import LoadCommand, Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
-from pgrace.variables import find, param_values, substitute
+from pgrace.variables import find, meta_command, param_values, substitute
 
 APP_PREFIX = "pgrace-load/"
 SAMPLE_EVERY_S = 0.05
@@ -154,6 +154,7 @@ def _statement(text: str, scenario: Scenario, command: LoadCommand) -> str:
         position = use.end
     pieces.append(composed[position:])
     result = "".join(pieces)
+    _no_meta_command(result, scenario, command.line)
     seen = _pgbench_variables(result)
     if seen != names:
         stray = next((n for n in seen if n not in names), seen[0] if seen else "?")
@@ -191,8 +192,10 @@ def pgbench_script(scenario: Scenario) -> str:
                 command.line,
             ) from None
         for index, statement in enumerate(statements):
-            last = index == len(statements) - 1
-            if last and command.capture:
+            # A trailing `-- comment` would swallow what pgrace writes after it on its line.
+            if _ends_in_line_comment(statement):
+                statement += "\n"
+            if index == len(statements) - 1 and command.capture:
                 if any(variable != column for variable, column in command.capture):
                     columns = sql.SQL(", ").join(
                         sql.SQL("{} AS {}").format(sql.Identifier(column), sql.Identifier(variable))
@@ -203,7 +206,8 @@ def pgbench_script(scenario: Scenario) -> str:
                         .format(sql.SQL(statement), columns)
                         .as_string(None)
                     )
-                lines.append(f"{_statement(statement, scenario, command)} \\gset")
+                text = _statement(statement, scenario, command)
+                lines.append(f"{text}{'' if text.endswith(chr(10)) else ' '}\\gset")
             else:
                 lines.append(f"{_statement(statement, scenario, command)};")
     return "\n".join(lines) + "\n"
@@ -212,7 +216,32 @@ def pgbench_script(scenario: Scenario) -> str:
 def setup_sql(scenario: Scenario) -> list[str]:
     """The scenario's setup, then the load setup, params composed: run before each client count."""
     load = _load_of(scenario)
-    return [compose_sql(text, scenario) for text in (*scenario.setup, *load.setup)]
+    texts = [compose_sql(text, scenario) for text in (*scenario.setup, *load.setup)]
+    for text in texts:
+        _no_meta_command(text, scenario, load.line)
+    return texts
+
+
+def _no_meta_command(text: str, scenario: Scenario, line: int | None) -> None:
+    """The last word before pgbench or psql reads ``text``: the file's own text was checked when it was read.
+
+    Composed params are quoted literals or a choice's plain words, so this never fires on a
+    scenario that passed; it keeps a future change to composing from opening a shell.
+    """
+    if (found := meta_command(text)) is not None:
+        raise ScenarioError(
+            f'load SQL holds the meta-command "{found}" (a backslash outside quotes)', scenario.source, line
+        )
+
+
+def _ends_in_line_comment(text: str) -> bool:
+    from pglast.parser import ParseError, scan
+
+    try:
+        tokens = scan(text)
+    except ParseError:
+        return False
+    return bool(tokens) and tokens[-1].name == "SQL_COMMENT"
 
 
 def _load_of(scenario: Scenario) -> Any:
@@ -224,7 +253,10 @@ def _load_of(scenario: Scenario) -> Any:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split()).replace("--", "- -")
+    """File text for a ``--`` comment line of a script: nothing in it may end the line or act on a terminal."""
+    from pgrace.render.escape import visible
+
+    return visible(" ".join(text.split()).replace("--", "- -"))
 
 
 def emit(scenario: Scenario, directory: Path) -> list[Path]:
@@ -238,14 +270,18 @@ def emit(scenario: Scenario, directory: Path) -> list[Path]:
     setup.write_text("".join(_terminated(text) for text in setup_sql(scenario)), encoding="utf-8")
     check_text = []
     for check in _load_of(scenario).checks:
+        query = compose_sql(check.sql, scenario)
+        _no_meta_command(query, scenario, check.line)
         check_text.append(f"-- {_one_line(check.description)}: (expected, actual[, detail])\n")
-        check_text.append(_terminated(compose_sql(check.sql, scenario)))
+        check_text.append(_terminated(query))
     checks.write_text("".join(check_text), encoding="utf-8")
     return [script, setup, checks]
 
 
 def _terminated(text: str) -> str:
     text = text.strip()
+    if _ends_in_line_comment(text):
+        return text + "\n;\n"
     return text + ("\n" if text.endswith(";") else ";\n")
 
 
