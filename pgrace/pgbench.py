@@ -325,6 +325,7 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     script = pgbench_script(scenario)
     pgbench = find_pgbench(server, options.pgbench)
     major = pgbench_major(pgbench)
+    check_room(server, max(options.clients, default=0))
     result = LoadResult(scenario.name, scenario.variant, server.version)
     try:
         for clients in options.clients:
@@ -359,18 +360,13 @@ def _one_count(
                     ) from None
         script_path = os.path.join(work, "load.sql")
         Path(script_path).write_text(script, encoding="utf-8")
-        argv = [pgbench, "-n", "-M", "extended", "-f", script_path, "-c", str(clients), "-j", str(clients)]
-        argv += ["-T", f"{options.duration:g}"] if options.transactions is None else ["-t", str(options.transactions)]
-        argv += ["--log", f"--log-prefix={os.path.join(work, 'tx')}"]
-        if major >= 15:
-            argv += [f"--max-tries={MAX_TRIES}", "--failures-detailed"]
         params = {k: str(v) for k, v in conninfo_to_dict(db.dsn).items() if v is not None}
         env = dict(os.environ, PGAPPNAME=app)
         password = params.pop("password", None)
         if password is not None:
             env["PGPASSWORD"] = password
         params["application_name"] = app
-        argv.append(make_conninfo(**params))
+        argv = pgbench_argv(pgbench, major, script_path, clients, options, work, make_conninfo(**params))
         with psycopg.connect(db.dsn, autocommit=True, application_name="pgrace-load-observer") as observer:
             waiters, on_what, out, err, code = _drive(argv, env, work, observer, app, options.sample_every)
         if code != 0:
@@ -388,6 +384,60 @@ def _one_count(
         )
         run.violations = check_invariants(scenario, db.dsn)
     return run
+
+
+def pgbench_argv(
+    pgbench: str, major: int, script: str, clients: int, options: LoadOptions, work: str, conninfo: str
+) -> list[str]:
+    """The pgbench command line for one client count."""
+    argv = [pgbench, "-n", "-M", "extended", "-f", script, "-c", str(clients), "-j", str(threads_for(clients))]
+    argv += ["-T", f"{options.duration:g}"] if options.transactions is None else ["-t", str(options.transactions)]
+    argv += ["--log", f"--log-prefix={os.path.join(work, 'tx')}"]
+    if major >= 15:
+        argv += [f"--max-tries={MAX_TRIES}", "--failures-detailed"]
+    return [*argv, conninfo]
+
+
+def threads_for(clients: int) -> int:
+    """pgbench's ``-j``: a thread per core this process may run on, never more than one per client.
+
+    A pgbench thread drives its share of the clients asynchronously, so threads beyond the
+    cores add nothing but scheduling; one thread per client fails outright at high counts
+    (``-c 1000``: "could not create thread").
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(clients, cores))
+
+
+_ROOM = """
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int
+         + coalesce(current_setting('reserved_connections', true)::int, 0),
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+"""
+
+
+def check_room(server: ServerInfo, clients: int) -> None:
+    """Refuse (exit 2) a client count the server has no connections for, before pgbench fails on it.
+
+    pgbench's clients, pgrace's observer and the connection that sets up and checks each
+    count need that many free slots; the ones reserved for superusers are not counted on.
+    """
+    try:
+        with psycopg.connect(server.dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(_ROOM).fetchone()
+    except psycopg.Error as exc:
+        raise ServerUnavailable(f"cannot ask the server how many connections it allows: {exc}") from None
+    assert row is not None
+    most, reserved, used = row
+    room = most - reserved - used + 1  # this connection is gone when pgbench starts
+    needed = clients + 2
+    if needed > room:
+        raise ScenarioError(
+            f"-c/--clients {clients}: the server has room for {max(0, room - 2)} clients"
+            f" (max_connections = {most}, {reserved} reserved, {used - 1} in use, and pgrace's own 2);"
+            " lower -c or raise max_connections"
+        )
 
 
 def _drive(

@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -179,3 +182,70 @@ def test_file_text_in_pgraces_own_comment_lines_cannot_start_a_line(pgrace_serve
                 ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(path), db.dsn], check=True, capture_output=True
             )
     assert not target.exists()
+
+
+# -- pgbench's threads and the server's connections -------------------------------------------------
+
+
+def test_pgbench_gets_a_thread_per_core_not_per_client() -> None:
+    from pgrace.pgbench import pgbench_argv, threads_for
+
+    cores = len(os.sched_getaffinity(0))
+    argv = pgbench_argv("pgbench", 18, "load.sql", 1000, LoadOptions(), "/w", "dbname=x")
+    assert argv[argv.index("-c") + 1] == "1000" and argv[argv.index("-j") + 1] == str(min(1000, cores))
+    assert threads_for(1) == 1  # never more threads than clients
+
+
+def _pgbench_children() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and (entry / "comm").read_text().strip() == "pgbench"
+                and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+            ):
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+def test_a_high_client_count_runs_on_as_many_threads_as_cores(pgrace_server: ServerInfo) -> None:
+    """40 clients, each holding a row lock for 20 ms: pgbench runs them on the machine's cores."""
+    from pgrace import catalog
+
+    scenario = catalog.load("head-of-line-blocking")
+    seen: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not seen and not done.wait(0.01):  # until pgbench has started its threads
+            seen.extend(_threads(pid) for pid in _pgbench_children())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = run_load(scenario, pgrace_server, LoadOptions(clients=(40,), duration=None, transactions=2))
+    finally:
+        done.set()
+        watcher.join()
+    (run,) = result.runs
+    assert run.transactions == 80 and run.lock_waiters_max >= 2
+    assert seen and seen[0] <= len(os.sched_getaffinity(0)), seen
+
+
+def test_more_clients_than_the_server_has_connections_for_is_one_line_exit_2(pgrace_server: ServerInfo) -> None:
+    with psycopg.connect(pgrace_server.dsn) as conn:
+        (most,) = conn.execute("SELECT current_setting('max_connections')::int").fetchone() or (0,)
+    assert most < 1000  # the embedded server's max_connections
+    result = CliRunner().invoke(main, ["load", "lost-update", "-c", "1,1000", "-t", "1", "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("pgrace: -c/--clients 1000: the server has room for ")
+    assert f"max_connections = {most}" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""  # refused before the first count ran
