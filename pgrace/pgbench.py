@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgrace.errors import ScenarioError, ScenarioFailed, ServerUnavailable
+from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed, ServerUnavailable
 from pgrace.model import LoadCommand, Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
 from pgrace.variables import find, meta_command, param_values, substitute
@@ -329,7 +329,10 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     result = LoadResult(scenario.name, scenario.variant, server.version)
     try:
         for clients in options.clients:
-            run = _one_count(scenario, server, options, script, pgbench, major, clients)
+            try:
+                run = _one_count(scenario, server, options, script, pgbench, major, clients)
+            except psycopg.OperationalError as exc:  # pgrace's own setup or check connection
+                raise _aborted(server, "a connection of pgrace's", exc) from None
             result.runs.append(run)
             if options.on_progress is not None:
                 options.on_progress(result, run)
@@ -368,7 +371,12 @@ def _one_count(
         params["application_name"] = app
         argv = pgbench_argv(pgbench, major, script_path, clients, options, work, make_conninfo(**params))
         with psycopg.connect(db.dsn, autocommit=True, application_name="pgrace-load-observer") as observer:
-            waiters, on_what, out, err, code = _drive(argv, env, work, observer, app, options.sample_every)
+            try:
+                waiters, on_what, out, err, code = _drive(argv, env, work, observer, app, options.sample_every)
+                if code != 0:  # pgbench's clients may have lost the server: the observer tells
+                    observer.execute("SELECT 1")
+            except psycopg.OperationalError as exc:
+                raise _aborted(server, "pgrace's observer connection", exc) from None
         if code != 0:
             raise ScenarioFailed(f"pgbench failed at {clients} clients: {_pgbench_error(err)}", scenario.source, None)
         latencies = _latencies(work)
@@ -474,6 +482,33 @@ def _drive(
     )
 
 
+_GONE = frozenset({"57P01", "57P02", "57P03"})  # admin shutdown, crash shutdown, cannot connect now
+
+
+def connection_lost(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` says the connection (or the server) went away, by its SQLSTATE.
+
+    No SQLSTATE on an OperationalError is libpq's own word: refused, reset, closed unexpectedly.
+    """
+    if exc.sqlstate is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return exc.sqlstate in _GONE or exc.sqlstate.startswith("08")
+
+
+def _aborted(server: ServerInfo, connection: str, exc: psycopg.Error) -> RunAborted:
+    """The server went away, or only one of pgrace's connections: one fresh connection decides (as ``run``)."""
+    from pgrace.servers import scrub_secrets
+
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    detail = scrub_secrets(f"{exc.sqlstate}: {first}" if exc.sqlstate else first, server.dsn)
+    try:
+        with psycopg.connect(server.dsn, autocommit=True, connect_timeout=2, application_name="pgrace-load-probe"):
+            pass
+    except psycopg.Error:
+        return RunAborted(f"the server went away during the load run ({detail})")
+    return RunAborted(f"{connection} was lost during the load run ({detail})")
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGINT to pgbench's process group, wait for it; SIGKILL if it does not go."""
     for sig in (signal.SIGINT, signal.SIGKILL):
@@ -563,6 +598,8 @@ def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
             try:
                 row = conn.execute(compose_sql(check.sql, scenario).encode()).fetchone()
             except psycopg.Error as exc:
+                if connection_lost(exc):  # not the check's answer: the run cannot be judged
+                    raise
                 violations.append(Violation(check.description, "a row", f"error {exc.sqlstate}: {exc}"))
                 continue
             if row is None or len(row) < 2:

@@ -12,19 +12,24 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from click.testing import CliRunner
+from procs import wait_gone
 
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.pgbench import LoadOptions, emit, pgbench_script, run_load
-from pgrace.servers import ServerInfo
+from pgrace.servers import ServerInfo, open_server
 
 SCENARIO = """\
 name = "shell"
@@ -249,3 +254,78 @@ def test_more_clients_than_the_server_has_connections_for_is_one_line_exit_2(pgr
     assert result.stderr.startswith("pgrace: -c/--clients 1000: the server has room for ")
     assert f"max_connections = {most}" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""  # refused before the first count ran
+
+
+# -- the server goes away while pgbench runs ---------------------------------------------------------
+
+
+def _load_backends(dsn: str) -> list[tuple[int, str]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE application_name LIKE 'pgrace-load%'"
+        ).fetchall()
+    return [(pid, name) for pid, name in rows]
+
+
+def _start_load(dsn: str) -> subprocess.Popen[str]:
+    """`pgrace load` in a child process, returned once pgbench's two clients are connected."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pgrace", "load", "head-of-line-blocking", "-c", "2", "-T", "60", "--dsn", dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while len([name for _, name in _load_backends(dsn) if name.startswith("pgrace-load/")]) < 2:
+        if child.poll() is not None or time.monotonic() > deadline:
+            child.kill()
+            raise AssertionError(child.communicate()[1])
+    return child
+
+
+@pytest.fixture
+def own_server() -> Iterator[ServerInfo]:
+    """A server of this test's own: stopping it disturbs no other test."""
+    with open_server("embedded") as server:
+        yield server
+
+
+def test_the_server_stopped_under_load_is_one_line_exit_3(own_server: ServerInfo) -> None:
+    child = _start_load(own_server.dsn)
+    try:
+        with psycopg.connect(own_server.dsn, autocommit=True) as conn:
+            (data,) = conn.execute("SHOW data_directory").fetchone() or ("",)
+        postmaster = int((Path(data) / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(postmaster, signal.SIGINT)  # a fast shutdown: every backend gets 57P01
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 3, err
+    assert err.startswith("pgrace: the server went away during the load run (57P01"), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
+    assert wait_gone(postmaster)
+
+
+def test_pgraces_observer_terminated_under_load_is_exit_3(pgrace_server: ServerInfo) -> None:
+    """pg_terminate_backend of everything pgrace load has connected: the run cannot be trusted."""
+    child = _start_load(pgrace_server.dsn)
+    try:
+        with psycopg.connect(pgrace_server.dsn, autocommit=True) as conn:
+            for name in ("pgrace-load-observer", "pgrace-load/%"):  # the observer first, as a restart takes all
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name LIKE %s",
+                    (name,),
+                )
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 3, err
+    assert err.startswith("pgrace: pgrace's observer connection was lost during the load run (57P01"), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
+    assert _load_backends(pgrace_server.dsn) == []
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as conn:
+        leftover = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgrace_load_head%'").fetchall()
+    assert leftover == []  # the scratch database was dropped
