@@ -28,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace import catalog
 from pgrace.model import Scenario
-from pgrace.pgbench import LoadOptions, emit, find_pgbench, run_load, setup_sql
+from pgrace.pgbench import LoadOptions, emit, find_pgbench, run_load, setup_sql, threads_for
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, open_server
 
@@ -60,7 +60,7 @@ def bare_pgbench(server: ServerInfo, scenario: Scenario, script: Path, clients: 
         if "password" in params:
             env["PGPASSWORD"] = params.pop("password")
         argv = [find_pgbench(server), "-n", "-M", "extended", "-f", str(script), "-c", str(clients)]
-        argv += ["-j", str(clients), "-T", str(seconds), make_conninfo(**params)]
+        argv += ["-j", str(threads_for(clients)), "-T", str(seconds), make_conninfo(**params)]  # as pgrace load
         out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
     match = re.search(r"^tps = ([0-9.]+)", out, re.MULTILINE)
     assert match, out

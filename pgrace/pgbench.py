@@ -34,10 +34,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgrace.errors import ScenarioError, ScenarioFailed, ServerUnavailable
+from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed, ServerUnavailable
 from pgrace.model import LoadCommand, Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
-from pgrace.variables import find, param_values, substitute
+from pgrace.variables import find, meta_command, param_values, substitute
 
 APP_PREFIX = "pgrace-load/"
 SAMPLE_EVERY_S = 0.05
@@ -154,6 +154,7 @@ def _statement(text: str, scenario: Scenario, command: LoadCommand) -> str:
         position = use.end
     pieces.append(composed[position:])
     result = "".join(pieces)
+    _no_meta_command(result, scenario, command.line)
     seen = _pgbench_variables(result)
     if seen != names:
         stray = next((n for n in seen if n not in names), seen[0] if seen else "?")
@@ -191,8 +192,10 @@ def pgbench_script(scenario: Scenario) -> str:
                 command.line,
             ) from None
         for index, statement in enumerate(statements):
-            last = index == len(statements) - 1
-            if last and command.capture:
+            # A trailing `-- comment` would swallow what pgrace writes after it on its line.
+            if _ends_in_line_comment(statement):
+                statement += "\n"
+            if index == len(statements) - 1 and command.capture:
                 if any(variable != column for variable, column in command.capture):
                     columns = sql.SQL(", ").join(
                         sql.SQL("{} AS {}").format(sql.Identifier(column), sql.Identifier(variable))
@@ -203,7 +206,8 @@ def pgbench_script(scenario: Scenario) -> str:
                         .format(sql.SQL(statement), columns)
                         .as_string(None)
                     )
-                lines.append(f"{_statement(statement, scenario, command)} \\gset")
+                text = _statement(statement, scenario, command)
+                lines.append(f"{text}{'' if text.endswith(chr(10)) else ' '}\\gset")
             else:
                 lines.append(f"{_statement(statement, scenario, command)};")
     return "\n".join(lines) + "\n"
@@ -212,7 +216,32 @@ def pgbench_script(scenario: Scenario) -> str:
 def setup_sql(scenario: Scenario) -> list[str]:
     """The scenario's setup, then the load setup, params composed: run before each client count."""
     load = _load_of(scenario)
-    return [compose_sql(text, scenario) for text in (*scenario.setup, *load.setup)]
+    texts = [compose_sql(text, scenario) for text in (*scenario.setup, *load.setup)]
+    for text in texts:
+        _no_meta_command(text, scenario, load.line)
+    return texts
+
+
+def _no_meta_command(text: str, scenario: Scenario, line: int | None) -> None:
+    """The last word before pgbench or psql reads ``text``: the file's own text was checked when it was read.
+
+    Composed params are quoted literals or a choice's plain words, so this never fires on a
+    scenario that passed; it keeps a future change to composing from opening a shell.
+    """
+    if (found := meta_command(text)) is not None:
+        raise ScenarioError(
+            f'load SQL holds the meta-command "{found}" (a backslash outside quotes)', scenario.source, line
+        )
+
+
+def _ends_in_line_comment(text: str) -> bool:
+    from pglast.parser import ParseError, scan
+
+    try:
+        tokens = scan(text)
+    except ParseError:
+        return False
+    return bool(tokens) and tokens[-1].name == "SQL_COMMENT"
 
 
 def _load_of(scenario: Scenario) -> Any:
@@ -224,7 +253,10 @@ def _load_of(scenario: Scenario) -> Any:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split()).replace("--", "- -")
+    """File text for a ``--`` comment line of a script: nothing in it may end the line or act on a terminal."""
+    from pgrace.render.escape import visible
+
+    return visible(" ".join(text.split()).replace("--", "- -"))
 
 
 def emit(scenario: Scenario, directory: Path) -> list[Path]:
@@ -238,14 +270,18 @@ def emit(scenario: Scenario, directory: Path) -> list[Path]:
     setup.write_text("".join(_terminated(text) for text in setup_sql(scenario)), encoding="utf-8")
     check_text = []
     for check in _load_of(scenario).checks:
+        query = compose_sql(check.sql, scenario)
+        _no_meta_command(query, scenario, check.line)
         check_text.append(f"-- {_one_line(check.description)}: (expected, actual[, detail])\n")
-        check_text.append(_terminated(compose_sql(check.sql, scenario)))
+        check_text.append(_terminated(query))
     checks.write_text("".join(check_text), encoding="utf-8")
     return [script, setup, checks]
 
 
 def _terminated(text: str) -> str:
     text = text.strip()
+    if _ends_in_line_comment(text):
+        return text + "\n;\n"
     return text + ("\n" if text.endswith(";") else ";\n")
 
 
@@ -289,10 +325,14 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     script = pgbench_script(scenario)
     pgbench = find_pgbench(server, options.pgbench)
     major = pgbench_major(pgbench)
+    check_room(server, max(options.clients, default=0))
     result = LoadResult(scenario.name, scenario.variant, server.version)
     try:
         for clients in options.clients:
-            run = _one_count(scenario, server, options, script, pgbench, major, clients)
+            try:
+                run = _one_count(scenario, server, options, script, pgbench, major, clients)
+            except psycopg.OperationalError as exc:  # pgrace's own setup or check connection
+                raise _aborted(server, "a connection of pgrace's", exc) from None
             result.runs.append(run)
             if options.on_progress is not None:
                 options.on_progress(result, run)
@@ -323,20 +363,20 @@ def _one_count(
                     ) from None
         script_path = os.path.join(work, "load.sql")
         Path(script_path).write_text(script, encoding="utf-8")
-        argv = [pgbench, "-n", "-M", "extended", "-f", script_path, "-c", str(clients), "-j", str(clients)]
-        argv += ["-T", f"{options.duration:g}"] if options.transactions is None else ["-t", str(options.transactions)]
-        argv += ["--log", f"--log-prefix={os.path.join(work, 'tx')}"]
-        if major >= 15:
-            argv += [f"--max-tries={MAX_TRIES}", "--failures-detailed"]
         params = {k: str(v) for k, v in conninfo_to_dict(db.dsn).items() if v is not None}
         env = dict(os.environ, PGAPPNAME=app)
         password = params.pop("password", None)
         if password is not None:
             env["PGPASSWORD"] = password
         params["application_name"] = app
-        argv.append(make_conninfo(**params))
+        argv = pgbench_argv(pgbench, major, script_path, clients, options, work, make_conninfo(**params))
         with psycopg.connect(db.dsn, autocommit=True, application_name="pgrace-load-observer") as observer:
-            waiters, on_what, out, err, code = _drive(argv, env, work, observer, app, options.sample_every)
+            try:
+                waiters, on_what, out, err, code = _drive(argv, env, work, observer, app, options.sample_every)
+                if code != 0:  # pgbench's clients may have lost the server: the observer tells
+                    observer.execute("SELECT 1")
+            except psycopg.OperationalError as exc:
+                raise _aborted(server, "pgrace's observer connection", exc) from None
         if code != 0:
             raise ScenarioFailed(f"pgbench failed at {clients} clients: {_pgbench_error(err)}", scenario.source, None)
         latencies = _latencies(work)
@@ -352,6 +392,60 @@ def _one_count(
         )
         run.violations = check_invariants(scenario, db.dsn)
     return run
+
+
+def pgbench_argv(
+    pgbench: str, major: int, script: str, clients: int, options: LoadOptions, work: str, conninfo: str
+) -> list[str]:
+    """The pgbench command line for one client count."""
+    argv = [pgbench, "-n", "-M", "extended", "-f", script, "-c", str(clients), "-j", str(threads_for(clients))]
+    argv += ["-T", f"{options.duration:g}"] if options.transactions is None else ["-t", str(options.transactions)]
+    argv += ["--log", f"--log-prefix={os.path.join(work, 'tx')}"]
+    if major >= 15:
+        argv += [f"--max-tries={MAX_TRIES}", "--failures-detailed"]
+    return [*argv, conninfo]
+
+
+def threads_for(clients: int) -> int:
+    """pgbench's ``-j``: a thread per core this process may run on, never more than one per client.
+
+    A pgbench thread drives its share of the clients asynchronously, so threads beyond the
+    cores add nothing but scheduling; one thread per client fails outright at high counts
+    (``-c 1000``: "could not create thread").
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(clients, cores))
+
+
+_ROOM = """
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int
+         + coalesce(current_setting('reserved_connections', true)::int, 0),
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+"""
+
+
+def check_room(server: ServerInfo, clients: int) -> None:
+    """Refuse (exit 2) a client count the server has no connections for, before pgbench fails on it.
+
+    pgbench's clients, pgrace's observer and the connection that sets up and checks each
+    count need that many free slots; the ones reserved for superusers are not counted on.
+    """
+    try:
+        with psycopg.connect(server.dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(_ROOM).fetchone()
+    except psycopg.Error as exc:
+        raise ServerUnavailable(f"cannot ask the server how many connections it allows: {exc}") from None
+    assert row is not None
+    most, reserved, used = row
+    room = most - reserved - used + 1  # this connection is gone when pgbench starts
+    needed = clients + 2
+    if needed > room:
+        raise ScenarioError(
+            f"-c/--clients {clients}: the server has room for {max(0, room - 2)} clients"
+            f" (max_connections = {most}, {reserved} reserved, {used - 1} in use, and pgrace's own 2);"
+            " lower -c or raise max_connections"
+        )
 
 
 def _drive(
@@ -386,6 +480,33 @@ def _drive(
         Path(err_path).read_text(errors="replace"),
         (proc.returncode),
     )
+
+
+_GONE = frozenset({"57P01", "57P02", "57P03"})  # admin shutdown, crash shutdown, cannot connect now
+
+
+def connection_lost(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` says the connection (or the server) went away, by its SQLSTATE.
+
+    No SQLSTATE on an OperationalError is libpq's own word: refused, reset, closed unexpectedly.
+    """
+    if exc.sqlstate is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return exc.sqlstate in _GONE or exc.sqlstate.startswith("08")
+
+
+def _aborted(server: ServerInfo, connection: str, exc: psycopg.Error) -> RunAborted:
+    """The server went away, or only one of pgrace's connections: one fresh connection decides (as ``run``)."""
+    from pgrace.servers import scrub_secrets
+
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    detail = scrub_secrets(f"{exc.sqlstate}: {first}" if exc.sqlstate else first, server.dsn)
+    try:
+        with psycopg.connect(server.dsn, autocommit=True, connect_timeout=2, application_name="pgrace-load-probe"):
+            pass
+    except psycopg.Error:
+        return RunAborted(f"the server went away during the load run ({detail})")
+    return RunAborted(f"{connection} was lost during the load run ({detail})")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -477,6 +598,8 @@ def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
             try:
                 row = conn.execute(compose_sql(check.sql, scenario).encode()).fetchone()
             except psycopg.Error as exc:
+                if connection_lost(exc):  # not the check's answer: the run cannot be judged
+                    raise
                 violations.append(Violation(check.description, "a row", f"error {exc.sqlstate}: {exc}"))
                 continue
             if row is None or len(row) < 2:

@@ -176,3 +176,46 @@ def compose(form: Form, value: Value) -> sql.Composable:
 def valid_choice(word: str) -> bool:
     """A choice is SQL words and spaces (or nothing): put in raw, it cannot end a statement or open a quote."""
     return CHOICE.fullmatch(word) is not None
+
+
+# Tokens whose text is SQL's own: a backslash in them is data, not a psql or pgbench command.
+_QUOTED = frozenset({"SCONST", "USCONST", "BCONST", "XCONST", "IDENT", "UIDENT", "C_COMMENT", "SQL_COMMENT"})
+
+
+def scan_error(text: str) -> str | None:
+    """Why PostgreSQL's scanner cannot read ``text`` (an unterminated quote), or None if it can."""
+    from pglast.parser import ParseError, scan
+
+    try:
+        scan(text)
+    except ParseError as exc:
+        return str(exc)
+    return None
+
+
+def meta_command(text: str) -> str | None:
+    """The first backslash command psql or pgbench would run in ``text`` (``\\shell rm ...``), or None.
+
+    Their lexer stops at a backslash outside string literals (``E''``, ``U&''``, dollar
+    quotes), quoted identifiers and comments, and runs what follows as a meta-command:
+    ``\\shell`` and ``\\!`` run a shell. PostgreSQL's scanner finds those backslashes as
+    it finds variables. Text it cannot read (an unterminated quote) is judged by its first
+    backslash anywhere: no reading of it can be trusted to keep that one inside quotes.
+    """
+    if "\\" not in text:
+        return None
+    from pglast.parser import ParseError, scan
+
+    try:
+        tokens = scan(text)
+    except ParseError:
+        return _command_at(text, text.index("\\"))
+    for token in tokens:
+        if token.name not in _QUOTED and "\\" in text[token.start : token.end + 1]:
+            return _command_at(text, token.start + text[token.start : token.end + 1].index("\\"))
+    return None
+
+
+def _command_at(text: str, index: int) -> str:
+    """The command starting at ``index`` as written, on one line and short: what an error message quotes."""
+    return " ".join(text[index:].split("\n", 1)[0].split())[:40]

@@ -80,10 +80,9 @@ def test_a_colon_pgbench_would_read_as_a_variable_is_refused() -> None:
 
 
 def test_load_sql_the_scanner_cannot_read_is_refused_with_its_line() -> None:
-    """Found by the fuzz: `LIMIT 1FOR` made pglast's split raise, an internal error (exit 4)."""
-    scenario = parse_toml_scenario(BASE + '[load]\ntransaction = ["SELECT 1 LIMIT 1FOR UPDATE"]\n', "acct.toml")
+    """Found by the fuzz: `LIMIT 1FOR` made pglast's split raise, an internal error (exit 4). Refused on reading."""
     with pytest.raises(ScenarioError, match=r"cannot be split into statements: trailing junk") as caught:
-        pgbench_script(scenario)
+        parse_toml_scenario(BASE + '[load]\ntransaction = ["SELECT 1 LIMIT 1FOR UPDATE"]\n', "acct.toml")
     assert str(caught.value).startswith(f"acct.toml:{BASE.count(chr(10)) + 2}: ")
 
 

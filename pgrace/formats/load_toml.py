@@ -17,14 +17,20 @@
 ``[fix.load]`` (or ``[bug.load]``) replaces any of these keys for that variant. A step is
 named as in the file (``claim``, or ``claim.worker1`` for one of a group), and resolved
 against each variant's steps, so the fix's load runs the fix's SQL.
+
+pgbench reads the transaction, and psql the emitted setup and check files: both run a
+backslash outside quotes as a meta-command (``\\shell`` runs a shell). Reading a scenario
+must never run anything on the machine, so every SQL text ``load`` hands them is refused
+here if it holds one, with the line it came from.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pgrace.model import Load, LoadCheck, LoadCommand, Scenario
-from pgrace.variables import NAME, find
+from pgrace.errors import ScenarioError
+from pgrace.model import Load, LoadCheck, LoadCommand, Scenario, Step
+from pgrace.variables import NAME, find, meta_command, scan_error
 
 if TYPE_CHECKING:
     from pgrace.formats.scenario_toml import Builder, KeyPath
@@ -61,7 +67,15 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
     where = (*path, "transaction")
     line = loc.line_of(*where)
     for index, item in enumerate(transaction):
-        command = _command(builder, item, scenario, where, line)
+        command = _command(builder, item, scenario, where, line, variant_key)
+        if command.kind == "sql":
+            what = f"step {command.step!r}, run by [load]," if command.step else f"load command {index + 1}"
+            if (error := scan_error(command.sql)) is not None:  # pgbench could not split it either
+                snippet = " ".join(command.sql.split())[:60]
+                raise ScenarioError(
+                    f"load SQL {snippet!r} cannot be split into statements: {error}", loc.source, command.line
+                )
+            _refuse_meta_command(builder, command.sql, what, command.line)
         for use in find(command.sql):
             if use.session is not None:
                 raise loc.error(
@@ -86,7 +100,12 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
         commands.append(command)
     setup_path = origin.get("setup", ("load",))
     setup = builder._sql_list(merged.get("setup", []), *setup_path, "setup")
+    variant = builder.data.get(variant_key) if variant_key is not None else None
+    scenario_setup = (str(variant_key), "setup") if isinstance(variant, dict) and "setup" in variant else ("setup",)
+    for text in scenario.setup:  # emitted into the setup file, for psql
+        _refuse_meta_command(builder, text, "the setup, run by [load],", loc.line_of(*scenario_setup))
     for text in setup:
+        _refuse_meta_command(builder, text, "[load] setup", loc.line_of(*setup_path, "setup"))
         for use in find(text):
             if use.session is not None or use.name not in params:
                 raise loc.error(f"[load] setup uses {use.written}, which is not a param", *setup_path, "setup")
@@ -101,6 +120,7 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
             raise loc.error("each load check is a [[load.check]] table", *where)
         builder._check_keys(item, CHECK_KEYS, where, "load check key")
         query = builder._str(item.get("sql"), *where, "sql", what="load check sql")
+        _refuse_meta_command(builder, query, "load check sql", loc.line_of(*where, "sql"))
         for use in find(query):
             if use.session is not None or use.name not in params:
                 raise loc.error(f"load check uses {use.written}, which is not a param", *where)
@@ -110,7 +130,38 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
     return Load(tuple(commands), setup, tuple(checks), loc.line_of("load"))
 
 
-def _command(builder: Builder, item: Any, scenario: Scenario, where: KeyPath, line: int) -> LoadCommand:
+def _refuse_meta_command(builder: Builder, text: str, what: str, line: int | None) -> None:
+    """A backslash outside quotes is a pgbench or psql command, not SQL (PostgreSQL accepts none there)."""
+    found = meta_command(text)
+    if found is not None:
+        raise ScenarioError(
+            f'{what} holds "{found}": pgbench and psql would run it on this machine (a backslash outside'
+            " quotes is a meta-command); SQL has a backslash only inside quotes",
+            builder.loc.source,
+            line,
+        )
+
+
+def _sql_line(builder: Builder, step: Step, variant_key: str | None) -> int | None:
+    """The line of ``step``'s ``sql``: in its ``[VARIANT.step.NAME]`` override if it has one, else in its table."""
+    from pgrace.formats.scenario_toml import _base_name
+
+    loc = builder.loc
+    variant = builder.data.get(variant_key) if variant_key is not None else None
+    overrides = variant.get("step") if isinstance(variant, dict) else None
+    if isinstance(overrides, dict):
+        for base in (step.name, _base_name(step.name)):
+            if isinstance(overrides.get(base), dict) and "sql" in overrides[base]:
+                return loc.line_of(str(variant_key), "step", base, "sql")
+    if step.line is None:
+        return None
+    header = next((path for path, number in loc.headers.items() if number == step.line - 1), None)
+    return loc.line_of(*header, "sql") if header is not None else step.line
+
+
+def _command(
+    builder: Builder, item: Any, scenario: Scenario, where: KeyPath, line: int, variant_key: str | None
+) -> LoadCommand:
     from pgrace.formats.scenario_toml import _base_name, did_you_mean
 
     loc = builder.loc
@@ -139,7 +190,9 @@ def _command(builder: Builder, item: Any, scenario: Scenario, where: KeyPath, li
         if step.sleep is not None or step.crash is not None:
             raise loc.error(f"step {name!r} sends no SQL; a load transaction runs SQL steps only", *where)
         capture = builder._capture(item["capture"], where) if "capture" in item else step.capture
-        return LoadCommand("sql", sql=step.sql, capture=capture, step=step.name, line=line)
+        return LoadCommand(
+            "sql", sql=step.sql, capture=capture, step=step.name, line=_sql_line(builder, step, variant_key)
+        )
     if kind == "sql":
         text = builder._str(item["sql"], *where, "sql", what="load sql")
         return LoadCommand("sql", sql=text, capture=builder._capture(item.get("capture"), where), line=line)
