@@ -715,6 +715,7 @@ def check(
 @click.option("--dsn", envvar="PGRACE_DSN", required=True, help="The server to clean (libpq URI or conninfo).")
 def clean(dsn: str) -> None:
     """Remove scratch databases and schemas that killed pgrace runs left on a server."""
+    from pgrace.pgbench import sweep_work_dirs
     from pgrace.scratch import sweep_leftovers
     from pgrace.servers import open_server
 
@@ -722,6 +723,8 @@ def clean(dsn: str) -> None:
         swept = sweep_leftovers(server)
     for name in swept.removed:
         click.echo(f"removed {name}")
+    for path in sweep_work_dirs():
+        click.echo(visible(f"removed {path} (a killed pgrace load's work directory)"))
     for note in swept.skipped:
         click.echo(f"pgrace: {note}", err=True)
     removed = len(swept.removed)

@@ -37,6 +37,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed, ServerUnavailable
 from pgrace.model import LoadCommand, Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
+from pgrace.servers.processes import dies_with_parent, owned_private_dir, pid_alive
 from pgrace.variables import find, meta_command, param_values, substitute
 
 APP_PREFIX = "pgrace-load/"
@@ -260,22 +261,44 @@ def _one_line(text: str) -> str:
 
 
 def emit(scenario: Scenario, directory: Path) -> list[Path]:
-    """Write the pgbench script, the setup SQL and the checks' SQL, to drive a server with pgbench alone."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write the pgbench script, the setup SQL and the checks' SQL, to drive a server with pgbench alone.
+
+    Every file is made before any is written, so invalid input leaves nothing; a file that
+    cannot be written is invalid input (exit 2), and a symbolic link in its place is not
+    followed (it could point anywhere).
+    """
     stem = f"{scenario.name}.{scenario.variant}"
-    script = directory / f"{stem}.pgbench.sql"
-    setup = directory / f"{stem}.setup.sql"
-    checks = directory / f"{stem}.check.sql"
-    script.write_text(pgbench_script(scenario), encoding="utf-8")
-    setup.write_text("".join(_terminated(text) for text in setup_sql(scenario)), encoding="utf-8")
     check_text = []
     for check in _load_of(scenario).checks:
         query = compose_sql(check.sql, scenario)
         _no_meta_command(query, scenario, check.line)
         check_text.append(f"-- {_one_line(check.description)}: (expected, actual[, detail])\n")
         check_text.append(_terminated(query))
-    checks.write_text("".join(check_text), encoding="utf-8")
-    return [script, setup, checks]
+    files = {
+        directory / f"{stem}.pgbench.sql": pgbench_script(scenario),
+        directory / f"{stem}.setup.sql": "".join(_terminated(text) for text in setup_sql(scenario)),
+        directory / f"{stem}.check.sql": "".join(check_text),
+    }
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError(f"--emit: cannot make the folder: {exc.strerror or exc}", str(directory)) from None
+    for path, text in files.items():
+        _write_file(path, text)
+    return list(files)
+
+
+def _write_file(path: Path, text: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        why = "a symbolic link is there; pgrace does not write through one" if path.is_symlink() else exc.strerror
+        raise ScenarioError(f"--emit: cannot write: {why or exc}", str(path)) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:  # a full disk, say
+        raise ScenarioError(f"--emit: cannot write: {exc.strerror or exc}", str(path)) from None
 
 
 def _terminated(text: str) -> str:
@@ -323,6 +346,7 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     database and re-raises; the exception carries what was measured so far as ``partial``.
     """
     script = pgbench_script(scenario)
+    sweep_work_dirs()
     pgbench = find_pgbench(server, options.pgbench)
     major = pgbench_major(pgbench)
     check_room(server, max(options.clients, default=0))
@@ -351,7 +375,7 @@ def _one_count(
     app = f"{APP_PREFIX}{scenario.name[:30]}/{secrets.token_hex(4)}"
     with (
         scratch_database(server, f"load_{scenario.name}", with_pgrowlocks=False) as db,  # pg_locks is sampled
-        tempfile.TemporaryDirectory(prefix="pgrace-load-") as work,
+        tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-") as work,
     ):
         with psycopg.connect(db.dsn, autocommit=True) as conn:
             for text in setup_sql(scenario):
@@ -365,9 +389,7 @@ def _one_count(
         Path(script_path).write_text(script, encoding="utf-8")
         params = {k: str(v) for k, v in conninfo_to_dict(db.dsn).items() if v is not None}
         env = dict(os.environ, PGAPPNAME=app)
-        password = params.pop("password", None)
-        if password is not None:
-            env["PGPASSWORD"] = password
+        params.update(_secrets_aside(params, work, env))
         params["application_name"] = app
         argv = pgbench_argv(pgbench, major, script_path, clients, options, work, make_conninfo(**params))
         with psycopg.connect(db.dsn, autocommit=True, application_name="pgrace-load-observer") as observer:
@@ -392,6 +414,58 @@ def _one_count(
         )
         run.violations = check_invariants(scenario, db.dsn)
     return run
+
+
+def _secrets_aside(params: dict[str, str], work: str, env: dict[str, str]) -> dict[str, str]:
+    """Take the secrets out of ``params``, which end up in pgbench's argv, visible to everyone in ``ps``.
+
+    The password goes into ``PGPASSWORD``. libpq has no variable for ``sslpassword``: it
+    goes into a connection service file in ``work`` (mode 0700, the file 0600) that libpq
+    reads through ``PGSERVICEFILE``; the returned ``service`` parameter names it.
+    """
+    password = params.pop("password", None)
+    if password is not None:
+        env["PGPASSWORD"] = password
+    sslpassword = params.pop("sslpassword", None)
+    if sslpassword is None:
+        return {}
+    if "service" in params:
+        raise ScenarioError("a DSN naming a service cannot also give sslpassword to pgbench: put it in the service")
+    if "\n" in sslpassword or "\r" in sslpassword or sslpassword != sslpassword.strip():
+        raise ScenarioError("an sslpassword with a line break or surrounding spaces cannot be handed to pgbench")
+    path = os.path.join(work, "pg_service.conf")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f"[pgrace]\nsslpassword={sslpassword}\n")
+    env["PGSERVICEFILE"] = path
+    env.pop("PGSERVICE", None)
+    return {"service": "pgrace"}
+
+
+WORK_PREFIX = "pgrace-load-"
+_WORK_DIR = re.compile(r"^pgrace-load-(\d+)-")
+
+
+def sweep_work_dirs() -> list[str]:
+    """Remove the work directories (pgbench's script and logs) that killed loads of this user left.
+
+    The temporary folder is everyone's: only a 0700 directory of this user, named for a
+    process that is gone, is taken.
+    """
+    base = tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _WORK_DIR.match(entry.name)
+        if match is None or int(match[1]) == os.getpid() or pid_alive(int(match[1])):
+            continue
+        if owned_private_dir(entry.path, {os.geteuid()}):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
 
 
 def pgbench_argv(
@@ -456,8 +530,10 @@ def _drive(
     most, on_what = 0, None
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         with deferred_interrupts():  # a Ctrl-C while forking is taken after `proc` is known
+            # Its own session (a Ctrl-C at the terminal is pgrace's to pass on), and gone with pgrace,
+            # even a SIGKILLed one: a pgbench left running would load the server until it ended.
             proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=work,
-                                    start_new_session=True)  # fmt: skip
+                                    start_new_session=True, preexec_fn=dies_with_parent())  # fmt: skip
         try:
             while True:
                 waiting = _sample(observer, app)

@@ -18,9 +18,7 @@ postgres refuses to run as root; as root we run it as an unprivileged existing u
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
-import functools
 import hashlib
 import importlib.util
 import json
@@ -31,7 +29,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,6 +38,7 @@ from pathlib import Path
 
 from pgrace.errors import ServerUnavailable
 from pgrace.servers import ServerInfo, deferred_interrupts
+from pgrace.servers.processes import PR_SET_PDEATHSIG, libc_prctl, owned_private_dir, pid_alive
 
 __all__ = ["embedded_server", "local_server"]
 
@@ -96,8 +94,6 @@ _RUN_PREFIX = "pgrace-"
 _RUN_DIR_RE = re.compile(r"^pgrace-(\d+)-")
 _TMP_PREFIX = ".tmp-"
 _TMP_DIR_RE = re.compile(r"^\.tmp-(\d+)-")
-
-_PR_SET_PDEATHSIG = 1
 
 # Run directories created by this process, so the stale-run sweep never takes one of
 # ours for the leftover of a dead process that happened to have our pid.
@@ -697,7 +693,7 @@ def _remove_stale_tmp_dirs(cache: str) -> None:
     with contextlib.suppress(OSError), os.scandir(cache) as entries:
         for entry in entries:
             m = _TMP_DIR_RE.match(entry.name)
-            if m and not _pid_alive(int(m.group(1))) and entry.is_dir(follow_symlinks=False):
+            if m and not pid_alive(int(m.group(1))) and entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
 
 
@@ -728,9 +724,9 @@ def _remove_stale_runs(base: str) -> None:
         if m is None or entry.path in _our_run_dirs:
             continue
         pid = int(m.group(1))
-        if pid != me and _pid_alive(pid):
+        if pid != me and pid_alive(pid):
             continue
-        if not _owned_private_dir(entry.path, owners):
+        if not owned_private_dir(entry.path, owners):
             continue
         _kill_leftover_postmaster(entry.path, owners)
         shutil.rmtree(entry.path, ignore_errors=True)
@@ -747,15 +743,6 @@ def _run_dir_owners() -> set[int]:
     return owners
 
 
-def _owned_private_dir(path: str, owners: set[int]) -> bool:
-    """A directory itself (not a link to one), owned by one of ``owners``, with no access for group or others."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid in owners and not st.st_mode & 0o077
-
-
 def _kill_leftover_postmaster(rundir: str, owners: set[int]) -> None:
     """Stop the postmaster a dead pgrace left in ``rundir``, and nothing else.
 
@@ -763,7 +750,7 @@ def _kill_leftover_postmaster(rundir: str, owners: set[int]) -> None:
     one of ``owners``, working in ``rundir/data``, started as ``postgres -D rundir/data``.
     """
     data = os.path.join(rundir, "data")
-    if not _owned_private_dir(data, owners):
+    if not owned_private_dir(data, owners):
         return
     try:
         fd = os.open(os.path.join(data, "postmaster.pid"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -771,14 +758,14 @@ def _kill_leftover_postmaster(rundir: str, owners: set[int]) -> None:
             pid = int(f.readline().strip())
     except (OSError, ValueError):
         return
-    if pid <= 1 or not _pid_alive(pid) or not _is_server_of(pid, data, owners):
+    if pid <= 1 or not pid_alive(pid) or not _is_server_of(pid, data, owners):
         return
     for sig, wait_s in ((signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.005)
 
@@ -799,22 +786,6 @@ def _is_server_of(pid: int, data: str, owners: set[int]) -> bool:
     return any(argv[i] == b"-D" and argv[i + 1] == wanted for i in range(len(argv) - 1))
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running (not zombie) process."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
 # --- the server process --------------------------------------------------------------
 
 
@@ -825,18 +796,6 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's prctl, resolved in the parent: loading libraries after fork is not safe."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        func: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return func
-
-
 def _child_setup(user: _User | None, *, death_signal: bool) -> Callable[[], None]:
     """Build the preexec_fn: own process group, drop root, then the parent-death signal.
 
@@ -844,7 +803,7 @@ def _child_setup(user: _User | None, *, death_signal: bool) -> Callable[[], None
     clears it.  Own process group: a Ctrl-C at the terminal must not reach postgres
     before we stop it ourselves.
     """
-    prctl = _prctl() if death_signal else None
+    prctl = libc_prctl() if death_signal else None
     parent = os.getpid()
 
     def setup() -> None:
@@ -854,7 +813,7 @@ def _child_setup(user: _User | None, *, death_signal: bool) -> Callable[[], None
             os.setgroups([])
             os.setuid(user.uid)
         if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, int(signal.SIGQUIT), 0, 0, 0)
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGQUIT), 0, 0, 0)
             if os.getppid() != parent:  # the parent died before the signal was armed
                 os._exit(1)
 
@@ -938,7 +897,7 @@ def _processes_in(data: str) -> list[int]:
             cwd = os.readlink(f"/proc/{name}/cwd")
         except OSError:
             continue
-        if cwd == target and _pid_alive(int(name)):
+        if cwd == target and pid_alive(int(name)):
             found.append(int(name))
     return found
 

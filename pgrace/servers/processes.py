@@ -1,0 +1,69 @@
+"""Processes and files of this machine that pgrace may act on: alive or not, ours or not.
+
+Shared by the embedded server (its run directories) and the pgbench driver (its work
+directories): both clean up after killed runs in folders every user can write to, so
+both must tell what is provably theirs from what merely looks like it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+import stat
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def owned_private_dir(path: str, owners: set[int]) -> bool:
+    """A directory itself (not a link to one), owned by one of ``owners``, with no access for group or others."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in owners and not st.st_mode & 0o077
+
+
+@functools.cache
+def libc_prctl() -> Callable[..., int] | None:
+    """libc's prctl, resolved in the parent: loading libraries after fork is not safe."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return func
+
+
+def dies_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets ``sig`` when this process dies, even by SIGKILL (Linux)."""
+    prctl = libc_prctl()
+    parent = os.getpid()
+
+    def setup() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
+
+    return setup
