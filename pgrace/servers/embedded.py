@@ -453,7 +453,7 @@ def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User |
 def _template_intact(final: str) -> bool:
     """Whether the template exists, with everything in it owned by us and writable by no one else.
 
-    Measured: about 2 ms for its ~1,000 entries, against a run's ~100 ms.
+    Measured: about 4 ms for its ~1,000 entries (a whole run takes about 250 ms).
     """
     if not os.path.isfile(os.path.join(final, "data", "PG_VERSION")):
         return False
