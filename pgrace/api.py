@@ -46,6 +46,7 @@ def run(
             row_locks_available=db.has_pgrowlocks,
             options=options,
             schema=db.schema,
+            observer_dsn=db.observer_dsn,
         )
     result.checks = evaluate(result)
     return result

@@ -294,6 +294,12 @@ database_name_option = click.option(
     help="Name the scratch database NAME instead of pgrace_...: e.g. isolation_regression for specs that name"
     " pg_regress's database. It must not exist; it is created for the run and dropped after.",
 )
+superuser_option = click.option(
+    "--superuser",
+    is_flag=True,
+    help="On a server pgrace starts, run the scenario's SQL as its superuser instead of a role made for the run,"
+    " for the few specs that need it. Such SQL can then run programs and write files as the server's account.",
+)
 allow_schema_option = click.option(
     "--allow-scratch-schema",
     is_flag=True,
@@ -405,6 +411,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 )
 @allow_schema_option
 @database_name_option
+@superuser_option
 def run(
     scenario: str,
     fix: bool,
@@ -423,6 +430,7 @@ def run(
     lock_kinds: Literal["rows", "all"],
     allow_scratch_schema: bool,
     database_name: str | None,
+    superuser: bool,
 ) -> None:
     """Run a scenario and print its timeline and verdict.
 
@@ -434,7 +442,7 @@ def run(
     from pgrace.servers import booting_server
 
     # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
-    with booting_server(server_target or dsn) as server_ready:
+    with booting_server(server_target or dsn, superuser) as server_ready:
         loaded = catalog.load(scenario, _params(params))
         refuse_overwriting_inputs(output, [loaded.source])
         to_terminal = output is None and sys.stdout.isatty()
@@ -636,6 +644,7 @@ def _run_compare(
 @click.option(
     "--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="With --explore: processes."
 )
+@superuser_option
 def check(
     paths: tuple[str, ...],
     servers: tuple[str, ...],
@@ -651,6 +660,7 @@ def check(
     limit: int | None,
     seed: int,
     jobs: int,
+    superuser: bool,
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
 
@@ -677,7 +687,7 @@ def check(
     results: list[regression.CaseResult] = []
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
-        booting = [stack.enter_context(booting_server(t)) for t in (targets or [None])]
+        booting = [stack.enter_context(booting_server(t, superuser)) for t in (targets or [None])]
         cases = regression.prepare(list(paths), golden=golden or update, expected=expected)
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
         opened = [ready() for ready in booting]
@@ -817,6 +827,7 @@ output_option = click.option(
 @dsn_option
 @step_timeout_option
 @output_option
+@superuser_option
 def explore(
     scenario: str,
     fix: bool,
@@ -833,6 +844,7 @@ def explore(
     dsn: str | None,
     step_timeout: float,
     output: str | None,
+    superuser: bool,
 ) -> None:
     """Run every interleaving of a scenario's steps and print the classes of outcomes.
 
@@ -857,7 +869,7 @@ def explore(
             raise ScenarioError(f"the files explored {result.scenario} ({result.variant}), not this scenario")
         _emit(_render_exploration(result, chosen, fmt, {}), output)
         return
-    with open_server(server_target or dsn) as server:
+    with open_server(server_target or dsn, superuser) as server:
         report_swept(server)
         result = explorer.explore(
             chosen,
@@ -907,7 +919,10 @@ def _render_exploration(result: Any, scenario: Scenario, fmt: str, timelines: di
 @dsn_option
 @step_timeout_option
 @output_option
-def matrix(fmt: str, server_target: str | None, dsn: str | None, step_timeout: float, output: str | None) -> None:
+@superuser_option
+def matrix(
+    fmt: str, server_target: str | None, dsn: str | None, step_timeout: float, output: str | None, superuser: bool
+) -> None:
     """Measure the row-lock and table-lock conflict tables on the server, against the manual's.
 
     Each cell is two real sessions: one holds a lock, the other requests one; the server
@@ -918,7 +933,7 @@ def matrix(fmt: str, server_target: str | None, dsn: str | None, step_timeout: f
     from pgrace.render import outcomes as render
     from pgrace.servers import open_server
 
-    with open_server(server_target or dsn) as server:
+    with open_server(server_target or dsn, superuser) as server:
         report_swept(server)
         measured = lock_matrix.measure(server, step_timeout=step_timeout)
     if fmt == "json":
@@ -966,6 +981,7 @@ def _sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
 @dsn_option
 @step_timeout_option
 @output_option
+@superuser_option
 def sweep(
     scenarios: tuple[str, ...],
     fix: bool,
@@ -980,6 +996,7 @@ def sweep(
     dsn: str | None,
     step_timeout: float,
     output: str | None,
+    superuser: bool,
 ) -> None:
     """Run scenarios under every combination of parameter values; print the grid of outcomes.
 
@@ -999,7 +1016,7 @@ def sweep(
     loaded = [sweeper.variants(ref, grid, "fix" if fix else "bug" if bug else None) for ref in scenarios]
     refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
     timelines: dict[tuple[int, int, int], str] = {}
-    with open_server(server_target or dsn) as server:
+    with open_server(server_target or dsn, superuser) as server:
         report_swept(server)
         results = [
             sweeper.sweep(

@@ -402,10 +402,12 @@ class CodeRunner:
         step_timeout: float,
         server: ServerInfo,
         expect: Sequence[Sequence[Any]] | None = None,
+        observer_dsn: str | None = None,
     ) -> None:
         self.name = name
         self.code = dict(sessions)
         self.dsn = dsn
+        self.observer_dsn = observer_dsn or dsn  # pgrace's own watcher: out of the sessions' reach
         self.setup = setup
         self.final = final
         self.expect = expect
@@ -441,7 +443,7 @@ class CodeRunner:
 
     def _connect(self, cls: Any, who: str) -> Any:
         conn = cls.connect(
-            self.dsn,
+            self.observer_dsn if who == "observer" else self.dsn,
             application_name=f"pgrace/{self.name}/{who}"[:63],
             client_encoding="UTF8",
             autocommit=who in ("control connection", "observer"),
@@ -943,6 +945,7 @@ def _runner(
             step_timeout=step_timeout,
             server=server,
             expect=expect,
+            observer_dsn=db.observer_dsn,
         ) as runner,
     ):
         runner.has_row_locks = db.has_pgrowlocks

@@ -276,6 +276,7 @@ def run_interleavings(
                 server_label=server.label,
                 row_locks_available=False,
                 options=options,
+                observer_dsn=db.observer_dsn,
             )
             for one in split_run(run):
                 observed.append(classify(one))

@@ -56,11 +56,18 @@ LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
 WHERE l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
 """
 
-BLOCKING_QUERY = "SELECT p, pg_catalog.pg_blocking_pids(p) FROM unnest(%s::int[]) AS p"
+BLOCKING_QUERY = "SELECT p, pg_catalog.pg_blocking_pids(p) FROM pg_catalog.unnest(%s::int[]) AS p"
 
 ACTIVITY_QUERY = """
 SELECT pid, xact_start IS NOT NULL AS in_transaction, query
 FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)
+"""
+
+# Where the pgrowlocks extension lives: its function is called by that schema, so that nothing a
+# scenario creates on the observer's search_path can stand in for it.
+PGROWLOCKS_SCHEMA_QUERY = """
+SELECT n.nspname FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+WHERE e.extname = 'pgrowlocks'
 """
 
 PROGRESS_QUERY = "SELECT command, phase FROM pg_catalog.pg_stat_progress_create_index WHERE pid = %s"
@@ -68,7 +75,7 @@ PROGRESS_QUERY = "SELECT command, phase FROM pg_catalog.pg_stat_progress_create_
 TABLES_QUERY = """
 SELECT c.oid, c.oid::regclass::text,
        ARRAY(SELECT a.attname FROM pg_catalog.pg_index i
-             CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+             CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
              JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
              WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY k.n),
        EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
@@ -308,7 +315,7 @@ class LockInspector:
     def blocking_graph(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """Who waits on whom right now, among the sessions (for timeout diagnoses)."""
         rows = self.observer.execute(
-            "SELECT p, pg_catalog.pg_blocking_pids(p) FROM unnest(%s::int[]) AS p",
+            BLOCKING_QUERY,
             (list(self.sessions),),
         ).fetchall()
         return tuple(
@@ -584,12 +591,13 @@ class LockInspector:
 
     def row_locks(self) -> LockSnapshot:
         """Every row lock held in the scratch database, via pgrowlocks, sorted stably."""
-        if self.observer.execute("SELECT to_regproc('pgrowlocks') IS NULL").fetchone() != (False,):
+        pgrowlocks = self._pgrowlocks()
+        if pgrowlocks is None:
             return LockSnapshot(None, ())
         locks: list[RowLock] = []
         skipped: list[str] = []
         for table in self.tables():
-            table_locks = self._table_locks(table)
+            table_locks = self._table_locks(table, pgrowlocks)
             if table_locks is None:
                 skipped.append(table.name)
             else:
@@ -598,14 +606,19 @@ class LockInspector:
         locks.sort(key=lambda lk: (order.get(lk.session, len(order)), lk.table, _sort_key(lk)))
         return LockSnapshot(tuple(locks), tuple(skipped))
 
-    def _table_locks(self, table: Table) -> list[RowLock] | None:
+    def _pgrowlocks(self) -> sql.Identifier | None:
+        found = self.observer.execute(PGROWLOCKS_SCHEMA_QUERY).fetchone()
+        return sql.Identifier(found[0], "pgrowlocks") if found is not None else None
+
+    def _table_locks(self, table: Table, pgrowlocks: sql.Identifier | None = None) -> list[RowLock] | None:
         if table.exclusively_locked:
             return None
+        pgrowlocks = pgrowlocks or self._pgrowlocks()
+        if pgrowlocks is None:
+            return None
+        query = sql.SQL("SELECT locked_row::text, modes, pids, xids::text[] FROM {}(%s::pg_catalog.text)")
         try:
-            rows = self.observer.execute(
-                "SELECT locked_row::text, modes, pids, xids::text[] FROM pgrowlocks(%s)",
-                (table.name,),
-            ).fetchall()
+            rows = self.observer.execute(query.format(pgrowlocks), (table.name,)).fetchall()
             owners = self._owners_without_pid(
                 [x for _, _, pids, xids in rows for p, x in zip(pids, xids, strict=False) if not p]
             )

@@ -211,6 +211,7 @@ def measure(server: ServerInfo, step_timeout: float = 10.0) -> Matrix:
             server_label=server.label,
             row_locks_available=db.has_pgrowlocks,
             options=RunOptions(step_timeout=step_timeout),
+            observer_dsn=db.observer_dsn,
         )
         table_run = run_scenario(
             _pairs_scenario("table", table_ops),
@@ -219,6 +220,7 @@ def measure(server: ServerInfo, step_timeout: float = 10.0) -> Matrix:
             server_label=server.label,
             row_locks_available=False,
             options=RunOptions(step_timeout=step_timeout, track_row_locks=False),
+            observer_dsn=db.observer_dsn,
         )
     row_names = [name for name, _ in row_ops]
     return Matrix(

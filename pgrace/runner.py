@@ -172,8 +172,13 @@ def run_scenario(
     row_locks_available: bool = True,
     options: RunOptions | None = None,
     schema: str | None = None,
+    observer_dsn: str | None = None,
 ) -> Run:
-    """Run every permutation of ``scenario`` in the database at ``dsn``; return the record."""
+    """Run every permutation of ``scenario`` in the database at ``dsn``; return the record.
+
+    ``observer_dsn``: where pgrace's observer connects instead of ``dsn`` (the superuser, when
+    the scenario runs as a role of its own: see :class:`pgrace.scratch.ScratchDatabase`).
+    """
     options = options or RunOptions()
     run = Run(
         scenario,
@@ -183,7 +188,7 @@ def run_scenario(
         lock_kinds=options.lock_kinds,
     )
     try:
-        with Runner(scenario, dsn, run, options, schema) as runner:
+        with Runner(scenario, dsn, run, options, schema, observer_dsn) as runner:
             runner.run_all()
     except ScenarioFailed as failed:
         failed.run = run  # what happened up to the failure, for whoever reports it
@@ -194,10 +199,19 @@ def run_scenario(
 class Runner:
     """The scheduler. Use as a context manager so every connection is closed."""
 
-    def __init__(self, scenario: Scenario, dsn: str, run: Run, options: RunOptions, schema: str | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        dsn: str,
+        run: Run,
+        options: RunOptions,
+        schema: str | None = None,
+        observer_dsn: str | None = None,
+    ) -> None:
         self.schema = schema  # a scratch schema in the user's database: watch only its tables
         self.scenario = scenario
         self.dsn = dsn
+        self.observer_dsn = observer_dsn or dsn
         self.run = run
         self.options = options
         self.recorder = Recorder(run, options.on_event)
@@ -248,7 +262,7 @@ class Runner:
         options = SPEC_SESSION_OPTIONS if tester and self.scenario.format == "spec" else ""
         try:
             conn: psycopg.Connection[Any] = scratch.connect(
-                self.dsn,
+                self.observer_dsn if observer else self.dsn,
                 self.schema,
                 options=options,
                 observer=observer,

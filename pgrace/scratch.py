@@ -23,6 +23,7 @@ what it can take the lock for, whoever and wherever (host, PID namespace) create
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import re
 import secrets
@@ -61,6 +62,10 @@ _LOCK_CLASS = 0x70677263  # "pgrc": the first key of every scratch lock, apart f
 _END_SESSIONS_DEADLINE_S = 5.0
 _DROP_LOCK_TIMEOUT = "5s"  # a drop waits this long for locks, then leaves the object to a later sweep
 
+#: Superuser settings a run's role may set: they change only how its own session behaves.
+#: deadlock_timeout picks a deadlock's victim (scenarios and isolation specs set it per session).
+ROLE_PARAMETERS = ("deadlock_timeout",)
+
 # Backends opened by :func:`connect` per scratch schema: (pid, backend_start), so that the
 # run's end terminates its own lingering sessions and never another run's.
 _BACKENDS: dict[str, list[tuple[int, int]]] = {}
@@ -71,13 +76,20 @@ class ScratchDatabase:
     """A throwaway database (or schema) for one run."""
 
     dsn: str
-    """conninfo of the scratch database (the server's DSN with dbname replaced; in schema mode with the
-    scratch ``search_path`` in its options)."""
+    """conninfo of the scratch database for the scenario's SQL: sessions, setup, teardown, checks (the
+    server's DSN with dbname, and the run's role, replaced; in schema mode with the scratch ``search_path``
+    in its options)."""
     name: str
     has_pgrowlocks: bool
     """Whether the pgrowlocks extension could be created; lock reports need it."""
     schema: str | None = None
     """Set when the run uses a scratch *schema* in the user's database instead."""
+    role: str | None = None
+    """The role made for this run that the scenario's SQL runs as (None: the DSN's own role)."""
+    observer_dsn: str | None = None
+    """conninfo of pgrace's own observer when it is not ``dsn``: the server's superuser, out of the
+    scenario's reach (its backend cannot be signalled by the scenario's role), with a fixed
+    ``search_path`` that puts pg_catalog first."""
 
 
 @dataclass
@@ -177,14 +189,23 @@ def scratch_database(
     and a uniquely named schema in the connection's own database is used and dropped instead.
     ``database_name`` gives the database that exact name instead (specs that name their
     database, as pg_regress's ``isolation_regression``); it must not exist yet.
+
+    On a server pgrace started (``server.scenario_role``) the scenario runs as a role made for
+    this run: LOGIN, no superuser, CREATEDB, CREATEROLE, replication or BYPASSRLS, member of no
+    other role, owner of the database; it is dropped with it. pgrowlocks is installed by the
+    superuser. So scenario SQL cannot run programs, touch files, change the server's
+    configuration or reach another run's database or sessions.
     """
     admin = _connect(server)
+    role: str | None = None
     try:
         name = database_name if database_name is not None else _claim_new_name(admin, server, hint)
         dsn = make_conninfo(server.dsn, dbname=name)
         server_version = admin.info.server_version
+        if server.scenario_role:
+            role = _create_role(admin, server, name if is_scratch_name(name) else scratch_name(hint))
         try:
-            _create(admin, server, name)
+            _create(admin, server, name, owner=role)
         except NoCreateDb as exc:
             if allow_schema:
                 in_schema = True
@@ -212,7 +233,13 @@ def scratch_database(
             return
         try:
             has_pgrowlocks = with_pgrowlocks and _try_pgrowlocks(dsn)
-            yield ScratchDatabase(dsn=dsn, name=name, has_pgrowlocks=has_pgrowlocks)
+            yield ScratchDatabase(
+                dsn=make_conninfo(dsn, user=role) if role else dsn,
+                name=name,
+                has_pgrowlocks=has_pgrowlocks,
+                role=role,
+                observer_dsn=observer_conninfo(dsn) if role else None,
+            )
         except BaseException:
             # The run's own error is the one to report; a failed drop must not mask it.
             with deferred_interrupts(), contextlib.suppress(RunAborted):
@@ -224,7 +251,61 @@ def scratch_database(
         if vanished:
             raise RunAborted(f"the scratch database {name} disappeared during the run: its results cannot be trusted")
     finally:
+        if role is not None:
+            with deferred_interrupts():
+                admin = _drop_role(admin, server, role)
         admin.close()
+
+
+def observer_conninfo(dsn: str, schema: str | None = None) -> str:
+    """``dsn`` with a ``search_path`` that the scenario cannot change: pg_catalog first, then ``schema``, public.
+
+    The scenario's role owns its database, so it can set the database's default search_path
+    and create functions and operators in the schemas on it; pgrace's superuser connections
+    to that database never take that default.
+    """
+    path = ["pg_catalog", *([sql.Identifier(schema).as_string(None)] if schema else []), "public"]
+    options = str(conninfo_to_dict(dsn).get("options") or "")
+    return make_conninfo(dsn, options=f"{options} -c search_path={','.join(path)}".strip())
+
+
+def _create_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> str:
+    """The run's own role, with no privilege beyond logging in (the database it will own says the rest).
+
+    No password: it logs in as pgrace's superuser does, over the server's unix socket in a
+    run directory only the server's account can enter, with trust authentication. It may
+    set the few superuser settings that only affect its own session (:data:`ROLE_PARAMETERS`).
+    """
+    try:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS").format(
+                sql.Identifier(role)
+            )
+        )
+        if admin.info.server_version >= 150000:  # GRANT SET ON PARAMETER is new in PostgreSQL 15
+            admin.execute(_parameters_grant("GRANT SET ON PARAMETER {} TO {}", role))
+    except psycopg.Error as exc:
+        raise ServerUnavailable(
+            f"cannot create the run's role {role} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
+        ) from exc
+    return role
+
+
+def _drop_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> psycopg.Connection[TupleRow]:
+    """Best effort, after its database is gone: a role left on a server pgrace started goes with the server."""
+    with contextlib.suppress(psycopg.Error):
+        if admin.closed or admin.broken:
+            admin = _connect(server)
+        if admin.info.server_version >= 150000:
+            admin.execute(_parameters_grant("REVOKE SET ON PARAMETER {} FROM {}", role))
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    return admin
+
+
+def _parameters_grant(template: str, role: str) -> sql.Composed:
+    return sql.SQL(template).format(
+        sql.SQL(", ").join(sql.Identifier(name) for name in ROLE_PARAMETERS), sql.Identifier(role)
+    )
 
 
 def _claim_new_name(admin: psycopg.Connection[TupleRow], server: ServerInfo, hint: str) -> str:
@@ -276,6 +357,17 @@ _USER_OBJECTS = " UNION ALL ".join(
 )
 
 
+_ROLE_SETTINGS = (
+    "SELECT count(*) FROM pg_catalog.pg_db_role_setting s JOIN pg_catalog.pg_roles r ON r.oid = s.setrole"
+    " WHERE r.rolname = current_user"
+)
+
+
+def _admin_dsn(database: ScratchDatabase) -> str:
+    """The superuser's conninfo in the scratch database (the scenario's own when there is no run role)."""
+    return database.observer_dsn if database.observer_dsn is not None else database.dsn
+
+
 @dataclass
 class ReusableScratch:
     """One scratch database for many runs in a row (``pgrace check``), reset only when needed.
@@ -304,7 +396,11 @@ class ReusableScratch:
         others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
         while (row := conn.execute(others).fetchone()) and row[0] and time.monotonic() < deadline:
             time.sleep(0.001)
-        return tuple((str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall())
+        found = [(str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall()]
+        if self.database.role is not None:  # ALTER ROLE CURRENT_USER SET would reach the next spec's sessions
+            row = conn.execute(_ROLE_SETTINGS).fetchone()
+            found.append(("role settings", int(row[0]) if row else 0))
+        return tuple(found)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -320,8 +416,10 @@ class ReusableScratch:
         admin = _connect(self.server)
         try:
             with deferred_interrupts():
-                admin = _drop(admin, self.server, name, self.database.dsn, admin.info.server_version)
-                _create(admin, self.server, name)
+                admin = _drop(admin, self.server, name, _admin_dsn(self.database), admin.info.server_version)
+                _create(admin, self.server, name, owner=self.database.role)
+                if self.database.role is not None:
+                    admin.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(sql.Identifier(self.database.role)))
         finally:
             admin.close()
         self.resets += 1
@@ -343,7 +441,10 @@ def scratch_database_with_schema(server: ServerInfo, hint: str, schema: str) -> 
                     sql.Identifier(db.name), sql.Identifier(schema)
                 )
             )
-        yield db
+        if db.observer_dsn is None:
+            yield db
+        else:
+            yield dataclasses.replace(db, observer_dsn=observer_conninfo(db.observer_dsn, schema))
 
 
 def schema_reset_sql(schema: str) -> str:
@@ -567,8 +668,10 @@ def _connect(server: ServerInfo) -> psycopg.Connection[TupleRow]:
         ) from exc
 
 
-def _create(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str) -> None:
+def _create(admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str, owner: str | None = None) -> None:
     statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if owner is not None:
+        statement += sql.SQL(" OWNER {}").format(sql.Identifier(owner))
     try:
         if _checkpoints_are_cheap(admin):
             # FILE_COPY copies template1's files after a checkpoint: ~6 ms instead of
@@ -668,7 +771,7 @@ def _rollback_prepared(dsn: str, name: str) -> None:
     """ROLLBACK PREPARED only works from the transaction's own database."""
     with (
         contextlib.suppress(psycopg.Error),
-        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.connect(observer_conninfo(dsn), autocommit=True) as conn,
     ):
         rows = conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,)).fetchall()
         for (gid,) in rows:

@@ -229,6 +229,7 @@ def run_check(
                 server_label=server.label,
                 row_locks_available=db.has_pgrowlocks,
                 options=options,
+                observer_dsn=db.observer_dsn,
             )
     except SetupFailed as exc:  # isolationtester prints the run up to the failure: that is the output to compare
         if not isinstance(exc.run, Run):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
+from pgrace import api
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario
+from pgrace.servers import ServerInfo
 from pgrace.timeline import NoticeReceived, Run, StepCancelled, StepFinished, StepRun
 
 
@@ -174,8 +177,10 @@ def test_a_failed_capture_leaves_the_variable_null(pgrace_run: RunScenario) -> N
     assert use.outcome.last_rows.rows == ((True,),)
 
 
-def test_row_locks_are_unknown_rather_than_guessed_without_pgrowlocks(pgrace_run: RunScenario) -> None:
-    run = pgrace_run(
+def test_row_locks_are_unknown_rather_than_guessed_without_pgrowlocks(pgrace_server: ServerInfo) -> None:
+    # Only the superuser may drop the extension pgrace installed (the run's own role may not).
+    as_superuser = dataclasses.replace(pgrace_server, scenario_role=False)
+    run = api.run(
         scenario(
             """
             [[step]]
@@ -185,7 +190,8 @@ def test_row_locks_are_unknown_rather_than_guessed_without_pgrowlocks(pgrace_run
             expect = { locks = [{ table = "t", key = { id = 1 }, session = "a" }] }
             """,
             setup="DROP EXTENSION IF EXISTS pgrowlocks; CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)",
-        )
+        ),
+        server=as_superuser,
     )
     lock = by_name(run)["lock"]
     assert lock.locks_after is None

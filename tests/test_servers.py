@@ -218,16 +218,19 @@ def test_booting_server_reports_a_failed_start_when_the_server_is_wanted(tmp_pat
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
-def test_the_template_belongs_to_the_server_user_who_copies_it(server: ServerInfo) -> None:
-    """Each run's copy is made by the server user (``cp`` in the child), so the template is theirs."""
+def test_the_template_is_roots_and_only_the_run_copy_is_the_server_users(server: ServerInfo) -> None:
+    """The server user copies the template (``cp`` in the child) but cannot write it: nothing a server does changes it."""
     cache = Path(os.environ.get("PGRACE_CACHE_DIR", "/var/cache/pgrace"))
     with psycopg.connect(server.dsn) as conn:
         row = conn.execute("SELECT current_setting('data_directory')").fetchone()
     assert row is not None
     server_uid = os.stat(row[0]).st_uid
+    assert server_uid != 0
     templates = [t for t in cache.glob("template-*/data") if not t.parent.name.startswith("template-local-")]
     assert templates
-    assert {os.stat(t).st_uid for t in templates} == {server_uid} != {0}
+    entries = [path for t in templates for path in (t, *t.rglob("*"))]
+    assert {os.lstat(p).st_uid for p in entries} == {0}
+    assert not [p for p in entries if os.lstat(p).st_mode & 0o022]
 
 
 def test_pgrowlocks_works_on_embedded_server(server: ServerInfo) -> None:

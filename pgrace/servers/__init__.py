@@ -8,6 +8,7 @@ CLI, the tests and the benchmarks all choose servers the same way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -46,18 +47,24 @@ class ServerInfo:
     """pgrace started it for this process from its clean template: no killed run can have left anything on it."""
     notes: tuple[str, ...] = ()
     """What pgrace had to mend to start it (a damaged cache entry rebuilt), one line each, for the user."""
+    scenario_role: bool = False
+    """Each run's SQL runs as a role pgrace creates for it, without superuser (servers pgrace starts itself).
+
+    False: it runs as the DSN's own role (a user's server, or ``--superuser``).
+    """
 
 
-def open_server(
-    target: str | None = None,
-) -> contextlib.AbstractContextManager[ServerInfo]:
+def open_server(target: str | None = None, superuser: bool = False) -> contextlib.AbstractContextManager[ServerInfo]:
     """Give a server for the duration of a ``with`` block.
 
     ``target`` is what ``--server`` takes: ``"embedded"``, a libpq connection string,
     the bin directory of a local PostgreSQL installation, or ``docker:IMAGE``.
     None -> the ``PGRACE_DSN`` environment variable if set -> else the embedded server.
-    Backends are imported lazily: each is only needed when chosen.
+    Backends are imported lazily: each is only needed when chosen. ``superuser``: on a
+    server pgrace starts, scenarios run as its superuser instead of an unprivileged role.
     """
+    if superuser:
+        return _as_superuser(open_server(target))
     target = _resolve(target)
     if target == "embedded":
         from pgrace.servers.embedded import embedded_server
@@ -77,7 +84,13 @@ def open_server(
 
 
 @contextlib.contextmanager
-def booting_server(target: str | None = None) -> Iterator[Callable[[], ServerInfo]]:
+def _as_superuser(opened: contextlib.AbstractContextManager[ServerInfo]) -> Iterator[ServerInfo]:
+    with opened as server:
+        yield dataclasses.replace(server, scenario_role=False)
+
+
+@contextlib.contextmanager
+def booting_server(target: str | None = None, superuser: bool = False) -> Iterator[Callable[[], ServerInfo]]:
     """`open_server` in two steps: a server pgrace starts itself boots now, ``ready()`` waits for it.
 
     Meanwhile the caller does its own work (a run loads its scenario and imports the
@@ -102,7 +115,8 @@ def booting_server(target: str | None = None) -> Iterator[Callable[[], ServerInf
             if failure is not None:
                 raise failure
             if not opened:
-                opened.append(start() if start is not None else stack.enter_context(open_server(target)))
+                server = start() if start is not None else stack.enter_context(open_server(target))
+                opened.append(dataclasses.replace(server, scenario_role=False) if superuser else server)
             return opened[0]
 
         yield ready

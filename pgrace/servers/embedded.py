@@ -216,6 +216,7 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                         bindir=os.path.join(bindir, "bin"),
                         fresh=True,
                         notes=tuple(notes),
+                        scenario_role=True,
                     )
                 )
             return described[0]
@@ -235,7 +236,9 @@ def _spawn(bindir: str, template: str, rundir: str, user: _User | None) -> tuple
 
     The copy (about 1,000 files) is made by ``cp`` in the child, which then becomes postgres:
     it runs beside pgrace, which meanwhile loads the scenario and imports the driver,
-    instead of holding it up. The child runs as the server user, who owns the template.
+    instead of holding it up. The child runs as the server user, who can read the template
+    but (as root) not write it; the copy is the server user's, its top directory private
+    as postgres requires.
     """
     if user is not None:
         os.chown(rundir, user.uid, user.gid)
@@ -251,7 +254,7 @@ def _spawn(bindir: str, template: str, rundir: str, user: _User | None) -> tuple
     # the parent-death signal), it ends its cp and waits for it: nothing is left copying.
     copy_then_start = (
         "trap 'kill $copy 2>/dev/null; wait $copy; exit 1' QUIT TERM; "
-        'cp -RPp -- "$1" "$2" & copy=$!; wait $copy || exit; shift 2; exec "$@"'
+        'cp -RPp -- "$1" "$2" & copy=$!; wait $copy || exit; chmod 0700 "$2" || exit; shift 2; exec "$@"'
     )
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -508,24 +511,25 @@ def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User |
     """Return the cached initdb template data directory, creating it once.
 
     initdb runs in tmpfs (``base``) and only its result is copied into the cache:
-    measured here, initdb takes 0.25 s on tmpfs but 1 s on the overlay disk. A template
-    that fails its check (see :func:`_template_problem`) is rebuilt under the cache lock,
-    and ``notes`` says so.
+    measured here, initdb takes 0.25 s on tmpfs but 1 s on the overlay disk.
+
+    The template is ours and writable by nobody else: as root, the server's account only
+    reads it, so nothing a server does (a superuser scenario's ``COPY ... TO`` a file) can
+    change what later runs start from. It is checked before every use (see
+    :func:`_template_problem`); a bad one is rebuilt under the cache lock, and ``notes``
+    says so (not for one an older pgrace left to the server's account: that is expected).
     """
     options = hashlib.sha256(" ".join(_INITDB_ARGS).encode()).hexdigest()[:8]
     final = os.path.join(cache, f"template-{key}-{options}")
     data = os.path.join(final, "data")
     if _template_problem(final) is None:
-        if user is not None and os.stat(data).st_uid != user.uid:
-            with _cache_lock(cache):  # made by an older pgrace, as root: each run's cp is the server user's
-                _give_tree(data, (user.uid, user.gid))
         return data
     with _cache_lock(cache):
         problem = _template_problem(final)
         if problem is not None:
             if os.path.lexists(final):
                 _discard(final, cache)
-                if problem != "no manifest":  # an older pgrace's template: replaced without a word
+                if problem not in _EXPECTED_REBUILDS:
                     notes.append(f"the cached server template in {final} was damaged ({problem}); rebuilt it")
             _build_template(bindir, cache, base, user, final)
     return data
@@ -534,17 +538,21 @@ def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User |
 def _template_problem(final: str) -> str | None:
     """Why the template in ``final`` cannot be used (None: it can).
 
-    Checked on every run, cheaply: the manifest written when it was built names the
-    version and the digests of its configuration (a changed line could load a library
-    that is not there, or make every run read-only), and the files without which
-    postgres cannot start must be there.
+    Checked on every run, cheaply (about 4 ms): everything in it is ours and writable by
+    no one else, no link; the manifest written when it was built has the digests of its
+    configuration (a changed line could load a library that is not there, or make every
+    run read-only); and the files without which postgres cannot start are there.
     """
     data = os.path.join(final, "data")
+    if not os.path.lexists(final):
+        return "missing"
+    if (owner := _foreign_entry(final)) is not None:
+        return owner
     try:
         with open(os.path.join(final, _TEMPLATE_MANIFEST), encoding="utf-8") as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        return "missing" if not os.path.lexists(final) else "no manifest"
+        return "no manifest"
     except (OSError, ValueError) as exc:
         return f"unreadable manifest: {exc}"
     if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
@@ -577,12 +585,34 @@ def _write_template_manifest(staged: str) -> None:
     os.chmod(os.path.join(staged, _TEMPLATE_MANIFEST), 0o644)
 
 
-def _give_tree(root: str, owner: tuple[int, int]) -> None:
-    """Make ``owner`` the owner of everything under ``root``; the top directory last, as it is what is checked."""
-    for current, dirs, files in os.walk(root, topdown=False):
-        for name in [*files, *dirs]:
-            os.lchown(os.path.join(current, name), *owner)
-    os.chown(root, *owner)
+def _foreign_entry(final: str) -> str | None:
+    """What in the template is not ours alone: another owner, write access for others, a link."""
+    me, server = os.geteuid(), _server_uid()
+    for current, dirs, files in os.walk(final):
+        for path in (current, *(os.path.join(current, name) for name in (*files, *dirs))):
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                return f"{os.path.relpath(path, final)}: {exc.strerror}"
+            where = os.path.relpath(path, final)
+            if stat.S_ISLNK(st.st_mode):
+                return f"{where} is a link"
+            if st.st_uid != me:
+                return _OLDER_LAYOUT if st.st_uid == server else f"{where} is not ours"
+            if st.st_mode & 0o022:
+                return f"{where} is writable by others"
+    return None
+
+
+_OLDER_LAYOUT = "owned by the server's account"  # how an older pgrace left it: rebuilt without a word
+_EXPECTED_REBUILDS = ("missing", "no manifest", _OLDER_LAYOUT)
+
+
+def _server_uid() -> int | None:
+    with contextlib.suppress(ServerUnavailable):
+        user = _server_user()
+        return user.uid if user is not None else None
+    return None
 
 
 def _build_template(bindir: str, cache: str, base: str, user: _User | None, final: str) -> None:
@@ -615,8 +645,8 @@ def _build_template(bindir: str, cache: str, base: str, user: _User | None, fina
         try:
             shutil.copytree(work_data, os.path.join(tmp, "data"), symlinks=True)
             _write_template_manifest(tmp)
-            if user is not None:
-                _give_tree(os.path.join(tmp, "data"), (user.uid, user.gid))
+            if user is not None:  # ours (root's), and only readable by the server's account
+                _make_world_readable(tmp)
             _publish(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
