@@ -90,8 +90,10 @@ def load(ref: str, params: dict[str, str] | None = None) -> Scenario:
             raise ScenarioError(f"no shipped scenario {ref!r}{did_you_mean(ref, names)}; shipped: {known}")
         return load_toml_scenario(shipped_dir() / f"{ref}.toml", params)
     path = Path(ref)
+    if path.is_dir():
+        raise ScenarioError("a directory, not a scenario file (pgrace check DIR runs every file in one)", ref)
     if not path.is_file():
-        raise ScenarioError("no such scenario file", ref)
+        raise ScenarioError("no such scenario file" if not path.exists() else "not a regular file", ref)
     if path.suffix == ".spec":
         from pgrace.formats.spec import parse_spec
 

@@ -143,3 +143,35 @@ def test_a_shards_json_with_numbers_out_of_bounds_is_refused(tmp_path: Path, fie
     assert result.exit_code == 2, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith("pgrace: ") and "not an exploration's JSON" in line, line
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("scenarios", "a directory, not a scenario file (pgrace check DIR runs every file in one)"),
+        ("/dev/null", "not a regular file"),
+        ("nowhere/x.toml", "no such scenario file"),
+    ],
+)
+def test_what_is_not_a_scenario_file_is_named_for_what_it_is(ref: str, message: str) -> None:
+    result = CliRunner().invoke(main, ["show", ref])
+    assert result.exit_code == 2
+    assert result.stderr == f"pgrace: {ref}: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "problem"),
+    [
+        ("host=127.0.0.1 port=99999 dbname=x", "port '99999' is not a number from 1 to 65535"),
+        ("postgresql://u@127.0.0.1:abc/db", "port 'abc' is not a number from 1 to 65535"),
+        ("host=127.0.0.1 port=5432,0", "port '0' is not a number from 1 to 65535"),
+        ("host=127.0.0.1 connect_timeout=soon", "connect_timeout 'soon' is not a whole number"),
+    ],
+)
+@pytest.mark.parametrize("command", [["run", "lost-update"], ["clean"], ["matrix"]])
+def test_a_dsn_with_a_bad_number_is_invalid_input_not_an_unreachable_server(
+    dsn: str, problem: str, command: list[str]
+) -> None:
+    result = CliRunner().invoke(main, [*command, "--dsn", dsn])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"pgrace: invalid PostgreSQL connection string (not shown): {problem}\n"

@@ -36,6 +36,8 @@ def existing_server(dsn: str) -> Iterator[ServerInfo]:
         problem = scrub_secrets(connstring_problem(exc), dsn)
         # Invalid input (exit 2), not an unavailable server.
         raise ScenarioError(f"invalid PostgreSQL connection string (not shown): {problem}") from None
+    if (problem := _number_problem(params)) is not None:
+        raise ScenarioError(f"invalid PostgreSQL connection string (not shown): {problem}")
     if "connect_timeout" not in params:
         # Also in the DSN handed on, so no later connection hangs on a dead host either.
         dsn = make_conninfo(dsn, connect_timeout=str(CONNECT_TIMEOUT_S))
@@ -50,6 +52,22 @@ def existing_server(dsn: str) -> Iterator[ServerInfo]:
         detail = " ".join(scrub_secrets(str(exc), dsn).split())
         raise ServerUnavailable(f"cannot connect to PostgreSQL at {where}: {detail}") from None
     yield ServerInfo(dsn=dsn, version=version, label=label)
+
+
+_WHOLE_NUMBER_PARAMS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                        "keepalives_count", "tcp_user_timeout")  # fmt: skip
+
+
+def _number_problem(params: dict[str, object]) -> str | None:
+    """A port or a timeout libpq would only refuse when connecting: invalid input, said before trying."""
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            return f"port {port[:20]!r} is not a number from 1 to 65535"
+    for name in _WHOLE_NUMBER_PARAMS:
+        value = str(params.get(name) or "").strip()
+        if value and not (value.lstrip("-").isascii() and value.lstrip("-").isdigit()):
+            return f"{name} {value[:20]!r} is not a whole number"
+    return None
 
 
 def _label(info: psycopg.ConnectionInfo) -> str:
