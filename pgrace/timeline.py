@@ -459,7 +459,15 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        return all(check.ok for check in self.checks)
+        """Every expectation held, and there were some to hold: a run whose setup failed checked none."""
+        return self.failed_setup() is None and all(check.ok for check in self.checks)
+
+    def failed_setup(self) -> SetupRan | None:
+        """The setup (global or a session's) that failed, when one did: the steps never ran."""
+        for event in self.events:
+            if isinstance(event, SetupRan) and event.phase == "setup" and event.outcome.error is not None:
+                return event
+        return None
 
     def step_runs(self) -> list[StepRun]:
         """Fold the events into one record per launched step, in launch order."""

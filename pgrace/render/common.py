@@ -701,7 +701,17 @@ def story_facts(run: Run) -> list[str]:
 
 
 def verdict_line(run: Run) -> str:
-    return verdict_words(run.checks)
+    stopped = setup_failure(run)
+    return f"not run: {stopped}" if stopped else verdict_words(run.checks)
+
+
+def setup_failure(run: Run) -> str | None:
+    """Why the steps never ran, when the setup failed: no expectation was checked, none held or failed."""
+    event = run.failed_setup()
+    if event is None or event.outcome.error is None:
+        return None
+    where = f"session {event.session}'s setup" if event.session else "the setup"
+    return f"{where} failed ({event.outcome.error.sqlstate}: {event.outcome.error.message})"
 
 
 def verdict_words(checks: Sequence[CheckResult]) -> str:

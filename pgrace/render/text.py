@@ -22,6 +22,7 @@ from pgrace.render.common import (
     plural,
     release_phrase,
     serialization_text,
+    setup_failure,
     shown_locks,
     steps_waited,
     verdict_words,
@@ -86,7 +87,8 @@ def render_text(run: Run, style: Style | None = None) -> str:
         out.append("")
         out.append("row locks: unknown (pgrowlocks is not installed in the scratch database)")
     out.extend(_final_state(run))
-    out.extend(render_verdict(run.checks, style))
+    stopped = setup_failure(run)
+    out.extend(["", f"verdict: not run: {stopped}"] if stopped else render_verdict(run.checks, style))
     return "\n".join(out) + "\n"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from urllib.parse import quote
 
 import psycopg
@@ -36,8 +36,8 @@ def existing_server(dsn: str) -> Iterator[ServerInfo]:
         problem = scrub_secrets(connstring_problem(exc), dsn)
         # Invalid input (exit 2), not an unavailable server.
         raise ScenarioError(f"invalid PostgreSQL connection string (not shown): {problem}") from None
-    if (problem := _number_problem(params)) is not None:
-        raise ScenarioError(f"invalid PostgreSQL connection string (not shown): {problem}")
+    if (number := _number_problem(params)) is not None:
+        raise ScenarioError(f"invalid PostgreSQL connection string (not shown): {number}")
     if "connect_timeout" not in params:
         # Also in the DSN handed on, so no later connection hangs on a dead host either.
         dsn = make_conninfo(dsn, connect_timeout=str(CONNECT_TIMEOUT_S))
@@ -58,7 +58,7 @@ _WHOLE_NUMBER_PARAMS = ("connect_timeout", "keepalives", "keepalives_idle", "kee
                         "keepalives_count", "tcp_user_timeout")  # fmt: skip
 
 
-def _number_problem(params: dict[str, object]) -> str | None:
+def _number_problem(params: Mapping[str, object]) -> str | None:
     """A port or a timeout libpq would only refuse when connecting: invalid input, said before trying."""
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):

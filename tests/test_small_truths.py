@@ -1,0 +1,51 @@
+"""Small facts a new user met that the output got wrong, each pinned where it is decided.
+
+A setup that fails never reaches a step: the verdict says the scenario did not run, and
+the JSON's ``ok`` is false, instead of "no expectations to check" and ``ok: true``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pgrace.cli import main
+from pgrace.servers import ServerInfo
+
+FAILING_SETUP = (
+    'setup = "CREATE TABLE t (id int); SELECT 1/0"\nsessions = ["a", "b"]\n[[step]]\nsession = "a"\nsql = "SELECT 1"\n'
+)
+
+
+@pytest.fixture
+def failing(tmp_path: Path) -> str:
+    path = tmp_path / "failing.toml"
+    path.write_text(FAILING_SETUP)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "verdict"),
+    [
+        ("text", "\nverdict: not run: the setup failed (22012: division by zero)\n"),
+        ("markdown", "**not run: the setup failed (22012: division by zero)**"),
+        ("mermaid", "not run: the setup failed (22012: division by zero)"),
+    ],
+)
+def test_a_failed_setup_is_not_called_a_run_without_expectations(
+    failing: str, pgrace_server: ServerInfo, fmt: str, verdict: str
+) -> None:
+    result = CliRunner().invoke(main, ["run", failing, "-f", fmt, "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 1
+    assert verdict in result.stdout
+    assert "no expectations to check" not in result.stdout
+    assert result.stderr == f"pgrace: {failing}:1: setup failed: ERROR:  division by zero\n"
+
+
+def test_a_failed_setups_json_is_not_ok(failing: str, pgrace_server: ServerInfo) -> None:
+    result = CliRunner().invoke(main, ["run", failing, "-f", "json", "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["ok"] is False
