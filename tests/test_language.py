@@ -244,7 +244,7 @@ session = "a"
     [
         ('sleep = "soon"', [], "lang.toml:7: sleep is a duration"),
         ('crash = "explode"', [], 'lang.toml:7: crash is "terminate"'),
-        ('sql = "SELECT :b.nope"', [], "lang.toml:5: step 'a-1' uses :b.nope, but no step of session 'b' captures"),
+        ('sql = "SELECT :b.nope"', [], "lang.toml:7: step 'a-1' uses :b.nope, but no step of session 'b' captures"),
         ('sql = "BEGIN ISOLATION LEVEL :level"', ["-p", "level=chaos"], "lang.toml: param 'level' must be one of"),
     ],
 )

@@ -130,7 +130,7 @@ def test_session_groups_expand_with_params_and_steps_fan_out() -> None:
         ('sessions = ["a"]\n[[step]]\nsession = "a"\nsql = "x"\nexpect = { error = "5P03" }\n', 5, "SQLSTATE"),
         (
             'sessions = ["a", "b"]\n[[step]]\nsession = "a"\nsql = "x"\n\n[[step]]\nsession = "b"\nsql = "SELECT :id"\n',
-            6,
+            8,
             ":id",
         ),
         ("sessions = []\n", 1, "sessions must be a non-empty list"),

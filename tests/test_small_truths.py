@@ -49,3 +49,22 @@ def test_a_failed_setups_json_is_not_ok(failing: str, pgrace_server: ServerInfo)
     result = CliRunner().invoke(main, ["run", failing, "-f", "json", "--dsn", pgrace_server.dsn])
     assert result.exit_code == 1
     assert json.loads(result.stdout)["ok"] is False
+
+
+TYPO_TABLE = 'sessions = ["a"]\n[[step]]\nname = "s"\nsession = "a"\nsql = "SELECT 1"\n[fx.step.s]\nsql = "SELECT 2"\n'
+UNKNOWN_VARIABLE = 'sessions = ["a"]\n[[step]]\nname = "s"\nsession = "a"\n\nsql = "SELECT :nope"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (TYPO_TABLE, "6: unknown top-level key 'fx' (did you mean 'fix'?)"),
+        (UNKNOWN_VARIABLE, "6: step 's' uses :nope, which no earlier step of session 'a' captures"),
+    ],
+)
+def test_an_error_names_the_line_the_mistake_is_on(tmp_path: Path, text: str, where: str) -> None:
+    path = tmp_path / "typo.toml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["show", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"pgrace: {path}:{where}"), result.stderr

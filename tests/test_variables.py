@@ -285,17 +285,17 @@ def test_a_capture_and_a_pid_are_usable_by_another_session(pgrace_run: RunScenar
 @pytest.mark.parametrize(
     ("change", "line", "message"),
     [
-        (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker3.claimed_id"), 12, "there is no session 'worker3'"),
-        (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker1.claimd_id"), 12, "did you mean 'claimed_id'?"),
+        (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker3.claimed_id"), 15, "there is no session 'worker3'"),
+        (("SELECT :worker1.claimed_id AS theirs", "SELECT :worker1.claimd_id"), 15, "did you mean 'claimed_id'?"),
         (
             ("SELECT :worker1.claimed_id AS theirs", "SELECT :claimed_id"),
-            12,
+            15,
             "session 'worker1' captures it: write :worker1.claimed_id",
         ),
         (("WHERE id = :worker1.claimed_id", "WHERE id = :worker1.nope"), 28, "check uses :worker1.nope"),
         (
             ('capture = ["claimed_id", "at"]', 'capture = ["at"]'),
-            12,
+            15,
             "no step of session 'worker1' captures 'claimed_id'",
         ),
     ],
@@ -322,7 +322,7 @@ def test_a_capture_made_later_in_the_file_is_an_error_naming_both_steps() -> Non
     with pytest.raises(ScenarioError) as info:
         scenario(text)
     assert str(info.value) == (
-        "vars.toml:4: step 'early' uses :a.x, which step 'late' (line 8) captures only later in the file"
+        "vars.toml:7: step 'early' uses :a.x, which step 'late' (line 8) captures only later in the file"
     )
 
 

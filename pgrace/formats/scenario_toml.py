@@ -164,6 +164,11 @@ class Locator:
                 start = self.headers[path[:cut]]
                 end, found, rest = self._end_of(start), start + 1, path[cut:]
                 break
+        else:  # no table of its own: ``[fx.step.s]`` is where the key ``fx`` first appears
+            deeper = [line for header, line in self.headers.items() if path and header[: len(path)] == path]
+            top_level = _key(path[0]) if path else None
+            if deeper and top_level and not any(top_level.match(self.lines[k]) for k in range(end)):
+                return min(deeper) + 1
         for key in rest:
             if isinstance(key, int):
                 continue
@@ -174,10 +179,21 @@ class Locator:
             start, found = line, line + 1
         return found
 
+    def key_in_section(self, line: int, key: str) -> int:
+        """The line of ``key = ...`` in the table whose header is on ``line`` (that line if it is not there)."""
+        pattern = _key(key)
+        start = line - 1
+        return next((k + 1 for k in range(start, self._end_of(start)) if pattern.match(self.lines[k])), line)
+
     def _end_of(self, header: int) -> int:
         """The line where the section starting at ``header`` (-1: the top) ends."""
         after = bisect.bisect_right(self.starts, header)  # starts are in order: no scan per lookup
         return self.starts[after] if after < len(self.starts) else len(self.lines)
+
+
+def _key(key: str | int) -> re.Pattern[str]:
+    """A line that sets ``key`` at its start (bare or quoted)."""
+    return re.compile(rf"\s*[\"']?{re.escape(str(key))}[\"']?\s*=")
 
 
 def did_you_mean(word: str, choices: set[str] | list[str]) -> str:
@@ -854,7 +870,8 @@ class Builder:
             for use in find(step.sql):
                 problem = self._variable_problem(scenario, use.session or step.session, use.name, index, params, use)
                 if problem:
-                    raise ScenarioError(f"step {step.name!r} uses {use.written}, {problem}", self.source, step.line)
+                    line = self.loc.key_in_section(step.line, "sql") if step.line else None
+                    raise ScenarioError(f"step {step.name!r} uses {use.written}, {problem}", self.source, line)
         for check in scenario.checks:
             for use in find(check.sql):
                 if use.session is None:
