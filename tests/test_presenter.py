@@ -261,10 +261,13 @@ def test_pace_mode_in_tmux_plays_the_run_by_itself(tmux: Tmux, pgrace_server: Se
     assert "━━ What the cure did" in screen
 
 
-def test_q_quits_step_mode_cleanly(tmux: Tmux, pgrace_server: ServerInfo) -> None:
+def test_q_stops_presenting_and_the_run_ends_as_it_would_have(tmux: Tmux, pgrace_server: ServerInfo) -> None:
+    """q is the presenter's choice, not an interrupt: the rest plays at once, and the exit is the run's own."""
     tmux.start(pgrace_command(pgrace_server, "nowait", "--step"))
     tmux.wait_for(lambda s: "▶ next: step 1 (" in s, "the first prompt")
     tmux("send-keys", "-t", "talk", "q")
     screen = tmux.wait_for(lambda s: "PGRACE-DONE" in s, "pgrace to exit")
-    assert "PGRACE-EXIT=130" in screen and "pgrace: interrupted; cleaned up" in screen
+    assert "(q: the rest of the run plays without stopping)" in screen
+    assert "PGRACE-EXIT=0" in screen and "interrupted" not in screen
+    assert "expectations held" in screen and "▶ next: step 2 (" not in screen
     assert re.search(r"^icanon$", screen, re.MULTILINE)

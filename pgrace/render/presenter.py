@@ -8,7 +8,8 @@ It ends with what went wrong and how the other variant cures it.
 
 Plain ANSI, no curses: it works over ssh and inside tmux. With ``--step`` the keyboard
 is put in cbreak mode (no echo, no line editing; restored on exit): Enter or space runs
-the next step, ``q`` quits (cleanly, like Ctrl-C). When stdout is not a terminal the
+the next step, ``q`` stops presenting: the rest of the run plays without a pause, and
+pgrace ends as the run does (Ctrl-C is the way to stop it). When stdout is not a terminal the
 output is plain text: no colours, no status line, keys read line by line.
 """
 
@@ -399,7 +400,8 @@ class Presenter:
                 if self._saved_mode is not None:
                     data = os.read(self._key_fd, 64).decode(errors="replace")
                     if any(c in data for c in "qQ"):
-                        raise KeyboardInterrupt
+                        self._stop_presenting()
+                        return
                     if any(c in data for c in "\r\n "):
                         return
                 else:
@@ -409,10 +411,15 @@ class Presenter:
             self.prompt = ""
             self._draw_status()
 
-    @staticmethod
-    def _handle(line: str) -> None:
+    def _handle(self, line: str) -> None:
         if line.strip().lower() in ("q", "quit"):
-            raise KeyboardInterrupt
+            self._stop_presenting()
+
+    def _stop_presenting(self) -> None:
+        """``q``: the audience has seen enough; the run goes on to its end (its verdict, its exit code)."""
+        self.step_by_step = False
+        self.pace = None
+        self._write("      (q: the rest of the run plays without stopping)")
 
 
 def bound_values(written: str, sent: str) -> str:
