@@ -851,13 +851,42 @@ def _raised_at(exc: BaseException) -> tuple[str, int | None]:
     return found
 
 
+def _underlying(fn: Any) -> Any:
+    """The function a session callable runs: through ``functools.partial``, decorators and bound methods."""
+    seen = 0
+    while seen < 100:  # a partial of a partial of ...; never a loop forever
+        seen += 1
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        elif inspect.ismethod(fn):
+            fn = fn.__func__
+        elif not inspect.isfunction(fn) and callable(fn) and hasattr(type(fn), "__call__"):
+            fn = type(fn).__call__
+            break
+        else:
+            break
+    return fn
+
+
+def _display_name(fn: Any) -> str:
+    """A session callable's name: its function's, or its class's for an object with ``__call__``."""
+    target = _underlying(fn)
+    if getattr(target, "__name__", "") == "__call__":
+        return str(target.__qualname__.rsplit(".", 1)[0])
+    return str(getattr(target, "__name__", ""))
+
+
 def _where_defined(fn: Any) -> tuple[str, int | None]:
-    target = inspect.unwrap(fn)
+    """Where a session's code is, as ``path`` and line; its name when the source cannot be found (never a repr,
+    which carries a memory address that changes every run)."""
+    target = _underlying(fn)
     try:
         path = inspect.getsourcefile(target) or inspect.getfile(target)
         _, line = inspect.getsourcelines(target)
     except (TypeError, OSError):
-        return repr(fn), None
+        return str(getattr(target, "__qualname__", type(target).__qualname__)), None
     return _shown_path(path), line
 
 
@@ -956,7 +985,7 @@ def _name_of(sessions: Mapping[str, SessionCode], name: str | None) -> str:
     """The run's name (in application_name and the timeline's title): the function's, when all sessions share it."""
     if name:
         return name
-    names = {getattr(fn, "__name__", "") for fn in sessions.values()}
+    names = {_display_name(fn) for fn in sessions.values()}
     only = names.pop() if len(names) == 1 else ""
     return only if only.isidentifier() else "code"
 

@@ -6,13 +6,17 @@ the JSON's ``ok`` is false, instead of "no expectations to check" and ``ok: true
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+import pgrace
 from pgrace.cli import main
+from pgrace.render.text import Style, render_text
 from pgrace.servers import ServerInfo
 
 FAILING_SETUP = (
@@ -68,3 +72,30 @@ def test_an_error_names_the_line_the_mistake_is_on(tmp_path: Path, text: str, wh
     result = CliRunner().invoke(main, ["show", str(path)])
     assert result.exit_code == 2
     assert result.stderr.startswith(f"pgrace: {path}:{where}"), result.stderr
+
+
+def withdraw(conn: Any, amount: int) -> None:
+    conn.execute("SELECT %s::int", (amount,))
+
+
+class Teller:
+    def __call__(self, conn: Any) -> None:
+        conn.execute("SELECT 1")
+
+
+@pytest.mark.parametrize(
+    "sessions",
+    [
+        {"alice": functools.partial(withdraw, amount=100), "bob": functools.partial(withdraw, amount=200)},
+        {"alice": Teller(), "bob": Teller().__call__},
+    ],
+    ids=["partial", "callable object"],
+)
+def test_a_code_runs_header_names_the_code_not_a_memory_address(
+    pgrace_server: ServerInfo, sessions: dict[str, Any]
+) -> None:
+    run = pgrace.run_code(sessions, server=pgrace_server)
+    header = render_text(run, Style(colour=False)).splitlines()[0]
+    assert "0x" not in header and "functools" not in header, header
+    assert header.startswith(("withdraw (code): ", "Teller (code): ")), header
+    assert header.endswith("alice, bob interleaved (tests/test_small_truths.py)"), header
