@@ -862,7 +862,7 @@ def _underlying(fn: Any) -> Any:
             fn = fn.__wrapped__
         elif inspect.ismethod(fn):
             fn = fn.__func__
-        elif not inspect.isfunction(fn) and callable(fn) and hasattr(type(fn), "__call__"):
+        elif not inspect.isfunction(fn) and not inspect.isbuiltin(fn) and callable(fn):
             fn = type(fn).__call__
             break
         else:
