@@ -292,8 +292,11 @@ def _create_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: 
 
 
 def _drop_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> psycopg.Connection[TupleRow]:
-    """Best effort, after its database is gone: a role left on a server pgrace started goes with the server."""
-    with contextlib.suppress(psycopg.Error):
+    """Best effort, after its database is gone: a role left on a server pgrace started goes with the server.
+
+    A server that is gone cannot be reached to drop it (nor does it need to be): that must
+    not hide why the run ended."""
+    with contextlib.suppress(psycopg.Error, ServerUnavailable):
         if admin.closed or admin.broken:
             admin = _connect(server)
         if admin.info.server_version >= 150000:
