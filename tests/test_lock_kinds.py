@@ -268,6 +268,7 @@ def test_on_conflict_waits_for_a_speculative_insertion(pgrace_run: RunScenario) 
             name = "s3"
             session = "s3"
             sql = "INSERT INTO t VALUES (2, 2) ON CONFLICT (a) DO NOTHING"
+            expect = { waits_on = { transaction_of = "s2" } }
             [[step]]
             session = "s1"
             sql = "ROLLBACK"
@@ -282,6 +283,7 @@ def test_on_conflict_waits_for_a_speculative_insertion(pgrace_run: RunScenario) 
     [s3] = steps["s3"].waits
     assert (s3.kind, s3.lock_type, s3.holder, s3.blocked_by) == ("speculative", "spectoken", "s2", ("s2",))
     assert describe_wait(s3).startswith("⏳ waits for s2's speculative insertion to finish (a key conflict in one of")
+    assert all(c.ok for c in run.checks if c.step == "s3"), run.checks  # its insertion is s2's transaction's work
 
 
 def test_create_index_concurrently_waits_for_an_open_transactions_snapshot(pgrace_run: RunScenario) -> None:
@@ -295,6 +297,7 @@ def test_create_index_concurrently_waits_for_an_open_transactions_snapshot(pgrac
             name = "cic"
             session = "ddl"
             sql = "CREATE INDEX CONCURRENTLY jobs_v ON jobs (v)"
+            expect = { waits_on = { transaction_of = "report" }, released_by = "report" }
             [[step]]
             session = "report"
             sql = "COMMIT"
@@ -311,6 +314,7 @@ def test_create_index_concurrently_waits_for_an_open_transactions_snapshot(pgrac
         " ".join(render_text(run).split())
     )
     assert cic.status == "ok"
+    assert run.ok, [c for c in run.checks if not c.ok]  # its virtual transaction is its transaction, to a reader
 
 
 WRITE_SKEW = """
