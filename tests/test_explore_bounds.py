@@ -260,3 +260,12 @@ def test_sweep_explore_of_a_growing_scenario_samples_at_once(pgrace_server: Serv
     swept = pgrace([*args, "--dsn", pgrace_server.dsn])
     assert swept.returncode == 0, swept.stderr
     assert "Traceback" not in swept.stderr and "internal error" not in swept.stderr
+
+
+def test_a_long_sweep_says_how_many_combinations_before_it_loads_them() -> None:
+    values = ",".join(str(n) for n in range(1, 52))
+    result = CliRunner().invoke(main, ["sweep", "skip-locked-fanout", "-p", "workers=3,4", "-p", f"x={values}"])
+    assert result.exit_code == 2, result.output
+    first, refused = result.stderr.splitlines()
+    assert first == "pgrace: 102 combinations to run"  # then the first one that does not load
+    assert refused.endswith("unknown param 'x'; this scenario has: workers")
