@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
+from pgrace import bounds
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from pgrace.model import Scenario
+    from pgrace.render.progress import Progress
     from pgrace.render.text import Style
     from pgrace.runner import RunOptions
     from pgrace.servers import ServerInfo
@@ -126,6 +128,55 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in new
         if not math.isfinite(seconds) or seconds <= 0:
             self.fail(f"{value!r} is not a positive, finite number of seconds", param, ctx)
         return seconds
+
+
+def _jobs_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``-j N``: refused above what this machine can run (exit 2), before anything starts."""
+
+    def bounded(ctx: click.Context, param: click.Parameter, value: int) -> int:
+        bounds.check_jobs(value)
+        return value
+
+    return click.option(
+        "--jobs",
+        "-j",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        callback=bounded,
+        help=f"{help_text} (at most {bounds.max_jobs()} here: {bounds.JOBS_PER_CPU} per CPU).",
+    )
+
+
+def _max_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--max N``: a sample of at most bounds.MAX_SAMPLE interleavings (exit 2 above it)."""
+
+    def bounded(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+        bounds.check_sample(value)
+        return value
+
+    return click.option(
+        "--max",
+        "limit",
+        type=click.IntRange(min=1),
+        metavar="N",
+        callback=bounded,
+        help=f"{help_text} (N at most {bounds.MAX_SAMPLE:,}).",
+    )
+
+
+def _progress() -> Progress:
+    """Progress on stderr when it is a terminal (drawn by the renderer; nothing off a terminal)."""
+    from pgrace.render.progress import Progress
+
+    return Progress(sys.stderr)
+
+
+def _long_exploration(progress: Progress, label: str, total: int, jobs: int) -> None:
+    """A long job says how long before it starts, on a terminal or in a CI log."""
+    if total > bounds.LONG_INTERLEAVINGS:
+        processes = f" in {jobs} processes" if jobs > 1 else ""
+        progress.note(f"pgrace: {label}: {total:,} interleavings to run{processes}")
 
 
 def _writable(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -639,11 +690,9 @@ def _run_compare(
     is_flag=True,
     help="Judge every interleaving: a bug must occur in one, a fix must hold in all.",
 )
-@click.option("--max", "limit", type=click.IntRange(min=1), metavar="N", help="With --explore: a seeded sample of N.")
+@_max_option("With --explore: a seeded sample of N")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
-@click.option(
-    "--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="With --explore: processes."
-)
+@_jobs_option("With --explore: processes")
 @superuser_option
 def check(
     paths: tuple[str, ...],
@@ -691,6 +740,8 @@ def check(
         cases = regression.prepare(list(paths), golden=golden or update, expected=expected)
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
         opened = [ready() for ready in booting]
+        progress = stack.enter_context(_progress())
+        progress.start("check", len(cases) * len(opened), "cases")
         for server in opened:
             report_swept(server)
             scratch = None  # specs share one scratch database per server, reset only when a spec leaves objects
@@ -698,14 +749,23 @@ def check(
                 scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
             for case in cases:
                 if explore_all:
-                    result = regression.run_explore_case(case, server, options, limit, seed, jobs)
+
+                    def interleaved(done: int, total: int, name: str = case.name) -> None:
+                        if done == 0:
+                            _long_exploration(progress, name, total, jobs)
+                        progress.update(len(results), f"{name}: {done:,}/{total:,} interleavings")
+
+                    result = regression.run_explore_case(case, server, options, limit, seed, jobs, interleaved)
                 else:
                     result = regression.run_case(
                         case, server, options, update=update, database_name=database_name, scratch=scratch
                     )
                 results.append(result)
                 if not quiet or not result.ok:
+                    progress.pause()  # the line is drawn again below the result
                     click.echo(render_results([result], with_server=len(opened) > 1), nl=False)
+                progress.update(len(results))
+        progress.close()
     if len(opened) > 1:
         click.echo(render_matrix(results, opened), nl=False)
     failed = sum(1 for r in results if not r.ok)
@@ -809,10 +869,10 @@ output_option = click.option(
 @fix_option
 @bug_option
 @param_option
-@click.option("--max", "limit", type=click.IntRange(min=1), metavar="N", help="Explore a seeded sample of N.")
+@_max_option("Explore a seeded sample of N")
 @click.option("--seed", type=int, metavar="S", help="Seed of the --max sample (default 0).")
 @click.option("--shard", metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge).")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="Processes at once.")
+@_jobs_option("Processes at once")
 @click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
 @click.option(
     "--merge",
@@ -869,17 +929,27 @@ def explore(
             raise ScenarioError(f"the files explored {result.scenario} ({result.variant}), not this scenario")
         _emit(_render_exploration(result, chosen, fmt, {}), output)
         return
+    label = f"{chosen.name} ({chosen.variant})"
     with open_server(server_target or dsn, superuser) as server:
         report_swept(server)
-        result = explorer.explore(
-            chosen,
-            server,
-            limit=limit,
-            seed=(seed if seed is not None else 0) if limit is not None else None,
-            shard=_shard(shard),
-            jobs=jobs,
-            step_timeout=step_timeout,
-        )
+        with _progress() as progress:
+
+            def explored(done: int, total: int) -> None:
+                if done == 0:
+                    _long_exploration(progress, label, total, jobs)
+                    progress.start(label, total, "interleavings")
+                progress.update(done)
+
+            result = explorer.explore(
+                chosen,
+                server,
+                limit=limit,
+                seed=(seed if seed is not None else 0) if limit is not None else None,
+                shard=_shard(shard),
+                jobs=jobs,
+                step_timeout=step_timeout,
+                on_progress=explored,
+            )
         wanted = [show] if show is not None else list(range(1, len(result.classes) + 1)) if fmt == "html" else []
         examples = {
             n: explorer.replay(chosen, server, result.classes[n - 1], step_timeout)
@@ -971,11 +1041,9 @@ def _sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
     help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
 )
 @click.option("--explore", "explore_cells", is_flag=True, help="Explore every interleaving of each combination.")
-@click.option("--max", "limit", type=click.IntRange(min=1), metavar="N", help="With --explore: a seeded sample of N.")
+@_max_option("With --explore: a seeded sample of N")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
-@click.option(
-    "--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="With --explore: processes."
-)
+@_jobs_option("With --explore: processes")
 @click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
 @server_option
 @dsn_option
@@ -1012,25 +1080,45 @@ def sweep(
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
     grid = _sweep_params(params)
+    combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
+    bounds.check_combinations(combinations)
+    progress = _progress()
+    if combinations > bounds.LONG_COMBINATIONS:
+        progress.note(f"pgrace: {combinations:,} combinations to run")
     # Every combination is loaded once, up front: invalid input fails before a server starts.
     loaded = [sweeper.variants(ref, grid, "fix" if fix else "bug" if bug else None) for ref in scenarios]
     refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
+    if explore_cells:
+        _long_exploration(progress, "sweep", sum(sweeper.interleavings(c, limit) for c in loaded), jobs)
     timelines: dict[tuple[int, int, int], str] = {}
-    with open_server(server_target or dsn, superuser) as server:
+    with open_server(server_target or dsn, superuser) as server, progress:
         report_swept(server)
-        results = [
-            sweeper.sweep(
-                chosen,
-                grid,
-                server,
-                explore=explore_cells,
-                limit=limit,
-                seed=seed if limit is not None else None,
-                jobs=jobs,
-                step_timeout=step_timeout,
+        progress.start("sweep", combinations, "combinations")
+        results: list[sweeper.Sweep] = []
+        for chosen in loaded:
+            before = sum(len(c) for c in loaded[: len(results)])
+
+            def combination_done(done: int, total: int, before: int = before) -> None:
+                progress.update(before + done)
+
+            def interleaved(done: int, total: int) -> None:
+                progress.update(progress.done, f"{done:,}/{total:,} interleavings")
+
+            results.append(
+                sweeper.sweep(
+                    chosen,
+                    grid,
+                    server,
+                    explore=explore_cells,
+                    limit=limit,
+                    seed=seed if limit is not None else None,
+                    jobs=jobs,
+                    step_timeout=step_timeout,
+                    on_cell=combination_done,
+                    on_interleavings=interleaved,
+                )
             )
-            for chosen in loaded
-        ]
+        progress.close()
         if fmt == "html":
             for i, (chosen, result) in enumerate(zip(loaded, results, strict=True)):
                 for j, ((_, scenario), cell) in enumerate(zip(chosen, result.cells, strict=True)):
@@ -1147,30 +1235,29 @@ def load(
             for path in engine.emit(variant, emit_dir):
                 click.echo(str(path))
         return
-    on_terminal = sys.stderr.isatty()
+    progress = _progress()  # on a terminal: each client count's figures, and the counts done so far
 
-    def progress(result: engine.LoadResult, run: engine.ClientRun) -> None:
-        if on_terminal:
-            click.echo(
-                visible(
-                    f"{result.scenario} {result.variant}: {run.clients} clients, {run.tps:.1f} tps, "
-                    f"p95 {run.latency_ms['p95']} ms, {run.lock_waiters_max} waiting at most, "
-                    f"{len(run.violations)} violations"
-                ),
-                err=True,
+    def measured(result: engine.LoadResult, run: engine.ClientRun) -> None:
+        if progress.live:
+            progress.note(
+                f"{result.scenario} {result.variant}: {run.clients} clients, {run.tps:.1f} tps, "
+                f"p95 {run.latency_ms['p95']} ms, {run.lock_waiters_max} waiting at most, "
+                f"{len(run.violations)} violations"
             )
+        progress.update(progress.done + 1)
 
     options = engine.LoadOptions(
         clients=counts,
         duration=None if per_client is not None else float(seconds or 5),
         transactions=per_client,
         pgbench=pgbench_path,
-        on_progress=progress,
+        on_progress=measured,
     )
     results: list[engine.LoadResult] = []
     try:
-        with open_server(server_target or dsn) as server:
+        with open_server(server_target or dsn) as server, progress:
             report_swept(server)
+            progress.start(f"load {loaded.name}", len(variants) * len(counts), "client counts")
             for variant in variants:
                 results.append(engine.run_load(variant, server, options))
     except KeyboardInterrupt as exc:

@@ -18,23 +18,27 @@ back, then ``DISCARD ALL``: advisory locks, settings, temporary tables), and
 a scenario without a teardown gets one: the objects its setup made (in a schema of their
 own) are dropped.
 
-``-j N`` runs the chosen interleavings in N processes, each with its own scratch database.
+``-j N`` runs the chosen interleavings in N processes, each with its own scratch database,
+in rounds of up to 2,000 interleavings per process: a round's end is the progress the
+parent can tell.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import math
 import random
 import signal
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
 from multiprocessing import get_context
 from typing import Any
 
 from pgrace import variables
+from pgrace.bounds import MAX_TIED_POSITIONS, check_jobs, check_sample
 from pgrace.errors import ScenarioError, raise_terminated
 from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import (
@@ -58,12 +62,20 @@ __all__ = ["Exploration", "Space", "explore", "merge_explorations"]
 EXPLORE_SCHEMA = "pgrace_explore"
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
+PART = 2_000  # interleavings per scratch database and per worker's round: about 10 s at ~5 ms each
 
 Position = tuple[int, ...]
 
 
 class Space:
-    """Every interleaving of a scenario's steps, counted and numbered without listing them."""
+    """Every interleaving of a scenario's steps, counted and numbered without listing them.
+
+    The number of interleavings that continue from a position (how far each session has
+    got) splits into two factors: the sessions tied to each other by captures (a step
+    using another session's capture, and that session) are counted over their joint
+    positions, once; every other session interleaves freely with them, which is a
+    multinomial coefficient. Twenty-four sessions of three steps cost nothing to count.
+    """
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -90,11 +102,15 @@ class Space:
                 if capturing:
                     needs.setdefault(name, []).append(where[(before or capturing[:1])[-1]])
         self.needs = {name: tuple(pairs) for name, pairs in needs.items()}
-        self._count = lru_cache(maxsize=None)(self._count_from)
+        tied = {where[name][0] for name in self.needs} | {j for pairs in self.needs.values() for j, _ in pairs}
+        self.tied = tuple(sorted(tied))
+        self._slot = {i: t for t, i in enumerate(self.tied)}
+        self._tied_counts: dict[Position, int] | None = None
 
     @property
     def size(self) -> int:
-        return self._count(tuple(0 for _ in self.chains))
+        start = tuple(0 for _ in self.chains)
+        return self._counts()[tuple(0 for _ in self.tied)] * _multinomial(self._groups(start))
 
     def _eligible(self, at: Position) -> list[int]:
         chosen = []
@@ -103,23 +119,65 @@ class Space:
                 chosen.append(i)
         return chosen
 
-    def _count_from(self, at: Position) -> int:
-        if all(at[i] == len(chain) for i, chain in enumerate(self.chains)):
-            return 1
-        return sum(self._count(_advance(at, i)) for i in self._eligible(at))
+    def _groups(self, at: Position) -> list[int]:
+        """The steps left: all the tied sessions' together, then each free session's."""
+        left = [len(chain) - at[i] for i, chain in enumerate(self.chains)]
+        return [sum(left[i] for i in self.tied), *(n for i, n in enumerate(left) if i not in self._slot)]
+
+    def _counts(self) -> dict[Position, int]:
+        """The tied sessions' interleavings from each of their joint positions (computed once, last first)."""
+        if self._tied_counts is not None:
+            return self._tied_counts
+        lengths = [len(self.chains[i]) for i in self.tied]
+        positions = math.prod(n + 1 for n in lengths)
+        if positions > MAX_TIED_POSITIONS:
+            names = ", ".join(self.scenario.step(self.chains[i][0]).session for i in self.tied)
+            raise ScenarioError(
+                f"cannot count the interleavings: sessions {names} use each other's captures in "
+                f"{positions:,} joint positions (at most {MAX_TIED_POSITIONS:,})",
+                self.scenario.source,
+            )
+        counts: dict[Position, int] = {}
+        for at in reversed(list(itertools.product(*(range(n + 1) for n in lengths)))):
+            total = 0
+            for t, i in enumerate(self.tied):
+                if at[t] < lengths[t] and all(
+                    at[self._slot[j]] > k for j, k in self.needs.get(self.chains[i][at[t]], ())
+                ):
+                    total += counts[_advance(at, t)]
+            counts[at] = total if any(at[t] < n for t, n in enumerate(lengths)) else 1
+        self._tied_counts = counts
+        return counts
+
+    def _walk(self, at: Position, spread: int) -> list[tuple[int, int, int]]:
+        """From ``at`` (``spread``: its multinomial factor), each session that can go next:
+        (session, interleavings that continue that way, the multinomial factor after it)."""
+        counts = self._counts()
+        groups = self._groups(at)
+        total = sum(groups)
+        tied_at = tuple(at[i] for i in self.tied)
+        branches = []
+        for i in self._eligible(at):
+            if i in self._slot:
+                after = spread * groups[0] // total
+                branches.append((i, counts[_advance(tied_at, self._slot[i])] * after, after))
+            else:
+                after = spread * (len(self.chains[i]) - at[i]) // total
+                branches.append((i, counts[tied_at] * after, after))
+        return branches
 
     def unrank(self, index: int) -> tuple[str, ...]:
         """The interleaving numbered ``index`` (0 ≤ index < size)."""
         if not 0 <= index < self.size:
             raise IndexError(index)
         at = tuple(0 for _ in self.chains)
+        spread = _multinomial(self._groups(at))
         order: list[str] = []
         while len(order) < len(self.where):
-            for i in self._eligible(at):
-                below = self._count(_advance(at, i))
+            for i, below, after in self._walk(at, spread):
                 if index < below:
                     order.append(self.chains[i][at[i]])
-                    at = _advance(at, i)
+                    at, spread = _advance(at, i), after
                     break
                 index -= below
         return tuple(order)
@@ -127,13 +185,15 @@ class Space:
     def rank(self, order: Sequence[str]) -> int:
         """The number of an interleaving (the inverse of :meth:`unrank`)."""
         at = tuple(0 for _ in self.chains)
+        spread = _multinomial(self._groups(at))
         index = 0
         for name in order:
             session, _ = self.where[name]
-            for i in self._eligible(at):
+            for i, below, after in self._walk(at, spread):
                 if i == session:
+                    spread = after
                     break
-                index += self._count(_advance(at, i))
+                index += below
             else:
                 raise ValueError(f"{name} cannot come here in an interleaving")
             at = _advance(at, session)
@@ -152,6 +212,15 @@ def _advance(at: Position, i: int) -> Position:
     return (*at[:i], at[i] + 1, *at[i + 1 :])
 
 
+def _multinomial(groups: Sequence[int]) -> int:
+    """The ways to interleave groups of these sizes, each keeping its own order."""
+    ways, placed = 1, 0
+    for n in groups:
+        placed += n
+        ways *= math.comb(placed, n)
+    return ways
+
+
 def _file_order(scenario: Scenario) -> list[str]:
     """The steps in the file's order: a pgrace scenario's one permutation, a spec's declaration order."""
     if scenario.format == "pgrace" and len(scenario.permutations) == 1:
@@ -162,11 +231,38 @@ def _file_order(scenario: Scenario) -> list[str]:
 def choose(size: int, limit: int | None, seed: int | None, shard: tuple[int, int] = (1, 1)) -> list[int]:
     """The interleavings to run: all, or ``limit`` of them drawn with ``seed``; then this shard's share."""
     if limit is not None and limit < size:
-        picked = sorted(random.Random(seed if seed is not None else 0).sample(range(size), limit))
+        picked = sorted(sample(random.Random(seed if seed is not None else 0), size, limit))
     else:
         picked = list(range(size))
     k, n = shard
     return picked[k - 1 :: n]
+
+
+def sample(rng: random.Random, size: int, limit: int) -> list[int]:
+    """``limit`` distinct numbers below ``size``, in memory bounded by ``limit`` whatever ``size`` is.
+
+    The very numbers ``rng.sample(range(size), limit)`` draws (CPython's algorithm, which
+    needs ``len(range(size))`` to fit a C ``ssize_t``): a seed picks what it always picked.
+    """
+    setsize = 21  # as random.sample: a pool of all when it is smaller than the set of picks
+    if limit > 5:
+        setsize += 4 ** math.ceil(math.log(limit * 3, 4))
+    picked: list[int] = []
+    if size <= setsize:
+        pool = list(range(size))
+        for i in range(limit):
+            j = rng.randrange(size - i)
+            picked.append(pool[j])
+            pool[j] = pool[size - i - 1]
+        return picked
+    seen: set[int] = set()
+    for _ in range(limit):
+        j = rng.randrange(size)
+        while j in seen:
+            j = rng.randrange(size)
+        seen.add(j)
+        picked.append(j)
+    return picked
 
 
 @dataclass
@@ -326,8 +422,17 @@ def explore(
     shard: tuple[int, int] = (1, 1),
     jobs: int = 1,
     step_timeout: float = 10.0,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Exploration:
-    """Run the chosen interleavings of one variant and group them into outcome classes."""
+    """Run the chosen interleavings of one variant and group them into outcome classes.
+
+    ``on_progress(done, total)`` is called before the first interleaving and as they finish
+    (per batch in one process; per round of ``jobs`` parts with ``-j``). The interleavings
+    are numbered up front and turned into orders a part at a time, and their outcomes are
+    counted into classes as each part ends: memory stays bounded by a part, not the sample.
+    """
+    check_jobs(jobs)
+    check_sample(limit)
     space = Space(scenario)
     k, n = shard
     if not 1 <= k <= n:
@@ -338,19 +443,35 @@ def explore(
             scenario.source,
         )
     indices = choose(space.size, limit, seed, shard)
-    orders = [space.unrank(i) for i in indices]
-    if jobs <= 1 or len(orders) < 2:
-        observed = run_interleavings(scenario, server, orders, step_timeout)
-    else:
-        observed = _run_in_processes(scenario, server, [orders[w::jobs] for w in range(jobs)], step_timeout)
+    total = len(indices)
+
+    def report(done: int) -> None:
+        if on_progress is not None:
+            on_progress(done, total)
+
+    report(0)
     classes: dict[str, OutcomeClass] = {}
-    for one in observed:
-        add_observed(classes, one, space.preference(one.launched), scenario)
+    done = 0
+    workers = jobs if jobs > 1 and total >= 2 else 1
+    for start in range(0, total, PART * workers):
+        orders = [space.unrank(i) for i in indices[start : start + PART * workers]]
+        if workers == 1:
+
+            def so_far(n: int, before: int = done) -> None:
+                report(before + n)
+
+            observed = run_interleavings(scenario, server, orders, step_timeout, on_observed=so_far)
+        else:
+            observed = _run_in_processes(scenario, server, [orders[w::workers] for w in range(workers)], step_timeout)
+        for one in observed:
+            add_observed(classes, one, space.preference(one.launched), scenario)
+        done += len(orders)
+        report(done)
     return Exploration(
         scenario.name,
         scenario.variant,
         space.size,
-        len(indices),
+        total,
         seed if limit is not None and limit < space.size else None,
         ordered(classes.values()),
         shard,

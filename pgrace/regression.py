@@ -10,7 +10,7 @@ server starts, so invalid input fails fast with exit code 2.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -163,12 +163,14 @@ def run_explore_case(
     limit: int | None = None,
     seed: int | None = None,
     jobs: int = 1,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> CaseResult:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
 
     A bug (of a bug and a fix) passes when some interleaving reproduces it (its final checks
     hold there); a fix, or a scenario with one variant, when every interleaving satisfies its
     final checks. A failure names the class and its example. Specs run as without --explore.
+    ``on_progress(done, total)`` follows the interleavings.
     """
     if case.spec is not None:
         return run_case(case, server, options)
@@ -177,7 +179,9 @@ def run_explore_case(
 
     started = time.perf_counter()
     step_timeout = (options or RunOptions()).step_timeout
-    found = explore(case.scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
+    found = explore(
+        case.scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout, on_progress=on_progress
+    )
     explored = f"{found.explored} of {found.space}" if found.explored < found.space else f"{found.space}"
     problems = []
     if case.paired and case.scenario.variant == "bug":

@@ -11,11 +11,13 @@ verdict for a reader: for a bug variant, whose final checks describe the anomaly
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace import catalog
+from pgrace.bounds import check_combinations, check_jobs, check_sample
 from pgrace.errors import ScenarioError
 from pgrace.model import Scenario
 from pgrace.outcomes import OutcomeClass, add_observed, classify
@@ -70,6 +72,7 @@ def verdict(classes: Sequence[OutcomeClass], variant: str) -> str:
 
 
 def combinations(params: dict[str, list[str]]) -> list[dict[str, str]]:
+    check_combinations(math.prod(len(values) for values in params.values()))
     names = list(params)
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*(params[n] for n in names))]
 
@@ -85,6 +88,14 @@ def variants(
     ]
 
 
+def interleavings(chosen: Sequence[tuple[dict[str, str], Scenario]], limit: int | None) -> int:
+    """How many interleavings an explored sweep runs: each combination's whole space, or its sample."""
+    from pgrace.explore import Space
+
+    sizes = (Space(scenario).size for _, scenario in chosen)
+    return sum(size if limit is None else min(size, limit) for size in sizes)
+
+
 def sweep(
     chosen: Sequence[tuple[dict[str, str], Scenario]],
     params: dict[str, list[str]],
@@ -95,15 +106,33 @@ def sweep(
     seed: int | None = None,
     jobs: int = 1,
     step_timeout: float = 10.0,
+    on_cell: Callable[[int, int], None] | None = None,
+    on_interleavings: Callable[[int, int], None] | None = None,
 ) -> Sweep:
-    """Run each loaded combination (see :func:`variants`) on ``server``: a grid of outcome classes."""
+    """Run each loaded combination (see :func:`variants`) on ``server``: a grid of outcome classes.
+
+    ``on_cell(done, total)`` follows the combinations, ``on_interleavings(done, total)`` an
+    explored combination's interleavings.
+    """
     from pgrace import api
     from pgrace.explore import explore as explore_variant
 
+    check_jobs(jobs)
+    check_sample(limit)
     cells: list[Cell] = []
-    for combination, scenario in chosen:
+    for done, (combination, scenario) in enumerate(chosen):
+        if on_cell is not None:
+            on_cell(done, len(chosen))
         if explore:
-            found = explore_variant(scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout)
+            found = explore_variant(
+                scenario,
+                server,
+                limit=limit,
+                seed=seed,
+                jobs=jobs,
+                step_timeout=step_timeout,
+                on_progress=on_interleavings,
+            )
             classes = found.classes
         else:
             run = api.run(scenario, server=server, options=RunOptions(step_timeout=step_timeout))
@@ -112,5 +141,7 @@ def sweep(
             add_observed(grouped, observed, (0, 0), scenario)  # one run, no other example to prefer
             classes = list(grouped.values())
         cells.append(Cell(combination, classes, scenario.variant))
+    if on_cell is not None:
+        on_cell(len(chosen), len(chosen))
     first = chosen[0][1]
     return Sweep(first.name, first.variant, params, cells, explore)

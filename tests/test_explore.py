@@ -297,7 +297,8 @@ def test_sigterm_during_jobs_drops_every_workers_scratch_database(pgrace_server:
         if child.poll() is None:
             child.kill()
             child.communicate()
-    assert (child.returncode, stderr) == (143, "pgrace: terminated; cleaned up\n")
+    long_job = "pgrace: skip-locked-fanout (fix): 50,000 interleavings to run in 2 processes\n"  # said before it starts
+    assert (child.returncode, stderr) == (143, long_job + "pgrace: terminated; cleaned up\n")
     assert _explore_databases(pgrace_server.dsn) == []
 
 
