@@ -25,6 +25,7 @@ from pgrace import bounds
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
+    EXIT_INVALID,
     EXIT_SIGTERM,
     PgraceError,
     ScenarioError,
@@ -719,10 +720,10 @@ def check(
     ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, a bug
     passes when some interleaving reproduces it and a fix (or a scenario with one variant)
     when every interleaving satisfies its final checks. Exit code 1: a case
-    failed (see the exit codes below).
+    failed; 2: a file could not be read (it is reported, the others still run).
     """
     from pgrace import regression
-    from pgrace.render.check import render_matrix, render_results
+    from pgrace.render.check import render_invalid, render_matrix, render_results
     from pgrace.runner import RunOptions
     from pgrace.scratch import reusable_scratch_database
     from pgrace.servers import booting_server
@@ -737,8 +738,13 @@ def check(
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (targets or [None])]
-        cases = regression.prepare(list(paths), golden=golden or update, expected=expected)
+        invalid: list[ScenarioError] = []
+        cases = regression.prepare(list(paths), golden=golden or update, expected=expected, invalid=invalid)
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
+        for error in invalid:  # reported at once, each on its line; the valid files still run
+            click.echo(render_invalid(error), nl=False)
+        if invalid and not cases:  # nothing to run: no server is needed to say so
+            raise ScenarioError(f"no valid scenario files under {', '.join(paths)}")
         opened = [ready() for ready in booting]
         progress = stack.enter_context(_progress())
         progress.start("check", len(cases) * len(opened), "cases")
@@ -771,14 +777,16 @@ def check(
     failed = sum(1 for r in results if not r.ok)
     updated = sum(1 for r in results if r.updated)
     total = f"{len(results)} checks: {len(results) - failed} passed, {failed} failed"
+    if invalid:
+        total += f"; {len(invalid)} invalid file{'s' if len(invalid) != 1 else ''} not run"
     if update:
         total += f"; {updated} golden timeline{'s' if updated != 1 else ''} written"
     click.echo(total)
     if junit is not None:
         from pgrace.render.junit import render_junit
 
-        write_output(junit, render_junit(results))
-    sys.exit(1 if failed else 0)
+        write_output(junit, render_junit(results, invalid))
+    sys.exit(EXIT_INVALID if invalid else 1 if failed else 0)
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -72,8 +72,18 @@ def golden_path(path: Path, variant: str) -> Path:
     return path.with_name(f"{path.stem}.{variant}.out")
 
 
-def prepare(paths: Sequence[str], golden: bool = False, expected: Path | None = None) -> list[Case]:
-    """Every case under ``paths``; raises ScenarioError for any invalid file before anything runs."""
+def prepare(
+    paths: Sequence[str],
+    golden: bool = False,
+    expected: Path | None = None,
+    invalid: list[ScenarioError] | None = None,
+) -> list[Case]:
+    """Every case under ``paths``, before anything runs.
+
+    An invalid file raises its ScenarioError; with ``invalid`` given, it is added there
+    instead and the other files' cases are still returned (one bad file in a directory of
+    a team's scenarios must not hide how the others behave).
+    """
     files = catalog.find_files(list(paths))
     if not files:
         raise ScenarioError(f"no scenario files (.toml, .spec) under {', '.join(paths)}")
@@ -81,16 +91,29 @@ def prepare(paths: Sequence[str], golden: bool = False, expected: Path | None = 
         raise ScenarioError("--expected needs exactly one spec file")
     cases: list[Case] = []
     for path in files:
-        if path.suffix == ".spec":
-            prepared = speccheck.prepare_check(path, expected)
-            cases.append(Case(path, prepared.scenario, spec=prepared))
-            continue
-        scenario = catalog.load(str(path))
-        for variant in scenario.variants:
-            chosen = scenario.variant_named(variant)
-            golden_file = golden_path(path, variant) if golden else None
-            cases.append(Case(path, chosen, golden_file, paired=len(scenario.variants) > 1))
+        try:
+            cases.extend(_cases_of(path, golden, expected))
+        except ScenarioError as exc:
+            if invalid is None:
+                raise
+            invalid.append(exc)
     return cases
+
+
+def _cases_of(path: Path, golden: bool, expected: Path | None) -> list[Case]:
+    if path.suffix == ".spec":
+        prepared = speccheck.prepare_check(path, expected)
+        return [Case(path, prepared.scenario, spec=prepared)]
+    scenario = catalog.load(str(path))
+    return [
+        Case(
+            path,
+            scenario.variant_named(variant),
+            golden_path(path, variant) if golden else None,
+            paired=len(scenario.variants) > 1,
+        )
+        for variant in scenario.variants
+    ]
 
 
 def run_case(

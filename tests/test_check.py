@@ -114,11 +114,12 @@ def test_invalid_input_exits_2_before_any_server_starts(args: list[str], message
     assert message in result.stderr
 
 
-def test_a_malformed_file_in_the_folder_is_invalid_input(scenarios: Path) -> None:
-    (scenarios / "broken.toml").write_text('sessions = ["a"]\n[[step]]\nsession = "a"\n')
-    result = CliRunner().invoke(main, ["check", "--dsn", "host=/nonexistent", str(scenarios)])
+def test_a_folder_of_malformed_files_is_invalid_input_without_a_server(tmp_path: Path) -> None:
+    (tmp_path / "broken.toml").write_text('sessions = ["a"]\n[[step]]\nsession = "a"\n')
+    result = CliRunner().invoke(main, ["check", "--dsn", "host=/nonexistent", str(tmp_path)])
     assert result.exit_code == 2
-    assert result.stderr == f"pgrace: {scenarios / 'broken.toml'}:2: missing step sql\n"
+    assert result.stdout == f"INVALID  {tmp_path / 'broken.toml'}:2: missing step sql\n"
+    assert result.stderr == f"pgrace: no valid scenario files under {tmp_path}\n"
 
 
 @pytest.mark.skipif(not (PG15 / "postgres").exists(), reason=f"no PostgreSQL 15 at {PG15}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,23 @@ def test_a_code_runs_header_names_the_code_not_a_memory_address(
     assert "0x" not in header and "functools" not in header, header
     assert header.startswith(("withdraw (code): ", "Teller (code): ")), header
     assert header.endswith("alice, bob interleaved (tests/test_small_truths.py)"), header
+
+
+def test_check_of_a_directory_reports_an_invalid_file_and_runs_the_rest(
+    tmp_path: Path, pgrace_server: ServerInfo
+) -> None:
+    """One bad file among a team's scenarios is named, the others still run, and the exit is 2 (invalid input)."""
+    shutil.copy(Path(__file__).resolve().parents[1] / "scenarios" / "nowait.toml", tmp_path / "nowait.toml")
+    (tmp_path / "bad.toml").write_text('sessions = ["a"]\n[[step]]\nsession = "a"\nsql = "SELECT :x"\n')
+    junit = tmp_path / "junit.xml"
+    result = CliRunner().invoke(main, ["check", str(tmp_path), "--dsn", pgrace_server.dsn, "--junit", str(junit)])
+    assert result.exit_code == 2, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        f"INVALID  {tmp_path / 'bad.toml'}:4: step 'a-1' uses :x, which no earlier step of session 'a' captures"
+        " and no param defines"
+    )
+    assert [line.split()[0] for line in lines[1:3]] == ["PASS", "PASS"]
+    assert lines[-1] == "2 checks: 2 passed, 0 failed; 1 invalid file not run"
+    xml = junit.read_text()
+    assert 'tests="3" failures="0" errors="1"' in xml and '<error message="' in xml

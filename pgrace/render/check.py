@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
+from pgrace.errors import ScenarioError
 from pgrace.regression import CaseResult, differs_across_servers
 from pgrace.render.escape import visible
 from pgrace.servers import ServerInfo
@@ -24,6 +25,11 @@ def render_results(results: Sequence[CaseResult], with_server: bool = False) -> 
         if result.diff:  # as diff -U3 prints it, so that patch(1) can apply it
             lines.extend(result.diff.rstrip("\n").splitlines())
     return visible("\n".join(lines) + "\n") if lines else ""  # names, paths, diffs: any text
+
+
+def render_invalid(error: ScenarioError) -> str:
+    """``INVALID  file:line: message``: a file ``check`` could not read; the others still run."""
+    return visible(f"INVALID  {' '.join(str(error).split())}\n")
 
 
 def render_matrix(results: Sequence[CaseResult], servers: Sequence[ServerInfo]) -> str:

@@ -10,13 +10,21 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
+from pgrace.errors import ScenarioError
 from pgrace.regression import CaseResult
 from pgrace.render.escape import visible
 
 
-def render_junit(results: Sequence[CaseResult]) -> str:
+def render_junit(results: Sequence[CaseResult], invalid: Sequence[ScenarioError] = ()) -> str:
+    """The results, and each file that could not be read as an ``<error>`` case of its own suite."""
     root = ET.Element("testsuites", name="pgrace")
     suites: dict[str, ET.Element] = {}
+    if invalid:
+        unread = ET.SubElement(root, "testsuite", name="pgrace: invalid files")
+        suites["invalid files"] = unread
+        for error in invalid:
+            case = ET.SubElement(unread, "testcase", classname=str(error.file or ""), name="invalid file", time="0.000")
+            ET.SubElement(case, "error", message=str(error)[:500], type="invalid").text = str(error)
     for result in results:
         label = result.server.label
         suite = suites.get(label)
@@ -37,10 +45,11 @@ def render_junit(results: Sequence[CaseResult]) -> str:
         cases = suite.findall("testcase")
         suite.set("tests", str(len(cases)))
         suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
-        suite.set("errors", "0")
+        suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
         suite.set("time", f"{sum(float(c.get('time', '0')) for c in cases):.3f}")
-    root.set("tests", str(len(results)))
+    root.set("tests", str(len(results) + len(invalid)))
     root.set("failures", str(sum(1 for r in results if not r.ok)))
+    root.set("errors", str(len(invalid)))
     ET.indent(root)
     # XML 1.0 forbids most control characters, even as references: make them visible.
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + visible(ET.tostring(root, encoding="unicode")) + "\n"
