@@ -26,16 +26,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import signal
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import lru_cache
-from multiprocessing import get_context
 from typing import Any
 
 from pgrace import variables
-from pgrace.errors import ScenarioError, raise_terminated
+from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import (
     Observed,
@@ -288,28 +286,18 @@ def run_interleavings(
 def _run_in_processes(
     scenario: Scenario, server: ServerInfo, parts: list[list[tuple[str, ...]]], step_timeout: float
 ) -> list[Observed]:
-    """One process per part, each with its own scratch database; all of them stopped cleanly on error.
+    """One worker process per part, each with its own scratch database, stopped on time (see
+    :mod:`pgrace.workers`): interrupted, or when a worker fails, each drops its database before it exits."""
+    from pgrace.workers import run_in_processes
 
-    When this process is interrupted (Ctrl-C, SIGTERM) or a worker fails, every worker is
-    sent SIGTERM, which it turns into :class:`~pgrace.errors.Terminated`: its scratch
-    database is dropped before it exits, and this process waits for that.
-    """
-    pool = ProcessPoolExecutor(max_workers=len(parts), mp_context=get_context("spawn"), initializer=_worker_started)
-    try:
-        futures = [pool.submit(_run_part, scenario, server, part, step_timeout) for part in parts if part]
-        observed = [o for future in futures for o in future.result()]
-    except BaseException:
-        for process in list(pool._processes.values()):
-            if process.is_alive():
-                process.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    return observed
+    def sweep() -> None:  # a worker that had to be killed left its scratch database
+        from pgrace.scratch import sweep_leftovers
 
+        with suppress(PgraceError):
+            sweep_leftovers(server)
 
-def _worker_started() -> None:
-    signal.signal(signal.SIGTERM, raise_terminated)
+    calls = [(_run_part, (scenario, server, part, step_timeout)) for part in parts if part]
+    return [o for observed in run_in_processes(calls, on_killed=sweep) for o in observed]
 
 
 def _run_part(scenario: Scenario, server: ServerInfo, orders: list[tuple[str, ...]], step_timeout: float) -> Any:
