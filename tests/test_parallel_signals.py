@@ -60,6 +60,13 @@ def scratch_databases(dsn: str) -> list[str]:
     return [name for (name,) in rows]
 
 
+def scratch_objects(dsn: str) -> list[str]:
+    """A run's scratch databases, and the roles made for them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'pgrace\\_%'").fetchall()
+    return scratch_databases(dsn) + [name for (name,) in rows]
+
+
 def start_explore(dsn: str, jobs: int) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "PGRACE_DSN"}
     return subprocess.Popen(
@@ -108,7 +115,7 @@ def test_ctrl_c_and_sigterm_end_explore_jobs_within_2_s_with_nothing_left(
     pgrace_server: ServerInfo, moment: str
 ) -> None:
     dsn = pgrace_server.dsn
-    assert scratch_databases(dsn) == []
+    assert scratch_objects(dsn) == []
     for jobs, signum in ((3, signal.SIGINT), (3, signal.SIGTERM), (6, signal.SIGINT), (3, signal.SIGINT)):
         child = start_explore(dsn, jobs)
         try:
@@ -129,7 +136,7 @@ def test_ctrl_c_and_sigterm_end_explore_jobs_within_2_s_with_nothing_left(
         assert (child.returncode, stderr) == (128 + signum, f"pgrace: {word}; cleaned up\n"), what
         assert took < EXIT_WITHIN_S, f"{what}: exited after {took:.1f} s"
         assert no_process_left(child.pid), f"{what}: {session_processes(child.pid)}"
-        assert scratch_databases(dsn) == [], what
+        assert scratch_objects(dsn) == [], what
         assert wait_until(lambda: backends(dsn) == []), f"{what}: {backends(dsn)}"
 
 
@@ -147,7 +154,7 @@ def test_workers_die_with_pgrace_even_of_sigkill_and_drop_their_databases(pgrace
             os.killpg(child.pid, signal.SIGKILL)  # the workers, if they outlived it: the test has failed
         child.communicate()
     assert gone, left
-    assert scratch_databases(dsn) == []
+    assert scratch_objects(dsn) == []
     assert wait_until(lambda: backends(dsn) == []), backends(dsn)
 
 
