@@ -286,8 +286,11 @@ def run_interleavings(
 def _run_in_processes(
     scenario: Scenario, server: ServerInfo, parts: list[list[tuple[str, ...]]], step_timeout: float
 ) -> list[Observed]:
-    """One worker process per part, each with its own scratch database, stopped on time (see
-    :mod:`pgrace.workers`): interrupted, or when a worker fails, each drops its database before it exits."""
+    """One worker process per part, each with its own scratch database (see :mod:`pgrace.workers`).
+
+    Interrupted, or when a worker fails, every worker drops its database before it exits;
+    what a worker that had to be killed left is swept.
+    """
     from pgrace.workers import run_in_processes
 
     def sweep() -> None:  # a worker that had to be killed left its scratch database
