@@ -188,8 +188,14 @@ def _outcome(parent: int, payload: bytes) -> tuple[str, Any]:
 
 
 def _stop_once(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM in a worker: raise :class:`Terminated` once (cleanup runs); later ones change nothing."""
+    """SIGTERM in a worker: raise :class:`Terminated` once (cleanup runs); later ones change nothing.
+
+    Python swallows an exception raised where it cannot propagate (a weakref callback during
+    an import, a ``__del__``): the alarm then ends the worker all the same once the deadline
+    has passed, as pgrace's SIGKILL would. It matters when pgrace is dead and cannot.
+    """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.setitimer(signal.ITIMER_REAL, STOP_DEADLINE_S)  # SIGALRM's default action ends the process
     raise Terminated()
 
 
