@@ -40,16 +40,17 @@ The parallel drivers (``--drivers parallel``, or ``all``, the default, alternati
 rounds above) get rounds of their own: ``explore -j 3``, ``sweep --explore -j 2``, ``load``
 (pgbench) and ``check --explore -j 2``, each on the embedded server or the ``--dsn`` one,
 started in a session of its own as a terminal would. SIGINT goes to the whole process
-group (Ctrl-C: pgrace, its workers, pgbench), SIGTERM and SIGKILL to pgrace alone, at a
-random moment of a phase:
+group (Ctrl-C: pgrace and its workers; pgbench has a session of its own), SIGTERM and
+SIGKILL to pgrace alone, at a random moment of a phase:
 
 * *startup*: from Python's start until a worker process (or pgbench) exists;
 * *workers*: up to 1.5 s after one does: workers import, create their databases, explore.
 
-Then every process of the session must be gone (after SIGKILL too: workers and pgbench
-die with pgrace), no backend named ``pgrace%`` remain, and after SIGKILL, once ``pgrace
-clean`` has run, no scratch database, schema or role and no load work directory. Each
-SIGINT or SIGTERM must end pgrace within 2 s: the slowest exit of each driver is reported.
+Then every process of the session, and any working in a load's work directory, must be
+gone (after SIGKILL too: workers and pgbench die with pgrace), no backend named
+``pgrace%`` remain, and after SIGKILL, once ``pgrace clean`` has run, no scratch database,
+schema or role and no load work directory. Each SIGINT or SIGTERM must end pgrace within
+2 s: the slowest exit of each driver is reported.
 
 Prints the kills per signal and per phase and every leftover; exits 1 if there was any
 leftover, unrecognised object, disturbed live run or slow exit.
@@ -108,7 +109,7 @@ PARALLEL = {  # each is seconds of work at least, unless stopped
     "load": ("load", "lost-update", "-c", "2,4", "-T", "4"),
     "check --explore": ("check", "--explore", "--max", "1500", "-j", "2", str(SCENARIOS / "skip-locked-fanout.toml")),
 }
-WORKER_MARKS = ("spawn_main", "pgbench")  # a driver's own processes, in their command lines
+WORKER_MARKS = ("spawn_main",)  # a driver's worker processes, in their command lines
 EXIT_WITHIN_S = 2.0
 
 
@@ -273,6 +274,21 @@ def session_processes(sid: int) -> list[str]:
 
 def load_work_dirs(pid: int) -> list[Path]:
     return sorted(Path(tempfile.gettempdir()).glob(f"pgrace-load-{pid}-*"))
+
+
+def load_processes(pid: int) -> list[str]:
+    """pgbench runs in a session of its own, in the load's work directory: processes working there."""
+    prefix = f"{tempfile.gettempdir()}/pgrace-load-{pid}-"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd.startswith(prefix) and alive(int(entry.name)):
+                found.append(f"{entry.name} (in {cwd})")
+    return found
 
 
 def learn(server: ServerInfo) -> list[Variant]:
@@ -602,8 +618,8 @@ class Bench:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         took = time.monotonic() - sent
-        if not poll_until(lambda: not session_processes(proc.pid), 5):
-            self.leftover(label, f"processes left: {session_processes(proc.pid)}")
+        if not poll_until(lambda: not session_processes(proc.pid) and not load_processes(proc.pid), 5):
+            self.leftover(label, f"processes left: {session_processes(proc.pid) + load_processes(proc.pid)}")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         _, stderr = proc.communicate()
@@ -613,7 +629,7 @@ class Bench:
     first_worker_s = 1.0  # measured as we go: spawn to the first worker process
 
     def workers(self, pid: int) -> list[str]:
-        return [p for p in session_processes(pid) if any(mark in p for mark in WORKER_MARKS)]
+        return [p for p in session_processes(pid) if any(mark in p for mark in WORKER_MARKS)] + load_processes(pid)
 
     def tally_parallel(
         self,
