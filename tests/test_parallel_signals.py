@@ -125,17 +125,17 @@ def test_ctrl_c_and_sigterm_end_explore_jobs_within_2_s_with_nothing_left(
                 os.killpg(child.pid, signal.SIGINT)  # Ctrl-C at a terminal: pgrace and its workers
             else:
                 child.send_signal(signal.SIGTERM)  # pgrace alone
-            _, stderr = child.communicate(timeout=60)
+            child.wait(timeout=60)
             took = time.monotonic() - sent
+            what = f"-j {jobs}, {signum.name} with the {moment}"
+            assert took < EXIT_WITHIN_S, f"{what}: exited after {took:.1f} s"
+            assert no_process_left(child.pid), f"{what}: {session_processes(child.pid)}"
         finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.communicate()
-        what = f"-j {jobs}, {signum.name} with the {moment}"
+            with suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)  # whatever outlived it: the test has failed
+            _, stderr = child.communicate()
         word = "interrupted" if signum == signal.SIGINT else "terminated"
         assert (child.returncode, stderr) == (128 + signum, f"pgrace: {word}; cleaned up\n"), what
-        assert took < EXIT_WITHIN_S, f"{what}: exited after {took:.1f} s"
-        assert no_process_left(child.pid), f"{what}: {session_processes(child.pid)}"
         assert scratch_objects(dsn) == [], what
         assert wait_until(lambda: backends(dsn) == []), f"{what}: {backends(dsn)}"
 
@@ -169,11 +169,13 @@ def test_the_server_stopped_under_explore_jobs_is_one_line_exit_3_from_every_pro
         try:
             wait_for(child, moment, own.dsn, 2)
             os.kill(postmaster, signal.SIGINT)  # pg_ctl stop -m fast: every backend is terminated
-            _, stderr = child.communicate(timeout=60)
+            child.wait(timeout=60)
+            gone = no_process_left(child.pid)
+            left = session_processes(child.pid)
         finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.communicate()
+            with suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)  # whatever outlived it: the test has failed
+            _, stderr = child.communicate()
     assert child.returncode == 3, stderr
     assert stderr.count("\n") == 1 and stderr.startswith("pgrace: "), stderr  # no traceback, from any process
-    assert no_process_left(child.pid), session_processes(child.pid)
+    assert gone, left
