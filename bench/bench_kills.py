@@ -1,6 +1,6 @@
-"""Kill ``pgrace run`` and ``pgrace clean`` at random moments, over and over: nothing is left behind.
+"""Kill ``pgrace run``, ``pgrace clean`` and the parallel drivers at random moments, over and over: nothing is left.
 
-Usage: ``python bench/bench_kills.py [--kills N] [--seed S] [-v]``
+Usage: ``python bench/bench_kills.py [--kills N] [--seed S] [--drivers run|parallel|all] [-v]``
 
 Rounds cycle over three places: the embedded server, a ``--dsn`` server (one embedded
 server that this process starts for the purpose), and schema mode on that server
@@ -36,17 +36,35 @@ was aimed at. Then, once the child has exited:
   unchanged; a live run paused beside a sweep is *disturbed* unless its scratch object
   survived the sweep and the run then finished with every expectation holding.
 
+The parallel drivers (``--drivers parallel``, or ``all``, the default, alternating with the
+rounds above) get rounds of their own: ``explore -j 3``, ``sweep --explore -j 2``, ``load``
+(pgbench) and ``check --explore -j 2``, each on the embedded server or the ``--dsn`` one,
+started in a session of its own as a terminal would. SIGINT goes to the whole process
+group (Ctrl-C: pgrace and its workers; pgbench has a session of its own), SIGTERM and
+SIGKILL to pgrace alone, at a random moment of a phase:
+
+* *startup*: from Python's start until a worker process (or pgbench) exists;
+* *workers*: up to 1.5 s after one does: workers import, create their databases, explore.
+
+Then every process of the session, and any working in a load's work directory, must be
+gone (after SIGKILL too: workers and pgbench die with pgrace), no backend named
+``pgrace%`` remain, and after SIGKILL, once ``pgrace clean`` has run, no scratch database,
+schema or role and no load work directory. Each SIGINT or SIGTERM must end pgrace within
+2 s: the slowest exit of each driver is reported.
+
 Prints the kills per signal and per phase and every leftover; exits 1 if there was any
-leftover, unrecognised object or disturbed live run.
+leftover, unrecognised object, disturbed live run or slow exit.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +76,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 
 import psycopg
 from psycopg import sql
@@ -83,6 +102,15 @@ PGRACE_LOCKS = (
 )
 EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -signal.SIGKILL}
 DEADLINE_S = 15.0
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+PARALLEL = {  # each is seconds of work at least, unless stopped
+    "explore -j": ("explore", "skip-locked-fanout", "-p", "workers=4", "--max", "3000", "-j", "3"),
+    "sweep --explore": ("sweep", "skip-locked-fanout", "-p", "workers=3,4", "--explore", "--max", "1500", "-j", "2"),
+    "load": ("load", "lost-update", "-c", "2,4", "-T", "4"),
+    "check --explore": ("check", "--explore", "--max", "1500", "-j", "2", str(SCENARIOS / "skip-locked-fanout.toml")),
+}
+WORKER_MARKS = ("spawn_main",)  # a driver's worker processes, in their command lines
+EXIT_WITHIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -105,12 +133,16 @@ class Tally:
     disturbed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tracebacks: Counter[str] = field(default_factory=Counter)
+    exit_s: dict[str, list[float]] = field(default_factory=dict)  # driver: SIGINT/SIGTERM to exit
+    slow: list[str] = field(default_factory=list)
 
 
 def traceback_kind(stderr: str) -> str:
     """Where a signal raised outside pgrace's handling: both known places have nothing to clean up."""
     if "<frozen runpy>" in stderr and ", in invoke" not in stderr:
         return "while Python imported pgrace (nothing started yet)"
+    if "Fatal Python error: init_import_site" in stderr:
+        return "while Python started, before pgrace (nothing started yet)"
     if "Exception ignored in: <module 'threading'" in stderr:
         return "in interpreter shutdown, after pgrace had cleaned up"
     return "elsewhere"
@@ -223,6 +255,40 @@ def postmaster_pid(run_dir: Path) -> int | None:
         return int((run_dir / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
     except (OSError, ValueError):
         return None
+
+
+def session_processes(sid: int) -> list[str]:
+    """Live processes of a session (a parallel driver's child started it): pid and command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except (OSError, IndexError):
+                continue
+            if int(fields[3]) == sid and alive(int(entry.name)):
+                found.append(f"{entry.name} {cmdline[:100]}")
+    return found
+
+
+def load_work_dirs(pid: int) -> list[Path]:
+    return sorted(Path(tempfile.gettempdir()).glob(f"pgrace-load-{pid}-*"))
+
+
+def load_processes(pid: int) -> list[str]:
+    """pgbench runs in a session of its own, in the load's work directory: processes working there."""
+    prefix = f"{tempfile.gettempdir()}/pgrace-load-{pid}-"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd.startswith(prefix) and alive(int(entry.name)):
+                found.append(f"{entry.name} (in {cwd})")
+    return found
 
 
 def learn(server: ServerInfo) -> list[Variant]:
@@ -512,6 +578,120 @@ class Bench:
             prompt = child.next_prompt()
         return prompt
 
+    # -- the parallel drivers --------------------------------------------------------------
+
+    def parallel_round(self, index: int) -> None:
+        driver = list(PARALLEL)[index % len(PARALLEL)]
+        place = self.places[("embedded", "dsn")[index // len(PARALLEL) % 2]]
+        signum = self.rng.choice(SIGNALS)
+        argv = [sys.executable, "-m", "pgrace", *PARALLEL[driver], *place.args]
+        if driver == "load" and place.name == "dsn" and self.dsn_server.bindir:
+            argv += ["--pgbench", str(Path(self.dsn_server.bindir) / "pgbench")]
+        env = {k: v for k, v in os.environ.items() if k != "PGRACE_DSN"}
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
+        aim = self.rng.choice(("startup", "workers"))
+        if aim == "startup":
+            time.sleep(self.rng.uniform(0, self.first_worker_s))
+        else:
+            started = time.monotonic()
+            poll_until(lambda: proc.poll() is not None or bool(self.workers(proc.pid)), 60)
+            self.first_worker_s = 0.8 * self.first_worker_s + 0.2 * (time.monotonic() - started)
+            time.sleep(self.rng.uniform(0, 1.5))
+        phase = f"{driver}: {'workers' if self.workers(proc.pid) else 'startup'}"
+        run_dir = next(iter(run_dirs(proc.pid)), None)
+        label = f"round {index} ({place.name}, {driver}, {signum.name}, {phase})"
+        killed = proc.poll() is None
+        sent = time.monotonic()
+        if killed:
+            with contextlib.suppress(ProcessLookupError):
+                if signum == signal.SIGINT:
+                    os.killpg(proc.pid, signum)  # Ctrl-C at a terminal reaches the whole group
+                else:
+                    proc.send_signal(signum)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.leftover(label, f"pgrace did not exit within 60 s after {signum.name}")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        took = time.monotonic() - sent
+        if not poll_until(lambda: not session_processes(proc.pid) and not load_processes(proc.pid), 5):
+            self.leftover(label, f"processes left: {session_processes(proc.pid) + load_processes(proc.pid)}")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        self.tally_parallel(label, driver, signum, phase, place.name, killed, proc.returncode, took, stderr)
+        self.check_parallel(label, place, proc.pid, run_dir, signum)
+
+    first_worker_s = 1.0  # measured as we go: spawn to the first worker process
+
+    def workers(self, pid: int) -> list[str]:
+        return [p for p in session_processes(pid) if any(mark in p for mark in WORKER_MARKS)] + load_processes(pid)
+
+    def tally_parallel(
+        self,
+        label: str,
+        driver: str,
+        signum: signal.Signals,
+        phase: str,
+        where: str,
+        killed: bool,
+        code: int,
+        took: float,
+        stderr: str,
+    ) -> None:
+        if not killed:
+            self.tally.finished_first += 1
+            return
+        self.tally.kills[where, signum.name, phase] += 1
+        self.tally.exits[signum.name, code] += 1
+        quiet_death = code == -signum and "pgrace:" not in stderr
+        if code not in (EXPECTED_EXIT[signum], 0, 1) and not quiet_death:
+            self.tally.notes.append(f"{label}: exit {code}: {stderr.strip()[-300:]}")
+        if signum != signal.SIGKILL:
+            self.tally.exit_s.setdefault(driver, []).append(took)
+            if took > EXIT_WITHIN_S:
+                self.tally.slow.append(f"{label}: exited {took:.2f} s after {signum.name}")
+            if stderr.count("\n") > 1 and "Traceback" not in stderr:  # a traceback is tallied below
+                self.tally.notes.append(f"{label}: more than one line on stderr: {stderr.strip()[-600:]}")
+        if "Traceback" in stderr:
+            self.tally.tracebacks[traceback_kind(stderr)] += 1
+            if traceback_kind(stderr) == "elsewhere":
+                self.tally.notes.append(f"{label}: traceback on stderr: {stderr.strip()[-600:]}")
+        if self.verbose:
+            print(f"{label}: exit {code} in {took:.2f} s {stderr.strip()[:120]}", flush=True)
+
+    def check_parallel(self, label: str, place: Place, pid: int, run_dir: Path | None, signum: signal.Signals) -> None:
+        """Nothing of the child's left; after SIGKILL, once ``pgrace clean`` has run."""
+        if run_dir is not None:
+            self.check_swept(label)  # it started a server: that swept what earlier killed runs left
+        if signum == signal.SIGKILL:
+            self.unswept.extend(run_dirs(pid))  # the next embedded server start removes them
+        else:
+            for directory in run_dirs(pid):
+                self.leftover(label, f"run directory {directory} still there after {signum.name}")
+        self.check_dsn(label, self.places["dsn"], clean=signum == signal.SIGKILL)
+        if roles := self.scratch_roles():
+            self.leftover(label, f"scratch roles left: {roles}")
+            self.drop_roles(roles)
+        for directory in load_work_dirs(pid):
+            self.leftover(label, f"load work directory {directory} left")
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def scratch_roles(self) -> list[str]:
+        with psycopg.connect(self.user_dsn, autocommit=True) as admin:
+            rows = admin.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'pgrace\\_%'").fetchall()
+        return [str(name) for (name,) in rows]
+
+    def drop_roles(self, roles: list[str]) -> None:
+        with psycopg.connect(self.user_dsn, autocommit=True) as admin:
+            for role in roles:
+                with contextlib.suppress(psycopg.Error):
+                    admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
     # -- what must not be left -------------------------------------------------------------
 
     def leftover(self, index: int | str, what: str) -> None:
@@ -666,6 +846,14 @@ def report(tally: Tally, seconds: float) -> None:
         print(f"  Python traceback on stderr {kind}: {n}")
     for note in tally.notes:
         print(f"  note: {note}")
+    for driver, times in sorted(tally.exit_s.items()):
+        print(f"  {driver}: {len(times)} SIGINT/SIGTERM exits, slowest {max(times):.2f} s, median {median(times):.2f}")
+    if tally.exit_s:
+        every = [t for times in tally.exit_s.values() for t in times]
+        print(f"slowest SIGINT/SIGTERM exit of a parallel driver: {max(every):.2f} s")
+    print(f"exits slower than {EXIT_WITHIN_S:.0f} s: {len(tally.slow)}")
+    for item in tally.slow:
+        print(f"  {item}")
     print(f"leftovers: {len(tally.leftovers)}")
     for item in tally.leftovers:
         print(f"  {item}")
@@ -682,22 +870,32 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=300, help="kills to make (default 300)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per round")
+    parser.add_argument(
+        "--drivers",
+        choices=("run", "parallel", "all"),
+        default="all",
+        help="run --step rounds, the parallel drivers' rounds (explore -j, sweep, load, check), or both (default)",
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(time.time())
     print(f"seed {seed}", flush=True)
     rng = random.Random(seed)
     started = time.monotonic()
     with open_server("embedded") as server, user_database(server) as role_dsn:
-        bench = Bench(server, role_dsn, learn(server), rng, args.verbose)
+        bench = Bench(server, role_dsn, learn(server) if args.drivers != "parallel" else [], rng, args.verbose)
         index = 0
         while sum(bench.tally.kills.values()) < args.kills:
-            bench.round(index)
+            if args.drivers == "run" or (args.drivers == "all" and index % 2 == 0):
+                bench.round(index if args.drivers == "run" else index // 2)
+            else:
+                bench.parallel_round(index if args.drivers == "parallel" else index // 2)
             index += 1
         bench.finish()
         for place in ("dsn", "schema"):  # one last clean of each place: nothing may be left, all recognised
             bench.check_dsn("final clean", bench.places[place], clean=True)
     report(bench.tally, time.monotonic() - started)
-    return 1 if bench.tally.leftovers or bench.tally.unrecognised or bench.tally.disturbed else 0
+    failed = bench.tally.leftovers or bench.tally.unrecognised or bench.tally.disturbed or bench.tally.slow
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ class PgraceGroup(click.Group):
         except PgraceError as exc:
             from pgrace.servers import scrub_secrets
 
-            click.echo(f"pgrace: {visible(scrub_secrets(str(exc)))}", err=True)  # no password, no control char
+            message = " ".join(line.strip() for line in str(exc).strip().splitlines())  # libpq's hint is a line too
+            click.echo(f"pgrace: {visible(scrub_secrets(message))}", err=True)  # no password, no control char
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             code = exit_code_of_interrupt(exc)

@@ -9,7 +9,8 @@
     │   └── StepsStuck                      its steps blocked each other (isolationtester: exit 1)
     ├── ServerUnavailable           exit 3, no PostgreSQL server could be had
     └── RunAborted                  exit 3, the server (or pgrace's control or observer
-                                    connection) went away in the middle of a run
+                                    connection, or a -j worker process) went away in
+                                    the middle of a run
 
 Exit codes, one meaning each (the CLI's help and the README carry the same table):
 
@@ -133,7 +134,7 @@ class ServerUnavailable(PgraceError):
 
 
 class RunAborted(PgraceError):
-    """The server, or pgrace's control or observer connection, went away during a run.
+    """The server, pgrace's control or observer connection, or a ``-j`` worker process went away during a run.
 
     A scenario session losing its connection is not an error: it is recorded in the run.
     """

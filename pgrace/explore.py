@@ -30,16 +30,14 @@ import itertools
 import json
 import math
 import random
-import signal
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from typing import Any
 
 from pgrace import variables
 from pgrace.bounds import MAX_TIED_POSITIONS, check_jobs, check_sample
-from pgrace.errors import ScenarioError, raise_terminated
+from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model import PermutationStep, Scenario, StepExpectation
 from pgrace.outcomes import (
     Observed,
@@ -384,28 +382,21 @@ def run_interleavings(
 def _run_in_processes(
     scenario: Scenario, server: ServerInfo, parts: list[list[tuple[str, ...]]], step_timeout: float
 ) -> list[Observed]:
-    """One process per part, each with its own scratch database; all of them stopped cleanly on error.
+    """One worker process per part, each with its own scratch database (see :mod:`pgrace.workers`).
 
-    When this process is interrupted (Ctrl-C, SIGTERM) or a worker fails, every worker is
-    sent SIGTERM, which it turns into :class:`~pgrace.errors.Terminated`: its scratch
-    database is dropped before it exits, and this process waits for that.
+    Interrupted, or when a worker fails, every worker drops its database before it exits;
+    what a worker that had to be killed left is swept.
     """
-    pool = ProcessPoolExecutor(max_workers=len(parts), mp_context=get_context("spawn"), initializer=_worker_started)
-    try:
-        futures = [pool.submit(_run_part, scenario, server, part, step_timeout) for part in parts if part]
-        observed = [o for future in futures for o in future.result()]
-    except BaseException:
-        for process in list(pool._processes.values()):
-            if process.is_alive():
-                process.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    return observed
+    from pgrace.workers import run_in_processes
 
+    def sweep() -> None:  # a worker that had to be killed left its scratch database
+        from pgrace.scratch import sweep_leftovers
 
-def _worker_started() -> None:
-    signal.signal(signal.SIGTERM, raise_terminated)
+        with suppress(PgraceError):
+            sweep_leftovers(server)
+
+    calls = [(_run_part, (scenario, server, part, step_timeout)) for part in parts if part]
+    return [o for observed in run_in_processes(calls, on_killed=sweep) for o in observed]
 
 
 def _run_part(scenario: Scenario, server: ServerInfo, orders: list[tuple[str, ...]], step_timeout: float) -> Any:

@@ -437,13 +437,17 @@ def scratch_database_with_schema(server: ServerInfo, hint: str, schema: str) -> 
     a run made, without a new database.
     """
     with scratch_database(server, hint) as db:
-        with psycopg.connect(db.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
-                    sql.Identifier(db.name), sql.Identifier(schema)
+        try:
+            with psycopg.connect(db.dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
+                        sql.Identifier(db.name), sql.Identifier(schema)
+                    )
                 )
-            )
+        except psycopg.OperationalError as exc:  # the server stopped between CREATE DATABASE and here
+            detail = scrub_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc), server.dsn)
+            raise RunAborted(f"the server went away during the run ({detail})") from exc
         if db.observer_dsn is None:
             yield db
         else:
