@@ -399,6 +399,23 @@ def _run_in_processes(
     return [o for observed in run_in_processes(calls, on_killed=sweep) for o in observed]
 
 
+CONNECTIONS_PER_WORKER = 3  # beside a session's own: the scratch database's, the control and the observer
+
+
+def _check_room(scenario: Scenario, server: ServerInfo, workers: int) -> None:
+    """Refuse (exit 2) more workers than the server has connections for: each would fail on its own."""
+    from pgrace.scratch import connection_room
+
+    each = len(scenario.sessions) + CONNECTIONS_PER_WORKER
+    room = connection_room(server)
+    if workers * each > room.free:
+        raise ScenarioError(
+            f"-j {workers}: {workers} workers need {workers * each} connections ({each} each), and the server has"
+            f" room for {max(0, room.free)} ({room}); lower -j to {max(1, room.free // each)} or raise max_connections",
+            scenario.source,
+        )
+
+
 def _run_part(scenario: Scenario, server: ServerInfo, orders: list[tuple[str, ...]], step_timeout: float) -> Any:
     """A worker process's share (module level, so it can be pickled)."""
     return run_interleavings(scenario, server, orders, step_timeout)
@@ -440,10 +457,12 @@ def explore(
         if on_progress is not None:
             on_progress(done, total)
 
+    workers = jobs if jobs > 1 and total >= 2 else 1
+    if workers > 1:
+        _check_room(scenario, server, workers)
     report(0)
     classes: dict[str, OutcomeClass] = {}
     done = 0
-    workers = jobs if jobs > 1 and total >= 2 else 1
     for start in range(0, total, PART * workers):
         orders = [space.unrank(i) for i in indices[start : start + PART * workers]]
         if workers == 1:

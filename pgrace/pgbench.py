@@ -491,34 +491,19 @@ def threads_for(clients: int) -> int:
     return max(1, min(clients, cores))
 
 
-_ROOM = """
-SELECT current_setting('max_connections')::int,
-       current_setting('superuser_reserved_connections')::int
-         + coalesce(current_setting('reserved_connections', true)::int, 0),
-       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
-"""
-
-
 def check_room(server: ServerInfo, clients: int) -> None:
     """Refuse (exit 2) a client count the server has no connections for, before pgbench fails on it.
 
     pgbench's clients, pgrace's observer and the connection that sets up and checks each
     count need that many free slots; the ones reserved for superusers are not counted on.
     """
-    try:
-        with psycopg.connect(server.dsn, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute(_ROOM).fetchone()
-    except psycopg.Error as exc:
-        raise ServerUnavailable(f"cannot ask the server how many connections it allows: {exc}") from None
-    assert row is not None
-    most, reserved, used = row
-    room = most - reserved - used + 1  # this connection is gone when pgbench starts
-    needed = clients + 2
-    if needed > room:
+    from pgrace.scratch import connection_room
+
+    room = connection_room(server)
+    if clients + 2 > room.free:
         raise ScenarioError(
-            f"-c/--clients {clients}: the server has room for {max(0, room - 2)} clients"
-            f" (max_connections = {most}, {reserved} reserved, {used - 1} in use, and pgrace's own 2);"
-            " lower -c or raise max_connections"
+            f"-c/--clients {clients}: the server has room for {max(0, room.free - 2)} clients ({room},"
+            " and pgrace's own 2); lower -c or raise max_connections"
         )
 
 

@@ -257,6 +257,42 @@ def scratch_database(
         admin.close()
 
 
+_ROOM = """
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int
+         + coalesce(current_setting('reserved_connections', true)::int, 0),
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+"""
+
+
+@dataclass(frozen=True)
+class ConnectionRoom:
+    """How many more connections the server takes: its max_connections, less the reserved and the used."""
+
+    most: int
+    reserved: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return self.most - self.reserved - self.used
+
+    def __str__(self) -> str:
+        return f"max_connections = {self.most}, {self.reserved} reserved, {self.used} in use"
+
+
+def connection_room(server: ServerInfo) -> ConnectionRoom:
+    """Asked once, before a driver opens many connections: too many fail one by one, as tracebacks or hangs."""
+    try:
+        with psycopg.connect(server.dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(_ROOM).fetchone()
+    except psycopg.Error as exc:
+        raise ServerUnavailable(f"cannot ask the server how many connections it allows: {exc}") from None
+    assert row is not None
+    most, reserved, used = row
+    return ConnectionRoom(most, reserved, used - 1)  # this connection is closed by now
+
+
 def observer_conninfo(dsn: str, schema: str | None = None) -> str:
     """``dsn`` with a ``search_path`` that the scenario cannot change: pg_catalog first, then ``schema``, public.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -269,3 +270,20 @@ def test_a_long_sweep_says_how_many_combinations_before_it_loads_them() -> None:
     first, refused = result.stderr.splitlines()
     assert first == "pgrace: 102 combinations to run"  # then the first one that does not load
     assert refused.endswith("unknown param 'x'; this scenario has: workers")
+
+
+def test_more_workers_than_the_server_has_connections_for_is_one_line_exit_2(pgrace_server: ServerInfo) -> None:
+    """24 sessions in each of 8 workers would need 216 connections of the embedded server's 100: each worker
+    failed on its own, printing its traceback; now it is refused before any starts, with what would fit."""
+    result = CliRunner().invoke(
+        main,
+        ["explore", "skip-locked-fanout", "-p", "workers=24", "--max", "16", "-j", "8", "--dsn", pgrace_server.dsn],
+    )
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert "-j 8: 8 workers need 216 connections (27 each), and the server has room for" in line
+    assert re.search(r"lower -j to [1-3] or raise max_connections", line), line
+    fits = CliRunner().invoke(
+        main, ["explore", "skip-locked-fanout", "-p", "workers=24", "--max", "4", "-j", "2", "--dsn", pgrace_server.dsn]
+    )
+    assert fits.exit_code == 0, fits.output
