@@ -1,6 +1,6 @@
 """Fuzz the new surfaces as a user meets them: ``python -m pgrace`` on generated scenario files and option values.
 
-Usage: ``python bench/bench_fuzz_surfaces.py [--cases N] [--seed S] [--jobs J] [--keep DIR] [-v]``
+Usage: ``python bench/bench_fuzz_surfaces.py [--cases N] [--seed S] [--first I | --only I,J] [--jobs J] [--keep DIR]``
 
 Each case is one scenario file and one command line. The files are
 built around a small runnable scenario that uses what the last rounds added: ``[load]``
@@ -64,7 +64,7 @@ BASE_S = 15.0  # a case that runs nothing: Python, pgrace, the file, an error (o
 RUN_S = 1.5  # one run of the small scenario (scratch database, setup, steps, checks, teardown)
 MEMORY_LIMIT = 4 << 30
 PGBENCH_PARSED = re.compile(r"pgbench: error: \S+\.sql:\d+:")  # a script pgbench could not parse (not a server error)
-MARK = "@MARK@"  # replaced by a path under the watched marker directory
+MARK = "@MARK@"  # replaced by a path under the watched marker directory (made of words: SQL's scanner reads it)
 SCENARIO = "@SCENARIO@"  # replaced by the scenario file's name in the command line
 
 # -- hostile values ---------------------------------------------------------------------------
@@ -109,7 +109,6 @@ SQLISH = [
     "::int",
     "SELECT pg_sleep(100000)",
     "SELECT pg_terminate_backend(pg_backend_pid())",
-    "COPY jobs TO PROGRAM 'touch @MARK@'",
     "SELECT 1\x00",
     "SELECT 1\x07\x1b[31m",
     "SELECT 'é\u202e\ufeff'",
@@ -689,7 +688,15 @@ def generate(seed: int, index: int) -> Case:
     if command not in ("show", "check", "check-explore") and rng.random() < 0.4:
         formats = {"load": ["json", "svg", "html", "text"], "sweep": ["json", "markdown", "html", "text"]}
         args += ["-f", rng.choice(formats.get(command.split("-")[0], ["json", "markdown", "html", "text"]))]
-    per_run = RUN_S + shape.sleep_s + step_timeout
+    # a hostile statement (pg_sleep, a lock never released) may run each of its steps into the step timeout
+    stuck = sum(1 for slot in used if "sql" in slot) * max(1, shape.group)
+    steps_run = command != "show" and not command.startswith("load")
+    own_timeout = not any("--step-timeout" in h for h in hostile)
+    slow = BASE_S + variants * runs * (RUN_S + shape.sleep_s + step_timeout * (1 + stuck)) > HARD_S
+    if stuck and steps_run and own_timeout and slow:
+        step_timeout = 0.5  # keep a run that is slow by its own SQL inside the harness's hard bound
+        args += ["--step-timeout", "0.5"]
+    per_run = RUN_S + shape.sleep_s + step_timeout * (1 + stuck)
     bound = BASE_S + variants * (runs * per_run + load_s)
     args = [a.replace("\x00", "\\0")[:100_000] for a in args]  # no argv can hold a NUL, nor 128 kB in one
     return Case(index, command, args, text, hostile, min(bound, HARD_S), outputs, symlink)
@@ -843,7 +850,7 @@ class Lane:
 @contextmanager
 def lanes(jobs: int) -> Iterator[list[Lane]]:
     with ExitStack() as stack:
-        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fuzz-surfaces-")))
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fuzz_surfaces_")))
         yield [Lane(stack, root, f"lane{i}") for i in range(jobs)]
 
 
@@ -852,9 +859,10 @@ def run_cases(cases: list[Case], jobs: int = 1, progress: Callable[[Result], Non
     results: list[Result] = []
     todo = iter(cases)
     lock = threading.Lock()
+    stop = threading.Event()
 
     def work(lane: Lane) -> None:
-        while True:
+        while not stop.is_set():
             with lock:
                 case = next(todo, None)
             if case is None:
@@ -872,8 +880,14 @@ def run_cases(cases: list[Case], jobs: int = 1, progress: Callable[[Result], Non
         threads = [threading.Thread(target=work, args=(lane,)) for lane in all_lanes]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except KeyboardInterrupt:  # let each lane finish its case, then stop its server
+            stop.set()
+            for t in threads:
+                t.join()
+            raise
     return sorted(results, key=lambda r: r.case.index)
 
 
@@ -959,11 +973,13 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--first", type=int, default=0, help="index of the first case (to re-run a range)")
+    parser.add_argument("--only", default="", help="run only these case indices, e.g. 12,977 (from a report)")
     parser.add_argument("--jobs", type=int, default=1, help="lanes at once, each with its own server")
     parser.add_argument("--keep", type=Path, default=None, help="where to save the reproducers")
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per case")
     options = parser.parse_args()
-    cases = [generate(options.seed, i) for i in range(options.first, options.first + options.cases)]
+    indices = [int(i) for i in options.only.split(",") if i] or range(options.first, options.first + options.cases)
+    cases = [generate(options.seed, i) for i in indices]
     started = time.monotonic()
     done = itertools.count(1)
 
