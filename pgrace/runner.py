@@ -109,6 +109,7 @@ class SessionConnection:
         self.name = name
         self.notices = 0
         self.active: Active | None = None
+        self.last_seq = 0  # its latest step, the one a loss found while idle is told with
         self.variables: dict[str, Value] = {}  # what its steps captured, by variable name
         self._recorder = recorder
         self.attach(conn)
@@ -120,6 +121,7 @@ class SessionConnection:
         self.pid = self.pgconn.backend_pid
         self.pgconn.notice_handler = self._on_notice
         self.lost: SessionLost | None = None
+        self.ended: SessionLost | None = None  # the server ended it while idle: told then, found by its next step
         self.fatal: SqlError | None = None  # why the server said it would close the connection
 
     def _on_notice(self, res: pq.abc.PGresult) -> None:
@@ -221,6 +223,7 @@ class Runner:
         self.seq = 0
         self.releases = ReleaseTracker()
         self.last_done = 0  # the step reported done most recently (locks are observed after it)
+        self.crashes: set[int] = set()  # the seqs of crash steps
         self.idle_at = 0.0  # when on_idle last ran
         self.permutation: tuple[PermutationStep, ...] = ()
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
@@ -443,6 +446,7 @@ class Runner:
                 active.notice_targets[other.name] = other.notices + blocker.notices
         self.recorder.add(StepLaunched(active.seq, step.name, step.session, shown, self.recorder.now()))
         session.active = active
+        session.last_seq = active.seq
         self.releases.launched(active.seq, session.name)
         if session.lost is not None:  # sending would only fail again: say why it was not sent
             message = f"not sent: session {session.name}'s connection was lost at step {session.lost.during_seq}"
@@ -453,6 +457,7 @@ class Runner:
             active.outcome = Outcome()
             return active
         if step.crash is not None:
+            self.crashes.add(active.seq)  # what it releases, the scenario's own crash did: nothing to add
             active.outcome = self._crash(session, active)
             return active
         try:
@@ -485,31 +490,57 @@ class Runner:
         return values
 
     def _sleep(self, seconds: float) -> None:
-        """A deliberate pause: the schedule stands still while waiting steps are still read.
+        """A deliberate pause: the schedule stands still while the other sessions are still watched.
 
-        This is what lets ``lock_timeout``, ``statement_timeout`` and the deadlock detector
-        fire at a chosen point. A waiting step that ends meanwhile is collected at once
-        (its socket read, the presenter kept alive) and reported right after the sleep, as
-        a completion marker holds a report: the timeline tells it after the step it ended in.
+        This is what lets ``lock_timeout``, ``statement_timeout``, the deadlock detector and
+        ``idle_in_transaction_session_timeout`` fire at a chosen point. A waiting step that
+        ends meanwhile is reported as it ends (its time, who released it, the locks then),
+        and a session the server ends meanwhile is noted lost then, with the server's reason.
         """
         deadline = time.perf_counter() + seconds
         while (left := deadline - time.perf_counter()) > 0:
-            watched: dict[int, Active] = {}
-            for active in self.waiting:
+            watched: dict[int, SessionConnection] = {}
+            for session in self.sessions.values():
                 with suppress(psycopg.OperationalError):  # a lost connection has no socket
-                    if active.outcome is None:
-                        watched[self.sessions[active.step.session].pgconn.socket] = active
-            if watched:
-                readable, _, _ = select.select(list(watched), [], [], min(left, 0.1))
-                for fd in readable:
-                    active = watched[fd]
-                    session = self.sessions[active.step.session]
+                    if session.lost is None and session.ended is None:
+                        watched[session.pgconn.socket] = session
+            if not watched:
+                time.sleep(min(left, 0.1))  # nothing to watch: only the clock
+                self._idle()
+                continue
+            readable, _, _ = select.select(list(watched), [], [], min(left, 0.1))
+            for fd in readable:
+                session = watched[fd]
+                active = session.active
+                if active is not None and active in self.waiting and active.outcome is None:
                     self._consume(session.pgconn)
                     if not session.pgconn.is_busy():
                         self._settle_outcome(session, active)
-            else:
-                time.sleep(min(left, 0.1))
+                        if not self._held_by_marker(active):
+                            self.waiting.remove(active)
+                            self._report_done(session, active)
+                            self._observe_locks(active.seq)
+                else:
+                    self._found_ended_idle(session)
             self._idle()
+
+    def _found_ended_idle(self, session: SessionConnection) -> None:
+        """A session with no statement running whose connection the server ended: noted now, with its reason.
+
+        ``idle_in_transaction_session_timeout`` or a terminate from outside the scenario: the
+        server says why (25P03, 57P01) before it hangs up, and libpq hands that to the notice
+        handler. Its locks are gone with it, so what it held must not be shown as held after.
+        """
+        if session.lost is not None or session.ended is not None:
+            return
+        self._consume(session.pgconn)
+        session.pgconn.is_busy()  # hands an idle connection's error to the notice handler
+        if session.pgconn.status != pq.ConnStatus.BAD and session.fatal is None:
+            return
+        error = session.fatal or SqlError("08006", "connection to the server was lost", "FATAL")
+        seq = session.active.seq if session.active is not None else session.last_seq
+        session.ended = SessionLost(session.name, error.message, error.sqlstate, self.recorder.now(), seq, idle=True)
+        self.recorder.add(session.ended)  # when it was found, before what it released
 
     def _crash(self, session: SessionConnection, active: Active) -> Outcome:
         """Kill the session as a dying worker process would, and see it lost at once.
@@ -570,7 +601,9 @@ class Runner:
         else:
             said = _first_line(libpq) or "connection to the server was lost"
             error = SqlError("08006", said, "FATAL", text=libpq, libpq=libpq)
-        if session.lost is None:
+        if session.lost is None and session.ended is not None:  # told already, when the server ended it
+            session.lost = session.ended
+        elif session.lost is None:
             session.lost = SessionLost(session.name, error.message, error.sqlstate, self.recorder.now(), active.seq)
             active.lost = session.lost
         return error
@@ -748,7 +781,7 @@ class Runner:
         if not active.waiting_reported:
             return None
         assert active.outcome is not None
-        return self.releases.attribute(
+        release = self.releases.attribute(
             active.seq,
             active.outcome.error,
             cancelled_by_pgrace=active.cancelled,
@@ -756,6 +789,12 @@ class Runner:
             settle=self._settle_finished,
             gone=self._gone,
         )
+        holder = self.sessions.get(release.session or "") if release.cause == "terminated" else None
+        if holder is not None and holder is not self.sessions[active.step.session] and release.seq not in self.crashes:
+            self._found_ended_idle(holder)  # no step of the scenario did it: the server says what did
+            if (why := holder.lost or holder.ended) is not None:
+                release = dataclasses.replace(release, reason=f"{why.sqlstate}: {why.message}")
+        return release
 
     def _report_done(self, session: SessionConnection, active: Active) -> None:
         assert active.outcome is not None

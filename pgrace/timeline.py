@@ -277,7 +277,9 @@ class SessionLost:
     Recorded once, when pgrace first sees it: ``during_seq`` is the step whose outcome
     carries the error. Later steps of the session are not sent. ``sqlstate`` and
     ``message`` are the server's FATAL (57P01 for pg_terminate_backend) when libpq
-    received one, else 08006 and libpq's own message.
+    received one, else 08006 and libpq's own message. ``idle``: the server ended it while
+    it had no statement running (``idle_in_transaction_session_timeout``, a terminate
+    from outside): no step's outcome shows the server's message, so this event does.
     """
 
     session: str
@@ -285,6 +287,7 @@ class SessionLost:
     sqlstate: str
     t: float
     during_seq: int
+    idle: bool = False
 
 
 @dataclass(frozen=True)
@@ -299,7 +302,9 @@ class Release:
       server ended the waiting statement itself.
     * ``step_timeout``: pgrace's own ``--step-timeout`` cancel.
     * ``terminated``: ``session``'s backend was terminated (the waiter's own, or a holder's),
-      during step ``seq`` when pgrace saw it there (a ``crash`` step).
+      during step ``seq`` when pgrace saw it there (a ``crash`` step); ``reason`` is the
+      server's own word when no step of the scenario did it (``25P03: terminating
+      connection due to idle-in-transaction timeout``).
     * ``unknown``: nothing pgrace saw explains it (a session outside the scenario).
     """
 
@@ -307,6 +312,7 @@ class Release:
     seq: int | None = None
     session: str | None = None
     failed: bool = False
+    reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ def test_a_terminated_idle_session_is_lost_once_and_the_others_go_on(pgrace_run:
             "at_step": steps["noticed"].seq,
             "sqlstate": "57P01",
             "message": "terminating connection due to administrator command",
+            "idle": False,
         }
     ]
 

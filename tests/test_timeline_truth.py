@@ -172,7 +172,13 @@ def test_a_deadlock_names_the_detector_and_its_victim_in_every_format(pgrace_run
     assert said in text and ended in text and f"step {idle.seq})" not in text
     data = run_to_dict(run)
     releases = {s["name"]: s["release"] for s in data["steps"]}
-    assert releases["a-credit"] == {"cause": "deadlock", "step": victim.seq, "session": None, "failed": False}
+    assert releases["a-credit"] == {
+        "cause": "deadlock",
+        "step": victim.seq,
+        "session": None,
+        "failed": False,
+        "reason": None,
+    }
     assert releases["b-credit"]["cause"] == "deadlock" and releases["c-idle"] is None
     for picture in (render_markdown(run), render_mermaid(run)):
         flat = " ".join(picture.replace("\\", "").split())
@@ -199,8 +205,10 @@ def test_the_presenter_tells_the_same_release(pgrace_run: RunScenario) -> None:
 def test_a_terminated_holder_releases_the_waiter(pgrace_run: RunScenario) -> None:
     run = pgrace_run(RACES / "crashed-worker.toml")
     steps = by_name(run)
-    assert steps["claim2"].release == Release("terminated", session="worker1")
-    assert "resumes: worker1's connection is gone" in " ".join(text_of(run).split())
+    # admin's pg_terminate_backend is no step pgrace knows as a release: the server's own word says what happened
+    reason = "57P01: terminating connection due to administrator command"
+    assert steps["claim2"].release == Release("terminated", session="worker1", reason=reason)
+    assert f"resumes: the server ended worker1's connection ({reason})" in " ".join(text_of(run).split())
     assert run.ok, [c for c in run.checks if not c.ok]
 
 

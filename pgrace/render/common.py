@@ -355,6 +355,8 @@ def release_phrase(seq: int, release: Release | None, launched: Mapping[int, Ste
         own = launched[seq].session if seq in launched else None
         if release.session is None or release.session == own:
             return "ends: its connection is gone"
+        if release.reason:
+            return f"resumes: the server ended {release.session}'s connection ({release.reason})"
         during = f" (step {release.seq})" if release.seq is not None and release.seq in launched else ""
         return f"resumes: {release.session}'s connection is gone{during}"
     return {
@@ -396,7 +398,9 @@ def describe_holder(holder: Holder) -> str:
 
 
 def lost_text(event: SessionLost) -> str:
-    """The one row a lost connection gets; the step that found it shows the server's message."""
+    """The one row a lost connection gets; the step that found it shows the server's message, or this row does."""
+    if event.idle:
+        return f"⚡ the server ended {event.session}'s connection ({event.sqlstate}: {event.message})"
     return f"⚡ {event.session}'s connection is gone ({event.sqlstate}); its later steps are not sent"
 
 
@@ -557,6 +561,7 @@ def timeline_sections(run: Run) -> list[Section]:
     locks: tuple[RowLock, ...] | None = ()
     predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen, for a 40001
     open_spans: dict[int, WaitSpan] = {}
+    paused: dict[int, Entry] = {}  # sleep steps, shown when they start
     many = len(run.scenario.permutations) > 1
 
     def add(entry: Entry) -> int:
@@ -573,6 +578,12 @@ def timeline_sections(run: Run) -> list[Section]:
             open_spans = {}
         elif isinstance(event, StepLaunched):
             launched[event.seq] = event
+            if run.scenario.step(event.step).sleep is not None:  # its row when it starts: others act during it
+                paused[event.seq] = section.entries[
+                    add(Entry("step", event.session, event.seq, event.step, event.sql, _note(run, event.step)))
+                ]
+        elif isinstance(event, StepFinished) and event.seq in paused:
+            paused[event.seq].outcome = event.outcome
         elif isinstance(event, StepWaiting):
             step = launched[event.seq]
             index = add(

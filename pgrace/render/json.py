@@ -53,7 +53,13 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "params": {k: to_json_value(v) for k, v in scenario.params},
         "steps": [_step(s) for s in run.step_runs()],
         "sessions_lost": [
-            {"session": e.session, "at_step": e.during_seq, "sqlstate": e.sqlstate, "message": e.message}
+            {
+                "session": e.session,
+                "at_step": e.during_seq,
+                "sqlstate": e.sqlstate,
+                "message": e.message,
+                "idle": e.idle,
+            }
             for e in run.sessions_lost()
         ],
         "final": [
@@ -117,7 +123,13 @@ def _release(release: Release | None) -> dict[str, Any] | None:
     """What ended the step's wait: the same fact the text and pictures tell."""
     if release is None:
         return None
-    return {"cause": release.cause, "step": release.seq, "session": release.session, "failed": release.failed}
+    return {
+        "cause": release.cause,
+        "step": release.seq,
+        "session": release.session,
+        "failed": release.failed,
+        "reason": release.reason,
+    }
 
 
 def _result(outcome: Outcome | None) -> dict[str, Any]:

@@ -96,6 +96,7 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
     """Fold the events into table rows, one table per permutation."""
     tables: list[tuple[str, list[Row]]] = []
     launched: dict[int, StepLaunched] = {}
+    paused: set[int] = set()  # sleep steps, shown when they start
     rows: list[Row] = []
     last_locks: tuple[RowLock, ...] | None = ()
     predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
@@ -109,6 +110,12 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             predicate = ()
         elif isinstance(event, StepLaunched):
             launched[event.seq] = event
+            if run.scenario.step(event.step).sleep is not None:  # its row when it starts: others act during it
+                rows.append(Row(str(event.seq), event.session, _sql_lines(run, event)))
+                paused.add(event.seq)
+        elif isinstance(event, StepFinished) and event.seq in paused:
+            if lines := outcome_lines(event.outcome):
+                rows.append(Row("", launched[event.seq].session, lines))
         elif isinstance(event, StepWaiting):
             step = launched[event.seq]
             lines = _sql_lines(run, step) + [describe_wait(w) for w in event.waits]
