@@ -120,3 +120,17 @@ def test_check_of_a_directory_reports_an_invalid_file_and_runs_the_rest(
     assert lines[-1] == "2 checks: 2 passed, 0 failed; 1 invalid file not run"
     xml = junit.read_text()
     assert 'tests="3" failures="0" errors="1"' in xml and '<error message="' in xml
+
+
+def test_a_step_outside_begin_commits_by_itself_as_the_readme_says(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    """The README's rule: outside BEGIN each step is its own transaction, its locks gone when it is done."""
+    path = tmp_path / "autocommit.toml"
+    path.write_text(
+        'setup = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)"\n'
+        'sessions = ["a", "b"]\n[[step]]\nsession = "a"\nsql = "UPDATE t SET v = 1 WHERE id = 1"\n'
+        '[[step]]\nsession = "b"\nsql = "UPDATE t SET v = 2 WHERE id = 1"\nexpect = { waits = false }\n'
+    )
+    result = CliRunner().invoke(main, ["run", str(path), "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 0, result.output
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "**A step outside `BEGIN` runs in autocommit**" in readme
