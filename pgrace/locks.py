@@ -48,9 +48,10 @@ SELECT l.pid, l.locktype, l.mode, l.granted, l.database, l.relation,
        coalesce(i.indisunique OR i.indisexclusion, false) AS unique_index,
        l.page, l.tuple, l.virtualxid, l.transactionid::text AS xid, l.classid, l.objid, l.objsubid
 FROM pg_catalog.pg_locks l
-LEFT JOIN pg_catalog.pg_class c
+LEFT JOIN pg_catalog.pg_class c  -- this database's relations, and the shared catalogs (database 0: pg_database)
        ON c.oid = l.relation
-      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+      AND (l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+           OR (l.database = 0 AND c.relisshared))
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
 WHERE l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
@@ -104,6 +105,23 @@ CONFLICTS: dict[str, frozenset[str]] = {
     wanted: frozenset(held for held, mark in zip(LOCK_MODES, line.split(), strict=True) if mark == "X")
     for wanted, line in zip(LOCK_MODES, _CONFLICT_TABLE.strip().splitlines(), strict=True)
 }
+
+
+#: Row-lock strengths, weakest first (pgrowlocks says "No Key Update" and "Update" for an UPDATE's).
+ROW_STRENGTHS = ("FOR KEY SHARE", "FOR SHARE", "FOR NO KEY UPDATE", "FOR UPDATE")
+
+#: The manual's Table 13.3: a requested row-lock strength -> the held ones it waits for (pgrace's one copy).
+ROW_CONFLICTS: dict[str, frozenset[str]] = {
+    "FOR KEY SHARE": frozenset({"FOR UPDATE"}),
+    "FOR SHARE": frozenset({"FOR NO KEY UPDATE", "FOR UPDATE"}),
+    "FOR NO KEY UPDATE": frozenset({"FOR SHARE", "FOR NO KEY UPDATE", "FOR UPDATE"}),
+    "FOR UPDATE": frozenset(ROW_STRENGTHS),
+}
+
+
+def _rows_conflict(wanted: str, held: str) -> bool:
+    strength = {"NO KEY UPDATE": "FOR NO KEY UPDATE", "UPDATE": "FOR UPDATE"}.get(held, held)
+    return strength in ROW_CONFLICTS.get(wanted, frozenset(ROW_STRENGTHS))
 
 
 def conflicts(wanted: str, held: str) -> bool:
@@ -491,6 +509,9 @@ class LockInspector:
             queued_behind = tuple(b for b in blocked_by if b != holder)
         holder_mode = self._holder_mode(table, ctid, holder) if table and holder else None
         me = self.name_of(pid)
+        if table is not None and via_xid is not None:  # a row several share: the server waits for each in turn
+            sharers = self._row_sharers(table, ctid, strength, me)
+            blocked_by = (*blocked_by, *(s for s in sharers if s not in blocked_by))
         chain = [
             Blocker(me, ahead, "queued", _strength_of(locks, self.sessions, ahead, tuple_lock), strength)
             for ahead in queued_behind
@@ -520,6 +541,20 @@ class LockInspector:
                     if holder is not None:
                         return holder
         return ahead[0] if ahead else None
+
+    def _row_sharers(self, table: Table, ctid: str, wanted: str, waiter: str) -> list[str]:
+        """The sessions holding the row in a mode that conflicts with ``wanted``: all of them must end.
+
+        A row that several transactions lock together (FOR SHARE by four readers: a multixact)
+        keeps an UPDATE waiting for each member in turn, while ``pg_blocking_pids`` names only
+        the one it waits for now.
+        """
+        snapshot = self._table_locks(table) or []
+        found: list[str] = []
+        for lock in snapshot:
+            if lock.ctid == ctid and lock.session not in (waiter, *found) and _rows_conflict(wanted, lock.mode):
+                found.append(lock.session)
+        return found
 
     def _holder_mode(self, table: Table, ctid: str, holder: str) -> str | None:
         snapshot = self._table_locks(table)

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from pgrace.locks import CONFLICTS
+from pgrace.locks import CONFLICTS, ROW_CONFLICTS, ROW_STRENGTHS
 from pgrace.model import LOCK_MODES, PermutationStep, Scenario, Session, Step
 from pgrace.runner import RunOptions, run_scenario
 from pgrace.servers import ServerInfo
@@ -29,15 +29,10 @@ from pgrace.timeline import Run, StepRun
 
 __all__ = ["DOCUMENTED_ROW_CONFLICTS", "DOCUMENTED_TABLE_CONFLICTS", "Matrix", "MatrixTable", "measure"]
 
-ROW_LOCK_MODES = ("FOR KEY SHARE", "FOR SHARE", "FOR NO KEY UPDATE", "FOR UPDATE")
+ROW_LOCK_MODES = ROW_STRENGTHS
 
-# Table 13.3: requested mode -> the current (held) modes it conflicts with.
-DOCUMENTED_ROW_CONFLICTS: dict[str, frozenset[str]] = {
-    "FOR KEY SHARE": frozenset({"FOR UPDATE"}),
-    "FOR SHARE": frozenset({"FOR NO KEY UPDATE", "FOR UPDATE"}),
-    "FOR NO KEY UPDATE": frozenset({"FOR SHARE", "FOR NO KEY UPDATE", "FOR UPDATE"}),
-    "FOR UPDATE": frozenset(ROW_LOCK_MODES),
-}
+# Table 13.3: requested mode -> the current (held) modes it conflicts with; pgrace's one copy is locks.ROW_CONFLICTS.
+DOCUMENTED_ROW_CONFLICTS: dict[str, frozenset[str]] = ROW_CONFLICTS
 
 TABLE_LOCK_MODES = (
     "ACCESS SHARE",

@@ -134,3 +134,24 @@ def test_a_step_outside_begin_commits_by_itself_as_the_readme_says(tmp_path: Pat
     assert result.exit_code == 0, result.output
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "**A step outside `BEGIN` runs in autocommit**" in readme
+
+
+def test_a_wait_on_a_shared_catalogs_row_is_named_by_its_table(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    """PostgreSQL's intra-grant-inplace-db: VACUUM (FREEZE) waits on GRANT's pg_database row (a shared catalog,
+    database 0 in pg_locks). The wait was seen, but its row read "None ctid (0,4)"."""
+    spec = tmp_path / "intra-grant-inplace-db.spec"
+    spec.write_text(
+        "setup { CREATE ROLE regress_temp_grantee; }\n"
+        "teardown { REVOKE ALL ON DATABASE isolation_regression FROM regress_temp_grantee;"
+        " DROP ROLE regress_temp_grantee; }\n"
+        "session s1\nsetup { SET deadlock_timeout = '10s'; }\nstep b1 { BEGIN; }\n"
+        "step grant1 { GRANT TEMP ON DATABASE isolation_regression TO regress_temp_grantee; }\nstep c1 { COMMIT; }\n"
+        "session s2\nstep vac2 { VACUUM (FREEZE); }\n"
+        "permutation b1 grant1 vac2(c1) c1\n"
+    )
+    common = [str(spec), "--superuser", "--database-name", "isolation_regression"]
+    isolation = CliRunner().invoke(main, ["run", *common, "-f", "isolation"])
+    assert "step vac2: VACUUM (FREEZE); <waiting ...>" in isolation.stdout, isolation.output
+    text = CliRunner().invoke(main, ["run", *common, "--width", "300"])
+    assert "⏳ waits for s1 on row pg_database ctid (" in text.stdout, text.output
+    assert "None" not in text.stdout

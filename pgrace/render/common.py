@@ -119,7 +119,7 @@ def shorten_sql(sql: str, limit: int) -> str:
 def wait_target(wait: Wait) -> str:
     """What the step waits on, as a person names it: a row by key, a table, a lock."""
     if wait.kind == "row":
-        return str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
+        return str(wait.row) if wait.row else _unkeyed_row(wait)
     if wait.kind == "relation":  # a table created in a transaction not committed yet has no name to read
         return f"table {wait.table}" if wait.table else "a table not visible yet"
     if wait.kind == "advisory":
@@ -129,6 +129,11 @@ def wait_target(wait: Wait) -> str:
     if wait.kind == "speculative":
         return "its insertion"
     return f"a {wait.lock_type} lock"
+
+
+def _unkeyed_row(wait: Wait) -> str:
+    """A row pgrace cannot name by key (a catalog's, a table without a primary key): its table and ctid."""
+    return f"{wait.table or 'a table not visible yet'} ctid {wait.ctid}"
 
 
 def wait_holder(wait: Wait) -> str:
@@ -202,7 +207,7 @@ def describe_wait(wait: Wait) -> str:
     """The long form the text timeline prints, with lock modes, queues and chains."""
     who = ", ".join(wait.blocked_by) or "another backend"
     if wait.kind == "row":
-        row = str(wait.row) if wait.row else f"{wait.table} ctid {wait.ctid}"
+        row = str(wait.row) if wait.row else _unkeyed_row(wait)
         text = f"⏳ waits for {who} on row {row}"
         if wait.mode:
             text += f" (wants {wait.mode}"

@@ -56,6 +56,7 @@ DEFAULT_LANE_WIDTH = 300
 GUTTER = 48
 LANE_GAP = 16
 LOCK_COLUMN = 112
+MAX_LOCK_COLUMNS = 8  # locked rows drawn as columns; the others are counted in the caption
 PAD = 20
 HEADER_H = 40
 ROW_GAP = 10
@@ -244,20 +245,26 @@ def _draw_section(
     if section.heading:
         canvas.text(PAD, y + 16, section.heading, size=14, weight="bold", fill=MUTED)
         y += 28
-    # lane headers (and the lock grid's column labels)
+    # lane headers (and the lock grid's column labels, wrapped: a row's name is never cut)
+    labels = [_wrap(row, LOCK_COLUMN - 14, 11, "bold") for row in geo.locked] if geo.show_locks else []
+    header_h = max([HEADER_H, *(16 + 13 * len(lines) for lines in labels)])
     for name in geo.sessions:
         x = geo.lane_x(name)
         canvas.add(f'<g class="lane-head" data-session={quoteattr(name)}>')
-        canvas.rect(x, y, geo.lane_width, HEADER_H - 6, rx=6, fill=colours[name].strong)
+        canvas.rect(x, y, geo.lane_width, header_h - 6, rx=6, fill=colours[name].strong)
         canvas.text(x + geo.lane_width / 2, y + 23, name, size=16, weight="bold", fill="#ffffff", anchor="middle")
         canvas.add("</g>")
     if geo.show_locks and geo.locked:
         canvas.text(geo.grid_x, y - 6, geo.locks_title, size=11.5, weight="bold", fill=MUTED)
-        for i, row in enumerate(geo.locked):
+        for i, lines in enumerate(labels):
             cx = geo.grid_x + i * LOCK_COLUMN
-            canvas.rect(cx, y, LOCK_COLUMN - 6, HEADER_H - 6, rx=4, fill="#e5e7eb")
-            canvas.text(cx + (LOCK_COLUMN - 6) / 2, y + 22, shorten(row, 15), size=12, weight="bold", anchor="middle")
-    y += HEADER_H
+            canvas.rect(cx, y, LOCK_COLUMN - 6, header_h - 6, rx=4, fill="#e5e7eb")
+            top = y + (header_h - 6) / 2 - 13 * len(lines) / 2 + 10
+            for number, line in enumerate(lines):
+                canvas.text(
+                    cx + (LOCK_COLUMN - 6) / 2, top + 13 * number, line, size=11, weight="bold", anchor="middle"
+                )
+    y += header_h
     lanes_top = y
     geo.rows = []
     for entry in section.entries:
@@ -397,16 +404,18 @@ def _draw_holder_badge(
 ) -> None:
     hx = geo.lane_x(holder)
     room = geo.lane_width - BADGE_X - 8
-    label = shorten(label, _chars(room - 26, 12, "bold"))
-    bw = min(room, len(label) * 12 * CHAR_EM["bold"] + 30)
-    by = band_y + band_h / 2 - 13
+    lines = _wrap(label, room - 30, 12, "bold")  # wrapped, never cut: the whole fact is the point
+    bw = min(room, max(len(line) for line in lines) * 12 * CHAR_EM["bold"] + 30)
+    bh = 26 + 15 * (len(lines) - 1)
+    by = band_y + band_h / 2 - bh / 2
     waiter_right = geo.lane_x(span.session) > hx
     bx = hx + BADGE_X if waiter_right else hx + geo.lane_width - 8 - bw
     colour = colours[holder]
     canvas.add(f'<g class="holder" data-session={quoteattr(holder)}>')
-    canvas.rect(bx, by, bw, 26, rx=13, fill=colour.light, stroke=colour.strong, stroke_width=2)
+    canvas.rect(bx, by, bw, bh, rx=13, fill=colour.light, stroke=colour.strong, stroke_width=2)
     _padlock(canvas, bx + 9, by + 5, colour.strong)
-    canvas.text(bx + 26, by + 17.5, label, size=12, weight="bold", fill=colour.strong)
+    for number, line in enumerate(lines):
+        canvas.text(bx + 26, by + 17.5 + 15 * number, line, size=12, weight="bold", fill=colour.strong)
     canvas.add("</g>")
     start = geo.lane_x(span.session) + (6 if waiter_right else geo.lane_width - 6)
     end = bx + bw + 3 if waiter_right else bx - 3
@@ -477,24 +486,7 @@ def _draw_lock_grid(canvas: Canvas, section: Section, geo: Geometry, colours: di
             elif not holders:
                 canvas.rect(cx, y, cell, height, fill="#f3f4f6")
             else:
-                colour = colours.get(holders[0][0])
-                canvas.rect(
-                    cx,
-                    y + 1,
-                    cell,
-                    height - 1,
-                    fill=colour.strong if colour else MUTED,
-                    class_="lock",
-                    data_row=row,
-                    data_session=holders[0][0],
-                    data_mode=holders[0][1],
-                    data_entries=f"{first}-{last}",
-                )
-                ty = y + 17
-                for session, mode in holders[:2]:
-                    canvas.text(cx + 8, ty, session, size=12, weight="bold", fill="#ffffff")
-                    canvas.text(cx + 8, ty + 14, mode, size=11, fill="#ffffff")
-                    ty += 30
+                _draw_lock_cell(canvas, cx, y, cell, height, row, holders, colours, f"{first}-{last}")
     for span in section.spans:
         end = tops[span.end] if span.end is not None else tops[-1]
         for wait in span.waits:
@@ -518,9 +510,59 @@ def _draw_lock_grid(canvas: Canvas, section: Section, geo: Geometry, colours: di
     canvas.add("</g>")
 
 
+def _draw_lock_cell(
+    canvas: Canvas,
+    x: float,
+    y: float,
+    width: float,
+    height: float,
+    row: str,
+    holders: tuple[tuple[str, str], ...],
+    colours: dict[str, SessionColour],
+    entries: str,
+) -> None:
+    """A stripe per holder in its session's colour; as many labels as fit, then "+N more", never a fact cut.
+
+    Every holder is in the cell's tooltip (``<title>``), which a browser shows on hover.
+    """
+    stripe = width / len(holders)
+    listed = "; ".join(f"{session} {mode}" for session, mode in holders)
+    canvas.add(f"<g class={quoteattr('lock-cell')} data-row={quoteattr(row)} data-holders={quoteattr(listed)}>")
+    canvas.add(f"<title>{escape(f'{row}: {listed}')}</title>")
+    for number, (session, mode) in enumerate(holders):
+        colour = colours.get(session)
+        canvas.rect(
+            x + number * stripe,
+            y + 1,
+            stripe,
+            height - 1,
+            fill=colour.strong if colour else MUTED,
+            class_="lock",
+            data_row=row,
+            data_session=session,
+            data_mode=mode,
+            data_entries=entries,
+        )
+    room = max(1, int((height - 6) // 30))
+    shown = holders if len(holders) <= room else holders[: room - 1]
+    ty = y + 17
+    for session, mode in shown:
+        for text, size, weight in ((session, 12.0, "bold"), (mode, 11.0, "normal")):
+            fits = (width - 12) / max(1, len(text) * CHAR_EM["bold" if weight == "bold" else "sans"])
+            canvas.text(x + 6, ty, text, size=min(size, max(7.0, fits)), weight=weight, fill="#ffffff")
+            ty += 14
+        ty += 2
+    if len(shown) < len(holders):
+        canvas.text(x + 6, ty, f"+{len(holders) - len(shown)} more", size=11, weight="bold", fill="#ffffff")
+    canvas.add("</g>")
+
+
 def _geometry(run: Run, section: Section, lane_width: int) -> Geometry:
     locked = section.locked_rows()
-    return Geometry(run.scenario.session_names, lane_width, locked[:8], run.row_locks_available, locks_heading(run))
+    title = locks_heading(run)
+    if len(locked) > MAX_LOCK_COLUMNS:  # said, not dropped in silence
+        title += f" (+{len(locked) - MAX_LOCK_COLUMNS} more rows: the JSON lists every lock)"
+    return Geometry(run.scenario.session_names, lane_width, locked[:MAX_LOCK_COLUMNS], run.row_locks_available, title)
 
 
 def lane_width_for(sessions: int, compact: bool = False) -> int:

@@ -1,0 +1,103 @@
+"""Pictures never drop a lock: every holder of a row in its own colour, and no label cut short.
+
+Four readers share one row (FOR SHARE each). The SVG's cell for that row is four stripes,
+each in its holder's session colour, with as many labels as fit and "+N more" for the rest;
+its tooltip lists them all. Before, a cell showed two holders and was painted in the first
+holder's colour. A holder badge's label is wrapped, never ended with "…".
+"""
+
+from __future__ import annotations
+
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.pytest_plugin import RunScenario
+from pgrace.render.common import PALETTE
+from pgrace.render.html import render_html
+from pgrace.render.svg import render_svg
+from pgrace.timeline import Run
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+READERS = """
+setup = "CREATE TABLE customers_with_a_long_table_name (id int PRIMARY KEY, name text); INSERT INTO customers_with_a_long_table_name VALUES (1, 'ada')"
+sessions = ["r1", "r2", "r3", "r4", "writer"]
+[[step]]
+session = "r1"
+sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
+[[step]]
+session = "r2"
+sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
+[[step]]
+session = "r3"
+sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
+[[step]]
+session = "r4"
+sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
+[[step]]
+name = "write"
+session = "writer"
+sql = "UPDATE customers_with_a_long_table_name SET name = 'grace' WHERE id = 1"
+[[step]]
+session = "r1"
+sql = "COMMIT"
+[[step]]
+session = "r2"
+sql = "COMMIT"
+[[step]]
+session = "r3"
+sql = "COMMIT"
+[[step]]
+session = "r4"
+sql = "COMMIT"
+"""
+
+
+@pytest.fixture(scope="module")
+def run(pgrace_server: object) -> Run:
+    from pgrace import api
+
+    return api.run(parse_toml_scenario(textwrap.dedent(READERS), "readers.toml"))
+
+
+def cells(svg: str) -> list[ET.Element]:
+    root = ET.fromstring(svg)
+    return [g for g in root.iter(f"{SVG}g") if g.get("class") == "lock-cell"]
+
+
+def test_a_cell_held_by_four_sessions_shows_four_stripes_in_their_colours(run: Run) -> None:
+    four = [g for g in cells(render_svg(run)) if g.get("data-holders", "").count(";") == 3]
+    assert four, "no cell holds all four readers"
+    cell = four[0]
+    stripes = [r for r in cell.iter(f"{SVG}rect") if r.get("class") == "lock"]
+    assert [r.get("data-session") for r in stripes] == ["r1", "r2", "r3", "r4"]
+    assert [r.get("fill") for r in stripes] == [PALETTE[i].strong for i in range(4)]
+    title = cell.find(f"{SVG}title")
+    assert title is not None and title.text is not None
+    assert all(f"r{i} FOR SHARE" in title.text for i in range(1, 5))
+    labels = [t.text for t in cell.iter(f"{SVG}text")]
+    shown = [name for name in labels if name in ("r1", "r2", "r3", "r4")]
+    more = [t for t in labels if t and t.startswith("+")]
+    assert len(shown) + (int(more[0][1:].split()[0]) if more else 0) == 4, labels
+
+
+def test_no_label_in_the_picture_is_cut_short(run: Run) -> None:
+    texts = [t.text or "" for t in ET.fromstring(render_svg(run)).iter(f"{SVG}text")]
+    assert not any(t.endswith("…") for t in texts), [t for t in texts if t.endswith("…")]
+
+
+def test_the_html_page_carries_the_same_cells(run: Run) -> None:
+    page = render_html(run)
+    assert page.count('class="lock-cell"') == render_svg(run).count('class="lock-cell"') > 0
+
+
+def test_an_update_of_a_row_four_readers_share_waits_for_all_and_resumes_after_the_last(run: Run) -> None:
+    """The server waits for each member of the row's multixact in turn; pg_blocking_pids names one at a time.
+    The timeline said "waits for r1 … resumes after r1's COMMIT (step 6)"; the UPDATE went on at r4's (step 9)."""
+    write = next(s for s in run.step_runs() if s.step == "write")
+    [wait] = write.waits
+    assert wait.blocked_by == ("r1", "r2", "r3", "r4")
+    assert write.release is not None and (write.release.session, write.release.seq) == ("r4", 9)
