@@ -14,7 +14,6 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.pytest_plugin import RunScenario
 from pgrace.render.common import PALETTE
 from pgrace.render.html import render_html
 from pgrace.render.svg import render_svg
