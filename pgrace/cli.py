@@ -394,7 +394,8 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     """Show a scenario's story and steps without running it."""
     from pgrace import catalog
 
-    chosen = without_controls(_variant(catalog.load(scenario, _params(params)), fix, bug))
+    loaded = catalog.load(scenario, _params(params))
+    chosen = without_controls(_variant(loaded, fix, bug))
     click.echo(f"{chosen.name} ({chosen.variant}): {chosen.title}")
     click.echo(f"source: {chosen.source}")
     if chosen.topic or chosen.tags:
@@ -406,6 +407,11 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
         click.echo("")
         click.echo(chosen.narrative)
     click.echo("")
+    if chosen.changes:  # only the variant built over the file's first one has any
+        click.echo(f"what the {chosen.variant} changes in the {loaded.variant}:")
+        for change in chosen.changes:
+            click.echo(f"  {change}")
+        click.echo("")
     click.echo(f"sessions: {', '.join(chosen.session_names)}")
     for index, permutation in enumerate(chosen.permutations):
         if len(chosen.permutations) > 1:

@@ -243,6 +243,7 @@ class Scenario:
     load: Load | None = None  # the [load] section, resolved against this variant's steps
     topic: str = ""  # what the story is about ("job queue", "money"): `pgrace list` groups by it
     tags: tuple[str, ...] = ()  # words to find it by (`pgrace list --tag skip-locked`)
+    changes: tuple[str, ...] = ()  # what this variant changes in the file's first one, for `pgrace show`
 
     @property
     def session_names(self) -> list[str]:

@@ -67,7 +67,8 @@ TOPIC = re.compile(r"^[a-z0-9-]+( [a-z0-9-]+)*\Z")
 TAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*\Z")
 MAX_LABEL = 40
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
-VARIANT_KEYS = {"title", "narrative", "step", "check", "setup", "load"}
+VARIANT_KEYS = {"title", "narrative", "step", "insert", "drop", "check", "setup", "load"}
+ANCHORS = ("after", "before")  # where an inserted step goes: next to a step of the base list
 EXPECT_KEYS = {
     "waits",
     "waits_for",
@@ -803,6 +804,16 @@ class Builder:
             )
         else:
             steps = list(main.steps)
+        if isinstance(raw.get("step"), list) and ("insert" in raw or "drop" in raw):
+            raise self.loc.error(
+                f"[[{variant}.step]] replaces the whole step list; {variant}.insert and {variant}.drop change the"
+                " base list: use one or the other",
+                variant,
+                "insert" if "insert" in raw else "drop",
+            )
+        changes = [f"step {base}: {', '.join(sorted(change))} changed" for base, change in overrides.items()]
+        if isinstance(raw.get("step"), list):
+            changes.append(f"its own list of {len(steps)} steps")
         bases = {_base_name(s.name) for s in main.steps} | {s.name for s in main.steps}
         for base, change in overrides.items():
             where = (variant, "step", base)
@@ -836,11 +847,14 @@ class Builder:
                 if "expect" in change:
                     fields["expect"] = self._expect(change["expect"], [s.name for s in sessions], (*where, "expect"))
                 steps[i] = replace(step, **fields)
+        steps = self._dropped(steps, raw.get("drop"), variant, changes)
+        steps = self._inserted(steps, raw.get("insert"), variant, sessions, groups, changes)
         checks = self._checks(raw["check"], (variant, "check")) if "check" in raw else main.checks
         setup = self._sql_list(raw["setup"], variant, "setup") if "setup" in raw else main.setup
         return replace(
             main,
             variant=variant,
+            changes=tuple(changes),
             title=self._str(raw.get("title", main.title), variant, "title"),
             narrative=self._str(raw.get("narrative", main.narrative), variant, "narrative").strip(),
             steps=tuple(steps),
@@ -848,6 +862,77 @@ class Builder:
             checks=checks,
             setup=setup,
         )
+
+    def _dropped(self, steps: list[Step], raw: Any, variant: str, changes: list[str]) -> list[Step]:
+        """``fix.drop = ["NAME", ...]``: the base list without these steps (a group step: every member's)."""
+        if raw is None:
+            return steps
+        if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
+            raise self.loc.error(f'{variant}.drop is a list of step names, e.g. ["bob-read"]', variant, "drop")
+        for name in raw:
+            kept = [s for s in steps if s.name != name and _base_name(s.name) != name]
+            if len(kept) == len(steps):
+                known = {s.name for s in steps} | {_base_name(s.name) for s in steps}
+                raise self.loc.error(
+                    f"{variant}.drop names no step {name!r}{did_you_mean(name, known)}", variant, "drop"
+                )
+            steps = kept
+            changes.append(f"step {name} dropped")
+        if not steps:
+            raise self.loc.error(f"{variant}.drop leaves no step to run", variant, "drop")
+        return steps
+
+    def _inserted(
+        self,
+        steps: list[Step],
+        raw: Any,
+        variant: str,
+        sessions: tuple[Session, ...],
+        groups: dict[str, list[str]],
+        changes: list[str],
+    ) -> list[Step]:
+        """``[[fix.insert]]`` tables: a named step put ``after`` or ``before`` a step of the base list."""
+        if raw is None:
+            return steps
+        if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+            raise self.loc.error(f"[[{variant}.insert]] tables each add one step", variant, "insert")
+        anchors: list[tuple[str, str]] = []
+        bare: list[dict[str, Any]] = []
+        for index, item in enumerate(raw):
+            where = (variant, "insert", index)
+            given = [key for key in ANCHORS if key in item]
+            if len(given) != 1 or not isinstance(item[given[0]], str):
+                raise self.loc.error(
+                    'an inserted step says where it goes: after = "NAME" or before = "NAME", one of them', *where
+                )
+            if "name" not in item:
+                raise self.loc.error(
+                    "an inserted step needs a name: expectations and the timeline tell it by it", *where
+                )
+            anchors.append((given[0], item[given[0]]))
+            bare.append({k: v for k, v in item.items() if k not in ANCHORS})
+        made = self._steps(bare, sessions, groups, (variant, "insert"))
+        for index, ((side, anchor), item) in enumerate(zip(anchors, bare, strict=True)):
+            at = [i for i, s in enumerate(steps) if s.name == anchor or _base_name(s.name) == anchor]
+            if not at:
+                known = {s.name for s in steps} | {_base_name(s.name) for s in steps}
+                raise self.loc.error(
+                    f"[[{variant}.insert]] goes {side} {anchor!r}, which is no step{did_you_mean(anchor, known)}",
+                    variant,
+                    "insert",
+                    index,
+                    side,
+                )
+            new = [s for s in made if s.name == item["name"] or _base_name(s.name) == item["name"]]
+            clash = next((s.name for s in new if any(s.name == t.name for t in steps)), None)
+            if clash is not None:
+                raise self.loc.error(
+                    f"inserted step {clash!r} has the name of a step the list has", variant, "insert", index, "name"
+                )
+            position = at[-1] + 1 if side == "after" else at[0]
+            steps[position:position] = new
+            changes.append(f"step {item['name']} inserted {side} {anchor}")
+        return steps
 
     def _check_variables(self, scenario: Scenario) -> None:
         """Every ``:name`` must be a param or a capture made earlier in the file; ``:s.name`` names session s.
