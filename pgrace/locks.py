@@ -124,6 +124,25 @@ def _rows_conflict(wanted: str, held: str) -> bool:
     return strength in ROW_CONFLICTS.get(wanted, frozenset(ROW_STRENGTHS))
 
 
+def _row_sharers(row_locks: list[RowLock], ctid: str, wanted: str, waiter: str) -> list[str]:
+    """The sessions holding the row in a mode that conflicts with ``wanted``: all of them must end.
+
+    A row that several transactions lock together (FOR SHARE by four readers: a multixact)
+    keeps an UPDATE waiting for each member in turn, while ``pg_blocking_pids`` names only
+    the one it waits for now.
+    """
+    found: list[str] = []
+    for lock in row_locks:
+        if lock.ctid == ctid and lock.session not in (waiter, *found) and _rows_conflict(wanted, lock.mode):
+            found.append(lock.session)
+    return found
+
+
+def _holder_mode(row_locks: list[RowLock], ctid: str, holder: str) -> str | None:
+    modes = [lock.mode for lock in row_locks if lock.ctid == ctid and lock.session == holder]
+    return modes[0] if modes else None
+
+
 def conflicts(wanted: str, held: str) -> bool:
     """Whether a lock requested in mode ``wanted`` must wait for one held (or queued) in ``held``."""
     return held in CONFLICTS.get(wanted, frozenset())
@@ -507,10 +526,11 @@ class LockInspector:
             # ahead of us are waiting for.
             holder = self._row_holder(locks, blocked_by)
             queued_behind = tuple(b for b in blocked_by if b != holder)
-        holder_mode = self._holder_mode(table, ctid, holder) if table and holder else None
+        row_locks = (self._table_locks(table) or []) if table else []  # one pgrowlocks scan for this wait
+        holder_mode = _holder_mode(row_locks, ctid, holder) if holder else None
         me = self.name_of(pid)
-        if table is not None and via_xid is not None:  # a row several share: the server waits for each in turn
-            sharers = self._row_sharers(table, ctid, strength, me)
+        if via_xid is not None:  # a row several share: the server waits for each in turn
+            sharers = _row_sharers(row_locks, ctid, strength, me)
             blocked_by = (*blocked_by, *(s for s in sharers if s not in blocked_by))
         chain = [
             Blocker(me, ahead, "queued", _strength_of(locks, self.sessions, ahead, tuple_lock), strength)
@@ -541,27 +561,6 @@ class LockInspector:
                     if holder is not None:
                         return holder
         return ahead[0] if ahead else None
-
-    def _row_sharers(self, table: Table, ctid: str, wanted: str, waiter: str) -> list[str]:
-        """The sessions holding the row in a mode that conflicts with ``wanted``: all of them must end.
-
-        A row that several transactions lock together (FOR SHARE by four readers: a multixact)
-        keeps an UPDATE waiting for each member in turn, while ``pg_blocking_pids`` names only
-        the one it waits for now.
-        """
-        snapshot = self._table_locks(table) or []
-        found: list[str] = []
-        for lock in snapshot:
-            if lock.ctid == ctid and lock.session not in (waiter, *found) and _rows_conflict(wanted, lock.mode):
-                found.append(lock.session)
-        return found
-
-    def _holder_mode(self, table: Table, ctid: str, holder: str) -> str | None:
-        snapshot = self._table_locks(table)
-        if snapshot is None:
-            return None
-        modes = [lock.mode for lock in snapshot if lock.ctid == ctid and lock.session == holder]
-        return modes[0] if modes else None
 
     # -- other locks held, per session ------------------------------------------------------
 
