@@ -176,8 +176,8 @@ def wait_matches(wait: Wait, target: WaitTarget) -> bool:
         return wait.kind == "relation" and wait.table == target.table and target.mode in (None, wait.mode)
     if target.kind == "advisory":
         return wait.kind == "advisory" and wait.advisory is not None and wait.advisory.keys == target.advisory
-    if target.kind == "transaction":  # its xid, its virtual xid (CREATE INDEX CONCURRENTLY), its insertion's token
-        kinds = ("transaction", "virtualxid", "speculative")
+    if target.kind == "transaction":  # its xid (a row it holds too), its virtual xid, its insertion's token
+        kinds = ("transaction", "row", "virtualxid", "speculative")
         return wait.kind in kinds and target.session in (wait.holder, *wait.blocked_by)
     indexes = (
         wait.unique_indexes

@@ -75,7 +75,7 @@ class OutcomeClass:
         """The JSON shape; ``reproduces`` (a bug variant's: did the bug happen?) is null for a fix."""
         return {
             "ok": self.ok,
-            "reproduces": self.ok if variant == "bug" else None,
+            "reproduces": self.ok if variant == "bug" and self.final else None,  # no final check: nothing to say
             "count": self.count,
             "summary": self.summary,
             "errors": list(self.errors),
@@ -151,11 +151,14 @@ def switches(order: Sequence[str], scenario: Scenario) -> int:
     return sum(1 for a, b in itertools.pairwise(sessions) if a != b)
 
 
-def verdict_of(ok: bool, variant: str) -> tuple[str, bool]:
+def verdict_of(ok: bool, variant: str, checked: bool = True) -> tuple[str, bool]:
     """A class's checks as a reader takes them, and whether that is the bad news.
 
-    A bug variant's final checks describe the bug: when they hold, the bug happened.
+    A bug variant's final checks describe the bug: when they hold, the bug happened. Without
+    a final check there is nothing to say either way.
     """
+    if not checked:
+        return ("no checks", False)
     if variant == "bug":
         return ("reproduces the bug", True) if ok else ("does not reproduce", False)
     return ("holds", False) if ok else ("FAILS", True)

@@ -524,6 +524,18 @@ class Runner:
                     self._found_ended_idle(session)
             self._idle()
 
+    def _look_for_ended_idle(self) -> None:
+        """After each step: has the server ended a session that runs nothing (a readable idle socket)?"""
+        idle: dict[int, SessionConnection] = {}
+        for session in self.sessions.values():
+            if session.active is None and session.lost is None and session.ended is None:
+                with suppress(psycopg.OperationalError):
+                    idle[session.pgconn.socket] = session
+        if idle:
+            readable, _, _ = select.select(list(idle), [], [], 0)
+            for fd in readable:
+                self._found_ended_idle(idle[fd])
+
     def _found_ended_idle(self, session: SessionConnection) -> None:
         """A session with no statement running whose connection the server ended: noted now, with its reason.
 
@@ -538,7 +550,7 @@ class Runner:
         if session.pgconn.status != pq.ConnStatus.BAD and session.fatal is None:
             return
         error = session.fatal or SqlError("08006", "connection to the server was lost", "FATAL")
-        seq = session.active.seq if session.active is not None else session.last_seq
+        seq = session.active.seq if session.active is not None else max(self.last_done, session.last_seq)
         session.ended = SessionLost(session.name, error.message, error.sqlstate, self.recorder.now(), seq, idle=True)
         self.recorder.add(session.ended)  # when it was found, before what it released
 
@@ -811,6 +823,8 @@ class Runner:
         self.last_done = active.seq
         if active.lost is not None:
             self.recorder.add(active.lost)
+        if self.scenario.format == "pgrace":  # a spec keeps isolationtester's view: a loss shows at the next step
+            self._look_for_ended_idle()
         self._consume(session.pgconn)  # as isolationtester: read what arrived since the result
         while (notify := session.pgconn.notifies()) is not None:
             pid = notify.be_pid

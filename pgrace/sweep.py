@@ -56,6 +56,8 @@ class Sweep:
 
 def verdict(classes: Sequence[OutcomeClass], variant: str) -> str:
     """What a reader wants from a cell. A bug's checks describe the anomaly: they hold when it occurs."""
+    if classes and not any(c.final for c in classes):  # no final check: no anomaly is described
+        return "no checks"
     total = sum(c.count for c in classes)
     holding = sum(c.count for c in classes if c.ok)
     if variant != "bug":

@@ -95,29 +95,26 @@ IDLE_VICTIM = f"""
 
 
 def test_a_terminated_idle_session_is_lost_once_and_the_others_go_on(pgrace_run: RunScenario) -> None:
+    """a is idle when b terminates it: pgrace looks after b's step, records the loss with the server's reason,
+    and a's next step still meets the FATAL; the one after is not sent."""
     run = pgrace_run(scenario(IDLE_VICTIM))
     steps = by_name(run)
-    assert [(e.session, e.during_seq, e.sqlstate) for e in run.sessions_lost()] == [
-        ("a", steps["noticed"].seq, "57P01")
-    ]
+    kill = steps["kill"].seq
+    assert [(e.session, e.during_seq, e.sqlstate, e.idle) for e in run.sessions_lost()] == [("a", kill, "57P01", True)]
     assert error_of(steps["noticed"]) == ("FATAL", "57P01", "terminating connection due to administrator command")
-    assert error_of(steps["later"]) == (
-        "ERROR",
-        "08003",
-        f"not sent: session a's connection was lost at step {steps['noticed'].seq}",
-    )
+    assert error_of(steps["later"]) == ("ERROR", "08003", f"not sent: session a's connection was lost at step {kill}")
     # a's transaction died with it: b updates the row at once
     assert not steps["b-goes-on"].waited and steps["b-goes-on"].status == "ok"
     text = text_of(run)
-    assert text.count("⚡") == 1 and "⚡ a's connection is gone (57P01); its later steps are not sent" in flat(text)
+    assert text.count("⚡") == 1 and "⚡ the server ended a's connection (57P01: terminating" in flat(text)
     assert "XX000" not in text and "XX000" not in render_json(run)
     assert run_to_dict(run)["sessions_lost"] == [
         {
             "session": "a",
-            "at_step": steps["noticed"].seq,
+            "at_step": kill,
             "sqlstate": "57P01",
             "message": "terminating connection due to administrator command",
-            "idle": False,
+            "idle": True,
         }
     ]
 
@@ -191,10 +188,12 @@ def test_a_connection_that_breaks_without_a_word_is_08006_not_XX000(pgrace_serve
 
 def test_every_renderer_shows_a_lost_session(pgrace_run: RunScenario) -> None:
     run = pgrace_run(scenario(IDLE_VICTIM))
-    assert "connection is gone" in render_svg(run)
-    assert "connection is gone" in render_html(run)
-    assert "connection is gone" in render_markdown(run)
-    assert "connection is gone" in render_mermaid(run)
+    assert "the server ended a&#x27;s connection" in render_svg(run) or "the server ended a's connection" in render_svg(
+        run
+    )
+    assert "the server ended a" in render_html(run)
+    assert "the server ended a's connection" in render_markdown(run)
+    assert "the server ended a's connection" in render_mermaid(run)
     assert "terminating connection due to administrator command" in render_isolation(run)
     shown: list[str] = []
 
@@ -209,8 +208,10 @@ def test_every_renderer_shows_a_lost_session(pgrace_run: RunScenario) -> None:
     for event in run.events:
         presenter.on_event(event)
     presenter.finish(run)
-    assert "⚡ a's connection is gone" in "".join(shown)
-    assert "a's connection was lost during step 3 (57P01" in "".join(shown)
+    assert "⚡ the server ended a's connection" in "".join(shown)
+    assert "the server ended a's connection while it ran nothing, found after step 2 (57P01" in " ".join(
+        "".join(shown).split()
+    )
 
 
 def test_a_spec_session_lost_in_one_permutation_is_reconnected_for_the_next(pgrace_server: ServerInfo) -> None:

@@ -686,7 +686,7 @@ def story_facts(run: Run) -> list[str]:
     facts: list[str] = []
     by_seq = {s.seq: s for s in run.step_runs()}
     launched = _launched(run)
-    lost = {event.during_seq: event for event in run.sessions_lost()}
+    lost = {event.during_seq: event for event in run.sessions_lost() if not event.idle}
     for step in by_seq.values():
         who = f"{step.session}'s {step.step}"
         if step.waited:
@@ -711,6 +711,11 @@ def story_facts(run: Run) -> list[str]:
             if error.sqlstate == "40001":
                 fact += f" ({serialization_text(step.predicate_locks_at_error).removeprefix('⚑ ')})"
             facts.append(fact)
+    for gone in (event for event in run.sessions_lost() if event.idle):  # no step of its own carries it
+        facts.append(
+            f"the server ended {gone.session}'s connection while it ran nothing, found after step"
+            f" {gone.during_seq} ({gone.sqlstate}: {gone.message})"
+        )
     if not facts:
         facts.append("no step waited and none failed")
     return facts

@@ -13,6 +13,7 @@ the statement; ``#35;`` for ``#``; ``#lt;``/``#gt;`` so SQL comparisons are not 
 from __future__ import annotations
 
 import json
+import textwrap
 
 from pgrace.render.common import (
     Entry,
@@ -35,6 +36,12 @@ SERVER = "pg"
 def escape_text(text: str) -> str:
     """Text safe after a Mermaid ``:``: entity codes for the characters that mean syntax."""
     return "".join(ENTITIES.get(char, char) for char in " ".join(text.split()))
+
+
+def wrapped_text(text: str) -> str:
+    """A fact as Mermaid shows it in full: escaped, broken into lines of MAX_MESSAGE (``<br/>``), never cut."""
+    lines = textwrap.wrap(" ".join(text.split()), MAX_MESSAGE, break_on_hyphens=False) or [""]
+    return "<br/>".join(escape_text(line) for line in lines)
 
 
 def _rgb(hex_colour: str) -> str:
@@ -95,16 +102,15 @@ def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[st
         if entry.kind == "cancel":
             lines.append(f"{SERVER}--x{who}: {escape_text(f'⌛ {entry.step} {entry.text}')}")
         else:
-            text = shorten(f"↳ step {entry.seq} {entry.release_text}", MAX_MESSAGE)
-            lines.append(f"{SERVER}-->>{who}: {escape_text(text)}")
+            lines.append(f"{SERVER}-->>{who}: {wrapped_text(f'↳ step {entry.seq} {entry.release_text}')}")
     elif entry.kind == "lost":
-        lines.append(f"{SERVER}--x{who}: {escape_text(shorten(entry.text, MAX_MESSAGE))}")
+        lines.append(f"{SERVER}--x{who}: {wrapped_text(entry.text)}")
     else:
         lines.append(f"{SERVER}--){who}: {escape_text(shorten(entry.text, MAX_MESSAGE))}")
     if entry.outcome is not None:
         for text in entry.outcome_lines():
             if text.startswith("✗"):
-                lines.append(f"{SERVER}--x{who}: {escape_text(shorten(text.replace('ERROR ', ''), MAX_MESSAGE))}")
+                lines.append(f"{SERVER}--x{who}: {wrapped_text(text.replace('ERROR ', ''))}")
             else:
                 lines.append(f"{SERVER}-->>{who}: {escape_text(shorten(text.removeprefix('→ '), MAX_MESSAGE))}")
     return lines

@@ -62,7 +62,7 @@ def _space_line(exploration: Exploration) -> str:
 def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str:
     exploration, scenario = without_controls(exploration), without_controls(scenario)
     rows = [
-        [number, c.count, verdict_of(c.ok, exploration.variant)[0], c.waits, c.summary]
+        [number, c.count, verdict_of(c.ok, exploration.variant, bool(scenario.checks))[0], c.waits, c.summary]
         for number, c in enumerate(exploration.classes, 1)
     ]
     lines = [f"{exploration.scenario} ({exploration.variant}): {_space_line(exploration)}", ""]
@@ -90,7 +90,7 @@ def render_exploration_markdown(exploration: Exploration, scenario: Scenario) ->
         "|---:|---:|:---|---:|:---|:---|",
     ]
     for number, c in enumerate(exploration.classes, 1):
-        said, bad = verdict_of(c.ok, exploration.variant)
+        said, bad = verdict_of(c.ok, exploration.variant, bool(scenario.checks))
         lines.append(
             f"| {number} | {c.count} | {f'**{said}**' if bad else said} | {c.waits} | {_md(c.summary)} "
             f"| {_md(example_text(scenario, c.example))} |"
@@ -130,7 +130,7 @@ def _classes_html(
     ]
     for number, c in enumerate(classes, 1):
         link = f"{anchor}-{number}"
-        said, bad = verdict_of(c.ok, scenario.variant)
+        said, bad = verdict_of(c.ok, scenario.variant, bool(scenario.checks))
         parts.append(
             f'<tr class="{"fail" if bad else "ok"}"><td><a href="#{link}">{number}</a></td><td>{c.count}</td>'
             f'<td class="verdict">{said}</td><td>{c.waits}</td>'
