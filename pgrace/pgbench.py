@@ -22,6 +22,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from collections import Counter
@@ -283,6 +284,15 @@ def emit(scenario: Scenario, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ScenarioError(f"--emit: cannot make the folder: {exc.strerror or exc}", str(directory)) from None
+    for path in files:  # all refused before any is written: nothing is left half done
+        with contextlib.suppress(FileNotFoundError):
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                raise ScenarioError(
+                    "--emit: cannot write: a symbolic link is there; pgrace does not write through one", str(path)
+                )
+            if not stat.S_ISREG(st.st_mode):
+                raise ScenarioError("--emit: cannot write: something that is not a file is there", str(path))
     for path, text in files.items():
         _write_file(path, text)
     return list(files)
@@ -290,7 +300,8 @@ def emit(scenario: Scenario, directory: Path) -> list[Path]:
 
 def _write_file(path: Path, text: str) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # no FIFO hang
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
         why = "a symbolic link is there; pgrace does not write through one" if path.is_symlink() else exc.strerror
         raise ScenarioError(f"--emit: cannot write: {why or exc}", str(path)) from None
@@ -419,13 +430,17 @@ def _one_count(
 def _secrets_aside(params: dict[str, str], work: str, env: dict[str, str]) -> dict[str, str]:
     """Take the secrets out of ``params``, which end up in pgbench's argv, visible to everyone in ``ps``.
 
-    The password goes into ``PGPASSWORD``. libpq has no variable for ``sslpassword``: it
-    goes into a connection service file in ``work`` (mode 0700, the file 0600) that libpq
-    reads through ``PGSERVICEFILE``; the returned ``service`` parameter names it.
+    The password goes into ``PGPASSWORD``, server ``options`` into ``PGOPTIONS``. libpq has
+    no variable for ``sslpassword``: it goes into a connection service file in ``work``
+    (mode 0700, the file 0600) that libpq reads through ``PGSERVICEFILE``; the returned
+    ``service`` parameter names it.
     """
     password = params.pop("password", None)
     if password is not None:
         env["PGPASSWORD"] = password
+    options = params.pop("options", None)  # may set anything, a password too: not for ps to show
+    if options is not None:
+        env["PGOPTIONS"] = options
     sslpassword = params.pop("sslpassword", None)
     if sslpassword is None:
         return {}

@@ -758,6 +758,13 @@ def _try_pgrowlocks(dsn: str) -> bool:
     return True
 
 
+def _untemplate(admin: psycopg.Connection[TupleRow], name: str) -> None:
+    """A scenario that owns its database may mark it a template, which DROP DATABASE refuses: unmark it first."""
+    row = admin.execute("SELECT datistemplate FROM pg_catalog.pg_database WHERE datname = %s", (name,)).fetchone()
+    if row is not None and row[0]:
+        admin.execute(sql.SQL("ALTER DATABASE {} IS_TEMPLATE false").format(sql.Identifier(name)))
+
+
 def _drop(
     admin: psycopg.Connection[TupleRow], server: ServerInfo, name: str, dsn: str, server_version: int
 ) -> psycopg.Connection[TupleRow]:
@@ -770,6 +777,7 @@ def _drop(
         statement += sql.SQL(" WITH (FORCE)")
     try:
         _end_sessions(admin, name)
+        _untemplate(admin, name)
         admin.execute(statement)
         return admin
     except psycopg.errors.ObjectInUse:

@@ -329,15 +329,19 @@ def _server_user() -> _User | None:
 
 
 def _cache_path(user: _User | None) -> str:
-    """Where the binaries copy and the template live: shared by root's runs, per user otherwise."""
+    """Where the binaries copy and the template live: shared by root's runs, per user otherwise.
+
+    Links are resolved once, here: what is checked and then used is one real directory, so a
+    link someone else owns cannot be pointed elsewhere between the check and the use.
+    """
     override = os.environ.get(CACHE_ENV_VAR)
     if override:
-        return os.path.abspath(override)
+        return os.path.realpath(override)
     if user is not None:
         return "/var/cache/pgrace"
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = xdg if xdg and os.path.isabs(xdg) else os.path.expanduser("~/.cache")
-    return os.path.join(base, "pgrace")
+    return os.path.realpath(os.path.join(base, "pgrace"))
 
 
 def _create_cache_dir(path: str, user: _User | None) -> None:
@@ -357,8 +361,12 @@ def _check_trusted(path: str) -> None:
     """
     me = os.geteuid()
     current = os.path.abspath(path)
+    if not os.path.isdir(current):
+        raise ServerUnavailable(f"the server cache {path} is not a directory; set {CACHE_ENV_VAR} to one")
     while True:
-        st = os.stat(current)
+        st = os.lstat(current)  # the path is real (resolved): a link here was made after the resolving
+        if stat.S_ISLNK(st.st_mode):
+            raise ServerUnavailable(f"refusing the server cache in {path}: {current} became a link")
         owner_ok = st.st_uid in (me, 0)
         open_to_others = bool(st.st_mode & 0o022)
         sticky = bool(st.st_mode & stat.S_ISVTX)
@@ -459,7 +467,7 @@ def _copy_problem(pginstall: str, copy: str) -> str | None:
     ``copytree`` keeps sizes and modification times, so a stat of each file tells a copy
     that was emptied, truncated, replaced or removed from a good one, without hashing 30 MB.
     """
-    for sub in ("bin", "lib"):
+    for sub in ("bin", "lib", "share"):
         try:
             with os.scandir(os.path.join(pginstall, sub)) as entries:
                 wanted = {e.name: e.stat(follow_symlinks=False) for e in entries}

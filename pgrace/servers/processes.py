@@ -18,8 +18,13 @@ from collections.abc import Callable
 PR_SET_PDEATHSIG = 1
 
 
+PID_MAX = 4_194_304  # Linux's largest pid_max: a bigger number in a name anyone may write names no process
+
+
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` is a running (not zombie) process."""
+    if not 0 < pid <= PID_MAX:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
