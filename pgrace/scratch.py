@@ -87,9 +87,13 @@ class ScratchDatabase:
     role: str | None = None
     """The role made for this run that the scenario's SQL runs as (None: the DSN's own role)."""
     observer_dsn: str | None = None
-    """conninfo of pgrace's own observer when it is not ``dsn``: the server's superuser, out of the
-    scenario's reach (its backend cannot be signalled by the scenario's role), with a fixed
-    ``search_path`` that puts pg_catalog first."""
+    """conninfo of pgrace's own observer when it is not ``dsn``: a role of its own, a member of the
+    run's role (it sees and reads what the run's sessions do, with their privileges and no more:
+    whatever scenario code it is led to call runs as no superuser), which the run's role cannot
+    signal; its ``search_path`` is fixed, pg_catalog first."""
+    admin_dsn: str | None = None
+    """conninfo of the server's superuser in this database (fixed ``search_path``), for pgrace's own
+    housekeeping there (prepared transactions); None when there is no run role."""
 
 
 @dataclass
@@ -233,12 +237,15 @@ def scratch_database(
             return
         try:
             has_pgrowlocks = with_pgrowlocks and _try_pgrowlocks(dsn)
+            if role is not None:
+                watcher = _create_watcher(admin, server, role)
             yield ScratchDatabase(
                 dsn=make_conninfo(dsn, user=role) if role else dsn,
                 name=name,
                 has_pgrowlocks=has_pgrowlocks,
                 role=role,
-                observer_dsn=observer_conninfo(dsn) if role else None,
+                observer_dsn=observer_conninfo(make_conninfo(dsn, user=watcher)) if role else None,
+                admin_dsn=observer_conninfo(dsn) if role else None,
             )
         except BaseException:
             # The run's own error is the one to report; a failed drop must not mask it.
@@ -253,6 +260,7 @@ def scratch_database(
     finally:
         if role is not None:
             with deferred_interrupts():
+                admin = _drop_role(admin, server, watcher_of(role), grants=False)
                 admin = _drop_role(admin, server, role)
         admin.close()
 
@@ -327,7 +335,37 @@ def _create_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: 
     return role
 
 
-def _drop_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> psycopg.Connection[TupleRow]:
+def watcher_of(role: str) -> str:
+    """The observer's role of a run's role."""
+    return f"{role}_watch"
+
+
+def _create_watcher(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> str:
+    """pgrace's observer's own role: logs in, holds no privilege but the run's role's (a member of it).
+
+    Not the superuser: the observer calls pgrowlocks and reads the scenario's tables by name,
+    in a database whose owner is the scenario, which could swap a schema or a table for its
+    own code between the lookup and the call; that code then runs with the scenario's own
+    rights. Not the run's role itself either: the scenario cannot signal this one.
+    """
+    watcher = watcher_of(role)
+    try:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS").format(
+                sql.Identifier(watcher)
+            )
+        )
+        admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(watcher)))
+    except psycopg.Error as exc:
+        raise ServerUnavailable(
+            f"cannot create the observer's role {watcher} on {server.label}: {scrub_secrets(str(exc).strip())}"
+        ) from exc
+    return watcher
+
+
+def _drop_role(
+    admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str, grants: bool = True
+) -> psycopg.Connection[TupleRow]:
     """Best effort, after its database is gone: a role left on a server pgrace started goes with the server.
 
     A server that is gone cannot be reached to drop it (nor does it need to be): that must
@@ -335,7 +373,7 @@ def _drop_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: st
     with contextlib.suppress(psycopg.Error, ServerUnavailable):
         if admin.closed or admin.broken:
             admin = _connect(server)
-        if admin.info.server_version >= 150000:
+        if grants and admin.info.server_version >= 150000:
             admin.execute(_parameters_grant("REVOKE SET ON PARAMETER {} FROM {}", role))
         admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
     return admin
@@ -404,7 +442,7 @@ _ROLE_SETTINGS = (
 
 def _admin_dsn(database: ScratchDatabase) -> str:
     """The superuser's conninfo in the scratch database (the scenario's own when there is no run role)."""
-    return database.observer_dsn if database.observer_dsn is not None else database.dsn
+    return database.admin_dsn if database.admin_dsn is not None else database.dsn
 
 
 @dataclass
