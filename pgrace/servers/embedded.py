@@ -198,16 +198,32 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                 proc, log_path = _spawn(bindir, template, rundir, user)
         except OSError as exc:
             raise ServerUnavailable(f"cannot start the server in {rundir}: {exc}") from exc
-        started = proc
         described: list[ServerInfo] = []
 
         def ready() -> ServerInfo:
+            nonlocal proc, log_path
             if not described:
                 # psycopg is first imported here, while the new postmaster starts up beside us.
                 from psycopg.conninfo import make_conninfo
 
+                assert proc is not None
                 dsn = make_conninfo(host=rundir, port=str(_PORT), user="postgres", dbname="postgres")
-                version = _wait_ready(started, dsn, rundir, log_path)
+                try:
+                    version = _wait_ready(proc, dsn, rundir, log_path)
+                except ServerUnavailable as failed:
+                    if proc.poll() is None and not isinstance(failed, BrokenStart):  # slow: no template's fault
+                        raise
+                    # A template can pass its checks and still not start (an emptied catalog file):
+                    # built anew and started once more; a second failure is the one reported.
+                    with deferred_interrupts():
+                        _stop(proc, os.path.join(rundir, "data"))
+                        shutil.rmtree(os.path.join(rundir, "data"), ignore_errors=True)
+                        _ensure_template(bindir, key, cache, base, user, [], rebuild=True)
+                        proc, log_path = _spawn(bindir, template, rundir, user)
+                    version = _wait_ready(proc, dsn, rundir, log_path)
+                    fatal = [part for part in str(failed).split(" | ") if "FATAL:" in part]
+                    why = fatal[0].split("FATAL:", 1)[1].strip() if fatal else str(failed).split("; log tail")[0]
+                    notes.append(f"the cached server template could not start a server ({why}); rebuilt it")
                 described.append(
                     ServerInfo(
                         dsn=dsn,
@@ -515,7 +531,9 @@ _TEMPLATE_CONFIG = ("PG_VERSION", "postgresql.conf", "postgresql.auto.conf", "pg
 _PG_CONTROL_SIZE = 8192
 
 
-def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User | None, notes: list[str]) -> str:
+def _ensure_template(
+    bindir: str, key: str, cache: str, base: str, user: _User | None, notes: list[str], rebuild: bool = False
+) -> str:
     """Return the cached initdb template data directory, creating it once.
 
     initdb runs in tmpfs (``base``) and only its result is copied into the cache:
@@ -530,10 +548,10 @@ def _ensure_template(bindir: str, key: str, cache: str, base: str, user: _User |
     options = hashlib.sha256(" ".join(_INITDB_ARGS).encode()).hexdigest()[:8]
     final = os.path.join(cache, f"template-{key}-{options}")
     data = os.path.join(final, "data")
-    if _template_problem(final) is None:
+    if not rebuild and _template_problem(final) is None:
         return data
     with _cache_lock(cache):
-        problem = _template_problem(final)
+        problem = "it could not start a server" if rebuild else _template_problem(final)
         if problem is not None:
             if os.path.lexists(final):
                 _discard(final, cache)
@@ -871,6 +889,26 @@ def _child_setup(user: _User | None, *, death_signal: bool) -> Callable[[], None
     return setup
 
 
+class BrokenStart(ServerUnavailable):
+    """The server came up but answers every connection with an error (not 57P03, "starting up")."""
+
+
+_NOT_YET = ("starting up", "not yet accepting", "recovery", "shutting down")
+
+
+def _refuses(exc: Exception) -> bool:
+    """The server is up and refuses us for good: its FATAL is not one of "wait, I am starting".
+
+    A connection's own failure carries no SQLSTATE in psycopg (libpq reports it as text), so
+    there only the server's words can tell.
+    """
+    state = getattr(exc, "sqlstate", None)
+    if state is not None:
+        return bool(state != "57P03")
+    text = str(exc)
+    return "FATAL:" in text and not any(words in text for words in _NOT_YET)
+
+
 def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: str) -> str:
     """Poll until the server accepts a connection; return its version."""
     import psycopg
@@ -892,6 +930,8 @@ def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: 
                 return version
         except psycopg.OperationalError as exc:
             last_error = " ".join(str(exc).split())
+            if _refuses(exc):
+                raise BrokenStart(f"embedded PostgreSQL refuses connections: {last_error}") from None
         if time.monotonic() >= deadline:
             raise ServerUnavailable(
                 f"embedded PostgreSQL did not accept connections on unix socket {rundir} "
