@@ -480,6 +480,7 @@ class Run:
         runs: dict[int, StepRun] = {}
         permutation = 0
         others: tuple[RowLock, ...] = ()  # the other kinds of locks last seen
+        resumed: list[int] = []  # steps that finished after a wait since the last lock reading: theirs is the next
         for event in self.events:
             if isinstance(event, PermutationStarted):
                 permutation = event.index
@@ -507,12 +508,16 @@ class Run:
                 run.release = event.release
                 if event.outcome.error is not None and event.outcome.error.sqlstate == "40001":
                     run.predicate_locks_at_error = tuple(lock for lock in others if lock.kind == "predicate")
+                if event.after_wait:
+                    resumed.append(event.seq)
             elif isinstance(event, LocksObserved):
                 others = event.other_locks
-                if event.after_seq in runs:
-                    runs[event.after_seq].locks_after = event.locks
-                    runs[event.after_seq].locks_unreadable = event.skipped
-                    runs[event.after_seq].other_locks_after = event.other_locks
+                for seq in dict.fromkeys((event.after_seq, *resumed)):
+                    if seq in runs:
+                        runs[seq].locks_after = event.locks
+                        runs[seq].locks_unreadable = event.skipped
+                        runs[seq].other_locks_after = event.other_locks
+                resumed = []
         return list(runs.values())
 
     def sessions_lost(self) -> list[SessionLost]:

@@ -123,3 +123,39 @@ def test_a_session_terminated_from_outside_is_named_even_without_a_later_step(pg
         == "⚡ the server ended console's connection (57P01: terminating connection due to administrator command)"
     )
     assert by_name(run)["work"].status == "ok"
+
+
+QUEUE = """
+setup = "CREATE TABLE jobs (id int PRIMARY KEY, s text); INSERT INTO jobs VALUES (1, 'q')"
+sessions = ["h", "w1", "w2"]
+[[step]]
+session = "h"
+sql = "BEGIN; SELECT * FROM jobs WHERE id = 1 FOR UPDATE"
+[[step]]
+session = "w1"
+sql = "BEGIN"
+[[step]]
+name = "w1-upd"
+session = "w1"
+sql = "UPDATE jobs SET s = 'w1' WHERE id = 1"
+[[step]]
+name = "w2-upd"
+session = "w2"
+sql = "UPDATE jobs SET s = 'w2' WHERE id = 1"
+[[step]]
+name = "h-commit"
+session = "h"
+sql = "COMMIT"
+[[step]]
+name = "w1-commit"
+session = "w1"
+sql = "COMMIT"
+"""
+
+
+def test_a_waiting_steps_locks_after_are_those_after_it_went_on(pgrace_run: RunScenario) -> None:
+    """The JSON's locks_after of a step that waited held the locks of when its wait began (h's FOR UPDATE,
+    after h had committed), while the text's lock column told the truth."""
+    steps = by_name(pgrace_run(scenario_text(QUEUE)))
+    assert [(lock.session, lock.mode) for lock in steps["w1-upd"].locks_after or ()] == [("w1", "NO KEY UPDATE")]
+    assert steps["w2-upd"].locks_after == ()

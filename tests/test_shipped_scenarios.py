@@ -65,10 +65,11 @@ def test_head_of_line_worker2_parks_on_job_1_held_by_worker1(pgrace_run: RunScen
     assert claim2["waited"] and claim2["blocked_by"] == ["worker1"]
     assert claim2["waited_on"][0]["table"] == "jobs" and claim2["waited_on"][0]["key"] == {"id": 1}
     assert claim2["waited_on"][0]["holder"] == "worker1"
-    # job 2 was queued and unlocked the whole time worker 2 waited
-    assert {"table": "jobs", "key": {"id": 2}} not in [
-        {"table": lk["table"], "key": lk["key"]} for lk in claim2["locks_after"]
-    ]
+    # job 2 was queued and unlocked while worker 2 waited (after worker 1's run1, worker 2 still waiting) ...
+    [run1] = [s for s in data["steps"] if s["name"] == "run1"]
+    assert [(lk["session"], lk["key"]) for lk in run1["locks_after"]] == [("worker1", {"id": 1})]
+    # ... and claim2's own locks-after are those after it went on: the job it took, and the one it re-checked
+    assert sorted((lk["session"], lk["key"]["id"]) for lk in claim2["locks_after"]) == [("worker2", 1), ("worker2", 2)]
     assert data["ok"] is True
 
 
