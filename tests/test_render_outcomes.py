@@ -68,8 +68,8 @@ def test_matrix_marks_a_cell_that_differs_from_the_manual() -> None:
 
 
 def test_sweep_grid_in_every_format() -> None:
-    occurs = OutcomeClass(True, 1, (), (), (), 0, ("a-1",), summary="s")
-    prevented = OutcomeClass(False, 1, ("40001",), ("c",), (), 1, ("a-1",), summary="p")
+    occurs = OutcomeClass(True, 1, (), (), (((1,),),), 0, ("a-1",), summary="s")
+    prevented = OutcomeClass(False, 1, ("40001",), ("c",), ((),), 1, ("a-1",), summary="p")
     sweep = Sweep(
         "s",
         "bug",

@@ -60,11 +60,23 @@ TYPO_TABLE = 'sessions = ["a"]\n[[step]]\nname = "s"\nsession = "a"\nsql = "SELE
 UNKNOWN_VARIABLE = 'sessions = ["a"]\n[[step]]\nname = "s"\nsession = "a"\n\nsql = "SELECT :nope"\n'
 
 
+FIX_OVERRIDE_VARIABLE = (
+    'sessions = ["a", "b"]\n[[step]]\nname = "one"\nsession = "a"\nsql = "SELECT 1"\n'
+    '[[step]]\nname = "two"\nsession = "b"\nsql = "SELECT 2"\n[fix]\n[fix.step.two]\nnote = "changed"\n'
+    'sql = "SELECT :nope"\n'
+)
+FIX_TYPO_TABLE = (
+    'sessions = ["a"]\n[[step]]\nsession = "a"\nsql = "SELECT 1"\n[fix]\ntitle = "f"\n[fix.stp.one]\nsql = "x"\n'
+)
+
+
 @pytest.mark.parametrize(
     ("text", "where"),
     [
         (TYPO_TABLE, "6: unknown top-level key 'fx' (did you mean 'fix'?)"),
         (UNKNOWN_VARIABLE, "6: step 's' uses :nope, which no earlier step of session 'a' captures"),
+        (FIX_OVERRIDE_VARIABLE, "13: step 'two' uses :nope"),
+        (FIX_TYPO_TABLE, "7: unknown [fix] key 'stp' (did you mean 'step'?)"),
     ],
 )
 def test_an_error_names_the_line_the_mistake_is_on(tmp_path: Path, text: str, where: str) -> None:

@@ -41,7 +41,9 @@ def test_combinations_are_the_product_in_order() -> None:
 
 def test_verdicts() -> None:
     def cls(ok: bool, errors: tuple[str, ...] = (), waits: int = 0, count: int = 1) -> OutcomeClass:
-        return OutcomeClass(ok, count, errors, (), (), waits, ())
+        return OutcomeClass(ok, count, errors, (), (((1,),),), waits, ())  # one final check's rows
+
+    assert verdict([OutcomeClass(True, 1, (), (), (), 0, ())], "bug") == "no checks"  # nothing describes a bug
 
     assert verdict([cls(True)], "bug") == "occurs"
     assert verdict([cls(True, count=3), cls(False, count=1)], "bug") == "occurs in 3/4"

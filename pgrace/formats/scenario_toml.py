@@ -175,8 +175,11 @@ class Locator:
                 continue
             pattern = re.compile(rf"(^|[{{,\s.])[\"']?{re.escape(key)}[\"']?\s*[=.]")
             line = next((k for k in range(start, end) if pattern.search(self.lines[k])), None)
-            if line is None:
-                break
+            if line is None:  # not a key of its table: perhaps a table of its own below it ([fix.stp.one])
+                deeper = [
+                    n for header, n in self.headers.items() if len(header) > len(path) and header[: len(path)] == path
+                ]
+                return min(deeper) + 1 if deeper else found
             start, found = line, line + 1
         return found
 
@@ -837,6 +840,7 @@ class Builder:
                     raise self.loc.error(f"a {kind} step sends no SQL: it has no capture or expect", *where)
                 if "sql" in change:
                     fields["sql"] = self._str(change["sql"], *where, "sql")
+                    fields["line"] = self.loc.line_of(*where)  # its errors are the override's, not the base step's
                 if "sleep" in change:
                     fields["sleep"] = self._duration(change["sleep"], (*where, "sleep"))
                     fields["sql"] = f"sleep {change['sleep'].strip()}"
