@@ -326,12 +326,27 @@ def _create_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: 
                 sql.Identifier(role)
             )
         )
-        if admin.info.server_version >= 150000:  # GRANT SET ON PARAMETER is new in PostgreSQL 15
-            admin.execute(_parameters_grant("GRANT SET ON PARAMETER {} TO {}", role))
     except psycopg.Error as exc:
         raise ServerUnavailable(
             f"cannot create the run's role {role} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
         ) from exc
+    if admin.info.server_version < 150000:  # GRANT SET ON PARAMETER is new in PostgreSQL 15
+        return role
+    for attempt in range(3):
+        try:
+            admin.execute(_parameters_grant("GRANT SET ON PARAMETER {} TO {}", role))
+            return role
+        except psycopg.errors.UniqueViolation:
+            # The first grant on a parameter makes its pg_parameter_acl row: two runs starting at
+            # once (explore -j's workers) both try to, and one loses. The row exists now.
+            if attempt == 2:
+                _drop_role(admin, server, role, grants=False)
+                raise ServerUnavailable(f"cannot grant the run's role {role} its settings on {server.label}") from None
+        except psycopg.Error as exc:
+            _drop_role(admin, server, role, grants=False)
+            raise ServerUnavailable(
+                f"cannot create the run's role {role} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
+            ) from exc
     return role
 
 

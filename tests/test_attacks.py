@@ -115,3 +115,39 @@ def test_a_missing_share_folder_in_the_cached_binaries_is_copied_anew(monkeypatc
         with embedded_server() as server, psycopg.connect(server.dsn) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
             assert any("share/timezone" in note for note in server.notes), server.notes
+
+
+def test_two_runs_making_their_roles_at_once_on_a_fresh_server_both_start() -> None:
+    """The first GRANT SET ON PARAMETER makes the parameter's pg_parameter_acl row: explore -j's workers
+    starting at once on a new server raced for it, and the loser's run failed and left its role."""
+    import threading
+
+    from pgrace.scratch import scratch_database
+    from pgrace.servers.embedded import embedded_server
+
+    with embedded_server() as server, psycopg.connect(server.dsn) as first:
+        first.execute("CREATE ROLE pgrace_race_first")
+        first.execute("GRANT SET ON PARAMETER deadlock_timeout TO pgrace_race_first")  # not committed yet
+        made: list[str] = []
+
+        def run() -> None:
+            with scratch_database(server, "race") as db:
+                made.append(str(db.role))
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the worker's GRANT waits on ours (the server says so)
+            with psycopg.connect(server.dsn, autocommit=True) as probe:
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'GRANT SET%%'"
+                ).fetchone()
+            if waiting == (1,):
+                break
+            time.sleep(0.01)  # polling the server's own report of the wait
+        first.commit()
+        worker.join(timeout=30)
+        assert made and made[0].startswith("pgrace_race"), made
+        with psycopg.connect(server.dsn) as admin:
+            left = admin.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'pgrace_race%%'").fetchall()
+        assert left == [("pgrace_race_first",)]
