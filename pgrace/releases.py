@@ -79,6 +79,10 @@ class ReleaseTracker:
         self.waits[seq] = waits
         self.marker_sessions[seq] = set(markers)
 
+    def also_waiting(self, seq: int, waits: tuple[Wait, ...]) -> None:
+        """The step, still waiting, now waits for these too (its wait read again after another step ended)."""
+        self.waits[seq] = (*self.waits.get(seq, ()), *waits)
+
     def completed(
         self,
         seq: int,

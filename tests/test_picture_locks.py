@@ -100,3 +100,35 @@ def test_an_update_of_a_row_four_readers_share_waits_for_all_and_resumes_after_t
     [wait] = write.waits
     assert wait.blocked_by == ("r1", "r2", "r3", "r4")
     assert write.release is not None and (write.release.session, write.release.seq) == ("r4", 9)
+
+
+LATE_SHARER = """
+setup = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)"
+sessions = ["r1", "w", "r2"]
+[[step]]
+session = "r1"
+sql = "BEGIN; SELECT * FROM t WHERE id = 1 FOR SHARE"
+[[step]]
+name = "w-upd"
+session = "w"
+sql = "UPDATE t SET v = 1 WHERE id = 1"
+[[step]]
+session = "r2"
+sql = "BEGIN; SELECT * FROM t WHERE id = 1 FOR SHARE"
+[[step]]
+session = "r1"
+sql = "COMMIT"
+[[step]]
+session = "r2"
+sql = "COMMIT"
+"""
+
+
+def test_a_share_taken_after_the_wait_began_is_waited_for_too(pgrace_server: object) -> None:
+    """r2 shares the row after w began to wait: the server makes w wait for r2 as well; w went on at r2's
+    COMMIT (step 5), where the timeline said r1's (step 4)."""
+    from pgrace import api
+
+    run = api.run(parse_toml_scenario(textwrap.dedent(LATE_SHARER), "late.toml"))
+    write = next(s for s in run.step_runs() if s.step == "w-upd")
+    assert write.release is not None and (write.release.session, write.release.seq) == ("r2", 5)

