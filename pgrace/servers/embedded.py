@@ -221,7 +221,11 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                         _ensure_template(bindir, key, cache, base, user, [], rebuild=True)
                         proc, log_path = _spawn(bindir, template, rundir, user)
                     version = _wait_ready(proc, dsn, rundir, log_path)
-                    fatal = [part for part in str(failed).split(" | ") if "FATAL:" in part]
+                    fatal = [  # the server's own reason, not its answer to our early connections
+                        part
+                        for part in str(failed).split(" | ")
+                        if "FATAL:" in part and not any(words in part for words in _NOT_YET)
+                    ]
                     why = fatal[0].split("FATAL:", 1)[1].strip() if fatal else str(failed).split("; log tail")[0]
                     notes.append(f"the cached server template could not start a server ({why}); rebuilt it")
                 described.append(
