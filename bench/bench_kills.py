@@ -232,8 +232,8 @@ def poll_until(check: object, deadline_s: float = DEADLINE_S) -> bool:
     return True
 
 
-def processes_in(run_dir: Path) -> list[int]:
-    """Processes working in a run directory (postgres chdirs into its data directory)."""
+def working_in(prefix: str) -> list[tuple[int, str]]:
+    """Live processes whose working directory starts with ``prefix``, and that directory."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -241,9 +241,14 @@ def processes_in(run_dir: Path) -> list[int]:
                 cwd = os.readlink(entry / "cwd")
             except OSError:
                 continue
-            if cwd.startswith(str(run_dir) + "/") and alive(int(entry.name)):
-                found.append(int(entry.name))
+            if cwd.startswith(prefix) and alive(int(entry.name)):
+                found.append((int(entry.name), cwd))
     return found
+
+
+def processes_in(run_dir: Path) -> list[int]:
+    """Processes working in a run directory (postgres chdirs into its data directory)."""
+    return [pid for pid, _ in working_in(str(run_dir) + "/")]
 
 
 def run_dirs(pid: int) -> list[Path]:
@@ -278,17 +283,7 @@ def load_work_dirs(pid: int) -> list[Path]:
 
 def load_processes(pid: int) -> list[str]:
     """pgbench runs in a session of its own, in the load's work directory: processes working there."""
-    prefix = f"{tempfile.gettempdir()}/pgrace-load-{pid}-"
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cwd = os.readlink(entry / "cwd")
-            except OSError:
-                continue
-            if cwd.startswith(prefix) and alive(int(entry.name)):
-                found.append(f"{entry.name} (in {cwd})")
-    return found
+    return [f"{found} (in {cwd})" for found, cwd in working_in(f"{tempfile.gettempdir()}/pgrace-load-{pid}-")]
 
 
 def learn(server: ServerInfo) -> list[Variant]:

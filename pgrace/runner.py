@@ -500,11 +500,7 @@ class Runner:
         """
         deadline = time.perf_counter() + seconds
         while (left := deadline - time.perf_counter()) > 0:
-            watched: dict[int, SessionConnection] = {}
-            for session in self.sessions.values():
-                with suppress(psycopg.OperationalError):  # a lost connection has no socket
-                    if session.lost is None and session.ended is None:
-                        watched[session.pgconn.socket] = session
+            watched = _sockets(s for s in self.sessions.values() if s.lost is None and s.ended is None)
             if not watched:
                 time.sleep(min(left, 0.1))  # nothing to watch: only the clock
                 self._idle()
@@ -527,11 +523,7 @@ class Runner:
 
     def _look_for_ended_idle(self) -> None:
         """After each step: has the server ended a session that runs nothing (a readable idle socket)?"""
-        idle: dict[int, SessionConnection] = {}
-        for session in self.sessions.values():
-            if session.active is None and session.lost is None and session.ended is None:
-                with suppress(psycopg.OperationalError):
-                    idle[session.pgconn.socket] = session
+        idle = _sockets(s for s in self.sessions.values() if s.active is None and s.lost is None and s.ended is None)
         if idle:
             readable, _, _ = select.select(list(idle), [], [], 0)
             for fd in readable:
@@ -1005,6 +997,15 @@ class Runner:
         snapshot = self.inspector.row_locks() if self.run.row_locks_available else LockSnapshot(None, ())
         others = self.inspector.other_locks()
         self.recorder.add(LocksObserved(seq, snapshot.locks, self.recorder.now(), snapshot.skipped, others))
+
+
+def _sockets(sessions: Iterable[SessionConnection]) -> dict[int, SessionConnection]:
+    """The sessions by their connection's socket, for select(); a lost connection has none."""
+    found: dict[int, SessionConnection] = {}
+    for session in sessions:
+        with suppress(psycopg.OperationalError):
+            found[session.pgconn.socket] = session
+    return found
 
 
 # -- results -----------------------------------------------------------------------------

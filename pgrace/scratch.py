@@ -313,6 +313,10 @@ def observer_conninfo(dsn: str, schema: str | None = None) -> str:
     return make_conninfo(dsn, options=f"{options} -c search_path={','.join(path)}".strip())
 
 
+#: A role that may log in and nothing else: the run's and its observer's.
+_CREATE_LOGIN_ROLE = sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
+
+
 def _create_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> str:
     """The run's own role, with no privilege beyond logging in (the database it will own says the rest).
 
@@ -321,11 +325,7 @@ def _create_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: 
     set the few superuser settings that only affect its own session (:data:`ROLE_PARAMETERS`).
     """
     try:
-        admin.execute(
-            sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS").format(
-                sql.Identifier(role)
-            )
-        )
+        admin.execute(_CREATE_LOGIN_ROLE.format(sql.Identifier(role)))
     except psycopg.Error as exc:
         raise ServerUnavailable(
             f"cannot create the run's role {role} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
@@ -365,11 +365,7 @@ def _create_watcher(admin: psycopg.Connection[TupleRow], server: ServerInfo, rol
     """
     watcher = watcher_of(role)
     try:
-        admin.execute(
-            sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS").format(
-                sql.Identifier(watcher)
-            )
-        )
+        admin.execute(_CREATE_LOGIN_ROLE.format(sql.Identifier(watcher)))
         admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(watcher)))
     except psycopg.Error as exc:
         raise ServerUnavailable(
