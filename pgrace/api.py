@@ -221,7 +221,10 @@ def compare(
     allow_scratch_schema: bool = False,
     on_note: Note | None = None,
 ) -> list[Run]:
-    """Run the bug, then the fix (either variant may be given), on one server: the runs side by side."""
+    """Run the bug, then the fix, on one server: the runs side by side.
+
+    ``scenario`` is as :func:`load_scenario` reads it: its first variant, holding the other.
+    """
     variants = both_variants(scenario)
     with _serving(server, dsn, superuser, on_note) as opened:
         return [run(v, server=opened, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants]
