@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
     from pgrace.model import Scenario
     from pgrace.pgbench import ClientRun, LoadResult
+    from pgrace.render.presenter import Presenter
     from pgrace.render.progress import Progress
     from pgrace.render.text import Style
     from pgrace.timeline import Run
@@ -446,17 +447,8 @@ def run(
         counterpart = loaded.other if chosen is loaded else loaded  # the other variant, for "the cure" or "the bug"
         presenter = None
         if live and (fmt == "text" or output is not None):
-            from pgrace.render.presenter import Presenter
-
-            on_screen = sys.stdout.isatty()
-            presenter = Presenter(
-                chosen,
-                _style(color, width, on_screen),
-                pace=pace,
-                step_by_step=step_by_step,
-                counterpart=counterpart,
-                lock_kinds=lock_kinds,
-            )
+            style_live = _style(color, width, sys.stdout.isatty())
+            presenter = _presenter(chosen, counterpart, style_live, pace, step_by_step, lock_kinds)
         try:
             server = server_ready()
             options = RunOptions(
@@ -486,6 +478,22 @@ def run(
         for note in api.teardown_failures(result) if fmt != "isolation" else []:
             click.echo(f"pgrace: note: {note}", err=True)
         sys.exit(0 if result.ok else 1)
+
+
+def _presenter(
+    chosen: Scenario,
+    counterpart: Scenario | None,
+    style: Style,
+    pace: float | None,
+    step_by_step: bool,
+    lock_kinds: Literal["rows", "all"],
+) -> Presenter:
+    """Live playback: a step every ``pace`` seconds, or at each Enter."""
+    from pgrace.render.presenter import Presenter
+
+    return Presenter(
+        chosen, style, pace=pace, step_by_step=step_by_step, counterpart=counterpart, lock_kinds=lock_kinds
+    )
 
 
 def _style(color: bool | None, width: int | None, on_terminal: bool) -> Style:
