@@ -2,7 +2,7 @@
 
 Before these bounds, ``x = [[[…]]]`` 500 deep printed a 3,000-line RecursionError and a
 100,000-part dotted key kept tomllib busy for minutes. The limits are documented in
-:mod:`pgrace.formats.limits` and the README.
+:mod:`pgrace.formats.limits` and docs/reference/exit-codes.md.
 """
 
 from __future__ import annotations
