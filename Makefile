@@ -26,7 +26,7 @@ lint: install ## ruff (lint and format check) and mypy --strict
 	$(BIN)/mypy
 
 docs: install ## Build the documentation site into site/ (mkdocs build --strict, offline)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 format: install ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix pgrace tests bench tools
