@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from documentation import ROOT, page
+from documentation import README, ROOT, page
 
 from pgrace.cli import main
 from tools.mkdocs_hooks import HELP, with_help
@@ -90,3 +90,13 @@ def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path: Pat
     for html in site.rglob("*.html"):
         loaded = re.findall(r"""(?:src|<link[^>]*href)=["'](https?://[^"']+)""", html.read_text(encoding="utf-8"))
         assert not loaded, f"{html.relative_to(site)} loads {loaded}"
+
+
+def test_the_readme_is_the_entrance_and_its_links_lead_somewhere() -> None:
+    """The README stays short (the guides live in docs/), and each file it links to exists."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert "docs/quickstart.md" in links and "docs/reference/commands.md" in links
+    missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert not missing, f"the README links to files that do not exist: {missing}"
