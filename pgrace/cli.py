@@ -270,11 +270,16 @@ allow_schema_option = click.option(
 )
 
 
-def format_option(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _either(names: tuple[str, ...]) -> str:
+    """``text, json, markdown or html``."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def format_option(kind: str, help_text: str = "Output format.") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--format``: the formats of ``kind`` in the registry (:mod:`pgrace.render.formats`), the first by default."""
     names = formats.names(kind)
     return click.option(
-        "--format", "-f", "fmt", type=click.Choice(names), default=names[0], show_default=True, help="Output format."
+        "--format", "-f", "fmt", type=click.Choice(names), default=names[0], show_default=True, help=help_text
     )
 
 
@@ -680,7 +685,7 @@ def clean(dsn: str) -> None:
     metavar="FILE",
     help="Merge the JSON results of shards (repeat) instead of running.",
 )
-@format_option("run")  # --show N prints a run in any of its formats
+@format_option("run", f"Output format: {_either(formats.names('explore'))} for the classes; any format for --show N.")
 @server_option
 @dsn_option
 @step_timeout_option
@@ -871,7 +876,7 @@ def sweep(
     "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
 )
 @click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
-@format_option("load")
+@format_option("load", "Output format: svg is the plot, html the table and the plot in one page.")
 @output_option
 @dsn_option
 @server_option
