@@ -10,7 +10,6 @@ opens its own server (from ``dsn``, what ``--server`` takes) tidies it as the CL
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -20,6 +19,7 @@ import pgrace.servers  # its open_server looked up at each call: a test may stan
 from pgrace import bounds, catalog
 from pgrace.checks import evaluate
 from pgrace.errors import PgraceError, ScenarioError
+from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.model import Scenario
 from pgrace.render.escape import visible
 from pgrace.results import Checked, Cleaned, Explored, Loaded, Swept
@@ -159,33 +159,6 @@ def _serving(server: ServerInfo | None, dsn: str | None, superuser: bool, on_not
     with pgrace.servers.open_server(dsn, superuser) as opened:
         tidy(opened, on_note)
         yield opened
-
-
-def refuse_overwriting_inputs(output: str | Path | None, inputs: Iterable[str | Path], what: str = "-o") -> None:
-    """An output file that is one of the files the command reads (itself, or through a link) is refused, exit 2.
-
-    ``pgrace run my.toml -o my.toml`` would otherwise replace the scenario with its own timeline.
-    Any other existing file is overwritten, as a shell's ``>`` would.
-    """
-    if output is None:
-        return
-    for source in inputs:
-        with suppress(OSError):  # a file that does not exist (yet) cannot be an input
-            if os.path.samefile(output, source):
-                raise ScenarioError(f"{what} would write over {source}, which this command reads", str(output))
-
-
-def read_input(name: str | Path) -> str:
-    """A text file named by the caller (not a scenario): unreadable or not UTF-8 is invalid input."""
-    try:
-        data = Path(name).read_bytes()
-    except OSError as exc:
-        raise ScenarioError(f"cannot read: {exc.strerror or exc}", str(name)) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ScenarioError(f"not UTF-8: byte 0x{data[exc.start : exc.start + 1].hex()}", str(name), line) from None
 
 
 def teardown_failures(result: Run) -> list[str]:

@@ -33,6 +33,8 @@ from pgrace.errors import (
     raise_terminated,
     report_internal_error,
 )
+from pgrace.files import read_input as read_input  # for commands that read a file named on the line
+from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
 from pgrace.render.escape import visible
 
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from pgrace.render.presenter import Presenter
     from pgrace.render.progress import Progress
     from pgrace.render.text import Style
+    from pgrace.servers import ServerInfo
     from pgrace.timeline import Run
 
 FORMATS = formats.names("run")  # the formats of one run; each command's are in pgrace.render.formats
@@ -316,10 +319,23 @@ def _progress() -> Progress:
     return Progress(sys.stderr)
 
 
-def _render(kind: str, fmt: str, result: Any, style: Style | None = None, counterpart: Scenario | None = None) -> str:
+def _draw(kind: str, fmt: str, result: Any, style: Style | None = None, counterpart: Scenario | None = None) -> str:
+    """``result`` (what the library function for ``kind`` returned) in format ``fmt``."""
     from pgrace.render.views import View
 
     return formats.render(kind, fmt, result, View(style, counterpart))
+
+
+def _render(result: Run, fmt: str, style: Style | None = None, counterpart: Scenario | None = None) -> str:
+    """One run in format ``fmt``."""
+    return _draw("run", fmt, result, style, counterpart)
+
+
+def report_swept(server: ServerInfo) -> None:
+    """Say what was mended to start the server; drop what killed runs left on it, and say so."""
+    from pgrace import api
+
+    api.tidy(server, _note)
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -351,7 +367,7 @@ def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
     """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
     from pgrace import catalog
 
-    _emit(_render("list", fmt, catalog.select(tags, topic)), None)
+    _emit(_draw("list", fmt, catalog.select(tags, topic)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -436,17 +452,17 @@ def run(
         from pgrace import api
         from pgrace.runner import RunOptions
 
-        api.refuse_overwriting_inputs(output, [loaded.source])
+        refuse_overwriting_inputs(output, [loaded.source])
         to_terminal = output is None and sys.stdout.isatty()
         style = _style(color, width, to_terminal) if fmt == "text" else None  # the text renderer only if used
         live = bool(step_by_step or pace)
         if compare:
             _refuse_compare(fix or bug, live, fmt)
             server = server_ready()
-            api.tidy(server, _note)
+            report_swept(server)
             options = RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds)
             results = api.compare(loaded, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
-            _emit(_render("compare", fmt, results, style), output)
+            _emit(_draw("compare", fmt, results, style), output)
             sys.exit(0 if all(r.ok for r in results) else 1)
         chosen = _variant(loaded, fix, bug)
         counterpart = loaded.other if chosen is loaded else loaded  # the other variant, for "the cure" or "the bug"
@@ -463,7 +479,7 @@ def run(
                 on_event=presenter.on_event if presenter else None,
                 on_idle=presenter.on_idle if presenter else None,
             )
-            api.tidy(server, _note)
+            report_swept(server)
             with presenter or nullcontext():
                 result = api.run(
                     chosen,
@@ -530,7 +546,7 @@ def _show_run(
     """Render to ``output`` or stdout; ``to_terminal`` None: a presenter has shown it already."""
     if output is None and to_terminal is None:
         return
-    text = _render("run", fmt, result, style, counterpart)
+    text = _render(result, fmt, style, counterpart)
     if fmt == "isolation" and to_terminal:
         text = visible(text)  # isolationtester prints server text raw; a file or a pipe gets it byte for byte
     _emit(text, output)
@@ -718,7 +734,7 @@ def explore(
     from pgrace import api, catalog
 
     chosen = _variant(catalog.load(scenario, _params(params)), fix, bug)
-    api.refuse_overwriting_inputs(output, [chosen.source, *merge_files])
+    refuse_overwriting_inputs(output, [chosen.source, *merge_files])
     drawn = formats.names("explore")
     if show is None and fmt not in drawn:
         raise click.UsageError(f"explore prints --format {', '.join(drawn)}; --show N prints any format")
@@ -741,7 +757,7 @@ def explore(
             on_note=_note,
         )
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
-        _emit(_render("explore", fmt if fmt in drawn else "text", found), output)
+        _emit(_draw("explore", fmt if fmt in drawn else "text", found), output)
         return
     if show > len(classes := found.exploration.classes):
         raise click.BadParameter(
@@ -749,7 +765,7 @@ def explore(
         )
     if show in found.replayed_differently:
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
-    _emit(_render("run", fmt, found.examples[show], _style(False, 120, False)), output)
+    _emit(_render(found.examples[show], fmt, _style(False, 120, False)), output)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -771,7 +787,7 @@ def matrix(
     from pgrace import api
 
     measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=_note)
-    _emit(_render("matrix", fmt, measured), output)
+    _emit(_draw("matrix", fmt, measured), output)
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
 
 
@@ -849,7 +865,7 @@ def sweep(
             monitor=progress,
             on_note=_note,
         )
-    _emit(_render("sweep", fmt, swept), output)
+    _emit(_draw("sweep", fmt, swept), output)
 
 
 # -- under load: pgbench ----------------------------------------------------------------------------
@@ -915,7 +931,7 @@ def load(
     from pgrace import api, catalog
 
     loaded = catalog.load(scenario, _params(params))
-    api.refuse_overwriting_inputs(output, [loaded.source])
+    refuse_overwriting_inputs(output, [loaded.source])
     if compare and (fix or bug):
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
     progress = _progress()  # on a terminal: each client count's figures, and the counts done so far
@@ -937,12 +953,12 @@ def load(
         partial = getattr(exc, "loaded", None)
         if partial is not None and partial.results:
             with suppress(Exception):
-                _emit(_render("load", fmt, partial.results), output)
+                _emit(_draw("load", fmt, partial.results), output)
         raise
     for path in done.emitted:
         click.echo(str(path))
     if emit_dir is None:
-        _emit(_render("load", fmt, done.results), output)
+        _emit(_draw("load", fmt, done.results), output)
         sys.exit(0 if done.ok else 1)
 
 
