@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -84,8 +85,12 @@ class Scanned:
     size: int = 0
 
 
+_CSV_START = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?: [A-Za-z0-9+:-]+)?,")
+
+
 def _looks_csv(line: str) -> bool:
-    return len(line) > 24 and line[4] == "-" and line[10] == " " and "," in line[19:40] and line[:4].isdigit()
+    """A csvlog record starts with its timestamp, then a comma (a stderr prefix has no comma there)."""
+    return _CSV_START.match(line) is not None
 
 
 def open_log(path: str, given_prefix: str | None) -> LogFormat:

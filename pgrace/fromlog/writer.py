@@ -283,6 +283,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         f"title = {_toml(f'{incident.kind.capitalize()} of {who}, from the server log')}",
         f"narrative = {_multiline(chr(10).join(narrative))}",
         "",
+        *(["# TODO: the log does not describe the tables: this setup is guessed from the statements"] if dsn is None else []),
         f"setup = {_multiline(chr(10).join(setup))}",
         "",
     ]
