@@ -138,7 +138,9 @@ def lock_wait(server: LoggingServer) -> None:
         psycopg.connect(server.server.dsn, autocommit=True) as admin,
     ):
         report.execute("SELECT balance FROM accounts WHERE id = 3 FOR UPDATE")
-        worker = threading.Thread(target=payment.execute, args=("UPDATE accounts SET balance = balance + 1 WHERE id = 3",))
+        worker = threading.Thread(
+            target=payment.execute, args=("UPDATE accounts SET balance = balance + 1 WHERE id = 3",)
+        )
         worker.start()
         _blocked(admin, payment.info.backend_pid)
         _in_log(server, "still waiting for")

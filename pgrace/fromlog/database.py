@@ -21,7 +21,9 @@ class Described:
     keys: dict[str, list[str]] = field(default_factory=dict)
 
 
-def describe(dsn: str, tables: list[str], keys: dict[str, list[dict[str, Any]]], ctids: dict[str, list[str]]) -> Described:
+def describe(
+    dsn: str, tables: list[str], keys: dict[str, list[dict[str, Any]]], ctids: dict[str, list[str]]
+) -> Described:
     """CREATE TABLE and INSERT statements for ``tables``, with the rows at ``keys`` and ``ctids``."""
     import psycopg
     from psycopg import sql
@@ -91,7 +93,7 @@ def describe(dsn: str, tables: list[str], keys: dict[str, list[dict[str, Any]]],
             out.keys[table] = [r[0] for r in pk]
             names = [c[0] for c in columns]
             quoted = sql.SQL(", ").join(sql.SQL("quote_nullable({})").format(sql.Identifier(n)) for n in names)
-            conditions = []
+            conditions: list[sql.Composable] = []
             params: list[Any] = []
             for key in keys.get(table, []):
                 if all(col in names for col in key):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["COMMON_PREFIXES", "Prefix", "SEVERITIES", "detect_prefix"]
+__all__ = ["COMMON_PREFIXES", "SEVERITIES", "Prefix", "detect_prefix"]
 
 #: The words a stderr line's message starts with: the primary severities and the
 #: secondary fields PostgreSQL writes as lines of their own.

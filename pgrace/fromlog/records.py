@@ -14,7 +14,6 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 from pgrace.errors import ScenarioError
 from pgrace.fromlog.prefix import Prefix, detect_prefix
@@ -181,7 +180,9 @@ def scan(path: str) -> Scanned:
 def _scan_chunk(chunk: bytes, end: int, base: int, lines: int, out: Scanned, path: str) -> None:
     nul = chunk.find(b"\0", 0, end)
     if nul >= 0:
-        raise ScenarioError("a binary file, not a server log (a NUL byte)", path, lines + chunk.count(b"\n", 0, nul) + 1)
+        raise ScenarioError(
+            "a binary file, not a server log (a NUL byte)", path, lines + chunk.count(b"\n", 0, nul) + 1
+        )
     found: list[int] = []
     for marker in MARKERS:
         pos = chunk.find(marker, 0, end)
@@ -349,4 +350,3 @@ def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
             )
         )
     return records, skipped
-

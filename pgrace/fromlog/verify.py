@@ -46,7 +46,9 @@ def _run(written: Written, source: str, server: ServerInfo) -> Run:
         return failed.run
 
 
-def verify(incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None) -> tuple[Verified, Written]:
+def verify(
+    incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None
+) -> tuple[Verified, Written]:
     """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails."""
     run = _run(written, source, server)
     failures = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]

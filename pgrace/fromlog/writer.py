@@ -24,6 +24,10 @@ VICTIM_TIMEOUT = "100ms"
 VICTIM_FIRST_TIMEOUT = "1s"
 OTHERS_TIMEOUT = "10s"
 _ENDS = ("COMMIT", "ROLLBACK", "END", "ABORT")
+_GUESSED = "-- TODO: guessed from the statements; give --dsn to copy the real table"
+_MADE_UP_NOTE = "-- TODO: the values the log does not show are made up"
+_MADE_UP: dict[str, Any] = {"int": 0, "numeric": 0, "text": ""}
+_TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
 
 
 @dataclass
@@ -92,7 +96,9 @@ def _plan_inferred(incident: Incident) -> list[Planned]:
     waiters += [w for w in incident.waits if w.waiter == incident.victim]
     for wait in waiters:
         where = f"line {wait.line}" if wait.line else f"the report at line {incident.line}"
-        steps.append(Planned(names[wait.waiter], wait.sql, note=f"{where}: the statement it waited in", pid=wait.waiter))
+        steps.append(
+            Planned(names[wait.waiter], wait.sql, note=f"{where}: the statement it waited in", pid=wait.waiter)
+        )
     return steps
 
 
@@ -168,8 +174,8 @@ def _multiline(text: str) -> str:
 def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str], list[str]]:
     tables: dict[str, dict[str, str]] = {}
     keys: dict[str, list[dict[str, Any]]] = {}
-    for sql in statements:
-        touch = analyse(sql)
+    for statement in statements:
+        touch = analyse(statement)
         if touch.table is None:
             continue
         cols = tables.setdefault(touch.table, {})
@@ -186,13 +192,13 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
         key_cols = list(keys.get(table, [{}])[0]) if keys.get(table) else []
         pk = f",\n  PRIMARY KEY ({', '.join(key_cols)})" if key_cols else ""
         body = ",\n  ".join(f"{c} {t}" for c, t in cols.items())
-        sql.append(f"-- TODO: guessed from the statements; give --dsn to copy the real table\nCREATE TABLE {table} (\n  {body}{pk}\n);")
+        sql.append(f"{_GUESSED}\nCREATE TABLE {table} (\n  {body}{pk}\n);")
         rows = []
         for key in keys.get(table, []):
-            values = [key.get(c, 0 if t in ("int", "numeric") else "" if t == "text" else None) for c, t in cols.items()]
+            values = [key.get(c, _MADE_UP.get(t)) for c, t in cols.items()]
             rows.append("(" + ", ".join(_sql_literal(v) for v in values) + ")")
         if rows:
-            sql.append(f"-- TODO: the values the log does not show are made up\nINSERT INTO {table} VALUES {', '.join(rows)};")
+            sql.append(f"{_MADE_UP_NOTE}\nINSERT INTO {table} VALUES {', '.join(rows)};")
         notes.append(f"the table {table} is guessed from the statements (its columns, types and rows): give --dsn")
     if not tables:
         sql.append("-- TODO: the log names no table pgrace could read: create the tables the statements need")
@@ -283,7 +289,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         f"title = {_toml(f'{incident.kind.capitalize()} of {who}, from the server log')}",
         f"narrative = {_multiline(chr(10).join(narrative))}",
         "",
-        *(["# TODO: the log does not describe the tables: this setup is guessed from the statements"] if dsn is None else []),
+        *([_TODO_SETUP] if dsn is None else []),
         f"setup = {_multiline(chr(10).join(setup))}",
         "",
     ]
