@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pgrace.fromlog.records import LogFormat, Record, scan, window
+from pgrace.fromlog.records import LogFormat, Record, Window, scan, window
 
 __all__ = ["Incident", "Step", "Wait", "find_incidents"]
 
@@ -97,12 +97,14 @@ def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
         found.lines += scanned.lines
         waits: list[Incident] = []
         seen: set[int] = set()
+        current: Window | None = None
         for hit in scanned.hits:
             if hit.line in seen:
                 continue
-            records, skipped = window(path, fmt, hit)
-            found.skipped += skipped
-            for incident, covered in _incidents_at(path, fmt, records, hit.line, found.unreadable):
+            if current is None or not current.covers(hit):  # hits close together share one parse
+                current = window(path, fmt, hit)
+                found.skipped += current.skipped
+            for incident, covered in _incidents_at(path, fmt, current.records, hit.line, found.unreadable):
                 seen.update(covered)
                 (waits if incident.kind == "lock wait" else found.incidents).append(incident)
         # A wait that was one edge of a deadlock is told with the deadlock, not again on its own.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pgrace.errors import ScenarioError
 from pgrace.fromlog.prefix import Prefix, detect_prefix
 
-__all__ = ["Hit", "LogFormat", "Record", "open_log", "scan", "window"]
+__all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "scan", "window"]
 
 #: Bytes read at a time: large enough that the per-chunk Python work is noise.
 CHUNK = 4 << 20
@@ -197,7 +197,21 @@ def _scan_chunk(chunk: bytes, end: int, base: int, lines: int, out: Scanned, pat
         out.hits.append(Hit(base + start, last_line))
 
 
-def window(path: str, fmt: LogFormat, hit: Hit) -> tuple[list[Record], int]:
+@dataclass
+class Window:
+    """The records of a stretch of log (bytes ``start`` to ``end``), and how many lines in it were not records."""
+
+    records: list[Record]
+    skipped: int
+    start: int
+    end: int
+
+    def covers(self, hit: Hit) -> bool:
+        """Whether ``hit`` has enough log after it in this window to be read from it, instead of a new one."""
+        return self.start <= hit.offset and hit.offset + AHEAD // 2 <= self.end
+
+
+def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
     """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after), and the lines skipped.
 
     A skipped line is one that is not a record of the file's format: cut short, or
@@ -207,21 +221,25 @@ def window(path: str, fmt: LogFormat, hit: Hit) -> tuple[list[Record], int]:
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(hit.offset - start + AHEAD)
+    eof = len(data) < hit.offset - start + AHEAD  # the whole rest of the file is in this window
     if start > 0:
         cut = data.find(b"\n") + 1
         data, start = data[cut:], start + cut
-    if len(data) > hit.offset - start + 1:
+    if not eof and len(data) > hit.offset - start + 1:
         last = data.rfind(b"\n")
         if last > hit.offset - start:
             data = data[: last + 1]
     first_line = hit.line - data.count(b"\n", 0, hit.offset - start)
     text = data.decode("utf-8", errors="replace")
     if fmt.kind == "jsonlog":
-        return _json_records(text, first_line)
-    if fmt.kind == "csvlog":
-        return _csv_records(text, first_line)
-    assert fmt.prefix is not None
-    return _stderr_records(text, first_line, fmt.prefix)
+        records, skipped = _json_records(text, first_line)
+    elif fmt.kind == "csvlog":
+        records, skipped = _csv_records(text, first_line)
+    else:
+        assert fmt.prefix is not None
+        records, skipped = _stderr_records(text, first_line, fmt.prefix)
+    end = start + len(data)
+    return Window(records, skipped, start, end + AHEAD if eof else end)
 
 
 def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Record], int]:

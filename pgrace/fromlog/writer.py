@@ -62,7 +62,8 @@ def _word(sql: str) -> str:
 
 def _plan_logged(incident: Incident) -> list[Planned]:
     names = incident.names
-    steps = [Planned(names[s.pid], s.sql, note=f"log line {s.line}", pid=s.pid) for s in incident.steps]
+    base = os.path.basename(incident.file)
+    steps = [Planned(names[s.pid], s.sql, note=f"{base}:{s.line}", pid=s.pid) for s in incident.steps]
     for wait in incident.waits:
         at = _waiting_step(steps, wait, names)
         if at is None:
@@ -95,7 +96,7 @@ def _plan_inferred(incident: Incident) -> list[Planned]:
     waiters = [w for w in incident.waits if w.waiter != incident.victim]
     waiters += [w for w in incident.waits if w.waiter == incident.victim]
     for wait in waiters:
-        where = f"line {wait.line}" if wait.line else f"the report at line {incident.line}"
+        where = f"{os.path.basename(incident.file)}:{wait.line or incident.line}"
         steps.append(
             Planned(names[wait.waiter], wait.sql, note=f"{where}: the statement it waited in", pid=wait.waiter)
         )
@@ -241,8 +242,9 @@ def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[l
 
 
 def _name(incident: Incident) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(incident.file)).strip("-.") or "log"
-    return f"{incident.kind.replace(' ', '-')}-{stem}-{incident.line}"
+    stem = os.path.splitext(os.path.basename(incident.file))[0]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "log"
+    return f"from-log-{stem}-{incident.line}"
 
 
 def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] | None = None) -> Written:
@@ -277,8 +279,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
             f"The server chose {incident.names[incident.victim]} as the victim; each session's "
             "deadlock_timeout is pinned so that it is chosen on every run."
         )
-    narrative.append("What the log did not say:")
-    narrative += [f"- {u}" for u in unsaid]
+    narrative.append("What the log did not say: " + "; ".join(unsaid) + ".")
     out = [
         f"# Written by pgrace from-log from {incident.file}:{incident.line}.",
         "# Steps whose note starts with 'inferred' were not in the log: pgrace rebuilt them from the report.",
@@ -293,7 +294,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         f"setup = {_multiline(chr(10).join(setup))}",
         "",
     ]
-    for pid in incident.pids:
+    for pid in sorted(incident.pids, key=lambda p: next((i for i, s in enumerate(steps) if s.pid == p), 0)):
         out += ["[[sessions]]", f"name = {_toml(incident.names[pid])}"]
         if incident.kind == "deadlock":
             out.append(f"setup = {_toml(_pin(incident, pid, steps))}")
