@@ -12,10 +12,10 @@ import shutil
 import sys
 from pathlib import Path
 
-import incidents as real
 import pytest
 from click.testing import CliRunner
 
+import tools.incidents as real
 from pgrace.cli import main
 from pgrace.fromlog import from_log
 

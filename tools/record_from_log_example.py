@@ -2,7 +2,7 @@
 
 The server logs as docs/guide/from-log.md recommends (log_lock_waits, a short
 deadlock_timeout, log_statement = all, log_line_prefix '%m [%p] %a %v %x '); alice and bob
-transfer money in opposite orders (tests/incidents.py). Then the scenario pgrace writes
+transfer money in opposite orders (tools/incidents.py). Then the scenario pgrace writes
 from that log is examples/from-log/deadlock.toml.
 
     python tools/record_from_log_example.py
@@ -11,15 +11,12 @@ from that log is examples/from-log/deadlock.toml.
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
+from pgrace.fromlog import from_log
+from tools import incidents
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-import incidents  # noqa: E402
-
-from pgrace.fromlog import from_log  # noqa: E402
 
 
 def main() -> None:

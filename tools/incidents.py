@@ -1,4 +1,4 @@
-"""Real incidents on a real server, for the from-log tests: a server that logs, and sessions that deadlock or wait.
+"""Real incidents on a real server: a server that logs, and sessions that deadlock or wait.
 
 Nothing here writes log text by hand: the sessions run the incident, and the tests read
 the file the server itself wrote (``pg_current_logfile``).
@@ -40,7 +40,7 @@ class LoggingServer:
         with psycopg.connect(self.server.dsn, autocommit=True) as conn:
             row = conn.execute("SELECT current_setting('data_directory'), pg_current_logfile(%s)", [self.destination])
             data, name = row.fetchone() or ("", "")
-        return Path(data) / name
+        return Path(str(data)) / str(name)
 
     def shop_rows(self) -> list[tuple[int, str, int]]:
         with psycopg.connect(self.shop) as conn:
