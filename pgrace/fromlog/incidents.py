@@ -76,7 +76,8 @@ class Incident:
         tables = sorted({w.table for w in self.waits if w.table})
         on = f" on {', '.join(tables)}" if tables else ""
         when = f" at {self.time}" if self.time else ""
-        return f"{self.file}:{self.line}: {self.kind} of {who}{on}{when}"
+        victim = f" (victim: {self.names[self.victim]})" if self.victim is not None else ""
+        return f"{self.file}:{self.line}: {self.kind} of {who}{on}{when}{victim}"
 
 
 @dataclass
