@@ -18,7 +18,9 @@ from pgrace.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guide" / "from-log.md"
-BLOCK = re.compile(r"<!-- (?P<kind>output|stderr|file|log): (?P<what>.+?) -->\n```(?P<lang>\w+)\n(?P<body>.*?)```\n", re.S)
+BLOCK = re.compile(
+    r"<!-- (?P<kind>output|stderr|file|log): (?P<what>.+?) -->\n```(?P<lang>\w+)\n(?P<body>.*?)```\n", re.S
+)
 
 
 def shown(kind: str, what: str) -> str:
