@@ -35,14 +35,15 @@ def report_lines(result: FromLog) -> list[str]:
         out.append("pgrace: from-log: what the log did not say:")
         out += [f"pgrace:   - {u}" for u in result.written.unsaid]
     verified = result.verified
-    if verified is not None:
-        if verified.reproduced and verified.order is None:
-            out.append("pgrace: from-log: reproduced: the scenario's run showed the incident's waits and outcome")
-        elif verified.reproduced:
-            out.append(
-                f"pgrace: from-log: reproduced in another order, found among {verified.explored} interleavings: "
-                + ", ".join(verified.order or [])
-            )
+    if verified is not None and verified.reproduced:
+        if verified.order is None:
+            out.append("pgrace: from-log: reproduced: the scenario's run showed the incident's waits and outcome:")
         else:
-            out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
+            out.append(
+                f"pgrace: from-log: reproduced in another order, found among {verified.explored} interleavings "
+                f"({', '.join(verified.order)}); the file has that order:"
+            )
+        out += [f"pgrace:   ✔ {check.description}" for check in verified.run.checks] if verified.run else []
+    elif verified is not None:
+        out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
     return [visible(line) for line in out]
