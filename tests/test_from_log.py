@@ -144,3 +144,46 @@ def test_log_text_never_reaches_the_terminal_raw(recorded: dict[str, Path], tmp_
     result = CliRunner().invoke(main, ["from-log", str(hostile), "--list"])
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.output and "␛[2J" in result.output
+
+
+def test_an_order_that_does_not_deadlock_is_explored_until_one_does(tmp_path: Path) -> None:
+    """The same steps run one transaction after the other cannot deadlock: exploring finds an order that does."""
+    from pgrace.fromlog.verify import verify
+    from pgrace.fromlog.writer import write_scenario
+
+    with real.logging_server("18", statements="none") as logging:
+        real.deadlock(logging)
+        log = tmp_path / "server.log"
+        shutil.copy(logging.logfile(), log)
+        found = from_log([str(log)], verify=False)
+        assert found.written is not None
+        incident = found.incidents[0]
+        sessions = list(dict.fromkeys(s.session for s in found.written.steps))
+        serial = [s.name for session in sessions for s in found.written.steps if s.session == session]
+        one_after_the_other = write_scenario(incident, order=serial)
+
+        verified, written = verify(incident, one_after_the_other, "<test>", logging.server, None)
+
+        assert verified.reproduced, verified.failures
+        assert verified.order is not None and verified.order != serial and verified.explored > 0
+        assert [s.name for s in written.steps] == verified.order
+        assert 'error = "40P01"' in written.text
+
+
+def test_a_log_that_begins_inside_the_transactions_infers_the_locks_taken_before(tmp_path: Path) -> None:
+    """Log rotation cut off each transaction's first update: the rows they held are locked by inferred steps."""
+    with real.logging_server("18") as logging:
+        real.deadlock(logging)
+        lines = logging.logfile().read_text().splitlines(keepends=True)
+        first = next(i for i, line in enumerate(lines) if "SET balance = balance + 100 WHERE id = 2" in line)
+        log = tmp_path / "rotated.log"
+        log.write_text("".join(lines[first:]))
+
+        found = from_log([str(log)], server=logging.server)
+
+        assert found.verified is not None and found.verified.reproduced, found.verified.failures
+        assert found.written is not None
+        text = found.written.text
+        assert "SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE" in text  # alice's first update, inferred
+        assert "SELECT 1 FROM accounts WHERE id = 2 FOR UPDATE" in text  # bob's
+        assert any("had written before its first logged statement" in u for u in found.written.unsaid)

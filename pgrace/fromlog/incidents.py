@@ -37,6 +37,7 @@ class Step:
     sql: str
     line: int | None = None
     why: str = ""
+    xid: str | None = None  # %x on its line: the transaction's xid before it ran ("0": none yet)
 
 
 @dataclass
@@ -256,7 +257,7 @@ def _recover(incident: Incident, fmt: LogFormat, records: list[Record], index: i
                     logged.append((r.pid, per_pid[r.pid][-1]))
                 closed.add(r.pid)
             continue
-        step = Step(r.pid, sql, r.line)
+        step = Step(r.pid, sql, r.line, xid=r.xid)
         per_pid[r.pid].append(step)
         logged.append((r.pid, step))
         if after and word in _ENDS:
@@ -268,7 +269,14 @@ def _recover(incident: Incident, fmt: LogFormat, records: list[Record], index: i
         incident.steps = [s for _, s in logged]
         for p in incident.pids:
             first = next(iter(per_pid[p]), None)
-            if first is not None and _first_word(first.sql) not in _BEGINS and p not in waiting:
+            if first is None or _first_word(first.sql) in _BEGINS:
+                continue
+            if first.xid not in (None, "", "0"):  # it had written already: it held locks the log does not show
+                unsaid.append(
+                    f"{incident.names[p]} had written before its first logged statement (line {first.line} "
+                    f"already had xid {first.xid}): statements before the log began"
+                )
+            elif p not in waiting:
                 unsaid.append(f"{incident.names[p]}'s transaction began before the log's first statement of it")
     _pooled(incident, records, index)
 

@@ -27,6 +27,7 @@ _ENDS = ("COMMIT", "ROLLBACK", "END", "ABORT")
 _GUESSED = "-- TODO: guessed from the statements; give --dsn to copy the real table"
 _MADE_UP_NOTE = "-- TODO: the values the log does not show are made up"
 _MADE_UP: dict[str, Any] = {"int": 0, "numeric": 0, "text": ""}
+_BEGAN = "inferred: the transaction began"
 _TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
 
 
@@ -69,13 +70,37 @@ def _plan_logged(incident: Incident) -> list[Planned]:
         if at is None:
             continue
         for holder in wait.holders:
-            took = any(s.pid == holder and _word(s.sql) not in ("BEGIN", "START") for s in steps[:at])
-            if not took:  # the holder's locking statement is not in the log: inferred, just before the wait
-                began = any(s.pid == holder for s in steps[:at])
-                extra = [] if began else [Planned(names[holder], "BEGIN", inferred=True, pid=holder)]
-                extra.append(_lock_step(holder, wait, names))
-                steps[at:at] = extra
+            if _holds(steps[:at], holder, wait):
+                continue
+            # Its locking statement is not in the log (it ran before the log began): inferred, at
+            # the start of its transaction, so that it holds the row before anyone waits for it.
+            own = [i for i, s in enumerate(steps[:at]) if s.pid == holder]
+            began = bool(own) and _word(steps[own[0]].sql) in ("BEGIN", "START")
+            place = own[0] + 1 if began else (own[0] if own else at)
+            extra = [] if began else [Planned(names[holder], "BEGIN", inferred=True, pid=holder, note=_BEGAN)]
+            extra.append(_lock_step(holder, wait, names))
+            steps[place:place] = extra
     return steps
+
+
+def _holds(steps: list[Planned], holder: int, wait: Wait) -> bool:
+    """Whether one of ``holder``'s steps locks the row ``wait`` wanted (any of its steps, when the row is unknown)."""
+    wanted = analyse(wait.sql)
+    own = [s for s in steps if s.pid == holder and _word(s.sql) not in ("BEGIN", "START")]
+    if wanted.table is None or not wanted.keys:
+        return bool(own)
+    for step in own:
+        touch = analyse(step.sql)
+        if touch.table != wanted.table:
+            continue
+        if not touch.keys:
+            return True
+        for key in touch.keys:
+            for other in wanted.keys:
+                shared = set(key) & set(other)
+                if shared and all(key[c] == other[c] for c in shared):
+                    return True
+    return False
 
 
 def _lock_step(holder: int, wait: Wait, names: dict[int, str]) -> Planned:
@@ -91,7 +116,7 @@ def _plan_inferred(incident: Incident) -> list[Planned]:
         held = [w for w in incident.waits if pid in w.holders]
         if not held:
             continue
-        steps.append(Planned(names[pid], "BEGIN", inferred=True, pid=pid, note="inferred: the transaction began"))
+        steps.append(Planned(names[pid], "BEGIN", inferred=True, pid=pid, note=_BEGAN))
         steps += [_lock_step(pid, w, names) for w in held]
     waiters = [w for w in incident.waits if w.waiter != incident.victim]
     waiters += [w for w in incident.waits if w.waiter == incident.victim]
