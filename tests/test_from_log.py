@@ -144,6 +144,9 @@ def test_log_text_never_reaches_the_terminal_raw(recorded: dict[str, Path], tmp_
     result = CliRunner().invoke(main, ["from-log", str(hostile), "--list"])
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.output and "␛[2J" in result.output
+    written = CliRunner().invoke(main, ["from-log", str(hostile), "--no-verify"])
+    assert written.exit_code == 0, written.output
+    assert "\x1b" not in written.output and "␛[2J" in written.stdout  # the scenario's comments and its report
 
 
 def test_an_order_that_does_not_deadlock_is_explored_until_one_does(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pgrace.fromlog.incidents import Incident, Wait
 from pgrace.fromlog.sqlinfo import analyse, lock_statement
+from pgrace.render.escape import visible
 
 __all__ = ["Planned", "Written", "write_scenario"]
 
@@ -266,6 +267,11 @@ def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[l
     return described.setup or ["-- TODO: nothing of the incident's tables could be copied"], described.notes
 
 
+def _comment(text: str) -> str:
+    """A TOML comment line of log text (a file name, an application name): one line, nothing a terminal acts on."""
+    return visible(" ".join(text.splitlines()))
+
+
 def _name(incident: Incident) -> str:
     stem = os.path.splitext(os.path.basename(incident.file))[0]
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "log"
@@ -306,10 +312,10 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         )
     narrative.append("What the log did not say: " + "; ".join(unsaid) + ".")
     out = [
-        f"# Written by pgrace from-log from {incident.file}:{incident.line}.",
+        _comment(f"# Written by pgrace from-log from {incident.file}:{incident.line}."),
         "# Steps whose note starts with 'inferred' were not in the log: pgrace rebuilt them from the report.",
         "# What the log did not say:",
-        *[f"#   - {u}" for u in unsaid],
+        *[_comment(f"#   - {u}") for u in unsaid],
         "",
         f"name = {_toml(name)}",
         f"title = {_toml(f'{incident.kind.capitalize()} of {who}, from the server log')}",
