@@ -249,7 +249,6 @@ def test_load_3() -> None:
     assert invoke(["load", "nowait", "-t", "1", "--dsn", UNREACHABLE, "--pgbench", "/nonexistent"]).exit_code == 3
 
 
-
 def test_from_log_3() -> None:
     """The incident's database (--dsn) or the server to verify on (--server) cannot be reached."""
     log = "examples/from-log/deadlock.log"
