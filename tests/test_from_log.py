@@ -190,3 +190,16 @@ def test_a_log_that_begins_inside_the_transactions_infers_the_locks_taken_before
         assert "SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE" in text  # alice's first update, inferred
         assert "SELECT 1 FROM accounts WHERE id = 2 FOR UPDATE" in text  # bob's
         assert any("had written before its first logged statement" in u for u in found.written.unsaid)
+
+
+def test_lines_that_are_not_records_are_skipped_and_counted(recorded: dict[str, Path], tmp_path: Path) -> None:
+    """Another program's output mixed into the log: the incident is still read, and the skipped lines told."""
+    lines = recorded["deadlock"].read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "ERROR:  deadlock detected" in line)
+    mixed = tmp_path / "mixed.log"
+    mixed.write_text("".join(lines[:at] + ["sh: 1: cannot create /x: Permission denied\n"] * 3 + lines[at:]))
+    out = tmp_path / "out.toml"
+    result = CliRunner().invoke(main, ["from-log", str(mixed), "--no-verify", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "pgrace: from-log: 3 line(s) skipped: not log records of the file's format" in result.stderr
+    assert 'error = "40P01"' in out.read_text()
