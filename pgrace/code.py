@@ -56,12 +56,13 @@ from typing import Any, Literal, cast
 import psycopg
 from psycopg import pq, sql
 
+from pgrace.engine.results import result_set
+from pgrace.engine.steps import Recorder
 from pgrace.errors import CodeError, RunAborted, StepsStuck
 from pgrace.locks import LockInspector, LockSnapshot
 from pgrace.model import FinalCheck, PermutationStep, Scenario, Session, Step
 from pgrace.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
 from pgrace.releases import ReleaseTracker
-from pgrace.runner import Recorder, result_set
 from pgrace.scratch import schema_reset_sql, scratch_database_with_schema
 from pgrace.servers import ServerInfo, open_server
 from pgrace.timeline import (
