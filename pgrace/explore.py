@@ -274,6 +274,20 @@ class Exploration:
     seed: int | None
     classes: list[OutcomeClass] = field(default_factory=list)
     shard: tuple[int, int] = (1, 1)
+    complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
+    replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
+
+    def replay(self, cls: OutcomeClass) -> Run:
+        """The class's example run again, fully observed (waits, rows, holders)."""
+        if self.replayer is None:
+            raise PgraceError("this exploration cannot replay its examples (read back from JSON)")
+        return self.replayer(cls)
+
+    def timeline(self, cls: OutcomeClass) -> str:
+        """The class's example run again, as the text timeline."""
+        from pgrace.render.text import render_text
+
+        return render_text(self.replay(cls))
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (see README, "Finding races")."""
