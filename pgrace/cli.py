@@ -897,7 +897,15 @@ output_option = click.option(
     metavar="FILE",
     help="Merge the JSON results of shards (repeat) instead of running.",
 )
-@click.option("--format", "-f", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format: text, json, markdown or html for the classes; any format for --show N.",
+)
 @server_option
 @dsn_option
 @step_timeout_option
@@ -999,7 +1007,15 @@ def _render_exploration(result: Any, scenario: Scenario, fmt: str, timelines: di
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(EXPLORE_FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
 @server_option
 @dsn_option
 @step_timeout_option
@@ -1059,7 +1075,15 @@ def _sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
 @_max_option("With --explore: a seeded sample of N")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
 @_jobs_option("With --explore: processes")
-@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(EXPLORE_FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
 @server_option
 @dsn_option
 @step_timeout_option
@@ -1194,7 +1218,15 @@ def _whole(raw: str | None, option: str) -> int | None:
     "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
 )
 @click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
-@click.option("--format", "-f", "fmt", type=click.Choice(LOAD_FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(LOAD_FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format: svg is the plot, html the table and the plot in one page.",
+)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
 @click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one.")
 @click.option("--server", "server_target", metavar="SERVER", help="'embedded', a connection string or a bin directory.")

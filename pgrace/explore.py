@@ -290,7 +290,7 @@ class Exploration:
         return render_text(self.replay(cls))
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (see README, "Finding races")."""
+        """The documented JSON shape (docs/reference/json.md)."""
         return {
             "scenario": self.scenario,
             "variant": self.variant,

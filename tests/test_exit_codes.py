@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from documentation import page
 
 from pgrace.cli import main
 from pgrace.errors import Terminated
@@ -316,9 +317,8 @@ def test_every_commands_help_lists_the_exit_codes(command: str) -> None:
         assert f" {code} " in text, (command, code)
 
 
-def test_the_readme_table_lists_every_code() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+def test_the_docs_table_lists_every_code() -> None:
+    section = page("reference/exit-codes.md").split("## Exit codes", 1)[1].split("\n#", 1)[0]
     documented = set(re.findall(r"^\| (\d+(?: / \d+)?) \|", section, re.MULTILINE))
     assert documented == {"0", "1", "2", "3", "4", "130 / 143", "141"}
 
