@@ -60,10 +60,10 @@ class Pauses:
                 if active is not None and active in scheduler.waiting and active.outcome is None:
                     session.consume()
                     if not session.pgconn.is_busy():
-                        scheduler.settle_outcome(session, active)
+                        scheduler.done.settle(session, active)
                         if not scheduler.held_by_marker(active):
                             scheduler.waiting.remove(active)
-                            scheduler.report_done(session, active)
+                            scheduler.done.report(session, active)
                             scheduler.observe_locks(active.seq)
                 else:
                     self.found_ended_idle(session)

@@ -11,19 +11,17 @@ finished step. The events themselves are the :class:`~pgrace.engine.steps.StepBo
 
 from __future__ import annotations
 
-import dataclasses
 import select
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from psycopg import pq
-
+from pgrace.engine.completions import Completions
 from pgrace.engine.libpq import Active, LibpqSession
 from pgrace.engine.pauses import Pauses
-from pgrace.errors import PgraceError, ScenarioError, StepsStuck
+from pgrace.errors import PgraceError, StepsStuck
 from pgrace.model import PermutationStep, Scenario, Step
-from pgrace.timeline import Holder, NotifyReceived, Outcome, Release, Run, SqlError
+from pgrace.timeline import Holder, Outcome, Run, SqlError
 from pgrace.variables import Value, param_values, substitute
 
 if TYPE_CHECKING:
@@ -65,6 +63,7 @@ class Scheduler:
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
         self.params = param_values(scenario)
         self.pauses = Pauses(self, control, aborted)
+        self.done = Completions(self)
 
     # -- launching -------------------------------------------------------------------------
 
@@ -220,12 +219,12 @@ class Scheduler:
                         self._still_waiting(active)
                     return False
         if active.outcome is None:
-            self.settle_outcome(session, active)
+            self.done.settle(session, active)
         if self.held_by_marker(active):
             if not active.waiting_reported:
                 self._report_waiting(active, by_marker=True)
             return False
-        self.report_done(session, active)
+        self.done.report(session, active)
         return True
 
     def _timed_out(self, active: Active, called: float) -> bool:
@@ -302,106 +301,6 @@ class Scheduler:
         waits = () if by_marker or not self.options.describe_waits else self.inspector.describe_waits(session.pid)
         markers = (self.scenario.step(b.step).session for b in active.entry.blockers if b.step is not None)
         self.book.waiting(active.seq, waits, detected, markers, by_marker=by_marker)
-
-    # -- completing ------------------------------------------------------------------------
-
-    def settle_outcome(self, session: LibpqSession, active: Active) -> None:
-        """Collect a finished step's results (not yet its report) and note whether it ended its transaction."""
-        outcome, deadlock = session.collect(active)
-        if deadlock is not None and outcome.error is not None:
-            outcome = dataclasses.replace(
-                outcome, error=dataclasses.replace(outcome.error, cycle=self.inspector.deadlock_cycle(deadlock))
-            )
-        active.outcome = outcome
-        self._capture(session, active)
-        self._note_completion(session, active)
-
-    def _note_completion(self, session: LibpqSession, active: Active) -> None:
-        """Tell the book the step is over (once): did it end its transaction, or its session?"""
-        assert active.outcome is not None
-        lost = active.lost is not None or session.pgconn.status == pq.ConnStatus.BAD
-        after = pq.TransactionStatus(pq.TransactionStatus.UNKNOWN if lost else session.pgconn.transaction_status)
-        self.book.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
-
-    def _settle_finished(self, names: Iterable[str]) -> None:
-        """Collect the results that already arrived for these sessions' running steps (a deadlock victim's)."""
-        for name in names:
-            session = self.sessions.get(name)
-            active = session.active if session is not None else None
-            if session is None or active is None or active.outcome is not None or session.lost is not None:
-                continue
-            session.consume()
-            if not session.pgconn.is_busy():
-                self.settle_outcome(session, active)
-
-    def _gone(self, names: Iterable[str]) -> set[str]:
-        """Sessions whose backend no longer exists (terminated, crashed)."""
-        known = [self.sessions[name] for name in names if name in self.sessions]
-        alive = self.inspector.states([s.pid for s in known if s.lost is None])
-        return {s.name for s in known if s.lost is not None or s.pid not in alive}
-
-    def _release(self, active: Active) -> Release | None:
-        """What ended the step's wait (None when it never waited)."""
-        if not active.waiting_reported:
-            return None
-        assert active.outcome is not None
-        release = self.book.release(
-            active.seq,
-            active.outcome.error,
-            cancelled=active.cancelled,
-            lost=active.lost is not None,
-            settle=self._settle_finished,
-            gone=self._gone,
-        )
-        holder = self.sessions.get(release.session or "") if release.cause == "terminated" else None
-        own = self.sessions[active.step.session]
-        if holder is not None and holder is not own and release.seq not in self.pauses.crashes:
-            self.pauses.found_ended_idle(holder)  # no step of the scenario did it: the server says what did
-            if (why := holder.lost or holder.ended) is not None:
-                release = dataclasses.replace(release, reason=f"{why.sqlstate}: {why.message}")
-        return release
-
-    def report_done(self, session: LibpqSession, active: Active) -> None:
-        assert active.outcome is not None
-        self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
-        self.book.finished(active.seq, active.outcome, active.waiting_reported, self._release(active))
-        self.last_done = active.seq
-        if active.lost is not None:
-            self.recorder.add(active.lost)
-        if self.scenario.format == "pgrace":  # a spec keeps isolationtester's view: a loss shows at the next step
-            self.pauses.look_for_ended_idle()
-        session.consume()  # as isolationtester: read what arrived since the result
-        while (notify := session.pgconn.notifies()) is not None:
-            pid = notify.be_pid
-            sender = self.inspector.name_of(pid) if pid in self.inspector.sessions else f"PID {pid}"
-            self.recorder.add(
-                NotifyReceived(
-                    session.name, notify.relname.decode(), notify.extra.decode(), sender, self.recorder.now()
-                )
-            )
-        session.active = None
-
-    def _capture(self, session: LibpqSession, active: Active) -> None:
-        step, outcome = active.step, active.outcome
-        if not step.capture or outcome is None:
-            return
-        if outcome.error is not None:  # a failed claim captured nothing: later steps see NULL
-            session.variables.update({variable: Value(None) for variable, _ in step.capture})
-            return
-        last = outcome.last_rows
-        for variable, column in step.capture:
-            if last is None or column not in last.columns:
-                found = ", ".join(last.columns) if last else "no result set"
-                raise ScenarioError(
-                    f"step {step.name!r} captures column {column!r}, but its result has {found}",
-                    self.scenario.source,
-                    step.line,
-                )
-            index = last.columns.index(column)
-            if last.rows:
-                session.variables[variable] = Value(last.rows[0][index], last.text_rows[0][index])
-            else:
-                session.variables[variable] = Value(None)
 
     def observe_locks(self, seq: int) -> None:
         if self.options.track_row_locks:
