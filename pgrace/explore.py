@@ -30,7 +30,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +163,10 @@ class Space:
                 after = spread * (len(self.chains[i]) - at[i]) // total
                 branches.append((i, counts[tied_at] * after, after))
         return branches
+
+    def __iter__(self) -> Iterator[tuple[str, ...]]:
+        """Every interleaving in number order: a :class:`~pgrace.engine.schedule.Schedule` of step names."""
+        return (self.unrank(i) for i in range(self.size))
 
     def unrank(self, index: int) -> tuple[str, ...]:
         """The interleaving numbered ``index`` (0 ≤ index < size)."""

@@ -20,15 +20,15 @@ from psycopg import pq
 
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import first_line, result_error
-from pgrace.errors import PgraceError, RunAborted, StepsStuck
+from pgrace.errors import RunAborted, StepsStuck
 from pgrace.timeline import Outcome
 
 
-def _aborted(where: str, detail: str) -> PgraceError:
+def _aborted(where: str, detail: str) -> Exception:
     return RunAborted(f"{where} was lost during the run ({detail})")
 
 
-def _stuck(message: str) -> PgraceError:
+def _stuck(message: str) -> Exception:
     return StepsStuck(message)
 
 
@@ -47,11 +47,30 @@ class ControlSql:
     step_timeout: float
     timeout_name: str = "--step-timeout"
     idle: Callable[[], None] = _nothing
-    aborted: Callable[[str, str], PgraceError] = _aborted
-    stuck: Callable[[str], PgraceError] = _stuck
+    aborted: Callable[[str, str], Exception] = _aborted
+    stuck: Callable[[str], Exception] = _stuck
 
     def execute(self, pgconn: pq.abc.PGconn, text: str, where: str = "pgrace's control connection") -> Outcome:
         """The last result of ``text`` as an Outcome (an error is data); a lost connection raises ``aborted``."""
+        res, cancelled = self.result(pgconn, text, where)
+        if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
+            error = result_error(res)
+            if cancelled and error.sqlstate == "57014":
+                why = f"pgrace cancelled it after {self.timeout_name} {self.step_timeout:g} s"
+                error = dataclasses.replace(
+                    error,
+                    detail=f"{why}; {error.detail}" if error.detail else why,
+                    text=f"{error.text}DETAIL:  {why}\n",
+                )
+            return Outcome(error=error)
+        if res.status == pq.ExecStatus.TUPLES_OK:
+            return Outcome((result_set(res),))
+        return Outcome(commands=((res.command_status or b"").decode(),))
+
+    def result(
+        self, pgconn: pq.abc.PGconn, text: str, where: str = "pgrace's control connection"
+    ) -> tuple[pq.abc.PGresult, bool]:
+        """The last raw result of ``text``, and whether pgrace cancelled it at the timeout."""
         try:
             pgconn.send_query(text.encode())
             while pgconn.flush():
@@ -68,19 +87,7 @@ class ControlSql:
             server_said = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) if res is not None else None
             detail = server_said.decode("utf-8", "replace") if server_said else pgconn.get_error_message()
             raise self.aborted(where, first_line(detail))
-        if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
-            error = result_error(res)
-            if cancelled and error.sqlstate == "57014":
-                why = f"pgrace cancelled it after {self.timeout_name} {self.step_timeout:g} s"
-                error = dataclasses.replace(
-                    error,
-                    detail=f"{why}; {error.detail}" if error.detail else why,
-                    text=f"{error.text}DETAIL:  {why}\n",
-                )
-            return Outcome(error=error)
-        if res.status == pq.ExecStatus.TUPLES_OK:
-            return Outcome((result_set(res),))
-        return Outcome(commands=((res.command_status or b"").decode(),))
+        return res, cancelled
 
     def _await_idle(self, pgconn: pq.abc.PGconn, text: str) -> bool:
         """Wait until the connection's results are all in; cancel once at the step timeout.

@@ -25,6 +25,7 @@ from psycopg import pq
 from pgrace import scratch, variables
 from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.schedule import Permutations
 from pgrace.engine.scheduler import Scheduler
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
@@ -186,12 +187,13 @@ class Runner:
 
     def run_all(self) -> None:
         try:
-            for index, permutation in enumerate(self.scenario.permutations):
-                self._run_permutation(index, permutation)
+            schedule = Permutations(self.scenario)
+            for index, permutation in enumerate(schedule):
+                self._run_permutation(index, permutation, last=index == schedule.size - 1)
         except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
             raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
 
-    def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...]) -> None:
+    def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...], last: bool) -> None:
         scheduler = self.scheduler
         self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
         scheduler.permutation = permutation
@@ -225,7 +227,7 @@ class Runner:
             scheduler.wait_for_session(session)
             self._launch_ready(deferred)
         scheduler.finish_permutation()
-        if self.options.checks_each_permutation or index == len(self.scenario.permutations) - 1:
+        if self.options.checks_each_permutation or last:
             self._run_checks()
         for declared in self.scenario.sessions:
             session = self.sessions[declared.name]
