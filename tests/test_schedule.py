@@ -5,7 +5,7 @@ No server: a schedule is arithmetic on names until a run follows it.
 
 from __future__ import annotations
 
-from pgrace.engine.schedule import ChoiceTree, Choices, NamedOrder, Permutations, Schedule
+from pgrace.engine.schedule import Choices, ChoiceTree, NamedOrder, Permutations, Schedule
 from pgrace.explore import Space
 from pgrace.model import PermutationStep, Scenario, Session, Step
 

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import pq
 
 from pgrace.engine.libpq import Active, LibpqSession, sockets
-from pgrace.engine.sqlerrors import first_line
+from pgrace.engine.sqlerrors import exception_error, first_line
 from pgrace.errors import PgraceError, RunAborted
 from pgrace.timeline import Outcome, SessionLost, SqlError
 
@@ -122,7 +122,7 @@ class Pauses:
         except psycopg.OperationalError as exc:
             raise self.aborted("pgrace's control connection", first_line(str(exc))) from None
         except psycopg.Error as exc:  # e.g. 42501: not allowed to signal that backend
-            return Outcome(error=SqlError(exc.sqlstate or "XX000", first_line(str(exc)), "ERROR"))
+            return Outcome(error=exception_error(exc))
         if not gone:
             raise RunAborted(
                 f"step {active.step.name}: session {session.name}'s backend did not end"
