@@ -249,6 +249,13 @@ def test_load_3() -> None:
     assert invoke(["load", "nowait", "-t", "1", "--dsn", UNREACHABLE, "--pgbench", "/nonexistent"]).exit_code == 3
 
 
+def test_from_log_3() -> None:
+    """The incident's database (--dsn) or the server to verify on (--server) cannot be reached."""
+    log = "examples/from-log/deadlock.log"
+    assert invoke(["from-log", log, "--no-verify", "--dsn", UNREACHABLE]).exit_code == 3
+    assert invoke(["from-log", log, "--server", UNREACHABLE]).exit_code == 3
+
+
 # -- 4, 130, 143 ------------------------------------------------------------------------------
 
 # For each command, a function it calls and arguments that reach it.
@@ -262,6 +269,7 @@ REACHED: dict[str, tuple[str, list[str]]] = {
     "sweep": ("pgrace.catalog.load", ["sweep", "nowait", "-p", "x=1,2"]),
     "matrix": ("pgrace.servers.open_server", ["matrix"]),  # the CLI imports it when the command runs
     "load": ("pgrace.catalog.load", ["load", "nowait", "-t", "1"]),
+    "from-log": ("pgrace.fromlog.from_log", ["from-log", "examples/from-log/deadlock.log"]),
 }
 
 
