@@ -12,13 +12,13 @@ threads notify, where the libpq scheduler ``select``s on sockets.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from psycopg import pq
-
+from pgrace.engine.steps import Launched
 from pgrace.engine.threads import Gate, ThreadSession, raised_at, where_defined
 from pgrace.errors import CodeError, StepsStuck
 from pgrace.timeline import Holder, Outcome, SqlError
@@ -34,16 +34,11 @@ Chooser = Callable[[list[str]], str]
 
 
 @dataclass
-class CodeStep:
+class CodeStep(Launched):
     """A launched statement whose end has not been reported yet."""
 
-    seq: int
     name: str  # the step's name
     session: str
-    tx_before: pq.TransactionStatus
-    sent: float
-    waiting_reported: bool = False
-    cancelled: bool = False
 
 
 @dataclass
@@ -116,7 +111,7 @@ class CodeScheduler:
             tx_before = self.sessions[gate.name].transaction_status()
             self.steps.append(Discovered(step_name, gate.name, request.sql, request.where, request.line))
             seq = self.book.launch(step_name, gate.name, request.sql)
-            active = CodeStep(seq, step_name, gate.name, tx_before, time.perf_counter())
+            active = CodeStep(seq, time.perf_counter(), step_name, gate.name, tx_before=tx_before)
             self.active[gate.name] = active
             gate.state, gate.since, gate.request = "running", time.perf_counter(), None
             gate.permitted = True
@@ -165,12 +160,16 @@ class CodeScheduler:
 
     def _bound(self, active: CodeStep, now: float) -> None:
         """A statement running (not blocked) past the step timeout is cancelled once; past three, the run ends."""
-        elapsed = now - active.sent
-        if not active.cancelled and elapsed >= self.step_timeout:
-            self._cancel(active, blocked=False)
-        elif active.cancelled and elapsed >= 3 * self.step_timeout:
-            step = next(s for s in self.steps if s.name == active.name)
-            raise StepsStuck(f"step {active.name} did not finish even after it was cancelled: {step.sql}", step.where)
+        step = next(s for s in self.steps if s.name == active.name)
+        self.book.cut(
+            active,
+            self.sessions[active.session],
+            now - active.sent,
+            lambda graph: (),
+            lambda: StepsStuck(
+                f"step {active.name} did not finish even after it was cancelled: {step.sql}", step.where
+            ),
+        )
 
     def _wait_blocked(self) -> None:
         """No session can go on: every one left waits for a lock. Wait for the server to end a wait
@@ -188,22 +187,20 @@ class CodeScheduler:
                 if oldest.cancelled:
                     raise StepsStuck(f"step {oldest.name} did not finish even after it was cancelled")
                 oldest.sent = time.perf_counter() - self.step_timeout
-                self._cancel(oldest, blocked=True)
+                self.book.cut(  # its holders are named: it waited for a lock
+                    oldest,
+                    self.sessions[oldest.session],
+                    self.step_timeout,
+                    lambda graph: tuple(Holder(n, "") for _, on in graph for n in on),
+                    functools.partial(StepsStuck, f"step {oldest.name} did not finish even after it was cancelled"),
+                )
                 started = time.perf_counter()
         self.settle(None)
 
-    def _cancel(self, active: CodeStep, blocked: bool) -> None:
-        """pgrace's own cancel at the step timeout (``blocked``: the step waited for a lock, its holders are named)."""
-        active.cancelled = True
-        graph = self.inspector.blocking_graph()
-        holders = tuple(Holder(n, "") for _, on in graph for n in on) if blocked else ()
-        self.book.cancel(active.seq, self.sessions[active.session], graph, holders)
-
     def _report_waiting(self, active: CodeStep) -> None:
         detected = self.book.recorder.now()
-        active.waiting_reported = True
         waits = self.inspector.describe_waits(self.sessions[active.session].pid) if self.observe else ()
-        self.book.waiting(active.seq, waits, detected)
+        self.book.waiting(active, waits, detected)
 
     def _settle_blockers(self, names: Iterable[str]) -> None:
         """Note the completions of the blockers' steps the server has finished but the scheduler not yet reported.
@@ -277,9 +274,8 @@ class CodeScheduler:
             release = None
             if active.waiting_reported:
                 release = self.book.release(
-                    active.seq,
+                    active,
                     outcome.error,
-                    cancelled=active.cancelled,
                     lost=False,
                     settle=self._settle_blockers,
                     gone=lambda names: set(),

@@ -70,9 +70,8 @@ class Completions:
             return None
         assert active.outcome is not None
         release = self.scheduler.book.release(
-            active.seq,
+            active,
             active.outcome.error,
-            cancelled=active.cancelled,
             lost=active.lost is not None,
             settle=self._settle_finished,
             gone=self._gone,

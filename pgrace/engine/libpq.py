@@ -20,6 +20,7 @@ from psycopg import pq
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import field as diag_field
 from pgrace.engine.sqlerrors import first_line, raw_message, result_error
+from pgrace.engine.steps import Launched
 from pgrace.model import PermutationStep, Step
 from pgrace.timeline import NoticeReceived, Outcome, ResultSet, SessionLost, SqlError
 from pgrace.variables import Value
@@ -29,19 +30,14 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Active:
-    """A launched step whose completion has not been reported yet."""
+class Active(Launched):
+    """A launched scenario step whose completion has not been reported yet."""
 
-    seq: int
     step: Step
     entry: PermutationStep
-    sent: float
-    waiting_reported: bool = False
-    cancelled: bool = False
     notice_targets: dict[str, int] = field(default_factory=dict)
     outcome: Outcome | None = None
     lost: SessionLost | None = None  # the session's connection was found gone during this step
-    tx_before: pq.TransactionStatus = pq.TransactionStatus.IDLE  # the session's transaction when it was sent
     seen_after: int = 0  # the step last done when its wait was last read
 
 

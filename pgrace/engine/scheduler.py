@@ -85,7 +85,7 @@ class Scheduler:
             shown = substitute(step.sql, self.values(session, facts=False), session.conn)
         tx_before = session.transaction_status()
         seq = self.book.launch(step.name, step.session, shown)
-        active = Active(seq, step, entry, time.perf_counter(), tx_before=tx_before)
+        active = Active(seq, time.perf_counter(), step, entry, tx_before=tx_before)
         for blocker in entry.blockers:
             if blocker.step is not None and blocker.notices is not None:
                 other = self.sessions[self.scenario.step(blocker.step).session]
@@ -235,16 +235,14 @@ class Scheduler:
         from non-blocking polls, so it is only cancelled when the runner itself has
         to wait for it that long (a blocking wait, or a slow step that is not blocked).
         """
-        elapsed = time.perf_counter() - called
-        if active.cancelled or elapsed < self.options.step_timeout:
-            if active.cancelled and elapsed > 3 * self.options.step_timeout:
-                raise self.stuck(f"step {active.step.name} did not finish even after it was cancelled")
-            return False
-        graph = self.inspector.blocking_graph()
-        holders = self._holders(graph)
-        active.cancelled = True
-        self.book.cancel(active.seq, self.sessions[active.step.session], graph, holders)
-        return True
+        session = self.sessions[active.step.session]
+        return self.book.cut(
+            active,
+            session,
+            time.perf_counter() - called,
+            self._holders,
+            lambda: self.stuck(f"step {active.step.name} did not finish even after it was cancelled"),
+        )
 
     def _holders(self, graph: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[Holder, ...]:
         """What each session waited for was doing, when it is not itself waiting: the diagnosis of a hang."""
@@ -295,12 +293,11 @@ class Scheduler:
 
     def _report_waiting(self, active: Active, by_marker: bool) -> None:
         detected = self.recorder.now()  # before describing: the latency is detection's alone
-        active.waiting_reported = True
         active.seen_after = self.last_done
         session = self.sessions[active.step.session]
         waits = () if by_marker or not self.options.describe_waits else self.inspector.describe_waits(session.pid)
         markers = (self.scenario.step(b.step).session for b in active.entry.blockers if b.step is not None)
-        self.book.waiting(active.seq, waits, detected, markers, by_marker=by_marker)
+        self.book.waiting(active, waits, detected, markers, by_marker=by_marker)
 
     def observe_locks(self, seq: int) -> None:
         if self.options.track_row_locks:

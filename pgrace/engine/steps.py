@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from psycopg import pq
@@ -35,6 +36,20 @@ from pgrace.timeline import (
 if TYPE_CHECKING:
     from pgrace.engine.session import Session
     from pgrace.locks import LockInspector
+
+
+Graph = tuple[tuple[str, tuple[str, ...]], ...]  # who waits for whom, by session name
+
+
+@dataclass
+class Launched:
+    """A launched step, as the book keeps it whatever its transport: when it was sent, what was told of it."""
+
+    seq: int
+    sent: float
+    tx_before: pq.TransactionStatus = field(default=pq.TransactionStatus.IDLE, kw_only=True)  # when it was sent
+    waiting_reported: bool = field(default=False, kw_only=True)
+    cancelled: bool = field(default=False, kw_only=True)
 
 
 class Recorder:
@@ -77,22 +92,40 @@ class StepBook:
 
     def waiting(
         self,
-        seq: int,
+        step: Launched,
         waits: tuple[Wait, ...],
         detected: float,
         markers: Iterable[str] = (),
         by_marker: bool = False,
     ) -> None:
         """``detected``: when the wait was seen, taken before describing it (the latency is detection's alone)."""
-        self.releases.waiting(seq, waits, markers)
-        self.recorder.add(StepWaiting(seq, waits, detected, by_marker=by_marker))
+        step.waiting_reported = True
+        self.releases.waiting(step.seq, waits, markers)
+        self.recorder.add(StepWaiting(step.seq, waits, detected, by_marker=by_marker))
 
-    def cancel(
-        self, seq: int, session: Session, graph: tuple[tuple[str, tuple[str, ...]], ...], holders: tuple[Holder, ...]
-    ) -> None:
-        """pgrace's own cancel at the step timeout, recorded with who blocked whom at that moment."""
-        self.recorder.add(StepCancelled(seq, self.step_timeout, graph, self.recorder.now(), holders))
+    def cut(
+        self,
+        step: Launched,
+        session: Session,
+        elapsed: float,
+        holders: Callable[[Graph], tuple[Holder, ...]],
+        stuck: Callable[[], Exception],
+    ) -> bool:
+        """pgrace's own cancel, once, when a step has run ``elapsed`` past the step timeout; True when it cancels now.
+
+        The cancel is recorded with who blocked whom at that moment (``holders``: what each
+        blocker was doing). A step still running three timeouts on is stuck: ``stuck()`` is raised.
+        """
+        if step.cancelled or elapsed < self.step_timeout:
+            if step.cancelled and elapsed > 3 * self.step_timeout:
+                raise stuck()
+            return False
+        graph = self.inspector.blocking_graph()
+        named = holders(graph)
+        step.cancelled = True
+        self.recorder.add(StepCancelled(step.seq, self.step_timeout, graph, self.recorder.now(), named))
         session.cancel()
+        return True
 
     def completed(
         self,
@@ -107,16 +140,17 @@ class StepBook:
 
     def release(
         self,
-        seq: int,
+        step: Launched,
         error: SqlError | None,
         *,
-        cancelled: bool,
         lost: bool,
         settle: Callable[[Iterable[str]], None],
         gone: Callable[[Iterable[str]], set[str]],
     ) -> Release:
         """What ended a step's wait (see :class:`~pgrace.releases.ReleaseTracker`)."""
-        return self.releases.attribute(seq, error, cancelled_by_pgrace=cancelled, lost=lost, settle=settle, gone=gone)
+        return self.releases.attribute(
+            step.seq, error, cancelled_by_pgrace=step.cancelled, lost=lost, settle=settle, gone=gone
+        )
 
     def finished(self, seq: int, outcome: Outcome, after_wait: bool = False, release: Release | None = None) -> None:
         self.recorder.add(StepFinished(seq, outcome, self.recorder.now(), after_wait=after_wait, release=release))
