@@ -24,18 +24,20 @@ if TYPE_CHECKING:
     from typing import Any
 
     from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, run, sweep
-    from pgrace.code import CodeClass, CodeExploration, TracedConnection, explore_code, run_code
+    from pgrace.code import TracedConnection, explore_code, run_code
     from pgrace.errors import CodeError, PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
+    from pgrace.explore import Exploration
     from pgrace.model import Scenario, Session, Step
+    from pgrace.outcomes import OutcomeClass
     from pgrace.runner import RunOptions
     from pgrace.servers import ServerInfo, open_server
     from pgrace.timeline import CheckResult, Run, StepRun
 
 _HOMES = {
     "CheckResult": "pgrace.timeline",
-    "CodeClass": "pgrace.code",
     "CodeError": "pgrace.errors",
-    "CodeExploration": "pgrace.code",
+    "Exploration": "pgrace.explore",
+    "OutcomeClass": "pgrace.outcomes",
     "TracedConnection": "pgrace.code",
     "explore_code": "pgrace.code",
     "run_code": "pgrace.code",
@@ -59,9 +61,9 @@ _HOMES = {
 
 __all__ = [
     "CheckResult",
-    "CodeClass",
     "CodeError",
-    "CodeExploration",
+    "Exploration",
+    "OutcomeClass",
     "PgraceError",
     "Run",
     "RunAborted",

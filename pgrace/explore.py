@@ -30,7 +30,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,6 +164,10 @@ class Space:
                 branches.append((i, counts[tied_at] * after, after))
         return branches
 
+    def __iter__(self) -> Iterator[tuple[str, ...]]:
+        """Every interleaving in number order: a :class:`~pgrace.engine.schedule.Schedule` of step names."""
+        return (self.unrank(i) for i in range(self.size))
+
     def unrank(self, index: int) -> tuple[str, ...]:
         """The interleaving numbered ``index`` (0 ≤ index < size)."""
         if not 0 <= index < self.size:
@@ -274,6 +278,20 @@ class Exploration:
     seed: int | None
     classes: list[OutcomeClass] = field(default_factory=list)
     shard: tuple[int, int] = (1, 1)
+    complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
+    replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
+
+    def replay(self, cls: OutcomeClass) -> Run:
+        """The class's example run again, fully observed (waits, rows, holders)."""
+        if self.replayer is None:
+            raise PgraceError("this exploration cannot replay its examples (read back from JSON)")
+        return self.replayer(cls)
+
+    def timeline(self, cls: OutcomeClass) -> str:
+        """The class's example run again, as the text timeline."""
+        from pgrace.render.text import render_text
+
+        return render_text(self.replay(cls))
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (docs/reference/json.md)."""

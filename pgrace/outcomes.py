@@ -66,6 +66,10 @@ class OutcomeClass:
     example: tuple[str, ...]
     preference: tuple[int, int] = (0, 0)  # (session switches, rank): lower is simpler
     summary: str = field(default="")
+    # Of code, whose steps are known only by running it: the example's (session, SQL) in
+    # launch order, and the choices that replay it (see pgrace.engine.schedule.ChoiceTree).
+    statements: tuple[tuple[str, str], ...] = ()
+    choices: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -243,6 +247,7 @@ def merge_classes(parts: Iterable[Iterable[OutcomeClass]]) -> list[OutcomeClass]
             found.waits += cls.waits
             if cls.preference < found.preference:
                 found.example, found.preference = cls.example, cls.preference
+                found.statements, found.choices = cls.statements, cls.choices
     return ordered(merged.values())
 
 
