@@ -112,6 +112,7 @@ class SessionConnection:
         self.active: Active | None = None
         self.last_seq = 0  # its latest step, the one a loss found while idle is told with
         self.variables: dict[str, Value] = {}  # what its steps captured, by variable name
+        self.attempts: dict[str, int] = {}  # a retry loop (its last step) -> the attempt of it to run now
         self._recorder = recorder
         self.attach(conn)
 
@@ -304,6 +305,7 @@ class Runner:
         self.unlaunched = 0
         self.releases = ReleaseTracker()  # waits and completions never cross permutations
         for session in self.sessions.values():
+            session.attempts = {}
             if session.lost is not None:  # every permutation starts with all sessions connected
                 self._reconnect(session)
         for setup in self.scenario.setup:
@@ -323,7 +325,8 @@ class Runner:
             if session.busy:
                 self._wait_for_session(session)
             self.unlaunched = position + 1
-            self._launch_entry(step, entry)
+            if self._attempted(step, session):
+                self._launch_entry(step, entry)
         while deferred:  # only held steps are left: wait for a blocked session, as without deferral
             session = self.sessions[self.scenario.step(deferred[0].step).session]
             if not session.busy and self.waiting:  # held for a capture that a blocked step will make
@@ -391,8 +394,36 @@ class Runner:
                 held_variables.update(f"{step.session}.{variable}" for variable, _ in step.capture)
                 position += 1
                 continue
-            self._launch_entry(step, deferred.pop(position))
+            entry = deferred.pop(position)
+            if not self._attempted(step, self.sessions[step.session]):
+                continue  # an attempt nobody needs: its place in the interleaving stays empty
+            self._launch_entry(step, entry)
             position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
+
+    def _attempted(self, step: Step, session: SessionConnection) -> bool:
+        """Whether to send ``step`` now that its session's earlier steps are done: retry loops decide.
+
+        A loop's attempt K is sent only when attempt K-1 failed with one of the loop's
+        SQLSTATEs (and K-1 <= max); the rest of a failed attempt is not sent, as an
+        exception leaves the application's loop body; the ROLLBACK that starts an attempt
+        only when the failure left a transaction open. Not sent is not run: no event at all.
+        """
+        if step.loop is None:
+            return True
+        if step.attempt != session.attempts.get(step.loop, 1):
+            return False
+        return not step.rollback or session.pgconn.transaction_status != pq.TransactionStatus.IDLE
+
+    def _note_attempt(self, session: SessionConnection, active: Active) -> None:
+        """A step of a retry loop that failed with one of its SQLSTATEs calls the next attempt, if one is left."""
+        step, outcome = active.step, active.outcome
+        retry = self.scenario.retry_of(step)
+        if retry is None or step.rollback or outcome is None or outcome.error is None or session.lost is not None:
+            return
+        if outcome.error.sqlstate in retry.on and step.attempt <= retry.max:
+            assert step.loop is not None
+            session.attempts[step.loop] = step.attempt + 1
+            active.outcome = dataclasses.replace(outcome, retry=step.attempt + 1)
 
     def _wait_for_session(self, session: SessionConnection) -> None:
         """The next step's session still runs an earlier step: wait for it, then the others.
@@ -820,6 +851,7 @@ class Runner:
     def _report_done(self, session: SessionConnection, active: Active) -> None:
         assert active.outcome is not None
         self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
+        self._note_attempt(session, active)
         self.recorder.add(
             StepFinished(
                 active.seq,
