@@ -41,6 +41,7 @@ class Observed:
     waited: bool
     launched: tuple[str, ...]
     timed_out: bool = False
+    same_as: int | None = None  # a lower-numbered interleaving that runs alike (only unsent retry steps moved)
 
     @property
     def key(self) -> str:
