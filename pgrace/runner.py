@@ -9,7 +9,9 @@ a step is sent asynchronously; the runner then waits until it either finishes or
 server says it is blocked by another session of the scenario. It never sleeps to guess.
 A blocked step stays pending while later steps run; completions are recorded right after
 the step that released them, oldest launch first (when the next step's session is still
-busy, that session's own step is waited for and reported first). Completion markers (``(*)``,
+busy, that session's own step is waited for and reported first). While a pgrace scenario's
+step runs (a long statement, or a wait), the other sessions are watched too: a step that
+ends meanwhile is reported when it ends. Completion markers (``(*)``,
 ``(step)``, ``(step notices N)``) hold back the report of a finished step.
 
 A session whose connection is lost (its backend terminated) is recorded once, as
@@ -64,6 +66,9 @@ from pgrace.variables import Value, param_values, substitute
 
 # isolationtester's wait loop: select() on the step's socket for this long, then probe.
 ISOLATIONTESTER_SLICE_S = 0.01
+
+# A step whose reply comes this soon after another step it released is reported first.
+RELEASER_GRACE_S = 0.05
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
@@ -650,6 +655,8 @@ class Runner:
             progressed = False
             notices_before = self._notice_count()
             for active in list(self.waiting):
+                if active not in self.waiting:  # reported meanwhile, while another step ran
+                    continue
                 if self._try_complete(active, blocking=blocking, retry=True):
                     self.waiting.remove(active)
                     progressed = True
@@ -691,10 +698,13 @@ class Runner:
         slice_s = spec_slice or 0.0001
         called = time.perf_counter()
         while active.outcome is None and pgconn.is_busy():
-            readable, _, _ = select.select([pgconn.socket], [], [], slice_s)
+            others = {} if spec_slice else self._watched(besides=session)  # a spec: isolationtester's one socket
+            readable, _, _ = select.select([pgconn.socket, *others], [], [], slice_s)
             slice_s = spec_slice or min(slice_s * 2, 0.001)
             self._idle()
-            if readable:
+            if any(fd in others for fd in readable):
+                self._others_ended(active, [others[fd] for fd in readable if fd in others])
+            if pgconn.socket in readable:
                 self._consume(pgconn)
                 continue
             if self._timed_out(active, called):
@@ -715,6 +725,51 @@ class Runner:
             return False
         self._report_done(session, active)
         return True
+
+    def _watched(self, besides: SessionConnection) -> dict[int, SessionConnection]:
+        """The other sessions whose socket may speak while ``besides`` runs: waiting steps, and idle ones."""
+        return _sockets(
+            s
+            for s in self.sessions.values()
+            if s is not besides
+            and s.lost is None
+            and s.ended is None
+            and (s.active is None or (s.active in self.waiting and s.active.outcome is None))
+        )
+
+    def _others_ended(self, running: Active, sessions: list[SessionConnection]) -> None:
+        """While ``running`` runs on, other steps ended (a lock_timeout, a release) or the server ended a session.
+
+        Each is reported as it ends, with the locks then, as during a sleep. When
+        ``running`` itself ends right after (it released them: a COMMIT), its end comes
+        first, as without it: what a step releases follows it. "Right after" is within
+        :data:`RELEASER_GRACE_S`, a bound on ordering near-simultaneous replies, not a wait
+        for anything to happen.
+        """
+        for session in sessions:
+            other = session.active
+            if other is None:
+                self._found_ended_idle(session)
+                continue
+            self._consume(session.pgconn)
+            if session.pgconn.is_busy() or other not in self.waiting:
+                continue
+            if self._ends_within(running, RELEASER_GRACE_S):
+                return  # reported after it, by whoever polls the waiting steps next
+            self._settle_outcome(session, other)
+            if not self._held_by_marker(other):
+                self.waiting.remove(other)
+                self._report_done(session, other)
+                self._observe_locks(other.seq)
+
+    def _ends_within(self, active: Active, seconds: float) -> bool:
+        """Whether ``active``'s result is all in within ``seconds``."""
+        pgconn = self.sessions[active.step.session].pgconn
+        deadline = time.perf_counter() + seconds
+        while pgconn.is_busy() and (left := deadline - time.perf_counter()) > 0:
+            if select.select([pgconn.socket], [], [], left)[0]:
+                self._consume(pgconn)
+        return not pgconn.is_busy()
 
     def _consume(self, pgconn: pq.abc.PGconn) -> None:
         with suppress(psycopg.OperationalError):  # collecting the result reports a broken connection
