@@ -22,6 +22,7 @@ from pgrace.explore import explore, merge_explorations
 from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
 from pgrace.render.html import render_html
 from pgrace.render.markdown import render_markdown
+from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
 from pgrace.servers import ServerInfo
@@ -127,8 +128,8 @@ def test_the_shipped_example_retries_bobs_commit_and_attempt_2_answers_him(pgrac
 
 def test_every_format_tells_the_attempts_apart(pgrace_server: ServerInfo) -> None:
     run = api.run(load_toml_scenario(EXAMPLE).variant_named("fix"), server=pgrace_server)
-    for render in (render_text, render_markdown, render_html, render_svg):
-        shown = render(run).replace("\\#", "#")  # Markdown escapes '#'
+    for render in (render_text, render_markdown, render_html, render_svg, render_mermaid):
+        shown = render(run).replace("\\#", "#").replace("#35;", "#")  # Markdown's and Mermaid's '#'
         assert "attempt 2 (bob-commit#2)" in shown, render.__name__
         assert "retried: attempt 2 follows" in shown, render.__name__
 
