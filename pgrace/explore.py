@@ -305,7 +305,7 @@ class Exploration:
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (see README, "Finding races")."""
+        """The documented JSON shape (docs/reference/json.md)."""
         return {
             "scenario": self.scenario,
             "variant": self.variant,
