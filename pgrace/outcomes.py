@@ -41,6 +41,7 @@ class Observed:
     waited: bool
     launched: tuple[str, ...]
     timed_out: bool = False
+    same_as: int | None = None  # a lower-numbered interleaving that runs alike (only unsent retry steps moved)
 
     @property
     def key(self) -> str:
@@ -115,7 +116,11 @@ def classify(run: Run) -> Observed:
     """The outcome of a run of one interleaving (its final checks ran before its teardown)."""
     scenario = run.scenario
     steps = run.step_runs()
-    errors = sorted(s.outcome.error.sqlstate for s in steps if s.outcome is not None and s.outcome.error is not None)
+    errors = sorted(
+        s.outcome.error.sqlstate
+        for s in steps
+        if s.outcome is not None and s.outcome.error is not None and not s.retried  # a retried error is handled
+    )
     timed_out = any(isinstance(e, StepCancelled) for e in run.events)
     outcomes = {e.index: e.outcome for e in run.events if isinstance(e, CheckQueried)}
     final: list[tuple[tuple[Any, ...], ...]] = []

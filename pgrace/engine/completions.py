@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from psycopg import pq
 
 from pgrace.engine.libpq import Active, LibpqSession
+from pgrace.engine.retries import note_attempt
 from pgrace.errors import ScenarioError
 from pgrace.timeline import NotifyReceived, Release
 from pgrace.variables import Value
@@ -87,6 +88,7 @@ class Completions:
     def report(self, session: LibpqSession, active: Active) -> None:
         assert active.outcome is not None
         self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
+        note_attempt(self.scheduler.scenario, session, active)
         self.scheduler.book.finished(active.seq, active.outcome, active.waiting_reported, self._release(active))
         self.scheduler.last_done = active.seq
         if active.lost is not None:

@@ -50,6 +50,7 @@ class LibpqSession:
         self.active: Active | None = None
         self.last_seq = 0  # its latest step, the one a loss found while idle is told with
         self.variables: dict[str, Value] = {}  # what its steps captured, by variable name
+        self.attempts: dict[str, int] = {}  # a retry loop (its last step) -> the attempt of it to run now
         self._recorder = recorder
         self.attach(conn)
 

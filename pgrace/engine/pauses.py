@@ -23,6 +23,9 @@ from pgrace.engine.sqlerrors import exception_error, first_line
 from pgrace.errors import PgraceError, RunAborted
 from pgrace.timeline import Outcome, SessionLost, SqlError
 
+# A step whose reply comes this soon after another step it released is reported first.
+RELEASER_GRACE_S = 0.05
+
 if TYPE_CHECKING:
     from pgrace.engine.scheduler import Scheduler
 
@@ -68,6 +71,54 @@ class Pauses:
                 else:
                     self.found_ended_idle(session)
             scheduler.idle()
+
+    def watched(self, besides: LibpqSession) -> dict[int, LibpqSession]:
+        """The other sessions whose socket may speak while ``besides`` runs: waiting steps, and idle ones."""
+        scheduler = self.scheduler
+        return sockets(
+            s
+            for s in scheduler.sessions.values()
+            if s is not besides
+            and s.lost is None
+            and s.ended is None
+            and (s.active is None or (s.active in scheduler.waiting and s.active.outcome is None))
+        )
+
+    def others_ended(self, running: Active, sessions: list[LibpqSession]) -> None:
+        """While ``running`` runs on, other steps ended (a lock_timeout, a release) or the server ended a session.
+
+        Each is reported as it ends, with the locks then, as during a sleep. When
+        ``running`` itself ends right after (it released them: a COMMIT), its end comes
+        first, as without it: what a step releases follows it. "Right after" is within
+        :data:`RELEASER_GRACE_S`, a bound on ordering near-simultaneous replies, not a wait
+        for anything to happen.
+        """
+        scheduler = self.scheduler
+        for session in sessions:
+            other = session.active
+            if other is None:
+                self.found_ended_idle(session)
+                continue
+            session.consume()
+            if session.pgconn.is_busy() or other not in scheduler.waiting:
+                continue
+            if self._ends_within(running, RELEASER_GRACE_S):
+                return  # reported after it, by whoever polls the waiting steps next
+            scheduler.done.settle(session, other)
+            if not scheduler.held_by_marker(other):
+                scheduler.waiting.remove(other)
+                scheduler.done.report(session, other)
+                scheduler.observe_locks(other.seq)
+
+    def _ends_within(self, active: Active, seconds: float) -> bool:
+        """Whether ``active``'s result is all in within ``seconds``."""
+        session = self.scheduler.sessions[active.step.session]
+        pgconn = session.pgconn
+        deadline = time.perf_counter() + seconds
+        while pgconn.is_busy() and (left := deadline - time.perf_counter()) > 0:
+            if select.select([pgconn.socket], [], [], left)[0]:
+                session.consume()
+        return not pgconn.is_busy()
 
     def look_for_ended_idle(self) -> None:
         """After each step: has the server ended a session that runs nothing (a readable idle socket)?"""

@@ -25,6 +25,7 @@ from psycopg import pq
 from pgrace import scratch, variables
 from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.retries import attempted
 from pgrace.engine.schedule import Permutations
 from pgrace.engine.scheduler import Scheduler
 from pgrace.engine.sqlerrors import first_line
@@ -200,6 +201,7 @@ class Runner:
         scheduler.unlaunched = 0
         self.book.new_permutation()
         for session in self.sessions.values():
+            session.attempts = {}
             if session.lost is not None:  # every permutation starts with all sessions connected
                 self._reconnect(session)
         for setup in self.scenario.setup:
@@ -219,7 +221,8 @@ class Runner:
             if session.busy:
                 scheduler.wait_for_session(session)
             scheduler.unlaunched = position + 1
-            scheduler.launch_entry(step, entry)
+            if attempted(step, session):
+                scheduler.launch_entry(step, entry)
         while deferred:  # only held steps are left: wait for a blocked session, as without deferral
             session = self.sessions[self.scenario.step(deferred[0].step).session]
             if not session.busy and scheduler.waiting:  # held for a capture that a blocked step will make
@@ -277,7 +280,10 @@ class Runner:
                 held_variables.update(f"{step.session}.{variable}" for variable, _ in step.capture)
                 position += 1
                 continue
-            self.scheduler.launch_entry(step, deferred.pop(position))
+            entry = deferred.pop(position)
+            if not attempted(step, self.sessions[step.session]):
+                continue  # an attempt nobody needs: its place in the interleaving stays empty
+            self.scheduler.launch_entry(step, entry)
             position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
 
     # -- setup, teardown, checks --------------------------------------------------------

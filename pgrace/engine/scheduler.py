@@ -5,6 +5,8 @@ server says it is blocked by another session of the scenario (the observer's pro
 never sleeps to guess. A blocked step stays pending while later steps run; completions are
 recorded right after the step that released them, oldest launch first (when the next
 step's session is still busy, that session's own step is waited for and reported first).
+While a pgrace scenario's step runs (a long statement, or a wait), the other sessions are
+watched too: a step that ends meanwhile is reported when it ends.
 Completion markers (``(*)``, ``(step)``, ``(step notices N)``) hold back the report of a
 finished step. The events themselves are the :class:`~pgrace.engine.steps.StepBook`'s.
 """
@@ -161,6 +163,8 @@ class Scheduler:
             progressed = False
             notices_before = self._notice_count()
             for active in list(self.waiting):
+                if active not in self.waiting:  # reported meanwhile, while another step ran
+                    continue
                 if self.try_complete(active, blocking=blocking, retry=True):
                     self.waiting.remove(active)
                     progressed = True
@@ -202,10 +206,13 @@ class Scheduler:
         slice_s = spec_slice or 0.0001
         called = time.perf_counter()
         while active.outcome is None and pgconn.is_busy():
-            readable, _, _ = select.select([pgconn.socket], [], [], slice_s)
+            others = {} if spec_slice else self.pauses.watched(besides=session)  # a spec: isolationtester's one socket
+            readable, _, _ = select.select([pgconn.socket, *others], [], [], slice_s)
             slice_s = spec_slice or min(slice_s * 2, 0.001)
             self.idle()
-            if readable:
+            if any(fd in others for fd in readable):
+                self.pauses.others_ended(active, [others[fd] for fd in readable if fd in others])
+            if pgconn.socket in readable:
                 session.consume()
                 continue
             if self._timed_out(active, called):
