@@ -33,7 +33,7 @@ from pgrace.engine.steps import Recorder, StepBook
 from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
 from pgrace.locks import LockInspector
 from pgrace.model import PermutationStep, Scenario, Step
-from pgrace.timeline import CheckQueried, Event, LockKinds, PermutationStarted, Run, SetupRan
+from pgrace.timeline import CheckQueried, Event, LockKinds, Outcome, PermutationStarted, Run, SetupRan
 from pgrace.variables import substitute
 
 # The pg_regress environment that upstream isolation specs assume.
@@ -232,24 +232,57 @@ class Runner:
         scheduler.finish_permutation()
         if self.options.checks_each_permutation or last:
             self._run_checks()
+        if self.options.reset_sessions and all(d.teardown is None for d in self.scenario.sessions):
+            self._reset_sessions()
+            return
         for declared in self.scenario.sessions:
             session = self.sessions[declared.name]
             if declared.teardown is not None and session.lost is None:
                 self._exec_teardown(session.pgconn, self._with_params(declared.teardown), declared.name)
             if self.options.reset_sessions and session.lost is None:
-                self._reset_session(session)
+                for text in self._reset_sql(session):
+                    self._exec_teardown(session.pgconn, text, session.name)
         for teardown in self.scenario.teardown:
             self._exec_teardown(self.control.pgconn, self._with_params(teardown), None)
 
-    def _reset_session(self, session: LibpqSession) -> None:
+    def _reset_sql(self, session: LibpqSession) -> tuple[str, ...]:
         """Leave nothing of one permutation to the next: an open transaction, advisory locks, settings.
 
         ``DISCARD ALL`` keeps what the connection was opened with (its application_name and
         options), as a fresh connection would have them.
         """
         if session.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            self._exec_teardown(session.pgconn, "ROLLBACK", session.name)
-        self._exec_teardown(session.pgconn, "DISCARD ALL", session.name)
+            return ("ROLLBACK", "DISCARD ALL")
+        return ("DISCARD ALL",)
+
+    def _reset_sessions(self) -> None:
+        """Every session's reset and the scenario's first teardown, on all connections at once.
+
+        The same statements and events as one after the other: the open transactions are
+        rolled back first (the teardown must not wait on their locks), then every session's
+        ``DISCARD ALL`` goes with the teardown. A round trip each instead of one per statement.
+        """
+        pending = {s.name: list(self._reset_sql(s)) for s in self.sessions.values() if s.lost is None}
+        done: dict[str, list[Outcome]] = {name: [] for name in pending}
+        teardowns = [self._with_params(t) for t in self.scenario.teardown]
+        control: list[Outcome] = []
+        while any(pending.values()):
+            batch = [(name, texts.pop(0)) for name, texts in pending.items() if texts]
+            jobs = [(self.sessions[name].pgconn, text, self._where(name)) for name, text in batch]
+            last = not any(pending.values())
+            if last and teardowns:  # the sessions hold no locks now: the teardown goes along
+                jobs.append((self.control.pgconn, teardowns[0], self._where(None)))
+            outcomes = self.sql.execute_all(jobs)
+            for (name, _), outcome in zip(batch, outcomes, strict=False):
+                done[name].append(outcome)
+            control.extend(outcomes[len(batch) :])
+        for name, outcomes in done.items():
+            for outcome in outcomes:
+                self.recorder.add(SetupRan("teardown", name, outcome, self.recorder.now()))
+        for outcome in control:
+            self.recorder.add(SetupRan("teardown", None, outcome, self.recorder.now()))
+        for teardown in teardowns[len(control) :]:
+            self._exec_teardown(self.control.pgconn, teardown, None)
 
     def _launch_ready(self, deferred: list[PermutationStep]) -> None:
         """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).

@@ -24,7 +24,7 @@ from pgrace.engine.pauses import Pauses
 from pgrace.errors import PgraceError, StepsStuck
 from pgrace.model import PermutationStep, Scenario, Step
 from pgrace.timeline import Holder, Outcome, Run, SqlError
-from pgrace.variables import Value, param_values, substitute
+from pgrace.variables import Value, find, param_values, substitute
 
 if TYPE_CHECKING:
     import psycopg
@@ -82,7 +82,7 @@ class Scheduler:
     def _launch(self, step: Step, entry: PermutationStep) -> Active:
         session = self.sessions[step.session]
         text = shown = step.sql
-        if self.scenario.format == "pgrace" and step.sleep is None and step.crash is None:
+        if self.scenario.format == "pgrace" and step.sleep is None and step.crash is None and find(step.sql):
             text = substitute(step.sql, self.values(session), session.conn)
             shown = substitute(step.sql, self.values(session, facts=False), session.conn)
         tx_before = session.transaction_status()
