@@ -16,7 +16,6 @@ the input, it raises only :class:`ScenarioError`, always with a line number.
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -25,6 +24,7 @@ from typing import Literal
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
 from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
+from pgrace.orders import Interleavings
 from pgrace.render.escape import control_in_name
 
 KEYWORDS = frozenset({"notices", "permutation", "session", "setup", "step", "teardown"})
@@ -347,45 +347,18 @@ def _check_blocker(
 
 def permutation_count(lengths: Sequence[int]) -> int:
     """How many interleavings keep each sequence in order: (Σn)! / Πn!."""
-    count, total = 1, 0
-    for length in lengths:
-        total += length
-        count *= math.comb(total, length)
-    return count
+    return Interleavings.count(lengths)
 
 
 def interleavings(sequences: Sequence[Sequence[str]]) -> Iterator[tuple[str, ...]]:
-    """Every interleaving of ``sequences``, each kept in order, in isolationtester's order.
-
-    isolationtester recurses depth first, trying the sessions in declaration order at
-    each position. That is the lexicographic order of the sequence of session indexes,
-    so this walks the distinct permutations of that multiset with the classic
-    "next permutation" step (iteratively: no recursion limit however long the spec).
-    """
-    order = [index for index, seq in enumerate(sequences) for _ in seq]
-    while True:
-        next_item = [0] * len(sequences)
-        picked: list[str] = []
-        for index in order:
-            picked.append(sequences[index][next_item[index]])
-            next_item[index] += 1
-        yield tuple(picked)
-        # Advance ``order`` to the next permutation, lexicographically.
-        pivot = len(order) - 2
-        while pivot >= 0 and order[pivot] >= order[pivot + 1]:
-            pivot -= 1
-        if pivot < 0:
-            return
-        swap = len(order) - 1
-        while order[swap] <= order[pivot]:
-            swap -= 1
-        order[pivot], order[swap] = order[swap], order[pivot]
-        order[pivot + 1 :] = reversed(order[pivot + 1 :])
+    """Every interleaving of ``sequences``, each kept in order, in isolationtester's order (:class:`Interleavings`)."""
+    return iter(Interleavings(sequences))
 
 
 def _auto_permutations(spec: _SpecDef, path: str) -> tuple[tuple[PermutationStep, ...], ...]:
     names = [[step.name for step in session.steps] for session in spec.sessions]
-    count = permutation_count([len(n) for n in names])
+    schedule = Interleavings(names)
+    count = schedule.size
     if count > MAX_AUTO_PERMUTATIONS:
         message = (
             f"the spec has no permutation lines and its steps interleave in {count} "
@@ -393,7 +366,7 @@ def _auto_permutations(spec: _SpecDef, path: str) -> tuple[tuple[PermutationStep
         )
         raise ScenarioError(message, path, spec.sessions[0].line)
     pstep = {name: PermutationStep(name) for session in names for name in session}
-    return tuple(tuple(pstep[n] for n in order) for order in interleavings(names))
+    return tuple(tuple(pstep[n] for n in order) for order in schedule)
 
 
 # -- public entry points -----------------------------------------------------------------
