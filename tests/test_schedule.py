@@ -47,7 +47,7 @@ def test_every_schedule_is_an_iterable_of_orders_with_a_size_when_known() -> Non
 
 def test_a_spec_without_permutation_lines_runs_the_interleavings_schedule() -> None:
     spec = parse_spec(
-        'session a\nstep a1 { SELECT 1; }\nstep a2 { SELECT 2; }\nsession b\nstep b1 { SELECT 3; }\n', "auto.spec"
+        "session a\nstep a1 { SELECT 1; }\nstep a2 { SELECT 2; }\nsession b\nstep b1 { SELECT 3; }\n", "auto.spec"
     )
     orders = [tuple(p.step for p in permutation) for permutation in Permutations(spec)]
     assert orders == list(Interleavings([["a1", "a2"], ["b1"]]))

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import pq
 
-from pgrace.engine.libpq import Active, LibpqSession, sockets
+from pgrace.engine.libpq import LibpqSession, sockets
 from pgrace.engine.sqlerrors import exception_error, first_line
+from pgrace.engine.steps import Active
 from pgrace.errors import PgraceError, RunAborted
 from pgrace.timeline import Outcome, SessionLost, SqlError
 
@@ -34,9 +35,14 @@ class Pauses:
     """Sleeps, crashes and ended sessions, for one scheduler."""
 
     def __init__(
-        self, scheduler: Scheduler, control: psycopg.Connection[Any], aborted: Callable[[str, str], PgraceError]
+        self,
+        scheduler: Scheduler,
+        sessions: dict[str, LibpqSession],
+        control: psycopg.Connection[Any],
+        aborted: Callable[[str, str], PgraceError],
     ) -> None:
         self.scheduler = scheduler
+        self.sessions = sessions
         self.control = control
         self.aborted = aborted
         self.crashes: set[int] = set()  # the seqs of crash steps
@@ -51,7 +57,7 @@ class Pauses:
         scheduler = self.scheduler
         deadline = time.perf_counter() + seconds
         while (left := deadline - time.perf_counter()) > 0:
-            watched = sockets(s for s in scheduler.sessions.values() if s.lost is None and s.ended is None)
+            watched = sockets(s for s in self.sessions.values() if s.lost is None and s.ended is None)
             if not watched:
                 time.sleep(min(left, 0.1))  # nothing to watch: only the clock
                 scheduler.idle()
@@ -77,7 +83,7 @@ class Pauses:
         scheduler = self.scheduler
         return sockets(
             s
-            for s in scheduler.sessions.values()
+            for s in self.sessions.values()
             if s is not besides
             and s.lost is None
             and s.ended is None
@@ -112,7 +118,7 @@ class Pauses:
 
     def _ends_within(self, active: Active, seconds: float) -> bool:
         """Whether ``active``'s result is all in within ``seconds``."""
-        session = self.scheduler.sessions[active.step.session]
+        session = self.sessions[active.step.session]
         pgconn = session.pgconn
         deadline = time.perf_counter() + seconds
         while pgconn.is_busy() and (left := deadline - time.perf_counter()) > 0:
@@ -122,9 +128,7 @@ class Pauses:
 
     def look_for_ended_idle(self) -> None:
         """After each step: has the server ended a session that runs nothing (a readable idle socket)?"""
-        idle = sockets(
-            s for s in self.scheduler.sessions.values() if s.active is None and s.lost is None and s.ended is None
-        )
+        idle = sockets(s for s in self.sessions.values() if s.active is None and s.lost is None and s.ended is None)
         if idle:
             readable, _, _ = select.select(list(idle), [], [], 0)
             for fd in readable:
