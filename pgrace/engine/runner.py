@@ -118,12 +118,9 @@ class Runner:
     def __enter__(self) -> Runner:
         self.stack.__enter__()
         try:
-            prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
-            self.control = self._connect(f"{prefix}/control connection", tester=True)
-            for session in self.scenario.sessions:
-                conn = self._connect(f"{prefix}/{session.name}", tester=True)
+            self.control, *conns, self.observer = self._connect_all()
+            for session, conn in zip(self.scenario.sessions, conns, strict=True):
                 self.sessions[session.name] = LibpqSession(session.name, conn, self.recorder)
-            self.observer = self._connect(f"pgrace/{self.scenario.name}/observer", observer=True)
             self.observer.execute("SET lock_timeout = '200ms'")
             self.observer.prepare_threshold = 0  # it asks the same catalog questions after every step: plan them once
             self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
@@ -144,7 +141,38 @@ class Runner:
     def __exit__(self, *exc: object) -> None:
         self.stack.__exit__(None, None, None)
 
+    def _connect_all(self) -> list[psycopg.Connection[Any]]:
+        """The control connection, one per session, the observer: opened at once (each is a round trip
+        or three and a backend's start), closed with the runner. The first failure, in that order, is raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        wanted = [
+            (f"{prefix}/control connection", True, False),
+            *((f"{prefix}/{session.name}", True, False) for session in self.scenario.sessions),
+            (f"pgrace/{self.scenario.name}/observer", False, True),
+        ]
+        with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="pgrace connect") as pool:
+            futures = [pool.submit(self._open, *args) for args in wanted]
+        opened = []
+        failure: BaseException | None = None
+        for future in futures:
+            if (exc := future.exception()) is not None:
+                failure = failure or exc
+                continue
+            conn = future.result()
+            self.stack.callback(conn.close)
+            opened.append(conn)
+        if failure is not None:
+            raise failure
+        return opened
+
     def _connect(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
+        conn = self._open(application_name, tester, observer)
+        self.stack.callback(conn.close)
+        return conn
+
+    def _open(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
         """``tester``: a connection isolationtester would open (control or session).
 
         pg_regress sets PGTZ, PGDATESTYLE and intervalstyle in the environment, so they
@@ -164,7 +192,6 @@ class Runner:
             )
         except psycopg.Error as exc:
             raise RunAborted(f"could not connect a session: {first_line(str(exc))}") from None
-        self.stack.callback(conn.close)
         return conn
 
     def _aborted(self, connection: str, detail: str) -> RunAborted:
