@@ -71,6 +71,9 @@ class Scheduler:
         self.permutation: tuple[PermutationStep, ...] = ()
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
         self.params = param_values(scenario)
+        # Params, and every capture NULL: one whose step has not finished (it still waits) is, as a failed one.
+        self.unset = dict(self.params)
+        self.unset.update({f"{s.session}.{name}": Value(None) for s in scenario.steps for name, _ in s.capture})
         self.pauses: Pauses | None = None
         self.locks_each_completion = False  # True: locks observed after each step's end, not each launch
         if control is not None and aborted is not None:
@@ -132,9 +135,7 @@ class Scheduler:
         ``:worker1.pid``). Without ``facts``, pids are left as written: the timeline shows
         ``:worker1.pid``, so its text stays the same on every run (it never shows pids).
         """
-        values = dict(self.params)
-        # A capture whose step has not finished (it still waits) is NULL, as a failed one.
-        values.update({f"{s.session}.{name}": Value(None) for s in self.scenario.steps for name, _ in s.capture})
+        values = dict(self.unset)
         if session is not None:
             values.update(session.variables)
         for other in self.sessions.values():
