@@ -22,6 +22,8 @@ from pgrace.formats import limits
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.formats.spec import parse_spec
 
+pytestmark = pytest.mark.slow
+
 Parse = Callable[[str], Any]
 
 

@@ -95,6 +95,7 @@ def test_matrix_on_postgresql_18_is_the_manuals_in_every_cell(pgrace_server: Ser
     assert "FOR KEY SHARE" in key_share.seen  # both hold the row: pgrowlocks shows the shared lock
 
 
+@pytest.mark.server
 @needs_pg15
 def test_matrix_on_postgresql_15_is_the_manuals_in_every_cell() -> None:
     with open_server(str(PG15)) as server:

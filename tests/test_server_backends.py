@@ -17,6 +17,7 @@ PG15 = Path("/usr/lib/postgresql/15/bin")
 needs_pg15 = pytest.mark.skipif(not (PG15 / "postgres").exists(), reason=f"no PostgreSQL 15 at {PG15}")
 
 
+@pytest.mark.server
 @needs_pg15
 def test_every_shipped_scenario_holds_on_a_local_postgresql_15() -> None:
     with open_server(str(PG15)) as server:
@@ -30,6 +31,7 @@ def test_every_shipped_scenario_holds_on_a_local_postgresql_15() -> None:
                 assert run.row_locks_available  # Debian's package ships pgrowlocks
 
 
+@pytest.mark.server
 @needs_pg15
 def test_the_local_server_is_gone_after_the_block() -> None:
     with open_server(str(PG15)) as server:
@@ -43,6 +45,8 @@ def test_a_directory_without_postgres_is_no_server(tmp_path: Path) -> None:
         pass
 
 
+@pytest.mark.docker
+@pytest.mark.server
 def test_docker_backend_runs_a_scenario_when_an_engine_is_reachable() -> None:
     problem = docker_available()
     if problem is not None:

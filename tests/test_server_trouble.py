@@ -406,6 +406,7 @@ def processes_in(run_dir: Path) -> list[int]:
     return found
 
 
+@pytest.mark.server
 @pytest.mark.skipif(not RUN_ROOT.is_dir(), reason="no /dev/shm on this machine")
 def test_the_server_killed_mid_run_is_one_line_exit_3_and_nothing_left(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGRACE_DSN", raising=False)

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from pgrace.errors import ServerUnavailable
-from pgrace.servers import ServerInfo
+from pgrace.servers import ServerInfo, refuse_if_forbidden
 
 
 def docker_available() -> str | None:
@@ -50,6 +50,7 @@ def docker_available() -> str | None:
 @contextlib.contextmanager
 def docker_server(image: str) -> Iterator[ServerInfo]:
     """Start ``image`` (e.g. ``postgres:17``), yield it, and remove the container."""
+    refuse_if_forbidden(f"docker:{image}")
     problem = docker_available()
     if problem is not None:
         raise ServerUnavailable(f"cannot start docker:{image}: {problem}")
