@@ -68,7 +68,7 @@ def append(path: Path, text: str) -> None:
         f.write(text)
 
 
-DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+DAMAGE: dict[str, tuple[Callable[[Path], object], str]] = {
     "no pg_control": (lambda c: (template(c) / "global" / "pg_control").unlink(), "global/pg_control"),
     "no base/": (lambda c: shutil.rmtree(template(c) / "base"), "base"),
     "an empty PG_VERSION": (lambda c: empty(template(c) / "PG_VERSION"), "PG_VERSION was changed"),

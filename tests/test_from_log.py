@@ -66,7 +66,7 @@ def test_a_real_deadlock_and_lock_wait_come_back(
 
         # The lock wait, without --dsn: the table is guessed from the statements.
         wait = from_log([str(log)], incident=2, server=logging.server)
-        assert wait.verified is not None and wait.verified.reproduced, wait.verified.failures
+        assert wait.verified is not None and wait.verified.reproduced, wait
         assert "# TODO" in wait.written.text if wait.written else False
         assert "released_by" in (wait.written.text if wait.written else "") or statements == "none"
 
@@ -192,7 +192,7 @@ def test_a_log_that_begins_inside_the_transactions_infers_the_locks_taken_before
 
         found = from_log([str(log)], server=logging.server)
 
-        assert found.verified is not None and found.verified.reproduced, found.verified.failures
+        assert found.verified is not None and found.verified.reproduced, found
         assert found.written is not None
         text = found.written.text
         assert "SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE" in text  # alice's first update, inferred

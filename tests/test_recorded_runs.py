@@ -22,11 +22,12 @@ AGAIN = "record again: python -m tools.record_runs"
 
 def story(run: Run) -> list[tuple[object, ...]]:
     """What a run says happened, without its timings."""
-    return [
+    steps = [
         (s.step, s.session, s.status, s.outcome.error.sqlstate if s.outcome and s.outcome.error else None)
-        + (tuple(s.blocked_by), s.released_by)
         for s in run.step_runs()
-    ] + [(c.description, c.ok) for c in run.checks]
+    ]
+    waits = [(s.step, tuple(s.blocked_by), s.released_by) for s in run.step_runs() if s.waits]
+    return [*steps, *waits, *((c.description, c.ok) for c in run.checks)]
 
 
 def test_every_recording_is_there_and_nothing_else() -> None:

@@ -35,7 +35,7 @@ def test_every_shipped_scenario_holds_on_a_local_postgresql_15() -> None:
 @needs_pg15
 def test_the_local_server_is_gone_after_the_block() -> None:
     with open_server(str(PG15)) as server:
-        run_dir = Path(psycopg.conninfo.conninfo_to_dict(server.dsn)["host"] or "")
+        run_dir = Path(str(psycopg.conninfo.conninfo_to_dict(server.dsn)["host"]))
         assert (run_dir / "data" / "postmaster.pid").exists()
     assert not run_dir.exists()
 

@@ -1,16 +1,18 @@
 """Record real runs as JSON for the renderer tests, and read them back (development tooling).
 
 The renderers are pure functions of a :class:`~pgrace.timeline.Run`; only getting a run needs
-PostgreSQL. ``python -m tools.record_runs`` runs every shipped scenario's variants, every
-``tests/recorded/*.toml`` and ``tests/hostile/hostile.toml`` once on the embedded server and writes ``tests/recorded/NAME.VARIANT.json``;
-the tests load them with `load_run` and render them with no server.
+PostgreSQL. ``python -m tools.record_runs [NAME.VARIANT ...]`` runs every shipped scenario's
+variants, every ``tests/recorded/*.toml`` and ``tests/hostile/hostile.toml`` once on the
+embedded server and writes ``tests/recorded/NAME.VARIANT.json``; the tests load them with
+`load_run` and render them with no server.
 
 The JSON is the run's dataclasses field by field (a field at its default left out, a tuple
-as a list, a value whose field may hold several dataclasses naming its class in ``"type"``), read back by the fields' type hints,
-so a recording is exactly the run it was made from: `dump_run` refuses one that would not
-read back equal. A scenario's ``source`` under the repository is kept relative to it, so a
-recording reads back with this checkout's path. A run whose model changed since it was
-recorded does not load (an unknown or missing field): record again.
+as a list, a value whose field may hold several dataclasses naming its class in ``"type"``),
+read back by the fields' type hints, so a recording is exactly the run it was made from:
+`dump_run` refuses one that would not read back equal. A scenario's ``source`` under the
+repository is kept relative to it, so a recording reads back with this checkout's path. A
+run whose model changed since it was recorded does not load (an unknown or missing field):
+record again.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ def _classes(hint: Any) -> dict[str, type]:
     """The dataclasses a union admits, by name (empty when it admits at most one)."""
     if get_origin(hint) not in (Union, types.UnionType):
         return {}
-    found = {arg.__name__: arg for arg in get_args(hint) if dataclasses.is_dataclass(arg)}
+    found: dict[str, type] = {
+        arg.__name__: arg for arg in get_args(hint) if isinstance(arg, type) and dataclasses.is_dataclass(arg)
+    }
     return found if len(found) > 1 else {}
 
 
