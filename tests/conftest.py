@@ -13,14 +13,23 @@ refuses to start a server, so a test that needs one but is not marked fails loud
 
 from __future__ import annotations
 
+import os
+
 import corpus
 import pytest
+
+from pgrace.servers import DSN_ENV_VAR, NO_SERVER_ENV_VAR
 
 pytest_plugins = ["fix_servers", "fix_recorded"]
 
 #: Fixtures that give a test a server (pgrace's plugin, fix_servers, and a module's own `server`); a test using one, even
 #: through another fixture, needs PostgreSQL.
 SERVER_FIXTURES = frozenset({"pgrace_server", "pgrace_run", "pgrace_code", "each_server", "server"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(NO_SERVER_ENV_VAR):  # nor a server of the developer's: a mis-marked test must fail
+        os.environ.pop(DSN_ENV_VAR, None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

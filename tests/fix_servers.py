@@ -10,6 +10,9 @@ import pytest
 from pgrace.servers import ServerInfo, open_server
 
 PG15 = Path("/usr/lib/postgresql/15/bin")
+"""Debian's PostgreSQL 15, the second version the suite runs on where it is installed."""
+
+needs_pg15 = pytest.mark.skipif(not (PG15 / "postgres").exists(), reason=f"no PostgreSQL 15 at {PG15}")
 
 
 @pytest.fixture(autouse=True)

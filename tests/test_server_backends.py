@@ -7,14 +7,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from fix_servers import PG15, needs_pg15
 
 from pgrace import api, catalog
 from pgrace.errors import ServerUnavailable
 from pgrace.servers import open_server
 from pgrace.servers.docker import docker_available
-
-PG15 = Path("/usr/lib/postgresql/15/bin")
-needs_pg15 = pytest.mark.skipif(not (PG15 / "postgres").exists(), reason=f"no PostgreSQL 15 at {PG15}")
 
 
 @pytest.mark.server

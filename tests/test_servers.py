@@ -399,3 +399,20 @@ def test_open_server_prefers_explicit_dsn_then_env(server: ServerInfo, monkeypat
 )
 def test_redact_dsn(dsn: str, expected: str) -> None:
     assert redact_dsn(dsn) == expected
+
+
+def test_where_servers_are_forbidden_none_starts_and_the_command_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make test-fast`` sets PGRACE_NO_SERVER: a test that would start a PostgreSQL fails at once, loudly."""
+    from click.testing import CliRunner
+
+    from pgrace.cli import main
+    from pgrace.servers import NO_SERVER_ENV_VAR
+
+    monkeypatch.setenv(NO_SERVER_ENV_VAR, "1")
+    forbidden = "PGRACE_NO_SERVER is set: this process may not start embedded PostgreSQL"
+    with pytest.raises(RuntimeError, match=forbidden), open_server("embedded"):
+        pass
+    with pytest.raises(RuntimeError, match="PGRACE_NO_SERVER"), booting_server("embedded"):
+        pass
+    result = CliRunner().invoke(main, ["run", "lost-update"], env={"PGRACE_DSN": ""})
+    assert result.exit_code == 4 and "PGRACE_NO_SERVER" in result.stderr, result.output

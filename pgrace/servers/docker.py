@@ -50,10 +50,10 @@ def docker_available() -> str | None:
 @contextlib.contextmanager
 def docker_server(image: str) -> Iterator[ServerInfo]:
     """Start ``image`` (e.g. ``postgres:17``), yield it, and remove the container."""
-    refuse_if_forbidden(f"docker:{image}")
     problem = docker_available()
     if problem is not None:
         raise ServerUnavailable(f"cannot start docker:{image}: {problem}")
+    refuse_if_forbidden(f"docker:{image}")
     from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     container: Any = PostgresContainer(image, driver=None)
