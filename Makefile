@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint format typecheck demo pictures bench conformance docker clean
+.PHONY: help install test lint docs format typecheck demo pictures bench conformance docker clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -17,13 +17,16 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the dev tools
 
-test: install lint ## Lint, type-check and run the test suite against a real PostgreSQL
+test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
 	$(BIN)/pytest -q
 
 lint: install ## ruff (lint and format check) and mypy --strict
 	$(BIN)/ruff check pgrace tests bench tools
 	$(BIN)/ruff format --check pgrace tests bench tools
 	$(BIN)/mypy
+
+docs: install ## Build the documentation site into site/ (mkdocs build --strict, offline)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 format: install ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix pgrace tests bench tools
@@ -46,4 +49,4 @@ conformance: install ## Run PostgreSQL's isolation corpus (CORPUS=../shared/pg-i
 	$(BIN)/python bench/conformance.py $(CORPUS)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -816,6 +816,59 @@ def clean(dsn: str) -> None:
     click.echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {server.label}")
 
 
+@main.command("from-log", epilog=EXIT_CODES_HELP)
+@click.argument("logfiles", metavar="LOGFILE...", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--dsn", "incident_dsn", help="The incident's database, read only: the tables' DDL and rows.")
+@click.option("--prefix", metavar="LINE_PREFIX", help="The server's log_line_prefix (default: detected).")
+@click.option("--incident", "number", type=click.IntRange(min=1), metavar="N", help="Write the Nth incident.")
+@click.option("--list", "list_only", is_flag=True, help="List the incidents found, write nothing.")
+@click.option("--no-verify", is_flag=True, help="Write the scenario without running it.")
+@click.option(
+    "--server",
+    "server_target",
+    metavar="SERVER",
+    help="Where to verify: 'embedded' (default), a connection string, a bin directory or docker:IMAGE.",
+)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
+def from_log_command(
+    logfiles: tuple[str, ...],
+    incident_dsn: str | None,
+    prefix: str | None,
+    number: int | None,
+    list_only: bool,
+    no_verify: bool,
+    server_target: str | None,
+    output: str | None,
+) -> None:
+    """Turn a server log's deadlock or long lock wait into a scenario that reproduces it.
+
+    Reads stderr logs (with their log_line_prefix), csvlog and jsonlog; writes the scenario
+    to stdout or -o FILE and says on stderr what the log did not say and whether the
+    scenario, run in a scratch database, brought the incident back (exit 1 if not).
+    """
+    from pgrace.fromlog import from_log
+    from pgrace.fromlog.report import incident_list, report_lines
+
+    refuse_overwriting_inputs(output, logfiles)
+    result = from_log(
+        list(logfiles),
+        prefix=prefix,
+        dsn=incident_dsn,
+        incident=number,
+        list_only=list_only,
+        verify=not no_verify,
+        server_target=server_target,
+    )
+    if list_only:
+        click.echo("\n".join(incident_list(result)))
+        return
+    for line in report_lines(result):
+        click.echo(line, err=True)
+    assert result.written is not None
+    _emit(result.written.text + "\n", output)
+    sys.exit(0 if result.verified is None or result.verified.reproduced else 1)
+
+
 def _render(result: Run, fmt: str, style: Style | None, counterpart: Scenario | None = None) -> str:
     if fmt == "json":
         from pgrace.render.json import render_json
@@ -897,7 +950,15 @@ output_option = click.option(
     metavar="FILE",
     help="Merge the JSON results of shards (repeat) instead of running.",
 )
-@click.option("--format", "-f", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format: text, json, markdown or html for the classes; any format for --show N.",
+)
 @server_option
 @dsn_option
 @step_timeout_option
@@ -999,7 +1060,15 @@ def _render_exploration(result: Any, scenario: Scenario, fmt: str, timelines: di
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(EXPLORE_FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
 @server_option
 @dsn_option
 @step_timeout_option
@@ -1059,7 +1128,15 @@ def _sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
 @_max_option("With --explore: a seeded sample of N")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
 @_jobs_option("With --explore: processes")
-@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(EXPLORE_FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
 @server_option
 @dsn_option
 @step_timeout_option
@@ -1194,7 +1271,15 @@ def _whole(raw: str | None, option: str) -> int | None:
     "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
 )
 @click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
-@click.option("--format", "-f", "fmt", type=click.Choice(LOAD_FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(LOAD_FORMATS),
+    default="text",
+    show_default=True,
+    help="Output format: svg is the plot, html the table and the plot in one page.",
+)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
 @click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one.")
 @click.option("--server", "server_target", metavar="SERVER", help="'embedded', a connection string or a bin directory.")

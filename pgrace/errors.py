@@ -12,7 +12,7 @@
                                     connection, or a -j worker process) went away in
                                     the middle of a run
 
-Exit codes, one meaning each (the CLI's help and the README carry the same table):
+Exit codes, one meaning each (the CLI's help and docs/reference/exit-codes.md carry the same table):
 
     0  ran, and every expectation held
     1  ran, and an expectation did not hold, or the scenario could not run to its end

@@ -276,7 +276,7 @@ class Exploration:
     shard: tuple[int, int] = (1, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (see README, "Finding races")."""
+        """The documented JSON shape (docs/reference/json.md)."""
         return {
             "scenario": self.scenario,
             "variant": self.variant,

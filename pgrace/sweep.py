@@ -50,7 +50,7 @@ class Sweep:
     explored: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (see README, "Finding races")."""
+        """The documented JSON shape (docs/reference/json.md)."""
         return {"scenario": self.scenario, "params": self.params, "cells": [c.to_dict() for c in self.cells]}
 
 

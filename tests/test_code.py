@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from documentation import page
 
 import pgrace
 from pgrace.code import explore_code, run_code
@@ -372,14 +373,14 @@ def test_import_pgrace_stays_cheap() -> None:
     assert out.strip() == "[]"
 
 
-def test_the_readme_shows_the_examples_real_output(
+def test_the_docs_show_the_examples_real_output(
     pgrace_server: ServerInfo, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import re
 
     monkeypatch.chdir(ROOT)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- output: python examples/code/withdraw_psycopg.py -->\n```text\n(.*?)```\n", readme, re.S)
+    text = page("guide/your-own-code.md")
+    block = re.search(r"<!-- output: python examples/code/withdraw_psycopg.py -->\n```text\n(.*?)```\n", text, re.S)
     assert block is not None
     _example("withdraw_psycopg").main(server=pgrace_server)
     shown = capsys.readouterr().out

