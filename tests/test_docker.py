@@ -147,7 +147,9 @@ def test_an_engine_that_does_not_answer_is_a_clear_server_error(monkeypatch: pyt
 
 
 # A blank line after the marker: it is not one of test_readme's, which are run without Docker.
-LAST_LINE = re.compile(r"<!-- docker output, last line: pgrace (?P<args>[^\n]+) -->\n\n```text\n(?P<line>[^\n]*)\n```\n")
+LAST_LINE = re.compile(
+    r"<!-- docker output, last line: pgrace (?P<args>[^\n]+) -->\n\n```text\n(?P<line>[^\n]*)\n```\n"
+)
 
 
 @needs_docker
