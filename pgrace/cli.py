@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
+from click.shell_completion import CompletionItem
 
-from pgrace import bounds
+from pgrace import __version__, bounds
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -245,8 +246,27 @@ Exit codes:
 """
 
 
-@click.group(cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.version_option(package_name="pgrace")
+MAIN_HELP = """\b
+Environment:
+  PGRACE_DSN        the server to use when neither --dsn nor --server is given
+                    (a libpq URI or conninfo; unset: the embedded PostgreSQL)
+  PGRACE_CACHE_DIR  where the embedded server's template is kept
+  PGRACE_DEBUG=1    a traceback with an internal error (exit 4)
+  NO_COLOR          no colour, even on a terminal
+
+\b
+Shell completion of commands, options, shipped scenario names and files:
+  bash, in ~/.bashrc:  eval "$(_PGRACE_COMPLETE=bash_source pgrace)"
+  zsh, in ~/.zshrc:    eval "$(_PGRACE_COMPLETE=zsh_source pgrace)"
+  fish:                _PGRACE_COMPLETE=fish_source pgrace | source
+
+"""
+
+
+@click.group(
+    cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=MAIN_HELP + EXIT_CODES_HELP
+)
+@click.version_option(version=__version__, prog_name="pgrace")
 def main() -> None:
     """Reproduce PostgreSQL concurrency bugs on demand, against a real server."""
 
@@ -332,7 +352,15 @@ def _both_variants(scenario: Scenario, picked_variant: bool) -> list[Scenario]:
     return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
 
 
-scenario_argument = click.argument("scenario", metavar="SCENARIO")
+def _complete_scenario(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Shell completion of SCENARIO: the shipped names that fit, then files, as the shell lists them."""
+    from pgrace.catalog import shipped_names
+
+    names = [CompletionItem(name) for name in shipped_names() if name.startswith(incomplete)]
+    return [*names, CompletionItem(incomplete, type="file")]
+
+
+scenario_argument = click.argument("scenario", metavar="SCENARIO", shell_complete=_complete_scenario)
 step_timeout_option = click.option(
     "--step-timeout",
     type=Seconds(),
@@ -437,7 +465,12 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @click.option(
     "--format", "-f", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format."
 )
-@click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one (libpq URI or conninfo).")
+@click.option(
+    "--dsn",
+    envvar="PGRACE_DSN",
+    show_envvar=True,
+    help="Use this server instead of the embedded one (libpq URI or conninfo).",
+)
 @click.option(
     "--server",
     "server_target",
@@ -672,7 +705,7 @@ def _run_compare(
     help="Run on this server; repeat for a side-by-side matrix. 'embedded', a connection string, "
     "a PostgreSQL bin directory (e.g. /usr/lib/postgresql/15/bin) or docker:IMAGE.",
 )
-@click.option("--dsn", envvar="PGRACE_DSN", help="Short for --server with a connection string.")
+@click.option("--dsn", envvar="PGRACE_DSN", show_envvar=True, help="Short for --server with a connection string.")
 @click.option(
     "--golden", is_flag=True, help="Also compare each text timeline with NAME.VARIANT.out beside the scenario."
 )
@@ -797,7 +830,9 @@ def check(
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.option("--dsn", envvar="PGRACE_DSN", required=True, help="The server to clean (libpq URI or conninfo).")
+@click.option(
+    "--dsn", envvar="PGRACE_DSN", show_envvar=True, required=True, help="The server to clean (libpq URI or conninfo)."
+)
 def clean(dsn: str) -> None:
     """Remove scratch databases and schemas that killed pgrace runs left on a server."""
     from pgrace.pgbench import sweep_work_dirs
@@ -926,7 +961,9 @@ server_option = click.option(
     metavar="SERVER",
     help="Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE.",
 )
-dsn_option = click.option("--dsn", envvar="PGRACE_DSN", help="Use this server (libpq URI or conninfo).")
+dsn_option = click.option(
+    "--dsn", envvar="PGRACE_DSN", show_envvar=True, help="Use this server (libpq URI or conninfo)."
+)
 output_option = click.option(
     "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP
 )
@@ -1281,7 +1318,7 @@ def _whole(raw: str | None, option: str) -> int | None:
     help="Output format: svg is the plot, html the table and the plot in one page.",
 )
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
-@click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one.")
+@click.option("--dsn", envvar="PGRACE_DSN", show_envvar=True, help="Use this server instead of the embedded one.")
 @click.option("--server", "server_target", metavar="SERVER", help="'embedded', a connection string or a bin directory.")
 @click.option(
     "--pgbench", "pgbench_path", metavar="PATH", help="The pgbench to run (default: the server's own, or PATH)."
