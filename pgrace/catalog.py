@@ -7,7 +7,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError, ScenarioError
 from pgrace.formats import limits
 from pgrace.formats.scenario_toml import did_you_mean, load_toml_scenario
 from pgrace.model import Scenario
@@ -66,6 +66,19 @@ def entries() -> list[Entry]:
         topic = scenario.topic or OTHER_TOPIC
         found.append(Entry(name, scenario.title, topic, scenario.tags, scenario.variants))
     return found
+
+
+def select(tags: tuple[str, ...] | list[str] = (), topic: str | None = None) -> list[Entry]:
+    """The shipped scenarios with every one of ``tags`` and of ``topic``; an unknown tag or topic is an error."""
+    found = entries()
+    known_tags = {tag for entry in found for tag in entry.tags}
+    for tag in tags:
+        if tag not in known_tags:
+            raise OptionError(f"no shipped scenario has tag {tag!r}{did_you_mean(tag, known_tags)}", "--tag")
+    known_topics = {entry.topic for entry in found}
+    if topic is not None and topic not in known_topics:
+        raise OptionError(f"no shipped scenario has topic {topic!r}{did_you_mean(topic, known_topics)}", "--topic")
+    return [e for e in found if set(tags) <= set(e.tags) and (topic is None or e.topic == topic)]
 
 
 def by_topic(chosen: list[Entry]) -> list[tuple[str, list[Entry]]]:
