@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgrace.engine.control import ControlSql
+from pgrace.engine.results import result_set
 from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed, ServerUnavailable
 from pgrace.model import LoadCommand, Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
@@ -44,6 +46,7 @@ from pgrace.variables import find, meta_command, param_values, substitute
 APP_PREFIX = "pgrace-load/"
 SAMPLE_EVERY_S = 0.05
 STOP_GRACE_S = 10.0
+CONTROL_TIMEOUT_S = 60.0  # pgrace's own setup and checks of a load run: longer is a hang, cancelled
 MAX_TRIES = 10  # pgbench --max-tries: a 40001/40P01 transaction is retried this many times in all
 _NAME_CHAR = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]")
 
@@ -390,12 +393,9 @@ def _one_count(
     ):
         with psycopg.connect(db.dsn, autocommit=True) as conn:
             for text in setup_sql(scenario):
-                try:
-                    conn.execute(text.encode())
-                except psycopg.Error as exc:
-                    raise ScenarioFailed(
-                        f"load setup failed: {exc.sqlstate}: {exc.diag.message_primary}", scenario.source, None
-                    ) from None
+                error = _control().execute(conn.pgconn, text).error
+                if error is not None:
+                    raise ScenarioFailed(f"load setup failed: {error.sqlstate}: {error.message}", scenario.source, None)
         script_path = os.path.join(work, "load.sql")
         Path(script_path).write_text(script, encoding="utf-8")
         params = {k: str(v) for k, v in conninfo_to_dict(db.dsn).items() if v is not None}
@@ -558,19 +558,6 @@ def _drive(
     )
 
 
-_GONE = frozenset({"57P01", "57P02", "57P03"})  # admin shutdown, crash shutdown, cannot connect now
-
-
-def connection_lost(exc: psycopg.Error) -> bool:
-    """Whether ``exc`` says the connection (or the server) went away, by its SQLSTATE.
-
-    No SQLSTATE on an OperationalError is libpq's own word: refused, reset, closed unexpectedly.
-    """
-    if exc.sqlstate is None:
-        return isinstance(exc, psycopg.OperationalError)
-    return exc.sqlstate in _GONE or exc.sqlstate.startswith("08")
-
-
 def _aborted(server: ServerInfo, connection: str, exc: psycopg.Error) -> RunAborted:
     """The server went away, or only one of pgrace's connections: one fresh connection decides (as ``run``)."""
     from pgrace.servers import scrub_secrets
@@ -671,13 +658,14 @@ def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
     violations: list[Violation] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         for check in _load_of(scenario).checks:
-            try:
-                row = conn.execute(compose_sql(check.sql, scenario).encode()).fetchone()
-            except psycopg.Error as exc:
-                if connection_lost(exc):  # not the check's answer: the run cannot be judged
-                    raise
-                violations.append(Violation(check.description, "a row", f"error {exc.sqlstate}: {exc}"))
+            res, _ = _control().result(conn.pgconn, compose_sql(check.sql, scenario))  # a lost connection raises
+            if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
+                code = res.error_field(pq.DiagnosticField.SQLSTATE)
+                said = f"error {code.decode() if code else None}: {res.get_error_message()}"
+                violations.append(Violation(check.description, "a row", said))
                 continue
+            rows = result_set(res).rows if res.status == pq.ExecStatus.TUPLES_OK else ()
+            row = rows[0] if rows else None
             if row is None or len(row) < 2:
                 violations.append(Violation(check.description, "a row (expected, actual)", repr(row)))
                 continue
@@ -686,6 +674,12 @@ def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
                 shown = _text(actual) + (f" ({row[2]})" if len(row) > 2 and row[2] is not None else "")
                 violations.append(Violation(check.description, _text(expected), shown))
     return violations
+
+
+def _control() -> ControlSql:
+    """pgrace's own SQL of a load run (setup, checks): bounded, and a lost connection is psycopg's error,
+    which the caller turns into RunAborted after asking whether the server is gone."""
+    return ControlSql(CONTROL_TIMEOUT_S, aborted=lambda where, detail: psycopg.OperationalError(detail))
 
 
 def _text(value: Any) -> str:

@@ -5,7 +5,8 @@ Markers (``--strict-markers``: a misspelt one is an error):
 * ``server``: needs a PostgreSQL. Set here on every test that uses a server fixture; a module
   that starts servers another way (the CLI, a child process) says so in its ``pytestmark``.
 * ``corpus``: reads PostgreSQL's isolation corpus; skips without it, fails under ``PGRACE_REQUIRE_CORPUS``.
-* ``browser``, ``docker``, ``slow``: needs Chromium, a Docker engine, or takes seconds.
+* ``docker``: starts containers on a Docker engine; skips without one, fails under ``PGRACE_REQUIRE_DOCKER``.
+* ``browser``, ``slow``: needs Chromium, or takes seconds even without a server.
 
 ``make test-fast`` runs what needs none of them, with ``PGRACE_NO_SERVER`` set: there pgrace
 refuses to start a server, so a test that needs one but is not marked fails loudly.
@@ -13,6 +14,7 @@ refuses to start a server, so a test that needs one but is not marked fails loud
 
 from __future__ import annotations
 
+import functools
 import os
 
 import corpus
@@ -25,6 +27,9 @@ pytest_plugins = ["fix_servers", "fix_recorded"]
 #: Fixtures that give a test a server (pgrace's plugin, fix_servers, and a module's own `server`); a test using one, even
 #: through another fixture, needs PostgreSQL.
 SERVER_FIXTURES = frozenset({"pgrace_server", "pgrace_run", "pgrace_code", "each_server", "server"})
+
+#: CI starts an engine (tools/docker_ci.py) and sets this: there a missing engine fails the Docker tests.
+DOCKER_REQUIRED = os.environ.get("PGRACE_REQUIRE_DOCKER", "") not in ("", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,7 +44,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.server)
 
 
+@functools.cache
+def docker_problem() -> str | None:
+    from pgrace.servers.docker import docker_available
+
+    return docker_available()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("docker") is not None and (problem := docker_problem()) is not None:
+        if DOCKER_REQUIRED:
+            pytest.fail(f"PGRACE_REQUIRE_DOCKER is set but {problem}")
+        pytest.skip(f"Docker backend not tested: {problem}")
     if item.get_closest_marker("corpus") is None or corpus.present():
         return
     if corpus.REQUIRED:
