@@ -38,7 +38,7 @@ CI_GUIDE = ROOT / "docs" / "guide" / "ci.md"
 
 def containers(*labels: str) -> set[str]:
     """`docker ps -a` for labels (both of ours when none is named): the containers there, running or not."""
-    import docker
+    import docker  # type: ignore[import-untyped,unused-ignore]  # the Docker SDK ships no types
 
     client = docker.from_env()
     try:
@@ -61,7 +61,7 @@ def no_container_left() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def never_ready() -> Iterator[str]:
     """``IMAGE`` with its server replaced by a sleep: a start that waits for PostgreSQL forever."""
-    import docker
+    import docker  # type: ignore[import-untyped,unused-ignore]  # the Docker SDK ships no types
 
     client = docker.from_env()
     try:
