@@ -100,7 +100,8 @@ class Scheduler:
     def _launch(self, step: Step, entry: PermutationStep) -> Active:
         session = self.sessions[step.session]
         text = shown = step.sql
-        if isinstance(session, LibpqSession) and self.scenario.format == "pgrace" and find(step.sql):
+        substituted = self.scenario.format == "pgrace" and step.sleep is None and step.crash is None
+        if substituted and isinstance(session, LibpqSession) and find(step.sql):  # no variable: nothing to scan
             text = substitute(step.sql, self.values(session), session.conn)
             shown = substitute(step.sql, self.values(session, facts=False), session.conn)
         tx_before = session.transaction_status()
