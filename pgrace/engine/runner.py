@@ -27,7 +27,7 @@ from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq import LibpqSession
 from pgrace.engine.retries import attempted
 from pgrace.engine.schedule import Permutations
-from pgrace.engine.scheduler import Scheduler
+from pgrace.engine.scheduler import Scheduler, uses_facts
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
@@ -373,9 +373,10 @@ class Runner:
 
     def _run_checks(self) -> None:
         for index, check in enumerate(self.scenario.checks):
-            text = substitute(check.sql, self.scheduler.values(None), self.control)
+            text = shown = substitute(check.sql, self.scheduler.values(None), self.control)
             outcome = self.sql.execute(self.control.pgconn, text)
-            shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
+            if uses_facts(check.sql):
+                shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
 

@@ -30,7 +30,7 @@ from pgrace.engine.waiting import SocketWaiting, Waiting
 from pgrace.errors import PgraceError, StepsStuck
 from pgrace.model import PermutationStep, Scenario, Step
 from pgrace.timeline import Holder, Outcome, Run, SqlError
-from pgrace.variables import Value, find, param_values, substitute
+from pgrace.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
     import psycopg
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from pgrace.engine.session import Session
     from pgrace.engine.steps import Recorder, StepBook
     from pgrace.locks import LockInspector
+
+
+def uses_facts(sql: str) -> bool:
+    """Whether ``sql`` names a session's fact (``:worker1.pid``), which the timeline shows as written."""
+    return any(use.session is not None and use.name in FACTS for use in find(sql))
 
 
 class Scheduler:
@@ -102,8 +107,9 @@ class Scheduler:
         text = shown = step.sql
         substituted = self.scenario.format == "pgrace" and step.sleep is None and step.crash is None
         if substituted and isinstance(session, LibpqSession) and find(step.sql):  # no variable: nothing to scan
-            text = substitute(step.sql, self.values(session), session.conn)
-            shown = substitute(step.sql, self.values(session, facts=False), session.conn)
+            text = shown = substitute(step.sql, self.values(session), session.conn)
+            if uses_facts(step.sql):
+                shown = substitute(step.sql, self.values(session, facts=False), session.conn)
         tx_before = session.transaction_status()
         seq = self.book.launch(step.name, step.session, shown)
         active = Active(seq, time.perf_counter(), step, entry, tx_before=tx_before)
