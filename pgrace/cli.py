@@ -30,11 +30,9 @@ from pgrace.errors import (
     PgraceError,
     ScenarioError,
     ScenarioFailed,
-    exit_code_of_interrupt,
-    raise_terminated,
-    report_internal_error,
 )
-from pgrace.render.escape import visible, without_controls
+from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
+from pgrace.text import visible, without_controls
 
 # Each command imports what it needs when it runs: psycopg, the runner and the renderers
 # cost more than a short run itself (tests/test_import_cost.py checks that importing this
@@ -268,7 +266,7 @@ def main() -> None:
 def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
     """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
     from pgrace import catalog
-    from pgrace.formats.scenario_toml import did_you_mean
+    from pgrace.formats.names import did_you_mean
 
     entries = catalog.entries()
     known_tags = {tag for entry in entries for tag in entry.tags}

@@ -256,7 +256,7 @@ def _load_of(scenario: Scenario) -> Any:
 
 def _one_line(text: str) -> str:
     """File text for a ``--`` comment line of a script: nothing in it may end the line or act on a terminal."""
-    from pgrace.render.escape import visible
+    from pgrace.text import visible
 
     return visible(" ".join(text.split()).replace("--", "- -"))
 

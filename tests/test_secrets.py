@@ -23,7 +23,6 @@ from click.testing import CliRunner, Result
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgrace import servers
 from pgrace.cli import main
 from pgrace.servers import ServerInfo, describe_dsn, dsn_secrets, redact_dsn, scrub_secrets
 
@@ -80,7 +79,7 @@ sql = "SELECT 1"
 @pytest.fixture(autouse=True)
 def forget_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with no remembered secret: one test's scrubbing must not hide another's leak."""
-    monkeypatch.setattr(servers, "_REMEMBERED", set())
+    monkeypatch.setattr("pgrace.servers.secrets._REMEMBERED", set())
 
 
 def forbidden(secrets: list[str]) -> list[bytes]:
@@ -268,7 +267,7 @@ def test_passwords_from_a_service_file_pgpassword_or_pgpass_do_not_leak(
 def test_an_internal_error_shows_neither_a_password_nor_a_control_character(
     debug: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgrace.errors import report_internal_error
+    from pgrace.exits import report_internal_error
     from pgrace.servers import remember_secrets
 
     monkeypatch.setenv("PGRACE_DEBUG", debug)

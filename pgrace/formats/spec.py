@@ -25,7 +25,7 @@ from typing import Literal
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
 from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
-from pgrace.render.escape import control_in_name
+from pgrace.text import control_in_name
 
 KEYWORDS = frozenset({"notices", "permutation", "session", "setup", "step", "teardown"})
 SPACE = " \t\r\f"  # skipped between tokens, and trimmed at both ends of an SQL block

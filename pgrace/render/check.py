@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
+from pgrace.cases import CaseResult, differs_across_servers
 from pgrace.errors import ScenarioError
-from pgrace.regression import CaseResult, differs_across_servers
-from pgrace.render.escape import visible
 from pgrace.servers import ServerInfo
+from pgrace.text import visible
 
 
 def render_results(results: Sequence[CaseResult], with_server: bool = False) -> str:

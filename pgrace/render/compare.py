@@ -25,8 +25,8 @@ from pgrace.render.common import (
     step_summaries,
     story_facts,
 )
-from pgrace.render.escape import without_controls
 from pgrace.render.text import Style, render_verdict
+from pgrace.text import without_controls
 from pgrace.timeline import CheckQueried, Run
 
 

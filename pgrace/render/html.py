@@ -23,8 +23,8 @@ from pgrace.render.common import (
     variant_flag,
     verdict_line,
 )
-from pgrace.render.escape import without_controls
 from pgrace.render.svg import lane_width_for, timeline_svg
+from pgrace.text import without_controls
 from pgrace.timeline import CheckQueried, Run
 
 CSS = f"""

@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from pgrace.pgbench import ClientRun, LoadResult
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR
-from pgrace.render.escape import json_safe, visible
+from pgrace.text import json_safe, visible
 
 COLOURS = {"bug": ERROR_COLOUR, "fix": OK_COLOUR}
 

@@ -25,7 +25,7 @@ from pgrace.render.common import (
     variant_flag,
     verdict_line,
 )
-from pgrace.render.escape import without_controls
+from pgrace.text import without_controls
 from pgrace.timeline import CheckQueried, Run
 
 SPECIAL = "\\`*_[]<>|#"

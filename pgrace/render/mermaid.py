@@ -25,7 +25,7 @@ from pgrace.render.common import (
     wait_phrase,
     wait_points_at,
 )
-from pgrace.render.escape import without_controls
+from pgrace.text import without_controls
 from pgrace.timeline import Run
 
 MAX_MESSAGE = 90

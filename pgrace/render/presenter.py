@@ -44,8 +44,8 @@ from pgrace.render.common import (
     verdict_line,
     wait_phrase,
 )
-from pgrace.render.escape import without_controls
 from pgrace.render.text import Style
+from pgrace.text import without_controls
 from pgrace.timeline import (
     CheckQueried,
     Event,

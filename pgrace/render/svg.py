@@ -43,7 +43,7 @@ from pgrace.render.common import (
     wait_points_at,
     wait_target,
 )
-from pgrace.render.escape import without_controls
+from pgrace.text import without_controls
 from pgrace.timeline import Run
 
 MONO = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace"

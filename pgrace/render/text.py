@@ -28,7 +28,7 @@ from pgrace.render.common import (
     verdict_words,
     wrap_cell,
 )
-from pgrace.render.escape import without_controls
+from pgrace.text import without_controls
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,

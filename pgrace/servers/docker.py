@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from pgrace.errors import ServerUnavailable
-from pgrace.servers import ServerInfo
+from pgrace.servers.info import ServerInfo
 
 
 def docker_available() -> str | None:

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgrace.errors import ServerUnavailable
-from pgrace.servers import ServerInfo, deferred_interrupts
+from pgrace.servers.info import ServerInfo
+from pgrace.servers.interrupts import deferred_interrupts
 from pgrace.servers.processes import PR_SET_PDEATHSIG, libc_prctl, owned_private_dir, pid_alive
 
 __all__ = ["embedded_server", "local_server"]
