@@ -121,7 +121,7 @@ def test_a_server_started_for_the_command_is_not_swept(monkeypatch: pytest.Monke
     """A server pgrace has just made from its template holds nothing a killed run left: no sweep, no connection."""
     from pgrace import scratch
 
-    def sweep(server: ServerInfo) -> scratch.Sweep:
+    def sweep(server: ServerInfo) -> scratch.Leftovers:
         raise AssertionError(f"swept {server.label}")
 
     monkeypatch.setattr(scratch, "sweep_leftovers", sweep)
