@@ -14,12 +14,12 @@ from pgrace import api
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.locks import CONFLICTS, LOCK_MODES, advisory_keys, advisory_level_in
 from pgrace.pytest_plugin import RunScenario
-from pgrace.render.common import describe_wait, serialization_text
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
 from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
+from pgrace.render.wording import describe_wait, serialization_text
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
 from pgrace.timeline import AdvisoryKey, Blocker, Run, StepRun

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import click
 from tabulate import tabulate
 
-from pgrace.render.common import (
-    SESSION_COLOURS,
+from pgrace.render.common import SESSION_COLOURS, wrap_cell
+from pgrace.render.story import setup_failure, verdict_words
+from pgrace.render.wording import (
     cancel_text,
     describe_wait,
     locks_heading,
@@ -22,11 +23,8 @@ from pgrace.render.common import (
     plural,
     release_phrase,
     serialization_text,
-    setup_failure,
     shown_locks,
     steps_waited,
-    verdict_words,
-    wrap_cell,
 )
 from pgrace.text import without_controls
 from pgrace.timeline import (
