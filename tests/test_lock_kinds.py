@@ -12,7 +12,8 @@ import pytest
 
 from pgrace import api
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.locks import CONFLICTS, LOCK_MODES, advisory_keys, advisory_level_in
+from pgrace.locks import CONFLICTS, advisory_keys, advisory_level_in
+from pgrace.model import LOCK_MODES
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
