@@ -800,7 +800,7 @@ class CodeRunner:
                     outcome.error,
                     cancelled_by_pgrace=active.cancelled,
                     lost=False,
-                    settle=self._settle_blockers,
+                    collect_finished=self._settle_blockers,
                     gone=lambda names: set(),
                 )
             self.recorder.add(StepFinished(active.seq, outcome, self.recorder.now(), active.waiting_reported, release))

@@ -145,7 +145,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Blocker:
+class CompletionMarker:
     """An isolationtester completion marker: ``(*)``, ``(step)`` or ``(step notices N)``."""
 
     step: str | None  # None for "*"
@@ -160,7 +160,7 @@ class Blocker:
 @dataclass(frozen=True)
 class PermutationStep:
     step: str
-    blockers: tuple[Blocker, ...] = ()
+    blockers: tuple[CompletionMarker, ...] = ()
 
 
 @dataclass(frozen=True)

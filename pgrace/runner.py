@@ -807,7 +807,7 @@ class Runner:
             active.outcome.error,
             cancelled_by_pgrace=active.cancelled,
             lost=active.lost is not None,
-            settle=self._settle_finished,
+            collect_finished=self._settle_finished,
             gone=self._gone,
         )
         holder = self.sessions.get(release.session or "") if release.cause == "terminated" else None

@@ -147,7 +147,7 @@ def test_a_killed_run_on_a_dsn_server_is_cleaned_by_the_next_run(pgrace_server: 
         assert backends == (0,)
 
 
-# --- schema mode keeps every statement inside the scratch schema (issue 9, finding 1) ------------------
+# --- schema mode keeps every statement inside the scratch schema ---------------------------------------
 
 
 @pytest.fixture

@@ -123,7 +123,7 @@ def test_no_dsn_shape_leaks_its_password(dsn: str, secrets: list[str], tmp_path:
     assert_clean(cli.invoke(main, ["check", str(story), "--server", dsn, "--server", dsn]), secrets, tmp_path)
 
 
-def test_the_malformed_dsn_of_the_issue_is_not_echoed_but_the_problem_is_named() -> None:
+def test_a_malformed_dsn_is_not_echoed_but_the_problem_is_named() -> None:
     cli = CliRunner()
     result = cli.invoke(main, ["run", "nowait", "--dsn", "host=127.0.0.1 password='S3cr3t"])
     assert "S3cr3t" not in result.output

@@ -6,7 +6,7 @@ from typing import Any
 
 from pgrace.locks.queries import TUPLE_LOCK_STRENGTH
 from pgrace.model import LOCK_MODES
-from pgrace.timeline import RowLock
+from pgrace.timeline import HeldLock
 
 # The conflict table of the eight lock modes, as PostgreSQL's documentation draws it
 # ("Explicit Locking", table "Conflicting Lock Modes"): row = mode requested, column =
@@ -45,7 +45,7 @@ def _rows_conflict(wanted: str, held: str) -> bool:
     return strength in ROW_CONFLICTS.get(wanted, frozenset(ROW_STRENGTHS))
 
 
-def row_sharers(row_locks: list[RowLock], ctid: str, wanted: str, waiter: str) -> list[str]:
+def row_sharers(row_locks: list[HeldLock], ctid: str, wanted: str, waiter: str) -> list[str]:
     """The sessions holding the row in a mode that conflicts with ``wanted``: all of them must end.
 
     A row that several transactions lock together (FOR SHARE by four readers: a multixact)
@@ -59,7 +59,7 @@ def row_sharers(row_locks: list[RowLock], ctid: str, wanted: str, waiter: str) -
     return found
 
 
-def row_holder_mode(row_locks: list[RowLock], ctid: str, holder: str) -> str | None:
+def row_holder_mode(row_locks: list[HeldLock], ctid: str, holder: str) -> str | None:
     modes = [lock.mode for lock in row_locks if lock.ctid == ctid and lock.session == holder]
     return modes[0] if modes else None
 

@@ -11,7 +11,7 @@ from psycopg import sql
 from pgrace.locks.observer import SessionObserver
 from pgrace.locks.queries import PGROWLOCKS_SCHEMA_QUERY, TABLES_QUERY
 from pgrace.model import RowRef
-from pgrace.timeline import RowLock
+from pgrace.timeline import HeldLock
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Table:
 class LockSnapshot:
     """Row locks of every table (None: pgrowlocks is missing), and tables that could not be read."""
 
-    locks: tuple[RowLock, ...] | None
+    locks: tuple[HeldLock, ...] | None
     skipped: tuple[str, ...]
 
 
@@ -47,7 +47,7 @@ class RowLockReader(SessionObserver):
         pgrowlocks = self._pgrowlocks()
         if pgrowlocks is None:
             return LockSnapshot(None, ())
-        locks: list[RowLock] = []
+        locks: list[HeldLock] = []
         skipped: list[str] = []
         for table in self.tables():
             table_locks = self._table_locks(table, pgrowlocks)
@@ -63,7 +63,7 @@ class RowLockReader(SessionObserver):
         found = self.observer.execute(PGROWLOCKS_SCHEMA_QUERY).fetchone()
         return sql.Identifier(found[0], "pgrowlocks") if found is not None else None
 
-    def _table_locks(self, table: Table, pgrowlocks: sql.Identifier | None = None) -> list[RowLock] | None:
+    def _table_locks(self, table: Table, pgrowlocks: sql.Identifier | None = None) -> list[HeldLock] | None:
         if table.exclusively_locked:
             return None
         pgrowlocks = pgrowlocks or self._pgrowlocks()
@@ -85,7 +85,7 @@ class RowLockReader(SessionObserver):
                 if not pid and xid not in owners:
                     continue  # a multixact member whose transaction has ended holds nothing
                 out.append(
-                    RowLock(
+                    HeldLock(
                         keys.get(ctid),
                         ctid,
                         table.name,
@@ -130,7 +130,7 @@ class RowLockReader(SessionObserver):
         return {r[0]: RowRef(table.name, tuple(zip(table.key_columns, r[1:], strict=True))) for r in rows}
 
 
-def _sort_key(lock: RowLock) -> tuple[Any, ...]:
+def _sort_key(lock: HeldLock) -> tuple[Any, ...]:
     if lock.row is None:
         return (1, lock.ctid)
     return (

@@ -18,7 +18,7 @@ from pgrace.locks.queries import (
     TUPLE_LOCK_STRENGTH,
 )
 from pgrace.locks.rows import RowLockReader
-from pgrace.timeline import AdvisoryKey, Blocker, Wait
+from pgrace.timeline import AdvisoryKey, Wait, WaitLink
 
 
 class WaitReader(RowLockReader):
@@ -117,7 +117,7 @@ class WaitReader(RowLockReader):
             return Wait("speculative", blocked_by, unique_indexes=indexes, **common)
         return Wait("other", blocked_by, table=lock.relname, **common)
 
-    def _chain(self, locks: LockTable, pid: int, seen: set[int]) -> tuple[Blocker, ...]:
+    def _chain(self, locks: LockTable, pid: int, seen: set[int]) -> tuple[WaitLink, ...]:
         """Who holds up ``pid``, link by link: holders of a conflicting granted lock
         (hard), then waiters queued ahead for a conflicting mode (soft) and, after each
         of those, what *it* waits for. ``pg_blocking_pids`` mixes the two; the lock's
@@ -128,16 +128,16 @@ class WaitReader(RowLockReader):
             return ()
         waiter = self.name_of(pid)
         ahead = set(locks.blocking.get(pid, ()))
-        holds: list[Blocker] = []
-        queued: list[tuple[int, Blocker]] = []
+        holds: list[WaitLink] = []
+        queued: list[tuple[int, WaitLink]] = []
         for other in locks.same_lock(lock):
             if not conflicts(lock.mode, other.mode):
                 continue
             if other.granted and other.locktype != "tuple":
-                holds.append(Blocker(waiter, self._who(other.pid), "holds", other.mode, lock.mode))
+                holds.append(WaitLink(waiter, self._who(other.pid), "holds", other.mode, lock.mode))
             elif other.pid in ahead:
                 # A granted tuple lock is a place in a row's queue, not the row (heapam.c).
-                queued.append((other.pid, Blocker(waiter, self._who(other.pid), "queued", other.mode, lock.mode)))
+                queued.append((other.pid, WaitLink(waiter, self._who(other.pid), "queued", other.mode, lock.mode)))
         links = list(dict.fromkeys(holds))
         for other_pid, link in queued:
             if link.session in {held.session for held in holds}:
@@ -148,7 +148,7 @@ class WaitReader(RowLockReader):
                 links.extend(self._chain(locks, other_pid, seen))
         return tuple(dict.fromkeys(links))
 
-    def _unique_candidates(self, locks: LockTable, pid: int, end: Blocker | None) -> tuple[str, ...]:
+    def _unique_candidates(self, locks: LockTable, pid: int, end: WaitLink | None) -> tuple[str, ...]:
         """The unique indexes an insert may be waiting on (see :attr:`Wait.unique_indexes`).
 
         An insert that meets an uncommitted equal key in a unique index waits for that
@@ -233,12 +233,12 @@ class WaitReader(RowLockReader):
             sharers = row_sharers(row_locks, ctid, strength, me)
             blocked_by = (*blocked_by, *(s for s in sharers if s not in blocked_by))
         chain = [
-            Blocker(me, ahead, "queued", strength_of(locks, self.sessions, ahead, tuple_lock), strength)
+            WaitLink(me, ahead, "queued", strength_of(locks, self.sessions, ahead, tuple_lock), strength)
             for ahead in queued_behind
         ]
         if holder is not None:
             last = queued_behind[0] if queued_behind else me
-            chain.append(Blocker(last, holder, "holds", holder_mode, strength if last == me else None))
+            chain.append(WaitLink(last, holder, "holds", holder_mode, strength if last == me else None))
         return Wait(
             "row",
             blocked_by,

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from pgrace.text import json_safe
-from pgrace.timeline import AdvisoryKey, Outcome, Release, RowLock, Run, StepRun, Wait
+from pgrace.timeline import AdvisoryKey, HeldLock, Outcome, Release, Run, StepRun, Wait
 from pgrace.values import to_json_value
 
 SCHEMA_VERSION = 1
@@ -146,7 +146,7 @@ def _advisory(key: AdvisoryKey | None) -> dict[str, Any] | None:
     return {"keys": list(key.keys), "shared": key.shared, "level": key.level}
 
 
-def _lock(lock: RowLock) -> dict[str, Any]:
+def _lock(lock: HeldLock) -> dict[str, Any]:
     return {
         "table": lock.row.table if lock.row else (lock.table or None),
         "key": {k: to_json_value(v) for k, v in lock.row.key} if lock.row else None,

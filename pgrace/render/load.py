@@ -91,7 +91,7 @@ def render_load_text(results: list[LoadResult]) -> str:
 
 
 def render_load_json(results: list[LoadResult]) -> str:
-    """The issue's JSON: one object, or with --compare a list of one per variant."""
+    """The load's JSON: one object, or with --compare a list of one per variant."""
     data = [r.to_json() for r in results]
     return json_safe(json.dumps(data[0] if len(data) == 1 else data, indent=2, ensure_ascii=False)) + "\n"
 

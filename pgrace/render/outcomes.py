@@ -23,7 +23,7 @@ from pgrace.text import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
     from pgrace.explore import Exploration
-    from pgrace.matrix import Cell, Matrix, MatrixTable
+    from pgrace.matrix import Matrix, MatrixTable, ModePair
     from pgrace.outcomes import OutcomeClass
     from pgrace.sweep import Sweep
 
@@ -169,7 +169,7 @@ def _abbreviation(mode: str) -> str:
     return "".join(word[0] for word in mode.split())
 
 
-def _matrix_cell(cell: Cell) -> str:
+def _matrix_cell(cell: ModePair) -> str:
     return ("blocks" if cell.blocks else "·") + ("" if cell.agrees else " ≠doc")
 
 

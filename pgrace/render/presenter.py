@@ -45,11 +45,11 @@ from pgrace.text import without_controls
 from pgrace.timeline import (
     CheckQueried,
     Event,
+    HeldLock,
     LockKinds,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
-    RowLock,
     Run,
     SessionLost,
     StepCancelled,
@@ -105,7 +105,7 @@ class Presenter:
         self.prompt = ""
         self.started = False
         self.last_locks: object = ()
-        self.predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen, shown with a 40001
+        self.predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen, shown with a 40001
         self.screen = Screen(self.out, tty=self.tty, colour=self.colour, width=self.width, status=self.status_text)
         self.keyboard = Keys(self.keys, cbreak=step_by_step)
 

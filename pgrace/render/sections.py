@@ -19,13 +19,13 @@ from pgrace.render.wording import (
     steps_waited,
 )
 from pgrace.timeline import (
+    HeldLock,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
     Outcome,
     PermutationStarted,
     Release,
-    RowLock,
     Run,
     SessionLost,
     StepCancelled,
@@ -55,8 +55,8 @@ class Entry:
     release: Release | None = None  # what ended the wait (a resume)
     release_text: str = ""  # release_phrase(): "resumes after a's COMMIT (step 6)", "ends: ..."
     text: str = ""
-    locks: tuple[RowLock, ...] | None = ()  # row locks held after this row (carried forward)
-    sireads: tuple[RowLock, ...] | None = None  # a 40001: the SIRead locks last seen before it
+    locks: tuple[HeldLock, ...] | None = ()  # row locks held after this row (carried forward)
+    sireads: tuple[HeldLock, ...] | None = None  # a 40001: the SIRead locks last seen before it
 
     def outcome_lines(self) -> list[str]:
         """The outcome's lines, and the SIRead locks that explain a serialization failure."""
@@ -107,8 +107,8 @@ def timeline_sections(run: Run) -> list[Section]:
     sections: list[Section] = []
     launched: dict[int, StepLaunched] = {}
     section = Section("")
-    locks: tuple[RowLock, ...] | None = ()
-    predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen, for a 40001
+    locks: tuple[HeldLock, ...] | None = ()
+    predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen, for a 40001
     open_spans: dict[int, WaitSpan] = {}
     paused: dict[int, Entry] = {}  # sleep steps, shown when they start
     many = len(run.scenario.permutations) > 1

@@ -30,11 +30,11 @@ from pgrace.text import without_controls
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,
+    HeldLock,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
     PermutationStarted,
-    RowLock,
     Run,
     SessionLost,
     StepCancelled,
@@ -96,8 +96,8 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
     launched: dict[int, StepLaunched] = {}
     paused: set[int] = set()  # sleep steps, shown when they start
     rows: list[Row] = []
-    last_locks: tuple[RowLock, ...] | None = ()
-    predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
+    last_locks: tuple[HeldLock, ...] | None = ()
+    predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
     many = len(run.scenario.permutations) > 1
     for event in run.events:
         if isinstance(event, PermutationStarted):
@@ -163,7 +163,7 @@ def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
     return f"↳ step {event.seq} {phrase}; waited {plural(waited, 'step')}"
 
 
-def _lock_lines(event: LocksObserved, shown: tuple[RowLock, ...] | None) -> list[str]:
+def _lock_lines(event: LocksObserved, shown: tuple[HeldLock, ...] | None) -> list[str]:
     if shown is None:
         return ["unknown (no pgrowlocks)"]
     lines = [lock.label() for lock in shown] or ["none"]

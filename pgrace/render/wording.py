@@ -6,18 +6,18 @@ from collections.abc import Mapping
 
 from pgrace.render.common import MAX_ROWS_SHOWN, QUIET_TAGS, one_line, shorten, shorten_sql
 from pgrace.timeline import (
-    Blocker,
+    HeldLock,
     Holder,
     LocksObserved,
     Outcome,
     Release,
     ResultSet,
-    RowLock,
     Run,
     SessionLost,
     StepCancelled,
     StepLaunched,
     Wait,
+    WaitLink,
 )
 from pgrace.values import display_cell
 
@@ -160,7 +160,7 @@ def _lock_chain_text(wait: Wait) -> str:
     return text
 
 
-def _queued_link(wait: Wait, link: Blocker) -> str:
+def _queued_link(wait: Wait, link: WaitLink) -> str:
     return f"{link.session} (wants {_advisory_mode(wait, link.mode)})"
 
 
@@ -171,7 +171,7 @@ def _advisory_mode(wait: Wait, mode: str | None) -> str:
     return "shared" if mode == "ShareLock" else "exclusive" if mode == "ExclusiveLock" else _mode_text(mode)
 
 
-def serialization_text(locks: tuple[RowLock, ...]) -> str:
+def serialization_text(locks: tuple[HeldLock, ...]) -> str:
     """The SIRead locks last seen before a 40001: the reads whose conflicts the server tracked."""
     by_session: dict[str, list[str]] = {}
     for lock in locks:
@@ -282,11 +282,11 @@ def lost_text(event: SessionLost) -> str:
     return f"⚡ {event.session}'s connection is gone ({event.sqlstate}); its later steps are not sent"
 
 
-def lock_label(lock: RowLock) -> str:
+def lock_label(lock: HeldLock) -> str:
     return lock.label()
 
 
-def shown_locks(run: Run, event: LocksObserved) -> tuple[RowLock, ...] | None:
+def shown_locks(run: Run, event: LocksObserved) -> tuple[HeldLock, ...] | None:
     """The locks the locks column shows after ``event``: rows, or (``--locks all``) every kind."""
     if run.lock_kinds == "rows":
         return event.locks

@@ -15,8 +15,8 @@ def deferred_interrupts() -> Iterator[None]:
     """Hold back Ctrl-C and SIGTERM while cleanup runs, then deliver them.
 
     A signal during cleanup would otherwise leave a server or a scratch database behind:
-    the CLI turns SIGTERM into an exception, just like Ctrl-C (a killed run's bench
-    found the run directory of an embedded server left after a SIGTERM in teardown).
+    the CLI turns SIGTERM into an exception, just like Ctrl-C, so a SIGTERM in teardown
+    would leave the run directory of an embedded server.
     Only the main thread can install signal handlers; elsewhere this is a no-op.
     """
     if threading.current_thread() is not threading.main_thread():

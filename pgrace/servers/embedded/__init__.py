@@ -133,8 +133,8 @@ def _booting_server(
     try:
         try:
             # Held back while forking: Python ignores an exception raised in its at-fork
-            # hooks, so a Ctrl-C then would be lost and pgrace would carry on (found by
-            # bench/bench_kills.py); afterwards ``proc`` is known and the server stopped.
+            # hooks, so a Ctrl-C then would be lost and pgrace would carry on
+            # (bench/bench_kills.py checks it); afterwards ``proc`` is known and the server stopped.
             with deferred_interrupts():
                 proc, log_path = _spawn(bindir, template, rundir, user, settings)
         except OSError as exc:
