@@ -20,10 +20,11 @@ install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the
 test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
 	$(BIN)/pytest -q
 
-lint: install ## ruff (lint and format check) and mypy --strict
+lint: install ## ruff (lint and format check), mypy --strict, and no import cycle
 	$(BIN)/ruff check pgrace tests bench tools
 	$(BIN)/ruff format --check pgrace tests bench tools
 	$(BIN)/mypy
+	$(BIN)/python -m tools.import_graph
 
 docs: install ## Build the documentation site into site/ (mkdocs build --strict, offline)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
