@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint docs format typecheck demo pictures bench conformance clean
+.PHONY: help install test lint docs format typecheck demo pictures bench conformance docker clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ pictures: install ## Redraw the screenshots in docs/ (needs chromium)
 
 bench: install ## Run every benchmark in bench/
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+docker: install ## The Docker tests on a local engine and images (tools/docker_ci.py; as root)
+	PGRACE_REQUIRE_DOCKER=1 $(PYTHON) -m tools.docker_ci run -- $(BIN)/pytest -q tests/test_docker.py
 
 conformance: install ## Run PostgreSQL's isolation corpus (CORPUS=../shared/pg-isolation), byte for byte
 	$(BIN)/python bench/conformance.py $(CORPUS)

@@ -23,6 +23,8 @@ def evaluate(run: Run) -> list[CheckResult]:
     scenario = run.scenario
     for step_run in run.step_runs():
         step = scenario.step(step_run.step)
+        if step_run.retried:  # an attempt another followed: the last attempt's steps are checked
+            continue
         if not step.expect.is_empty():
             results.extend(_step_checks(step_run, step.expect, step.line, run.row_locks_available))
         if scenario.format == "pgrace":  # a spec's errors are output to compare, as isolationtester's

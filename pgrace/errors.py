@@ -3,7 +3,8 @@
     PgraceError                     exit 1, base class
     ├── ScenarioError               exit 2, invalid input: a scenario or spec file (file:line),
     │   │                                   an option value, a malformed --dsn
-    │   └── CodeError                       session code run_code/explore_code cannot interleave
+    │   ├── CodeError                       session code run_code/explore_code cannot interleave
+    │   └── OptionError                     an option's value, or options that exclude each other
     ├── ScenarioFailed              exit 1, the scenario could not run to its end on this server:
     │   ├── SetupFailed                     its setup SQL failed, or
     │   └── StepsStuck                      its steps blocked each other (isolationtester: exit 1)
@@ -75,6 +76,19 @@ class ScenarioError(_Located):
     """The input is invalid: a scenario or spec file, an option value or a connection string."""
 
     exit_code = EXIT_INVALID
+
+
+class OptionError(ScenarioError):
+    """An option's value (``option``, e.g. ``"--tag"``), or options that exclude each other (``option`` None).
+
+    Raised by the library where the CLI's options reach it; the CLI says it as click says a bad option.
+    """
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        self.option = option
+        super().__init__(message)
 
 
 class ScenarioFailed(_Located):

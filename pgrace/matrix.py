@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from pgrace.engine.control import ControlSql
 from pgrace.locks import CONFLICTS, ROW_CONFLICTS, ROW_STRENGTHS
 from pgrace.model import LOCK_MODES, PermutationStep, Scenario, Session, Step
 from pgrace.runner import RunOptions, run_scenario
@@ -198,7 +199,7 @@ def measure(server: ServerInfo, step_timeout: float = 10.0) -> Matrix:
     table_ops = [(mode, f"LOCK TABLE locked IN {mode} MODE") for mode in TABLE_LOCK_MODES]
     with scratch_database(server, "matrix") as db:
         with psycopg.connect(db.dsn, autocommit=True) as conn:
-            conn.execute(SCHEMA_SQL)
+            ControlSql(step_timeout).check(conn.pgconn, SCHEMA_SQL, "the matrix's setup")
         row_run = run_scenario(
             _pairs_scenario("row", row_ops),
             db.dsn,

@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from pgrace import api, catalog, speccheck
+from pgrace import catalog, speccheck
 from pgrace.cases import Case as Case
 from pgrace.cases import CaseResult as CaseResult
 from pgrace.cases import differs_across_servers as differs_across_servers
 from pgrace.errors import ScenarioError, ScenarioFailed
+from pgrace.one_run import run_in_scratch
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
 from pgrace.scratch import ReusableScratch
@@ -97,7 +98,7 @@ def run_case(
                 case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
             )
         named = database_name if scratch is None else None  # the specs' shared database holds that name
-        run = api.run(case.scenario, server=server, options=options, database_name=named)
+        run = run_in_scratch(case.scenario, server, options, database_name=named)
     except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
         return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
     result = CaseResult(case, server, run.ok, 0.0, run=run)

@@ -19,7 +19,7 @@ decides, in this order:
    another session, a crash), asked of ``pg_stat_activity``;
 4. the last launched step, when it belongs to a session it waited for and no other step
    completed since (a lock released inside a transaction: ``pg_advisory_unlock``,
-   ``ROLLBACK TO SAVEPOINT``);
+   ``ROLLBACK TO SAVEPOINT``), even while it still runs (``COMMIT; SELECT pg_sleep(1)``);
 5. otherwise ``unknown``: pgrace does not credit a step that released nothing.
 
 It never reads message text where a SQLSTATE decides; 57014 alone does not tell a
@@ -91,7 +91,7 @@ class ReleaseTracker:
         error: SqlError | None,
         lost: bool,
     ) -> None:
-        """Record a completion once (a step collected early is not recorded again when reported)."""
+        """Record a completion once (a step settled early is not recorded again when reported)."""
         if seq in self.finished:
             return
         self.clock += 1
@@ -123,10 +123,10 @@ class ReleaseTracker:
         error: SqlError | None,
         cancelled_by_pgrace: bool,
         lost: bool,
-        collect_finished: Callable[[Iterable[str]], None],
+        settle: Callable[[Iterable[str]], None],
         gone: Callable[[Iterable[str]], set[str]],
     ) -> Release:
-        """What ended step ``seq``'s wait. ``collect_finished`` collects blockers' finished results early;
+        """What ended step ``seq``'s wait. ``settle`` collects blockers' finished results early;
         ``gone`` names the sessions whose backend no longer exists."""
         own = self.session_of[seq]
         if lost:
@@ -136,7 +136,7 @@ class ReleaseTracker:
             if by_error is not None:
                 return by_error
         blockers = self.blockers(seq)
-        collect_finished(blockers)  # a deadlock victim's error is on the wire before its locks are released
+        settle(blockers)  # a deadlock victim's error is on the wire before its locks are released
         start = self.launched_at[seq]
         during = [f for f in self.finished.values() if f.order > start and f.session in blockers and f.seq != seq]
         ended = [f for f in during if f.released]
@@ -154,6 +154,15 @@ class ReleaseTracker:
         others = [f.order for f in self.finished.values() if f.seq != seq]
         if newest is not None and newest in during and newest.order == max(others):
             return Release("step", seq=newest.seq, session=newest.session, failed=newest.error is not None)
+        running = self.last_launched
+        if (
+            newest is None
+            and running != seq
+            and self.session_of.get(running) in blockers
+            and self.launched_at[running] > start
+            and all(order < self.launched_at[running] for order in others)
+        ):
+            return Release("step", seq=running, session=self.session_of[running])
         return Release("unknown")
 
 

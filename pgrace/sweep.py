@@ -118,8 +118,8 @@ def sweep(
     ``on_cell(done, total)`` follows the combinations, ``on_interleavings(done, total)`` an
     explored combination's interleavings.
     """
-    from pgrace import api
     from pgrace.explore import explore as explore_variant
+    from pgrace.one_run import run_in_scratch
 
     check_jobs(jobs)
     check_sample(limit)
@@ -139,7 +139,7 @@ def sweep(
             )
             classes = found.classes
         else:
-            run = api.run(scenario, server=server, options=RunOptions(step_timeout=step_timeout))
+            run = run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
             grouped: dict[str, OutcomeClass] = {}
             observed = classify(run)
             add_observed(grouped, observed, (0, 0), scenario)  # one run, no other example to prefer

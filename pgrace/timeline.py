@@ -92,6 +92,7 @@ class Outcome:
     results: tuple[ResultSet, ...] = ()
     commands: tuple[str, ...] = ()
     error: SqlError | None = None
+    retry: int | None = None  # the error made the step's retry loop run again: this attempt follows
 
     @property
     def last_rows(self) -> ResultSet | None:
@@ -412,6 +413,11 @@ class StepRun:
     predicate_locks_at_error: tuple[HeldLock, ...] = ()
     """For a serialization failure (40001): the SIRead locks last seen before it, which
     record the reads whose read/write conflicts the server detected."""
+    loop: str | None = None  # the retry loop it is in (the loop's last step), and which attempt
+    attempt: int = 1
+    retried: bool = False
+    """A step of a retry loop's attempt that another attempt followed: its error (one the
+    loop retries on) is not the run's, and its expectations belong to the last attempt."""
 
     @property
     def waited(self) -> bool:
@@ -518,6 +524,7 @@ class Run:
                         runs[seq].locks_unreadable = event.skipped
                         runs[seq].other_locks_after = event.other_locks
                 resumed = []
+        _mark_retried(list(runs.values()), self.scenario)
         return list(runs.values())
 
     def sessions_lost(self) -> list[SessionLost]:
@@ -526,6 +533,22 @@ class Run:
 
     def check_outcomes(self) -> dict[int, Outcome]:
         return {e.index: e.outcome for e in self.events if isinstance(e, CheckQueried)}
+
+
+def _mark_retried(runs: list[StepRun], scenario: Scenario) -> None:
+    """Mark the steps of every attempt that a later attempt of the same loop followed (per permutation)."""
+    steps = {s.name: s for s in scenario.steps}
+    last: dict[tuple[int, str], int] = {}  # (permutation, loop) -> its latest attempt that ran
+    for run in runs:
+        step = steps.get(run.step)
+        if step is not None and step.loop is not None:
+            run.loop, run.attempt = step.loop, step.attempt
+            key = (run.permutation, step.loop)
+            last[key] = max(last.get(key, 1), step.attempt)
+    for run in runs:
+        step = steps.get(run.step)
+        if step is not None and step.loop is not None:
+            run.retried = step.attempt < last[(run.permutation, step.loop)]
 
 
 def _releasing_step(release: Release | None) -> int | None:

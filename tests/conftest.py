@@ -1,7 +1,9 @@
-"""Test-suite wide rules: a test that needs the isolation corpus skips without it, or fails in CI."""
+"""Test-suite wide rules: a test that needs the isolation corpus or a Docker engine skips without it, or fails in CI."""
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +17,25 @@ PG15 = Path("/usr/lib/postgresql/15/bin")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs_corpus: reads PostgreSQL's isolation corpus from ../shared")
+    config.addinivalue_line("markers", "needs_docker: starts containers on a Docker engine (tools/docker_ci.py)")
+
+
+#: CI starts an engine (tools/docker_ci.py) and sets this: there a missing engine fails the Docker tests.
+DOCKER_REQUIRED = os.environ.get("PGRACE_REQUIRE_DOCKER", "") not in ("", "0")
+
+
+@functools.cache
+def docker_problem() -> str | None:
+    from pgrace.servers.docker import docker_available
+
+    return docker_available()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_docker") is not None and (problem := docker_problem()) is not None:
+        if DOCKER_REQUIRED:
+            pytest.fail(f"PGRACE_REQUIRE_DOCKER is set but {problem}")
+        pytest.skip(f"Docker backend not tested: {problem}")
     if item.get_closest_marker("needs_corpus") is None or corpus.present():
         return
     if corpus.REQUIRED:

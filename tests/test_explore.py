@@ -191,7 +191,7 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
     assert "holds" not in text.output and "FAILS" not in text.output
 
     whole = json.loads(cli.invoke(main, ["explore", "lost-update", "-f", "json", *dsn]).output)
-    assert set(whole) == {"scenario", "variant", "space", "explored", "seed", "classes"}
+    assert set(whole) == {"scenario", "variant", "space", "explored", "repeats", "seed", "classes"}
     assert [(c["ok"], c["reproduces"]) for c in whole["classes"]] == [(True, True), (False, False)]
     assert set(whole["classes"][0]) == {
         "ok",

@@ -24,16 +24,19 @@ from pgrace.formats import limits
 from pgrace.formats.names import KeyPath, base_name, did_you_mean
 from pgrace.model import (
     LOCK_MODES,
+    MAX_RETRIES,
     CrashMode,
     FinalCheck,
     LockExpectation,
     PermutationStep,
+    Retry,
     RowRef,
     Scenario,
     Session,
     Step,
     StepExpectation,
     WaitTarget,
+    with_retries,
 )
 from pgrace.text import control_in_name
 from pgrace.timeline import RELEASE_CAUSES
@@ -56,7 +59,9 @@ TOP_KEYS = {
 }
 VARIANTS = ("bug", "fix")
 SESSION_KEYS = {"name", "count", "setup", "teardown"}
-STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capture", "expect"}
+STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capture", "expect", "retry"}
+RETRY_KEYS = {"on", "from", "max"}
+RETRY_FORM = 'retry = { on = ["40001", "40P01"], from = "STEP", max = N }'
 ACTIONS = ("sql", "sleep", "crash")  # what a step does: exactly one of them
 CRASHES = ("terminate", "disconnect")
 PARAM_KEYS = {"default", "choices"}
@@ -66,7 +71,7 @@ MAX_SLEEP = 60.0
 TOPIC = re.compile(r"^[a-z0-9-]+( [a-z0-9-]+)*\Z")
 TAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*\Z")
 MAX_LABEL = 40
-OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
+OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect", "retry"}
 VARIANT_KEYS = {"title", "narrative", "step", "insert", "drop", "check", "setup", "load"}
 ANCHORS = ("after", "before")  # where an inserted step goes: next to a step of the base list
 EXPECT_KEYS = {
@@ -228,7 +233,7 @@ class Builder:
             )
         params, choices = self._params()
         sessions, groups = self._sessions(params)
-        steps = self._steps(data.get("step"), sessions, groups, ("step",))
+        steps = self._steps(data.get("step"), sessions, groups, ("step",))  # retry loops not yet unrolled
         checks = self._checks(data.get("check", []), ("check",))
         setup = self._sql_list(data.get("setup", []), "setup")
         main = Scenario(
@@ -241,14 +246,14 @@ class Builder:
             setup_line=self.loc.line_of("setup"),
             teardown=self._sql_list(data.get("teardown", []), "teardown"),
             sessions=sessions,
-            steps=steps,
-            permutations=(tuple(PermutationStep(s.name) for s in steps),),
+            steps=self._loops(steps),
             checks=checks,
             params=tuple(params.items()),
             param_choices=tuple(choices.items()),
             topic=self._topic(),
             tags=self._tags(),
         )
+        main = replace(main, permutations=(tuple(PermutationStep(s.name) for s in main.steps),))
         self._check_variables(main)
         if "load" in data:
             from pgrace.formats.load_toml import build_load
@@ -256,7 +261,7 @@ class Builder:
             main = replace(main, load=build_load(self, data["load"], None, main, None))
         if other_name not in data:
             return main
-        other = self._other_variant(main, other_name, data[other_name], sessions, groups)
+        other = self._other_variant(replace(main, steps=steps), other_name, data[other_name], sessions, groups)
         self._check_variables(other)
         override = data[other_name].get("load")
         if "load" in data or override is not None:
@@ -465,6 +470,7 @@ class Builder:
                         line=self.loc.line_of(*where),
                         sleep=sleep,
                         crash=crash,
+                        retry=self._retry(item["retry"], where) if "retry" in item else None,
                     )
                 )
         return tuple(steps)
@@ -481,7 +487,7 @@ class Builder:
             raise self.loc.error(f"a step does one thing: it has {' and '.join(given)}", *where, given[1])
         if "sql" in item:
             return self._str(item["sql"], *where, "sql", what="step sql"), None, None
-        for key in ("capture", "expect"):
+        for key in ("capture", "expect", "retry"):
             if key in item:
                 raise self.loc.error(f"a {given[0]} step sends no SQL: it has no {key}", *where, key)
         if "sleep" in item:
@@ -497,6 +503,77 @@ class Builder:
             *where,
             "crash",
         )
+
+    def _retry(self, raw: Any, where: KeyPath) -> Retry:
+        """``retry = { on = [...], from = "STEP", max = N }``, its ``from`` not yet resolved (see :meth:`_loops`)."""
+        line = self.loc.line_of(*where, "retry")
+
+        def bad(message: str) -> ScenarioError:
+            return ScenarioError(f"retry: {message}", self.source, line)
+
+        if not isinstance(raw, dict):
+            raise bad(f"a table, e.g. {RETRY_FORM}")
+        for key in raw:
+            if key not in RETRY_KEYS:
+                raise bad(f"unknown key {key!r}{did_you_mean(key, RETRY_KEYS)}; the form is {RETRY_FORM}")
+        codes = raw.get("on")
+        codes = [codes] if isinstance(codes, str) else codes
+        if not isinstance(codes, list) or not codes:
+            raise bad('on lists the SQLSTATEs to retry on, e.g. on = ["40001", "40P01"]')
+        for code in codes:
+            if not isinstance(code, str) or not SQLSTATE.fullmatch(code):
+                raise bad(f'{code!r} is not an SQLSTATE (5 characters of 0-9 and A-Z, such as "40001")')
+        start = raw.get("from")
+        if not isinstance(start, str) or not start:
+            raise bad('from names the loop\'s first step, e.g. from = "begin" (this step itself: from = its name)')
+        count = raw.get("max")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RETRIES:
+            raise bad(f"max is how many times to run the loop again, a whole number from 1 to {MAX_RETRIES}")
+        return Retry(tuple(dict.fromkeys(codes)), start, count, line)
+
+    def _loops(self, steps: list[Step] | tuple[Step, ...]) -> tuple[Step, ...]:
+        """Resolve each retry's ``from`` in its own session, refuse overlapping loops, and unroll them.
+
+        ``from`` names a step of the same session, this one or an earlier one (a group
+        step's base name means the member's own). Errors are told at the retry key's line.
+        """
+        resolved = list(steps)
+        taken: dict[str, str] = {}  # a step in a loop -> that loop's last step
+        for index, step in enumerate(resolved):
+            retry = step.retry
+            if retry is None:
+                continue
+
+            def named(s: Step, start: str = retry.start) -> bool:
+                return s.name == start or base_name(s.name) == start
+
+            own = [i for i in range(index + 1) if resolved[i].session == step.session]
+            first = next((i for i in own if named(resolved[i])), None)
+            if first is None:
+                elsewhere = [s for s in resolved if named(s)]
+                if any(s.session == step.session for s in elsewhere):
+                    why = f"comes after {step.name!r}: a loop runs from an earlier step of the session through this one"
+                elif elsewhere:
+                    why = (
+                        f"is a step of session {elsewhere[0].session!r}: a loop repeats steps of its own session"
+                        f" ({step.session!r})"
+                    )
+                else:
+                    known = {resolved[i].name for i in own} | {base_name(resolved[i].name) for i in own}
+                    why = f"is no step of session {step.session!r}{did_you_mean(retry.start, known)}"
+                raise ScenarioError(f"retry: from {retry.start!r} {why}", self.source, retry.line)
+            for i in own:
+                if i >= first and resolved[i].name in taken:
+                    raise ScenarioError(
+                        f"retry: the loop {resolved[first].name} ... {step.name} shares step {resolved[i].name!r}"
+                        f" with the loop that ends at {taken[resolved[i].name]!r}; a session's loops must not overlap",
+                        self.source,
+                        retry.line,
+                    )
+                if i >= first:
+                    taken[resolved[i].name] = step.name
+            resolved[index] = replace(step, retry=replace(retry, start=resolved[first].name))
+        return with_retries(resolved)
 
     def _duration(self, raw: Any, where: KeyPath) -> float:
         match = DURATION.match(raw) if isinstance(raw, str) else None
@@ -830,8 +907,8 @@ class Builder:
                 for key in ACTIONS:
                     if key in change and key != kind:
                         raise self.loc.error(f"step {base!r} is a {kind} step: it cannot change its {key}", *where, key)
-                if kind != "sql" and ("capture" in change or "expect" in change):
-                    raise self.loc.error(f"a {kind} step sends no SQL: it has no capture or expect", *where)
+                if kind != "sql" and ("capture" in change or "expect" in change or "retry" in change):
+                    raise self.loc.error(f"a {kind} step sends no SQL: it has no capture, expect or retry", *where)
                 if "sql" in change:
                     fields["sql"] = self._str(change["sql"], *where, "sql")
                     fields["line"] = self.loc.line_of(*where)  # its errors are the override's, not the base step's
@@ -844,6 +921,8 @@ class Builder:
                     fields["capture"] = self._capture(change["capture"], where)
                 if "expect" in change:
                     fields["expect"] = self._expect(change["expect"], [s.name for s in sessions], (*where, "expect"))
+                if "retry" in change:
+                    fields["retry"] = self._retry(change["retry"], where)
                 steps[i] = replace(step, **fields)
         steps = self._dropped(steps, raw.get("drop"), variant, changes)
         steps = self._inserted(steps, raw.get("insert"), variant, sessions, groups, changes)
@@ -855,8 +934,8 @@ class Builder:
             changes=tuple(changes),
             title=self._str(raw.get("title", main.title), variant, "title"),
             narrative=self._str(raw.get("narrative", main.narrative), variant, "narrative").strip(),
-            steps=tuple(steps),
-            permutations=(tuple(PermutationStep(s.name) for s in steps),),
+            steps=(unrolled := self._loops(steps)),
+            permutations=(tuple(PermutationStep(s.name) for s in unrolled),),
             checks=checks,
             setup=setup,
         )

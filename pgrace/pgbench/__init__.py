@@ -13,7 +13,7 @@ Variables: scenario params are composed into the script by :mod:`pgrace.variable
 variables, sent by pgbench as bound parameters (``-M extended``), never pasted into SQL.
 """
 
-from pgrace.pgbench.measure import check_invariants, connection_lost
+from pgrace.pgbench.measure import check_invariants
 from pgrace.pgbench.results import ClientRun, LoadOptions, LoadResult, NoPgbench, Violation
 from pgrace.pgbench.run import (
     APP_PREFIX,
@@ -39,7 +39,6 @@ __all__ = [
     "check_invariants",
     "check_room",
     "compose_sql",
-    "connection_lost",
     "emit",
     "find_pgbench",
     "pgbench_argv",

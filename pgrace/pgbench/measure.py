@@ -8,23 +8,15 @@ import re
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
+from pgrace.engine.control import ControlSql
+from pgrace.engine.results import result_set
 from pgrace.model import Scenario
 from pgrace.pgbench.results import Violation
 from pgrace.pgbench.script import compose_sql, load_of
 
-_GONE = frozenset({"57P01", "57P02", "57P03"})  # admin shutdown, crash shutdown, cannot connect now
-
-
-def connection_lost(exc: psycopg.Error) -> bool:
-    """Whether ``exc`` says the connection (or the server) went away, by its SQLSTATE.
-
-    No SQLSTATE on an OperationalError is libpq's own word: refused, reset, closed unexpectedly.
-    """
-    if exc.sqlstate is None:
-        return isinstance(exc, psycopg.OperationalError)
-    return exc.sqlstate in _GONE or exc.sqlstate.startswith("08")
-
+CONTROL_TIMEOUT_S = 60.0  # pgrace's own setup and checks of a load run: longer is a hang, cancelled
 
 _SAMPLE = """
 WITH l AS MATERIALIZED (SELECT * FROM pg_locks)  -- one reading of the lock table for the whole sample
@@ -100,13 +92,14 @@ def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
     violations: list[Violation] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         for check in load_of(scenario).checks:
-            try:
-                row = conn.execute(compose_sql(check.sql, scenario).encode()).fetchone()
-            except psycopg.Error as exc:
-                if connection_lost(exc):  # not the check's answer: the run cannot be judged
-                    raise
-                violations.append(Violation(check.description, "a row", f"error {exc.sqlstate}: {exc}"))
+            res, _ = control_sql().result(conn.pgconn, compose_sql(check.sql, scenario))  # a lost connection raises
+            if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
+                code = res.error_field(pq.DiagnosticField.SQLSTATE)
+                said = f"error {code.decode() if code else None}: {res.get_error_message()}"
+                violations.append(Violation(check.description, "a row", said))
                 continue
+            rows = result_set(res).rows if res.status == pq.ExecStatus.TUPLES_OK else ()
+            row = rows[0] if rows else None
             if row is None or len(row) < 2:
                 violations.append(Violation(check.description, "a row (expected, actual)", repr(row)))
                 continue
@@ -115,6 +108,12 @@ def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
                 shown = _text(actual) + (f" ({row[2]})" if len(row) > 2 and row[2] is not None else "")
                 violations.append(Violation(check.description, _text(expected), shown))
     return violations
+
+
+def control_sql() -> ControlSql:
+    """pgrace's own SQL of a load run (setup, checks): bounded, and a lost connection is psycopg's error,
+    which the caller turns into RunAborted after asking whether the server is gone."""
+    return ControlSql(CONTROL_TIMEOUT_S, aborted=lambda where, detail: psycopg.OperationalError(detail))
 
 
 def _text(value: Any) -> str:

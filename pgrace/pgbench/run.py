@@ -21,6 +21,7 @@ from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed
 from pgrace.model import Scenario
 from pgrace.pgbench.measure import (
     check_invariants,
+    control_sql,
     number_in,
     percentiles_of,
     pgbench_error_line,
@@ -107,12 +108,9 @@ def _one_count(
     ):
         with psycopg.connect(db.dsn, autocommit=True) as conn:
             for text in setup_sql(scenario):
-                try:
-                    conn.execute(text.encode())
-                except psycopg.Error as exc:
-                    raise ScenarioFailed(
-                        f"load setup failed: {exc.sqlstate}: {exc.diag.message_primary}", scenario.source, None
-                    ) from None
+                error = control_sql().execute(conn.pgconn, text).error
+                if error is not None:
+                    raise ScenarioFailed(f"load setup failed: {error.sqlstate}: {error.message}", scenario.source, None)
         script_path = os.path.join(work, "load.sql")
         Path(script_path).write_text(script, encoding="utf-8")
         params = {k: str(v) for k, v in conninfo_to_dict(db.dsn).items() if v is not None}

@@ -178,13 +178,3 @@ def render_load_html(results: list[LoadResult]) -> str:
         "pre{font:13px/1.4 'DejaVu Sans Mono',Menlo,monospace}svg{max-width:100%;height:auto}</style>\n"
         "</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
     )
-
-
-def render_load(results: list[LoadResult], fmt: str) -> str:
-    if fmt == "json":
-        return render_load_json(results)
-    if fmt == "svg":
-        return render_load_svg(results)
-    if fmt == "html":
-        return render_load_html(results)
-    return render_load_text(results)

@@ -46,12 +46,18 @@ def example_text(scenario: Scenario, example: Sequence[str]) -> str:
 def _space_line(exploration: Exploration) -> str:
     space = exploration.space
     noun = "interleaving" if space == 1 else "interleavings"
+    said: list[str] = []
     if exploration.explored == space:
         text = f"all {space} {noun}"
     else:
         text = f"{exploration.explored} of {space} {noun}"
         if exploration.seed is not None:
-            text += f" (seed {exploration.seed})"
+            said.append(f"seed {exploration.seed}")
+    if exploration.repeats:
+        again = "repeats another" if exploration.repeats == 1 else "repeat others"
+        said.append(f"{exploration.repeats} {again}: they differ only where unsent retry steps stood")
+    if said:
+        text += f" ({'; '.join(said)})"
     k, n = exploration.shard
     if n > 1:
         text += f", shard {k}/{n}"

@@ -110,13 +110,23 @@ def timeline_sections(run: Run) -> list[Section]:
     locks: tuple[HeldLock, ...] | None = ()
     predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen, for a 40001
     open_spans: dict[int, WaitSpan] = {}
-    paused: dict[int, Entry] = {}  # sleep steps, shown when they start
+    paused: dict[int, Entry] = {}  # sleep steps, shown when they start; a long step, when others act during it
+    unshown: dict[int, StepLaunched] = {}  # launched, no row yet (it has neither waited nor finished)
     many = len(run.scenario.permutations) > 1
 
     def add(entry: Entry) -> int:
         entry.locks = locks
         section.entries.append(entry)
         return len(section.entries) - 1
+
+    def show_running(besides: int | None = None, session: str | None = None) -> None:
+        """Steps still running when another session's step ends get their row first: where they started."""
+        for seq in sorted(unshown):
+            if seq != besides and unshown[seq].session != session:
+                step = unshown.pop(seq)
+                paused[seq] = section.entries[
+                    add(Entry("step", step.session, seq, step.step, step.sql, step_note(run, step.step)))
+                ]
 
     for event in run.events:
         if isinstance(event, PermutationStarted):
@@ -131,9 +141,19 @@ def timeline_sections(run: Run) -> list[Section]:
                 paused[event.seq] = section.entries[
                     add(Entry("step", event.session, event.seq, event.step, event.sql, step_note(run, event.step)))
                 ]
-        elif isinstance(event, StepFinished) and event.seq in paused:
+            else:
+                unshown[event.seq] = event
+        elif isinstance(event, StepFinished) and event.seq in paused and not event.after_wait:
             paused[event.seq].outcome = event.outcome
+        elif isinstance(event, StepWaiting) and event.seq in paused:  # a long step that began to wait
+            entry = paused[event.seq]
+            entry.waits, entry.by_marker = event.waits, event.by_marker
+            if not event.by_marker:
+                span = WaitSpan(event.seq, entry.session, section.entries.index(entry), None, event.waits)
+                section.spans.append(span)
+                open_spans[event.seq] = span
         elif isinstance(event, StepWaiting):
+            unshown.pop(event.seq, None)
             step = launched[event.seq]
             index = add(
                 Entry(
@@ -152,6 +172,8 @@ def timeline_sections(run: Run) -> list[Section]:
                 section.spans.append(span)
                 open_spans[event.seq] = span
         elif isinstance(event, StepFinished):
+            show_running(besides=event.seq)
+            unshown.pop(event.seq, None)
             step = launched[event.seq]
             sireads = predicate if is_serialization_failure(event.outcome) else None
             if event.after_wait:
@@ -187,6 +209,7 @@ def timeline_sections(run: Run) -> list[Section]:
                     )
                 )
         elif isinstance(event, StepCancelled):
+            show_running(besides=event.seq)
             step = launched[event.seq]
             text = f"cancelled after {event.after_s:g} s ({cancel_text(event)})"
             index = add(Entry("cancel", step.session, event.seq, step.step, text=text))
@@ -194,10 +217,13 @@ def timeline_sections(run: Run) -> list[Section]:
             if cancelled is not None and cancelled.end is None:
                 cancelled.end = index
         elif isinstance(event, SessionLost):
+            show_running(session=event.session)
             add(Entry("lost", event.session, event.during_seq, text=lost_text(event)))
         elif isinstance(event, NoticeReceived):
+            show_running(session=event.session)
             add(Entry("notice", event.session, text=f"{event.severity}: {event.message}"))
         elif isinstance(event, NotifyReceived):
+            show_running(session=event.session)
             add(Entry("notice", event.session, text=f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}'))
         elif isinstance(event, LocksObserved):
             locks = shown_locks(run, event)

@@ -38,6 +38,8 @@ def story_facts(run: Run) -> list[str]:
                 fact += f" ({'; '.join(error.cycle)})"
             if error.sqlstate == "40001":
                 fact += f" ({serialization_text(step.predicate_locks_at_error).removeprefix('⚑ ')})"
+            if step.outcome.retry is not None:
+                fact += f"; its retry loop ran attempt {step.outcome.retry}"
             facts.append(fact)
     for gone in (event for event in run.sessions_lost() if event.idle):  # no step of its own carries it
         facts.append(

@@ -202,6 +202,8 @@ def outcome_lines(outcome: Outcome) -> list[str]:
         lines.append(f"✗ {outcome.error.severity} {outcome.error.sqlstate}: {outcome.error.message}")
         if outcome.error.cycle:
             lines.append("↻ deadlock: " + "; ".join(outcome.error.cycle))
+        if outcome.retry is not None:
+            lines.append(f"⟲ retried: attempt {outcome.retry} follows")
     return lines
 
 

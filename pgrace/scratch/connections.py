@@ -15,8 +15,20 @@ from pgrace.errors import RunAborted
 _BACKENDS: dict[str, list[tuple[int, int]]] = {}
 
 
-def connect(dsn: str, schema: str | None, *, options: str = "", observer: bool = False, **kwargs: Any) -> Any:
-    """Open one connection of a run (control, session or observer), autocommit.
+def connect(
+    dsn: str,
+    schema: str | None,
+    *,
+    options: str = "",
+    observer: bool = False,
+    autocommit: bool = True,
+    connection_class: Any = psycopg.Connection,
+    **kwargs: Any,
+) -> Any:
+    """Open one connection of a run (control, session or observer), autocommit unless told.
+
+    ``connection_class``: the application's code gets pgrace's traced connection, which
+    opens no transaction of its own (``autocommit`` False), as psycopg's default.
 
     ``options`` (e.g. the settings isolation specs expect) are added to the DSN's own
     rather than replacing them; in schema mode the scratch ``search_path`` comes last, so
@@ -27,7 +39,7 @@ def connect(dsn: str, schema: str | None, *, options: str = "", observer: bool =
     merged = " ".join(part for part in (own, options, f"-c search_path={schema}" if schema else "") if part)
     if merged:
         kwargs["options"] = merged
-    conn = psycopg.connect(dsn, autocommit=True, **kwargs)
+    conn = connection_class.connect(dsn, autocommit=autocommit, **kwargs)
     if schema is None:
         return conn
     try:

@@ -54,22 +54,39 @@ def open_server(target: str | None = None, superuser: bool = False) -> contextli
     """
     if superuser:
         return _as_superuser(open_server(target))
-    target = _resolve(target)
+    start, rest = _backend(_resolve(target))
+    return start(rest)
+
+
+#: Server backends by what ``--server`` starts with, as ``"module:function"``; imported when chosen.
+#: The function takes the rest of the target (``docker:IMAGE`` gives it IMAGE) and returns a
+#: context manager of a :class:`ServerInfo`. A new backend is one entry and one module.
+BACKENDS: dict[str, str] = {
+    "docker:": "pgrace.servers.docker:docker_server",
+}
+EMBEDDED = "pgrace.servers.embedded:embedded_server"  # the target "embedded"
+LOCAL = "pgrace.servers.embedded:local_server"  # a PostgreSQL bin directory
+EXISTING = "pgrace.servers.existing:existing_server"  # anything else: a connection string
+
+
+def _backend(target: str) -> tuple[Callable[..., contextlib.AbstractContextManager[ServerInfo]], str]:
+    """The backend for ``target``, imported now, and the argument it takes."""
+    import importlib
+
+    def imported(where: str) -> Callable[..., contextlib.AbstractContextManager[ServerInfo]]:
+        module, _, function = where.partition(":")
+        found: Callable[..., contextlib.AbstractContextManager[ServerInfo]] = getattr(
+            importlib.import_module(module), function
+        )
+        return found
+
     if target == "embedded":
-        from pgrace.servers.embedded import embedded_server
-
-        return embedded_server()
-    if target.startswith("docker:"):
-        from pgrace.servers.docker import docker_server
-
-        return docker_server(target.removeprefix("docker:"))
-    if os.path.isdir(target):
-        from pgrace.servers.embedded import local_server
-
-        return local_server(target)
-    from pgrace.servers.existing import existing_server
-
-    return existing_server(target)
+        start = imported(EMBEDDED)
+        return lambda _: start(), target
+    for prefix, where in BACKENDS.items():
+        if target.startswith(prefix):
+            return imported(where), target.removeprefix(prefix)
+    return imported(LOCAL if os.path.isdir(target) else EXISTING), target
 
 
 @contextlib.contextmanager
@@ -91,7 +108,8 @@ def booting_server(target: str | None = None, superuser: bool = False) -> Iterat
     with contextlib.ExitStack() as stack:
         start: Callable[[], ServerInfo] | None = None
         failure: PgraceError | None = None
-        if target == "embedded" or (not target.startswith("docker:") and os.path.isdir(target)):
+        prefixed = any(target.startswith(prefix) for prefix in BACKENDS)
+        if target == "embedded" or (not prefixed and os.path.isdir(target)):
             from pgrace.servers.embedded import embedded_booting, local_booting
 
             try:

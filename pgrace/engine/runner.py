@@ -1,0 +1,326 @@
+"""Run a scenario's steps in their fixed interleaving and record what happened.
+
+One connection per session, one *control* connection for setup, teardown and final
+checks (as isolationtester), and one *observer* connection that watches: the lock-wait
+probe, ``pg_locks`` and ``pgrowlocks``. The order of the steps is the
+:class:`~pgrace.engine.scheduler.Scheduler`'s (see ``shared/pg-isolation/ISOLATIONTESTER.md``).
+
+A session whose connection is lost (its backend terminated) is recorded once, as
+:class:`~pgrace.timeline.SessionLost`, and its later steps are not sent; the others go on.
+Losing the control or observer connection ends the run (:class:`~pgrace.errors.RunAborted`).
+
+The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from pgrace import scratch, variables
+from pgrace.engine.control import ControlSql
+from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.retries import attempted
+from pgrace.engine.schedule import Permutations
+from pgrace.engine.scheduler import Scheduler
+from pgrace.engine.sqlerrors import first_line
+from pgrace.engine.steps import Recorder, StepBook
+from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
+from pgrace.locks import LockInspector
+from pgrace.model import PermutationStep, Scenario, Step
+from pgrace.timeline import CheckQueried, Event, LockKinds, PermutationStarted, Run, SetupRan
+from pgrace.variables import substitute
+
+# The pg_regress environment that upstream isolation specs assume.
+SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run. ``before_step`` lets a presenter pace the run (it may block)."""
+
+    step_timeout: float = 10.0
+    track_row_locks: bool = True  # False: observe no locks at all (isolationtester output shows none)
+    lock_kinds: LockKinds = "rows"  # what the locks column shows; every kind is recorded
+    before_step: Callable[[Step], None] | None = None
+    on_event: Callable[[Event], None] | None = None
+    on_idle: Callable[[], None] | None = None  # called at most every 100 ms while the runner waits
+    # For `pgrace explore`, where a permutation is one interleaving among many:
+    checks_each_permutation: bool = False  # final checks after every permutation, before its teardown
+    defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead
+    reset_sessions: bool = False  # after each permutation: roll back, DISCARD ALL (advisory locks, SETs, temps)
+    describe_waits: bool = True  # False: record that a step waited, not on what (explore only classifies)
+
+
+def run_scenario(
+    scenario: Scenario,
+    dsn: str,
+    *,
+    server_version: str = "",
+    server_label: str = "",
+    row_locks_available: bool = True,
+    options: RunOptions | None = None,
+    schema: str | None = None,
+    observer_dsn: str | None = None,
+) -> Run:
+    """Run every permutation of ``scenario`` in the database at ``dsn``; return the record.
+
+    ``observer_dsn``: where pgrace's observer connects instead of ``dsn`` (the superuser, when
+    the scenario runs as a role of its own: see :class:`pgrace.scratch.ScratchDatabase`).
+    """
+    options = options or RunOptions()
+    run = Run(
+        scenario,
+        server_version,
+        server_label,
+        row_locks_available and options.track_row_locks,
+        lock_kinds=options.lock_kinds,
+    )
+    try:
+        with Runner(scenario, dsn, run, options, schema, observer_dsn) as runner:
+            runner.run_all()
+    except ScenarioFailed as failed:
+        failed.run = run  # what happened up to the failure, for whoever reports it
+        raise
+    return run
+
+
+class Runner:
+    """A scenario's connections and permutations. Use as a context manager so every connection is closed."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        dsn: str,
+        run: Run,
+        options: RunOptions,
+        schema: str | None = None,
+        observer_dsn: str | None = None,
+    ) -> None:
+        self.schema = schema  # a scratch schema in the user's database: watch only its tables
+        self.scenario = scenario
+        self.dsn = dsn
+        self.observer_dsn = observer_dsn or dsn
+        self.run = run
+        self.options = options
+        self.recorder = Recorder(run, options.on_event)
+        self.stack = ExitStack()
+        self.sessions: dict[str, LibpqSession] = {}
+        self.params = variables.param_values(scenario)
+
+    # -- connections ------------------------------------------------------------------
+
+    def __enter__(self) -> Runner:
+        self.stack.__enter__()
+        try:
+            prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+            self.control = self._connect(f"{prefix}/control connection", tester=True)
+            for session in self.scenario.sessions:
+                conn = self._connect(f"{prefix}/{session.name}", tester=True)
+                self.sessions[session.name] = LibpqSession(session.name, conn, self.recorder)
+            self.observer = self._connect(f"pgrace/{self.scenario.name}/observer", observer=True)
+            self.observer.execute("SET lock_timeout = '200ms'")
+            self.observer.prepare_threshold = 0  # it asks the same catalog questions after every step: plan them once
+            self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
+        except psycopg.Error as exc:  # e.g. a connection ended by someone else while it was being set up
+            self.stack.__exit__(None, None, None)
+            raise RunAborted(f"could not set up pgrace's connections: {first_line(str(exc))}") from None
+        except BaseException:
+            self.stack.__exit__(None, None, None)
+            raise
+        self.book = StepBook(self.recorder, self.inspector, self.options.step_timeout)
+        self.scheduler = Scheduler(
+            self.scenario, self.run, self.options, self.sessions, self.inspector, self.book, self.control, self._aborted
+        )
+        self.sql = ControlSql(self.options.step_timeout, idle=self.scheduler.idle, aborted=self._aborted)
+        self.sql.stuck = self.scheduler.stuck
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.__exit__(None, None, None)
+
+    def _connect(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
+        """``tester``: a connection isolationtester would open (control or session).
+
+        pg_regress sets PGTZ, PGDATESTYLE and intervalstyle in the environment, so they
+        apply to the control connection too: setup SQL must read timestamps the way the
+        sessions do (classroom-scheduling inserts its rows in setup). Where the connection
+        lands (the scratch schema, in schema mode) is :func:`pgrace.scratch.connect`'s to decide.
+        """
+        options = SPEC_SESSION_OPTIONS if tester and self.scenario.format == "spec" else ""
+        try:
+            conn: psycopg.Connection[Any] = scratch.connect(
+                self.observer_dsn if observer else self.dsn,
+                self.schema,
+                options=options,
+                observer=observer,
+                application_name=application_name[:63],
+                client_encoding="UTF8",
+            )
+        except psycopg.Error as exc:
+            raise RunAborted(f"could not connect a session: {first_line(str(exc))}") from None
+        self.stack.callback(conn.close)
+        return conn
+
+    def _aborted(self, connection: str, detail: str) -> RunAborted:
+        """Say whether the server died or only one of pgrace's own connections: one fresh connection decides."""
+        try:
+            with psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=2, application_name=f"pgrace/{self.scenario.name}/probe"
+            ):
+                pass
+        except psycopg.Error:
+            return RunAborted(f"the server went away during the run ({detail})")
+        return RunAborted(f"{connection} was lost during the run ({detail})")
+
+    def _reconnect(self, session: LibpqSession) -> None:
+        """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        session.attach(self._connect(f"{prefix}/{session.name}", tester=True))
+        self.inspector.set_sessions({s.pid: s.name for s in self.sessions.values()})
+
+    # -- the schedule ------------------------------------------------------------------
+
+    def run_all(self) -> None:
+        try:
+            schedule = Permutations(self.scenario)
+            for index, permutation in enumerate(schedule):
+                self._run_permutation(index, permutation, last=index == schedule.size - 1)
+        except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
+            raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
+
+    def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...], last: bool) -> None:
+        scheduler = self.scheduler
+        self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
+        scheduler.permutation = permutation
+        scheduler.unlaunched = 0
+        self.book.new_permutation()
+        for session in self.sessions.values():
+            session.attempts = {}
+            if session.lost is not None:  # every permutation starts with all sessions connected
+                self._reconnect(session)
+        for setup in self.scenario.setup:
+            self._exec_setup(self.control.pgconn, self._with_params(setup), None)
+        for declared in self.scenario.sessions:
+            if declared.setup is not None:
+                self._exec_setup(self.sessions[declared.name].pgconn, self._with_params(declared.setup), declared.name)
+        deferred: list[PermutationStep] = []
+        for position, entry in enumerate(permutation):
+            scheduler.unlaunched = position
+            if self.options.defer_busy_sessions:
+                deferred.append(entry)
+                self._launch_ready(deferred)
+                continue
+            step = self.scenario.step(entry.step)
+            session = self.sessions[step.session]
+            if session.busy:
+                scheduler.wait_for_session(session)
+            scheduler.unlaunched = position + 1
+            if attempted(step, session):
+                scheduler.launch_entry(step, entry)
+        while deferred:  # only held steps are left: wait for a blocked session, as without deferral
+            session = self.sessions[self.scenario.step(deferred[0].step).session]
+            if not session.busy and scheduler.waiting:  # held for a capture that a blocked step will make
+                session = self.sessions[scheduler.waiting[0].step.session]
+            scheduler.wait_for_session(session)
+            self._launch_ready(deferred)
+        scheduler.finish_permutation()
+        if self.options.checks_each_permutation or last:
+            self._run_checks()
+        for declared in self.scenario.sessions:
+            session = self.sessions[declared.name]
+            if declared.teardown is not None and session.lost is None:
+                self._exec_teardown(session.pgconn, self._with_params(declared.teardown), declared.name)
+            if self.options.reset_sessions and session.lost is None:
+                self._reset_session(session)
+        for teardown in self.scenario.teardown:
+            self._exec_teardown(self.control.pgconn, self._with_params(teardown), None)
+
+    def _reset_session(self, session: LibpqSession) -> None:
+        """Leave nothing of one permutation to the next: an open transaction, advisory locks, settings.
+
+        ``DISCARD ALL`` keeps what the connection was opened with (its application_name and
+        options), as a fresh connection would have them.
+        """
+        if session.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            self._exec_teardown(session.pgconn, "ROLLBACK", session.name)
+        self._exec_teardown(session.pgconn, "DISCARD ALL", session.name)
+
+    def _launch_ready(self, deferred: list[PermutationStep]) -> None:
+        """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
+
+        A session runs one statement at a time: a step whose session is still blocked waits
+        in ``deferred`` (with the session's later steps) while other sessions' steps go
+        ahead, and is launched as soon as its session is free again. A step that uses a
+        variable (``:session.name``) that a held or still blocked step captures waits for it
+        as well: it runs after the step that captures it, with the captured value.
+        """
+
+        def blocked_captures() -> set[str]:
+            return {
+                f"{s.name}.{variable}"
+                for s in self.sessions.values()
+                if s.active
+                for variable, _ in s.active.step.capture
+            }
+
+        position = 0
+        held: set[str] = set()
+        held_variables = blocked_captures()  # whoever uses these waits too
+        while position < len(deferred):
+            step = self.scenario.step(deferred[position].step)
+            busy = step.session in held or self.sessions[step.session].busy
+            if busy or (held_variables and any(use.key in held_variables for use in variables.find(step.sql))):
+                held.add(step.session)
+                held_variables.update(f"{step.session}.{variable}" for variable, _ in step.capture)
+                position += 1
+                continue
+            entry = deferred.pop(position)
+            if not attempted(step, self.sessions[step.session]):
+                continue  # an attempt nobody needs: its place in the interleaving stays empty
+            self.scheduler.launch_entry(step, entry)
+            position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
+
+    # -- setup, teardown, checks --------------------------------------------------------
+
+    def _with_params(self, text: str) -> str:
+        """A pgrace file's setup or teardown with its parameters filled in (a spec has none).
+
+        Done by the callers, not by the executor: checks arrive already substituted with captured
+        values too, and pgrace's own ROLLBACK and DISCARD ALL need no scan.
+        """
+        return substitute(text, self.params) if self.scenario.format == "pgrace" else text
+
+    def _where(self, session: str | None) -> str:
+        """The control connection (``session`` None) or a session's setup losing its connection ends the run."""
+        return f"session {session}'s connection" if session else "pgrace's control connection"
+
+    def _exec_setup(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
+        outcome = self.sql.execute(pgconn, text, self._where(session))
+        self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
+        if outcome.error is not None:  # the run so far goes with the error: isolationtester prints it
+            where = f"setup of session {session}" if session else "setup"
+            raise setup_failed(where, outcome, self.scenario.source, self.scenario.setup_line)
+
+    def _exec_teardown(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
+        outcome = self.sql.execute(pgconn, text, self._where(session))
+        self.recorder.add(SetupRan("teardown", session, outcome, self.recorder.now()))
+
+    def _run_checks(self) -> None:
+        for index, check in enumerate(self.scenario.checks):
+            text = substitute(check.sql, self.scheduler.values(None), self.control)
+            outcome = self.sql.execute(self.control.pgconn, text)
+            shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
+            self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
+
+
+def setup_failed(where: str, outcome: Any, source: str, line: int | None) -> SetupFailed:
+    """A setup's error as every driver tells it: the server's words, and whether pgrace cancelled it."""
+    error = outcome.error
+    cancelled = f" ({error.detail})" if error.detail and error.detail.startswith("pgrace cancelled") else ""
+    return SetupFailed(f"{where} failed: {error.severity}:  {error.message}{cancelled}", source, line)
