@@ -1,6 +1,6 @@
 """The Docker backend against a real engine: a run, a start that fails or is interrupted, no engine.
 
-Tests marked ``needs_docker`` skip without an engine, and fail instead where
+Tests marked ``docker`` skip without an engine, and fail instead where
 ``PGRACE_REQUIRE_DOCKER=1`` (CI, through ``tools/docker_ci.py``, which also builds the
 ``postgres:15`` and ``postgres:17`` images they start). A container pgrace starts carries
 the label ``org.pgrace.container``; after each test none is left, running or stopped.
@@ -25,7 +25,7 @@ from pgrace import api, catalog
 from pgrace.errors import ServerUnavailable
 from pgrace.servers import open_server
 
-needs_docker = pytest.mark.needs_docker
+needs_docker = pytest.mark.docker
 IMAGE = os.environ.get("PGRACE_DOCKER_IMAGE", "postgres:17")
 #: An image whose PostgreSQL never comes up: testcontainers waits on it until told to stop.
 NEVER_READY = "pgrace-test/never-ready:1"
@@ -38,7 +38,7 @@ CI_GUIDE = ROOT / "docs" / "guide" / "ci.md"
 
 def containers(*labels: str) -> set[str]:
     """`docker ps -a` for labels (both of ours when none is named): the containers there, running or not."""
-    import docker
+    import docker  # type: ignore[import-untyped,unused-ignore]  # the Docker SDK ships no types
 
     client = docker.from_env()
     try:
@@ -61,7 +61,7 @@ def no_container_left() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def never_ready() -> Iterator[str]:
     """``IMAGE`` with its server replaced by a sleep: a start that waits for PostgreSQL forever."""
-    import docker
+    import docker  # type: ignore[import-untyped,unused-ignore]  # the Docker SDK ships no types
 
     client = docker.from_env()
     try:

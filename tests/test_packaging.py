@@ -94,6 +94,7 @@ def test_a_checkout_links_its_scenarios_to_the_package() -> None:
     assert (ROOT / "scenarios").resolve() == catalog.shipped_dir().resolve() == ROOT / "pgrace" / "scenarios"
 
 
+@pytest.mark.server
 def test_an_installed_wheel_finds_its_scenarios_away_from_any_checkout(installed: Path, tmp_path: Path) -> None:
     python = installed / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PGRACE_DSN")}

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from fix_servers import PG15, needs_pg15
 
 from pgrace import api, catalog
 from pgrace.errors import ServerUnavailable
 from pgrace.servers import open_server
 
-PG15 = Path("/usr/lib/postgresql/15/bin")
-needs_pg15 = pytest.mark.skipif(not (PG15 / "postgres").exists(), reason=f"no PostgreSQL 15 at {PG15}")
 
-
+@pytest.mark.server
 @needs_pg15
 def test_every_shipped_scenario_holds_on_a_local_postgresql_15() -> None:
     with open_server(str(PG15)) as server:
@@ -28,10 +27,11 @@ def test_every_shipped_scenario_holds_on_a_local_postgresql_15() -> None:
                 assert run.row_locks_available  # Debian's package ships pgrowlocks
 
 
+@pytest.mark.server
 @needs_pg15
 def test_the_local_server_is_gone_after_the_block() -> None:
     with open_server(str(PG15)) as server:
-        run_dir = Path(psycopg.conninfo.conninfo_to_dict(server.dsn)["host"] or "")
+        run_dir = Path(str(psycopg.conninfo.conninfo_to_dict(server.dsn)["host"]))
         assert (run_dir / "data" / "postmaster.pid").exists()
     assert not run_dir.exists()
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pgrace.errors import PgraceError
 from pgrace.servers.info import ServerInfo
 from pgrace.servers.interrupts import deferred_interrupts
+from pgrace.servers.processes import NO_SERVER_ENV_VAR, refuse_if_forbidden
 from pgrace.servers.secrets import (
     connstring_problem,
     describe_dsn,
@@ -26,6 +27,7 @@ from pgrace.servers.secrets import (
 )
 
 __all__ = [
+    "NO_SERVER_ENV_VAR",
     "ServerInfo",
     "booting_server",
     "connstring_problem",
@@ -35,6 +37,7 @@ __all__ = [
     "forget_secrets",
     "open_server",
     "redact_dsn",
+    "refuse_if_forbidden",
     "remember_secrets",
     "scrub_secrets",
 ]

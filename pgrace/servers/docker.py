@@ -22,6 +22,7 @@ import psycopg
 from pgrace.errors import ServerUnavailable
 from pgrace.servers.info import ServerInfo
 from pgrace.servers.interrupts import deferred_interrupts
+from pgrace.servers.processes import refuse_if_forbidden
 
 #: The label on every container pgrace starts; its value is unique to one start.
 LABEL = "org.pgrace.container"
@@ -95,6 +96,7 @@ def docker_server(image: str) -> Iterator[ServerInfo]:
     problem = docker_available()
     if problem is not None:
         raise ServerUnavailable(f"cannot start docker:{image}: {problem}")
+    refuse_if_forbidden(f"docker:{image}")
     mark = uuid.uuid4().hex
     container: Any = _postgres_container()(image, driver=None).with_kwargs(labels={LABEL: mark})
     try:

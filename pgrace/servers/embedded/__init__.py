@@ -42,6 +42,7 @@ from pgrace.servers.embedded.rundirs import _RUN_PREFIX, _our_run_dirs, _remove_
 from pgrace.servers.embedded.template import _ensure_template
 from pgrace.servers.info import ServerInfo
 from pgrace.servers.interrupts import deferred_interrupts
+from pgrace.servers.processes import refuse_if_forbidden
 
 __all__ = ["CACHE_ENV_VAR", "embedded_booting", "embedded_server", "local_booting", "local_server"]
 
@@ -108,6 +109,7 @@ def _booting_server(
 
     What is yielded waits until the server accepts connections, then describes it.
     """
+    refuse_if_forbidden(label)
     user = _server_user()
     cache = _cache_path(user)
     base = _run_base()
