@@ -12,7 +12,6 @@ The format is documented, with a complete example, in docs/guide/writing-a-scena
 from __future__ import annotations
 
 import bisect
-import difflib
 import re
 import tomllib
 from dataclasses import replace
@@ -206,6 +205,8 @@ def _key(key: str | int) -> re.Pattern[str]:
 
 
 def did_you_mean(word: str, choices: set[str] | list[str]) -> str:
+    import difflib  # for a mistake's message only: a valid file never needs it
+
     close = difflib.get_close_matches(word, sorted(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
