@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint docs format typecheck demo pictures bench conformance clean
+.PHONY: help install test test-fast lint docs format typecheck demo pictures bench conformance docker clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -19,6 +19,9 @@ install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the
 
 test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
 	$(BIN)/pytest -q
+
+test-fast: install ## The tests that need no server, corpus, browser or Docker and are quick (no PostgreSQL is started)
+	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow"
 
 lint: install ## ruff (lint and format check) and mypy --strict
 	$(BIN)/ruff check pgrace tests bench tools
@@ -41,6 +44,9 @@ pictures: install ## Redraw the screenshots in docs/ (needs chromium)
 
 bench: install ## Run every benchmark in bench/
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+docker: install ## The Docker tests on a local engine and images (tools/docker_ci.py; as root)
+	PGRACE_REQUIRE_DOCKER=1 $(PYTHON) -m tools.docker_ci run -- $(BIN)/pytest -q tests/test_docker.py
 
 conformance: install ## Run PostgreSQL's isolation corpus (CORPUS=../shared/pg-isolation), byte for byte
 	$(BIN)/python bench/conformance.py $(CORPUS)

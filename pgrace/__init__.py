@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import sys
 
+__version__ = "0.1.0"
+"""pgrace's version: the one place it is written (the build reads it from here)."""
+
 # Not `from typing import TYPE_CHECKING`: typing pulls in re, enum and collections (~10 ms),
 # and the console entry can only take over Ctrl-C once this package is imported.
 TYPE_CHECKING = False

@@ -16,9 +16,14 @@ SUFFIXES = (".toml", ".spec")
 
 
 def shipped_dir() -> Path:
-    """Installed wheels carry the scenarios inside the package; a checkout has them at the top."""
-    packaged = Path(__file__).parent / "scenarios"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "scenarios"
+    """The scenarios shipped inside the package (a checkout's top-level ``scenarios/`` links here).
+
+    Read as the package's resources, so a wheel, an editable install and a checkout find them
+    alike; pgrace is never imported from a zip, so the resource is a real folder.
+    """
+    from importlib.resources import files  # here: `import pgrace.cli` stays cheap
+
+    return Path(str(files("pgrace") / "scenarios"))
 
 
 def shipped_names() -> list[str]:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
+from click.shell_completion import CompletionItem
 
-from pgrace import bounds
+from pgrace import __version__, bounds
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -221,16 +222,43 @@ Exit codes:
 """
 
 
-@click.group(cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.version_option(package_name="pgrace")
+MAIN_HELP = """\b
+Environment:
+  PGRACE_DSN        the server to use when neither --dsn nor --server is given
+                    (a libpq URI or conninfo; unset: the embedded PostgreSQL)
+  PGRACE_CACHE_DIR  where the embedded server's template is kept
+  PGRACE_DEBUG=1    a traceback with an internal error (exit 4)
+  NO_COLOR          no colour, even on a terminal
+
+\b
+Shell completion of commands, options, shipped scenario names and files:
+  bash, in ~/.bashrc:  eval "$(_PGRACE_COMPLETE=bash_source pgrace)"
+  zsh, in ~/.zshrc:    eval "$(_PGRACE_COMPLETE=zsh_source pgrace)"
+  fish:                _PGRACE_COMPLETE=fish_source pgrace | source
+
+"""
+
+
+@click.group(
+    cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=MAIN_HELP + EXIT_CODES_HELP
+)
+@click.version_option(version=__version__, prog_name="pgrace")
 def main() -> None:
     """Reproduce PostgreSQL concurrency bugs on demand, against a real server."""
+
+
+def _complete_scenario(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Shell completion of SCENARIO: the shipped names that fit, then files, as the shell lists them."""
+    from pgrace.catalog import shipped_names
+
+    names = [CompletionItem(name) for name in shipped_names() if name.startswith(incomplete)]
+    return [*names, CompletionItem(incomplete, type="file")]
 
 
 # -- the options every command shares, declared once ------------------------------------------
 
 SERVER_HELP = "Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE."
-scenario_argument = click.argument("scenario", metavar="SCENARIO")
+scenario_argument = click.argument("scenario", metavar="SCENARIO", shell_complete=_complete_scenario)
 fix_option = click.option("--fix", is_flag=True, help="Run the variant with the cure applied.")
 bug_option = click.option("--bug", is_flag=True, help="Run the variant that shows the bug.")
 param_option = click.option(
@@ -238,7 +266,10 @@ param_option = click.option(
 )
 server_option = click.option("--server", "server_target", metavar="SERVER", help=SERVER_HELP)
 dsn_option = click.option(
-    "--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one (libpq URI or conninfo)."
+    "--dsn",
+    envvar="PGRACE_DSN",
+    show_envvar=True,
+    help="Use this server instead of the embedded one (libpq URI or conninfo).",
 )
 output_option = click.option(
     "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP
@@ -690,7 +721,9 @@ def check(
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.option("--dsn", envvar="PGRACE_DSN", required=True, help="The server to clean (libpq URI or conninfo).")
+@click.option(
+    "--dsn", envvar="PGRACE_DSN", show_envvar=True, required=True, help="The server to clean (libpq URI or conninfo)."
+)
 def clean(dsn: str) -> None:
     """Remove scratch databases and schemas that killed pgrace runs left on a server."""
     from pgrace import api

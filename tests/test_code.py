@@ -226,8 +226,8 @@ def test_transactions_blocks_executemany_copy_and_server_cursors_are_steps(pgrac
         "CLOSE (server-side cursor)",
         "ROLLBACK",
     ]
-    assert run.check_outcomes()[0].last_rows is not None
-    assert run.check_outcomes()[0].last_rows.text_rows == (("4",),)
+    rows = run.check_outcomes()[0].last_rows
+    assert rows is not None and rows.text_rows == (("4",),)
 
 
 def test_a_deadlock_between_two_functions_is_the_servers_verdict(pgrace_server: ServerInfo) -> None:

@@ -201,6 +201,7 @@ def test_2_for_a_malformed_dsn(command: str) -> None:
     assert one_line(result).startswith("pgrace: invalid PostgreSQL connection string")
 
 
+@pytest.mark.server
 def test_check_2(tmp_path: Path) -> None:
     assert invoke(["check", str(tmp_path / "missing")]).exit_code == 2
 
@@ -284,6 +285,7 @@ def raising(exc: BaseException) -> Callable[..., object]:
     return fail
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("command", sorted(REACHED))
 def test_4_an_internal_error_is_one_line(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     target, args = REACHED[command]
@@ -302,6 +304,7 @@ def test_4_shows_the_traceback_with_pgrace_debug(monkeypatch: pytest.MonkeyPatch
     assert "Traceback (most recent call last)" in result.stderr and "ZeroDivisionError: a bug" in result.stderr
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(
     ("exc", "code", "word"), [(KeyboardInterrupt(), 130, "interrupted"), (Terminated(), 143, "terminated")]
 )
@@ -354,6 +357,7 @@ def test_141_when_stdout_is_closed_before_pgrace_writes(command: str, pgrace_ser
     assert child.stderr == ""
 
 
+@pytest.mark.server
 def test_the_quick_exit_loses_no_output(tmp_path: Path) -> None:
     """pgrace ends without the interpreter's teardown: every byte must be out first, on each stream."""
     picture = tmp_path / "run.svg"

@@ -34,6 +34,7 @@ def _needs(version: str) -> None:
         pytest.skip(f"no PostgreSQL 15 at {real.PG15}")
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(("version", "destination", "statements", "prefix"), CASES)
 def test_a_real_deadlock_and_lock_wait_come_back(
     version: str, destination: str, statements: str, prefix: str, tmp_path: Path
@@ -65,7 +66,7 @@ def test_a_real_deadlock_and_lock_wait_come_back(
 
         # The lock wait, without --dsn: the table is guessed from the statements.
         wait = from_log([str(log)], incident=2, server=logging.server)
-        assert wait.verified is not None and wait.verified.reproduced, wait.verified.failures
+        assert wait.verified is not None and wait.verified.reproduced, wait
         assert "# TODO" in wait.written.text if wait.written else False
         assert "released_by" in (wait.written.text if wait.written else "") or statements == "none"
 
@@ -95,11 +96,13 @@ def _refused(args: list[str], out: Path) -> str:
     return lines[0]
 
 
+@pytest.mark.server
 def test_a_log_without_incident_is_refused(recorded: dict[str, Path], tmp_path: Path) -> None:
     line = _refused([str(recorded["quiet"])], tmp_path / "out.toml")
     assert line.startswith(f"pgrace: {recorded['quiet']}: no incident")
 
 
+@pytest.mark.server
 def test_a_deadlock_report_cut_short_is_refused_at_its_line(recorded: dict[str, Path], tmp_path: Path) -> None:
     text = recorded["deadlock"].read_text()
     cut = text.index("waits for ShareLock", text.index("ERROR:  deadlock detected"))
@@ -109,6 +112,7 @@ def test_a_deadlock_report_cut_short_is_refused_at_its_line(recorded: dict[str, 
     assert f"{truncated}:" in line and "cut short" in line
 
 
+@pytest.mark.server
 def test_a_prefix_that_does_not_match_is_refused(recorded: dict[str, Path], tmp_path: Path) -> None:
     line = _refused([str(recorded["deadlock"]), "--prefix", "%t [%p]: [%l-1] "], tmp_path / "out.toml")
     assert f"{recorded['deadlock']}:1: line does not start with the log_line_prefix" in line
@@ -128,6 +132,7 @@ def test_much_unrelated_text_is_refused_at_once(tmp_path: Path) -> None:
     assert "match no common log_line_prefix" in line
 
 
+@pytest.mark.server
 def test_many_log_lines_without_an_incident_are_refused(recorded: dict[str, Path], tmp_path: Path) -> None:
     quiet = recorded["quiet"].read_text()
     big = tmp_path / "big.log"
@@ -138,6 +143,7 @@ def test_many_log_lines_without_an_incident_are_refused(recorded: dict[str, Path
     assert "no incident" in line
 
 
+@pytest.mark.server
 def test_log_text_never_reaches_the_terminal_raw(recorded: dict[str, Path], tmp_path: Path) -> None:
     hostile = tmp_path / "evil\x1b[2J.log"
     shutil.copy(recorded["deadlock"], hostile)
@@ -149,6 +155,7 @@ def test_log_text_never_reaches_the_terminal_raw(recorded: dict[str, Path], tmp_
     assert "\x1b" not in written.output and "␛[2J" in written.stdout  # the scenario's comments and its report
 
 
+@pytest.mark.server
 def test_an_order_that_does_not_deadlock_is_explored_until_one_does(tmp_path: Path) -> None:
     """The same steps run one transaction after the other cannot deadlock: exploring finds an order that does."""
     from pgrace.fromlog.verify import verify
@@ -173,6 +180,7 @@ def test_an_order_that_does_not_deadlock_is_explored_until_one_does(tmp_path: Pa
         assert 'error = "40P01"' in written.text
 
 
+@pytest.mark.server
 def test_a_log_that_begins_inside_the_transactions_infers_the_locks_taken_before(tmp_path: Path) -> None:
     """Log rotation cut off each transaction's first update: the rows they held are locked by inferred steps."""
     with real.logging_server("18") as logging:
@@ -184,7 +192,7 @@ def test_a_log_that_begins_inside_the_transactions_infers_the_locks_taken_before
 
         found = from_log([str(log)], server=logging.server)
 
-        assert found.verified is not None and found.verified.reproduced, found.verified.failures
+        assert found.verified is not None and found.verified.reproduced, found
         assert found.written is not None
         text = found.written.text
         assert "SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE" in text  # alice's first update, inferred
@@ -192,6 +200,7 @@ def test_a_log_that_begins_inside_the_transactions_infers_the_locks_taken_before
         assert any("had written before its first logged statement" in u for u in found.written.unsaid)
 
 
+@pytest.mark.server
 def test_lines_that_are_not_records_are_skipped_and_counted(recorded: dict[str, Path], tmp_path: Path) -> None:
     """Another program's output mixed into the log: the incident is still read, and the skipped lines told."""
     lines = recorded["deadlock"].read_text().splitlines(keepends=True)

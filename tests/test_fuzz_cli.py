@@ -23,6 +23,8 @@ from pgrace import catalog
 from pgrace.cli import FORMATS, main
 from pgrace.servers import ServerInfo
 
+pytestmark = pytest.mark.slow
+
 CLOSED = "host=127.0.0.1 port=1 connect_timeout=2"
 OFFLINE = {"PGRACE_DSN": "postgresql://nobody@127.0.0.1:1/db?connect_timeout=2", "PGHOST": "127.0.0.1", "PGPORT": "1"}
 SHIPPED = catalog.shipped_names()
@@ -209,6 +211,7 @@ def test_load_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
     invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
 
 
+@pytest.mark.server
 def test_every_command_is_fuzzed() -> None:
     fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix", "load"}
     assert set(main.commands) == fuzzed, "a new command needs its fuzz test here"

@@ -28,6 +28,7 @@ def lane() -> Iterator[fuzz.Lane]:
         yield only
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("index", range(CASES))
 def test_a_generated_case_ends_cleanly(lane: fuzz.Lane, index: int) -> None:
     case = fuzz.generate(0, index)

@@ -14,6 +14,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
@@ -33,6 +34,7 @@ def shown(kind: str, what: str) -> str:
     return result.stdout if kind == "output" else result.stderr
 
 
+@pytest.mark.server
 def test_the_guide_shows_real_output() -> None:
     text = GUIDE.read_text(encoding="utf-8")
     blocks = list(BLOCK.finditer(text))
@@ -56,6 +58,7 @@ def test_the_shipped_scenario_is_what_from_log_writes() -> None:
     assert result.stdout == (ROOT / "examples" / "from-log" / "deadlock.toml").read_text(encoding="utf-8")
 
 
+@pytest.mark.server
 def test_the_shipped_scenario_reproduces_the_deadlock() -> None:
     result = CliRunner().invoke(main, ["run", "examples/from-log/deadlock.toml"], env={"PGRACE_DSN": ""})
     assert result.exit_code == 0, result.output

@@ -33,6 +33,8 @@ from pgrace.servers import ServerInfo, open_server
 from pgrace.servers.embedded import CACHE_ENV_VAR
 from pgrace.timeline import CheckQueried, SetupRan
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture
 def reachable_dir() -> Iterator[Path]:

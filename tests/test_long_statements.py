@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import textwrap
 
+from helpers import by_name
+
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.model import Scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.markdown import render_markdown
 from pgrace.render.text import Style, render_text
-from pgrace.timeline import Run, StepRun
 
 
 def scenario_text(text: str) -> Scenario:
     return parse_toml_scenario(textwrap.dedent(text), "long.toml")
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
 
 
 LONG_HOLDER = """

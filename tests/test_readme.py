@@ -22,6 +22,14 @@ from pgrace.cli import main
 BLOCK = re.compile(r"<!-- output: pgrace (?P<args>.+?) -->\n```text\n(?P<body>.*?)```\n", re.DOTALL)
 FILE = re.compile(r"<!-- file: (?P<path>\S+) -->\n```toml\n(?P<body>.*?)```\n", re.DOTALL)
 PAGES = pages()
+#: Commands whose output the pages show without a server.
+OFFLINE = frozenset({"list", "show"})
+
+
+def page_param(path: Path) -> object:
+    """A page, marked ``server`` when one of its examples runs on one."""
+    commands = {block["args"].split()[0] for block in BLOCK.finditer(path.read_text(encoding="utf-8"))}
+    return pytest.param(path, marks=pytest.mark.server) if commands - OFFLINE else path
 
 
 def output_of(args: str) -> str:
@@ -35,7 +43,7 @@ def shown(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-@pytest.mark.parametrize("path", PAGES, ids=shown)
+@pytest.mark.parametrize("path", [page_param(path) for path in PAGES], ids=shown)
 def test_examples_are_real_output(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     blocks = list(BLOCK.finditer(text))

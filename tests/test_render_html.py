@@ -99,6 +99,7 @@ class WaitGroups(HTMLParser):
             self.texts[-1] += data
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_a_browser_shows_worker2_waiting_on_job_1_held_by_worker1(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     page = tmp_path / "hol.html"

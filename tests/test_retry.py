@@ -26,6 +26,7 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
 from pgrace.servers import ServerInfo
+from pgrace.timeline import Run
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "serializable-retry.toml"
 
@@ -62,7 +63,7 @@ rows = [[1]]
 """
 
 
-def names(run: api.Run) -> list[str]:
+def names(run: Run) -> list[str]:
     return [s.step for s in run.step_runs()]
 
 

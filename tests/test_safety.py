@@ -21,6 +21,8 @@ from pgrace.cli import main
 from pgrace.scratch import connect, scratch_name
 from pgrace.servers import ServerInfo
 
+pytestmark = pytest.mark.server
+
 PASSWORD = "Sup3r-s3cret-pw"
 
 

@@ -24,7 +24,7 @@ from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
 
 spec_params = pytest.mark.parametrize(
     "spec_path",
-    SPECS or [pytest.param(None, marks=needs_corpus)],
+    [pytest.param(spec, marks=needs_corpus) for spec in SPECS] or [pytest.param(None, marks=needs_corpus)],
     ids=lambda p: p.stem if p else "no-corpus",
 )
 

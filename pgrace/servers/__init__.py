@@ -30,6 +30,16 @@ __all__ = ["ServerInfo", "booting_server", "describe_dsn", "dsn_secrets", "open_
 #: Environment variable naming an existing server; used when no DSN is passed explicitly.
 DSN_ENV_VAR = "PGRACE_DSN"
 
+#: Set by the test suite's fast tier (``make test-fast``): this process and its children may not
+#: start a PostgreSQL, so a test that needs one but is not marked ``server`` fails instead.
+NO_SERVER_ENV_VAR = "PGRACE_NO_SERVER"
+
+
+def refuse_if_forbidden(what: str) -> None:
+    """Raise before starting ``what`` when `NO_SERVER_ENV_VAR` forbids starting servers."""
+    if os.environ.get(NO_SERVER_ENV_VAR):
+        raise RuntimeError(f"{NO_SERVER_ENV_VAR} is set: this process may not start {what}")
+
 
 @dataclass(frozen=True)
 class ServerInfo:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgrace.errors import ServerUnavailable
-from pgrace.servers import ServerInfo, deferred_interrupts
+from pgrace.servers import ServerInfo, deferred_interrupts, refuse_if_forbidden
 from pgrace.servers.processes import PR_SET_PDEATHSIG, libc_prctl, owned_private_dir, pid_alive
 
 __all__ = ["embedded_server", "local_server"]
@@ -174,6 +174,7 @@ def _booting_server(
 
     What is yielded waits until the server accepts connections, then describes it.
     """
+    refuse_if_forbidden(label)
     user = _server_user()
     cache = _cache_path(user)
     base = _run_base()
