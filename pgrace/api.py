@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds, catalog
 from pgrace.checks import evaluate
+from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.model import Scenario
 from pgrace.render.escape import visible
 from pgrace.results import Checked, Cleaned, Explored, Loaded, Swept
-from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import scratch_database, sweep_leftovers
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
@@ -62,6 +62,9 @@ def run(
     with scratch_database(
         server, scenario.name, allow_schema=allow_scratch_schema, scenario=scenario, database_name=database_name
     ) as db:
+        # Imported here, not with this module: the CLI imports it in a thread while the database is made.
+        from pgrace.runner import run_scenario
+
         result = run_scenario(
             scenario,
             db.dsn,

@@ -482,7 +482,7 @@ def run(
 
         loaded = catalog.load(scenario, _params(params))
         from pgrace import api
-        from pgrace.runner import RunOptions
+        from pgrace.engine.options import RunOptions
 
         refuse_overwriting_inputs(output, [loaded.source])
         to_terminal = output is None and sys.stdout.isatty()
@@ -503,7 +503,8 @@ def run(
             style_live = _style(color, width, sys.stdout.isatty())
             presenter = _presenter(chosen, counterpart, style_live, pace, step_by_step, lock_kinds)
         else:
-            _import_ahead("pgrace.render.views", f"pgrace.render.{fmt}")  # drawn after the run, imported as it waits
+            # The engine and the renderer are imported while the run waits for its server and database.
+            _import_ahead("pgrace.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
         try:
             server = server_ready()
             options = RunOptions(

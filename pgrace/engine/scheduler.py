@@ -29,7 +29,7 @@ from pgrace.variables import Value, param_values, substitute
 if TYPE_CHECKING:
     import psycopg
 
-    from pgrace.engine.runner import RunOptions
+    from pgrace.engine.options import RunOptions
     from pgrace.engine.steps import Recorder, StepBook
     from pgrace.locks import LockInspector
 
