@@ -489,7 +489,7 @@ def run(
         live = bool(step_by_step or pace)
         if compare:
             _refuse_compare(fix or bug, live, fmt)
-            style = _style(color, width, to_terminal) if fmt == "text" else None  # the text renderer only if used
+            style = _run_style(fmt, color, width, to_terminal)
             server = server_ready()
             report_swept(server)
             options = RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds)
