@@ -9,7 +9,8 @@ from typing import Any
 
 from pgrace.errors import OptionError, ScenarioError
 from pgrace.formats import limits
-from pgrace.formats.scenario_toml import did_you_mean, load_toml_scenario
+from pgrace.formats.names import did_you_mean
+from pgrace.formats.scenario_toml import load_toml_scenario
 from pgrace.model import Scenario
 
 SUFFIXES = (".toml", ".spec")

@@ -30,14 +30,12 @@ from pgrace.errors import (
     PgraceError,
     ScenarioError,
     ScenarioFailed,
-    exit_code_of_interrupt,
-    raise_terminated,
-    report_internal_error,
 )
+from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
 from pgrace.files import read_input as read_input  # for commands that read a file named on the line
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
-from pgrace.render.escape import visible
+from pgrace.text import visible
 
 # Each command imports what it needs when it runs: psycopg, the runner and the renderers
 # cost more than a short run itself (tests/test_import_cost.py checks that importing this

@@ -6,8 +6,8 @@ described in ``ISOLATIONTESTER.md`` of the isolation corpus::
 
     spec        := setup* [teardown] session+ permutation*
     session     := "session" NAME ["setup" SQL] ("step" NAME SQL)+ ["teardown" SQL]
-    permutation := "permutation" (NAME ["(" blocker ("," blocker)* ")"])+
-    blocker     := "*" | NAME | NAME "notices" INTEGER
+    permutation := "permutation" (NAME ["(" marker ("," marker)* ")"])+
+    marker      := "*" | NAME | NAME "notices" INTEGER
 
 The parser is a small hand-written tokenizer plus a recursive-descent reader. Whatever
 the input, it raises only :class:`ScenarioError`, always with a line number.
@@ -24,8 +24,8 @@ from typing import Literal
 
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
-from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
-from pgrace.render.escape import control_in_name
+from pgrace.model import CompletionMarker, PermutationStep, Scenario, Session, Step
+from pgrace.text import control_in_name
 
 KEYWORDS = frozenset({"notices", "permutation", "session", "setup", "step", "teardown"})
 SPACE = " \t\r\f"  # skipped between tokens, and trimmed at both ends of an SQL block
@@ -148,8 +148,8 @@ class _SessionDef:
 
 
 @dataclass
-class _BlockerDef:
-    blocker: Blocker
+class _MarkerDef:
+    marker: CompletionMarker
     line: int
 
 
@@ -157,7 +157,7 @@ class _BlockerDef:
 class _PStepDef:
     name: str
     line: int
-    blockers: list[_BlockerDef] = field(default_factory=list)
+    markers: list[_MarkerDef] = field(default_factory=list)
 
 
 @dataclass
@@ -251,10 +251,10 @@ class _Parser:
             pstep = _PStepDef(token.text, token.line)
             if self.at("punct", "("):
                 self.advance()
-                pstep.blockers.append(self.blocker())
+                pstep.markers.append(self.marker())
                 while self.at("punct", ","):
                     self.advance()
-                    pstep.blockers.append(self.blocker())
+                    pstep.markers.append(self.marker())
                 if not self.at("punct", ")"):
                     raise self.fail('"," or ")"')
                 self.advance()
@@ -263,19 +263,19 @@ class _Parser:
             raise self.fail('a step name after "permutation"')
         return steps
 
-    def blocker(self) -> _BlockerDef:
+    def marker(self) -> _MarkerDef:
         token = self.peek()
         if self.at("punct", "*"):
             self.advance()
-            return _BlockerDef(Blocker(None), token.line)
+            return _MarkerDef(CompletionMarker(None), token.line)
         name = self.expect("name", 'a step name or "*" in the marker').text
         if not self.at("keyword", "notices"):
-            return _BlockerDef(Blocker(name), token.line)
+            return _MarkerDef(CompletionMarker(name), token.line)
         self.advance()
         number = self.expect("integer", 'a number after "notices"')
         if len(number.text.lstrip("0")) > MAX_INTEGER_DIGITS:
             raise ScenarioError(f"notice count {number.text} is out of range", self.path, number.line)
-        return _BlockerDef(Blocker(name, int(number.text)), token.line)
+        return _MarkerDef(CompletionMarker(name, int(number.text)), token.line)
 
 
 # -- checks ------------------------------------------------------------------------------
@@ -316,18 +316,18 @@ def _check(spec: _SpecDef, path: str) -> None:
                 raise ScenarioError(message, path, pstep.line)
         in_permutation = {pstep.name for pstep in permutation}
         for pstep in permutation:
-            for marker in pstep.blockers:
-                _check_blocker(marker, pstep, steps, in_permutation, path)
+            for marker in pstep.markers:
+                _check_marker(marker, pstep, steps, in_permutation, path)
 
 
-def _check_blocker(
-    marker: _BlockerDef,
+def _check_marker(
+    marker: _MarkerDef,
     pstep: _PStepDef,
     steps: dict[str, Step],
     in_permutation: set[str],
     path: str,
 ) -> None:
-    name = marker.blocker.step
+    name = marker.marker.step
     if name is None:
         return
     if name not in in_permutation:
@@ -406,7 +406,7 @@ def parse_spec(text: str, path: str) -> Scenario:
     _check(spec, path)
     if spec.permutations:
         permutations = tuple(
-            tuple(PermutationStep(p.name, tuple(m.blocker for m in p.blockers)) for p in permutation)
+            tuple(PermutationStep(p.name, tuple(m.marker for m in p.markers)) for p in permutation)
             for permutation in spec.permutations
         )
     else:

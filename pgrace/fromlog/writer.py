@@ -16,7 +16,7 @@ from typing import Any
 
 from pgrace.fromlog.incidents import Incident, Wait
 from pgrace.fromlog.sqlinfo import analyse, lock_statement
-from pgrace.render.escape import visible
+from pgrace.text import visible
 
 __all__ = ["Planned", "Written", "write_scenario"]
 

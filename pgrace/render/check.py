@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from pgrace.cases import CaseResult, differs_across_servers
 from pgrace.errors import ScenarioError
-from pgrace.regression import CaseResult, differs_across_servers
-from pgrace.render.escape import visible
 from pgrace.servers import ServerInfo
+from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.results import Checked
