@@ -91,13 +91,15 @@ class Pauses:
         ``running`` itself ends right after (it released them: a COMMIT), its end comes
         first, as without it: what a step releases follows it. "Right after" is within
         :data:`RELEASER_GRACE_S`, a bound on ordering near-simultaneous replies, not a wait
-        for anything to happen.
+        for anything to happen. A waiting step whose session the server ended is collected
+        and told after the running step, whatever the timing: the running step is what
+        ended it (``pg_terminate_backend``), and the order must not depend on load.
         """
         scheduler = self.scheduler
         for session in sessions:
             other = session.active
             if other is None:
-                self.found_ended_idle(session)
+                self.found_ended_idle(session, during=running.seq)
                 continue
             session.consume()
             if session.pgconn.is_busy() or other not in scheduler.waiting:
@@ -105,6 +107,8 @@ class Pauses:
             if self._ends_within(running, RELEASER_GRACE_S):
                 return  # reported after it, by whoever polls the waiting steps next
             scheduler.done.settle(session, other)
+            if other.lost is not None:
+                continue  # collected now, told after the running step (which polls the waiting steps)
             if not scheduler.held_by_marker(other):
                 scheduler.waiting.remove(other)
                 scheduler.done.report(session, other)
@@ -130,24 +134,31 @@ class Pauses:
             for fd in readable:
                 self.found_ended_idle(idle[fd])
 
-    def found_ended_idle(self, session: LibpqSession) -> None:
+    def _ended(self, session: LibpqSession) -> bool:
+        """Whether the server ended ``session``, not yet noted: it said why (FATAL) or hung up."""
+        if session.lost is not None or session.ended is not None:
+            return False
+        session.consume()
+        session.pgconn.is_busy()  # hands an idle connection's error to the notice handler
+        return session.pgconn.status == pq.ConnStatus.BAD or session.fatal is not None
+
+    def found_ended_idle(self, session: LibpqSession, during: int | None = None) -> None:
         """A session with no statement running whose connection the server ended: noted now, with its reason.
 
         ``idle_in_transaction_session_timeout`` or a terminate from outside the scenario: the
         server says why (25P03, 57P01) before it hangs up, and libpq hands that to the notice
         handler. Its locks are gone with it, so what it held must not be shown as held after.
+        It is told with ``during``, the step that still runs as it is found, or else with the
+        latest step done.
         """
-        if session.lost is not None or session.ended is not None:
-            return
-        session.consume()
-        session.pgconn.is_busy()  # hands an idle connection's error to the notice handler
-        if session.pgconn.status != pq.ConnStatus.BAD and session.fatal is None:
+        if not self._ended(session):
             return
         error = session.fatal or SqlError("08006", "connection to the server was lost", "FATAL")
         last = self.scheduler.last_done
-        seq = session.active.seq if session.active is not None else max(last, session.last_seq)
+        if during is None:
+            during = session.active.seq if session.active is not None else max(last, session.last_seq)
         recorder = self.scheduler.recorder
-        session.ended = SessionLost(session.name, error.message, error.sqlstate, recorder.now(), seq, idle=True)
+        session.ended = SessionLost(session.name, error.message, error.sqlstate, recorder.now(), during, idle=True)
         recorder.add(session.ended)  # when it was found, before what it released
 
     def crash(self, session: LibpqSession, active: Active) -> Outcome:
