@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds, catalog
+from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.model import Scenario
 from pgrace.one_run import run_in_scratch
 from pgrace.results import Checked, Cleaned, Explored, Loaded, Swept
-from pgrace.runner import RunOptions
 from pgrace.scratch import sweep_leftovers
 from pgrace.servers import ServerInfo
 from pgrace.text import visible

@@ -472,21 +472,22 @@ def run(
     `.toml` scenario or an isolation `.spec` file. With --step or --pace the run
     is played live for an audience (a picture format then needs -o FILE).
     """
-    from pgrace import catalog
     from pgrace.servers import booting_server
 
     # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
     with booting_server(server_target or dsn, superuser) as server_ready:
+        from pgrace import catalog
+
         loaded = catalog.load(scenario, _params(params))
         from pgrace import api
-        from pgrace.runner import RunOptions
+        from pgrace.engine.options import RunOptions
 
         refuse_overwriting_inputs(output, [loaded.source])
         to_terminal = output is None and sys.stdout.isatty()
-        style = _style(color, width, to_terminal) if fmt == "text" else None  # the text renderer only if used
         live = bool(step_by_step or pace)
         if compare:
             _refuse_compare(fix or bug, live, fmt)
+            style = _run_style(fmt, color, width, to_terminal)
             server = server_ready()
             report_swept(server)
             options = RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds)
@@ -499,6 +500,9 @@ def run(
         if live and (fmt == "text" or output is not None):
             style_live = _style(color, width, sys.stdout.isatty())
             presenter = _presenter(chosen, counterpart, style_live, pace, step_by_step, lock_kinds)
+        else:
+            # The engine and the renderer are imported while the run waits for its server and database.
+            _import_ahead("pgrace.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
         try:
             server = server_ready()
             options = RunOptions(
@@ -522,8 +526,9 @@ def run(
         except ScenarioFailed as failed:
             # As isolationtester: what ran until then, then why it stopped (on stderr, exit 1).
             if failed.run is not None and presenter is None:
-                _show_run(failed.run, fmt, style, counterpart, output, to_terminal)
+                _show_run(failed.run, fmt, _run_style(fmt, color, width, to_terminal), counterpart, output, to_terminal)
             raise
+        style = _run_style(fmt, color, width, to_terminal)
         _show_run(result, fmt, style, counterpart, output, to_terminal if presenter is None else None)
         for note in api.teardown_failures(result) if fmt != "isolation" else []:
             click.echo(f"pgrace: note: {note}", err=True)
@@ -552,6 +557,28 @@ def _style(color: bool | None, width: int | None, on_terminal: bool) -> Style:
 
     colour = color if color is not None else (on_terminal and "NO_COLOR" not in os.environ)
     return Style(colour=colour, width=width or (shutil.get_terminal_size().columns if on_terminal else 120))
+
+
+def _run_style(fmt: str, color: bool | None, width: int | None, on_terminal: bool) -> Style | None:
+    """The text timeline's style; no other format has one (nor imports the text renderer)."""
+    return _style(color, width, on_terminal) if fmt == "text" else None
+
+
+def _import_ahead(*modules: str) -> None:
+    """Import ``modules`` in a thread now, for later: a short run spends most of its time waiting on the server.
+
+    The thread only imports, so there is nothing to clean up after it. A module that fails to
+    import fails again where it is used, and is reported there.
+    """
+    import importlib
+    import threading
+
+    def load() -> None:
+        for module in modules:
+            with suppress(Exception):
+                importlib.import_module(module)
+
+    threading.Thread(target=load, name="pgrace-import-ahead", daemon=True).start()
 
 
 def _refuse_compare(picked_variant: bool, live: bool, fmt: str) -> None:

@@ -7,8 +7,8 @@ replays); it lives below them all, so a driver never imports the library layer a
 from __future__ import annotations
 
 from pgrace.checks import evaluate
+from pgrace.engine.options import RunOptions
 from pgrace.model import Scenario
-from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
@@ -28,6 +28,9 @@ def run_in_scratch(
     with scratch_database(
         server, scenario.name, allow_schema=allow_scratch_schema, scenario=scenario, database_name=database_name
     ) as db:
+        # Imported here, not with this module: the CLI imports it in a thread while the database is made.
+        from pgrace.runner import run_scenario
+
         result = run_scenario(
             scenario,
             db.dsn,

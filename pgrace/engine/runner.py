@@ -14,9 +14,7 @@ The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -25,6 +23,7 @@ from psycopg import pq
 from pgrace import scratch, variables
 from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.options import RunOptions
 from pgrace.engine.retries import attempted
 from pgrace.engine.schedule import Permutations
 from pgrace.engine.scheduler import Scheduler, uses_facts
@@ -32,29 +31,12 @@ from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
 from pgrace.locks import LockInspector
-from pgrace.model import PermutationStep, Scenario, Step
-from pgrace.timeline import CheckQueried, Event, LockKinds, Outcome, PermutationStarted, Run, SetupRan
+from pgrace.model import PermutationStep, Scenario
+from pgrace.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
 from pgrace.variables import substitute
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run. ``before_step`` lets a presenter pace the run (it may block)."""
-
-    step_timeout: float = 10.0
-    track_row_locks: bool = True  # False: observe no locks at all (isolationtester output shows none)
-    lock_kinds: LockKinds = "rows"  # what the locks column shows; every kind is recorded
-    before_step: Callable[[Step], None] | None = None
-    on_event: Callable[[Event], None] | None = None
-    on_idle: Callable[[], None] | None = None  # called at most every 100 ms while the runner waits
-    # For `pgrace explore`, where a permutation is one interleaving among many:
-    checks_each_permutation: bool = False  # final checks after every permutation, before its teardown
-    defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead
-    reset_sessions: bool = False  # after each permutation: roll back, DISCARD ALL (advisory locks, SETs, temps)
-    describe_waits: bool = True  # False: record that a step waited, not on what (explore only classifies)
 
 
 def run_scenario(

@@ -35,7 +35,7 @@ from pgrace.variables import FACTS, Value, find, param_values, substitute
 if TYPE_CHECKING:
     import psycopg
 
-    from pgrace.engine.runner import RunOptions
+    from pgrace.engine.options import RunOptions
     from pgrace.engine.session import Session
     from pgrace.engine.steps import Recorder, StepBook
     from pgrace.locks import LockInspector

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
-
 #: Where a value sits in the TOML document: table keys and array indexes from the root.
 KeyPath = tuple[str | int, ...]
 
 
 def did_you_mean(word: str, choices: set[str] | list[str]) -> str:
+    import difflib  # for a mistake's message only: a valid file never needs it
+
     close = difflib.get_close_matches(word, sorted(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

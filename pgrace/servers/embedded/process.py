@@ -16,6 +16,8 @@ from pgrace.servers.processes import PR_SET_PDEATHSIG, libc_prctl, pid_alive
 _PORT = 5432
 _READY_DEADLINE_S = 15.0
 _READY_POLL_S = 0.003
+_STARTING_POLL_S = 0.001  # reading postmaster.pid costs microseconds: look often
+_PID_STATUS_LINE = 7  # postmaster.pid's 8th line: "starting", "ready", "stopping", ...
 _STOP_TIMEOUT_S = 10.0
 _ORPHAN_GRACE_S = 2.0  # for a dead postmaster's children to notice and exit
 
@@ -132,6 +134,25 @@ class BrokenStart(ServerUnavailable):
 _NOT_YET = ("starting up", "not yet accepting", "recovery", "shutting down")
 
 
+def _starting(data: str) -> bool:
+    """The server in ``data`` has no postmaster.pid yet (the template is still being copied), or it says "starting".
+
+    The status is the file's 8th line, written by PostgreSQL 10 and later as ``pg_ctl`` reads
+    it; until it is there the server is starting too. Before 10 the file says nothing, and
+    connecting tells.
+    """
+    try:
+        with open(os.path.join(data, "postmaster.pid"), "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if len(lines) <= _PID_STATUS_LINE or not lines[_PID_STATUS_LINE].strip():
+        return _major_version(data) >= 10
+    return lines[_PID_STATUS_LINE].strip() == b"starting"
+
+
 def _refuses(exc: Exception) -> bool:
     """The server is up and refuses us for good: its FATAL is not one of "wait, I am starting".
 
@@ -146,17 +167,25 @@ def _refuses(exc: Exception) -> bool:
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: str) -> str:
-    """Poll until the server accepts a connection; return its version."""
+    """Poll until the server accepts a connection; return its version.
+
+    While postmaster.pid says the server is still starting, no connection is tried: each
+    would cost a refused backend (and pgrace the error) in the middle of the start.
+    """
     import psycopg
 
     deadline = time.monotonic() + _READY_DEADLINE_S
     last_error = "no attempt made"
+    data = os.path.join(rundir, "data")
     while True:
         code = proc.poll()
         if code is not None:
             raise ServerUnavailable(
                 f"embedded PostgreSQL exited during startup (exit {code}); log tail: {_tail(_read_log(log_path))}"
             )
+        if _starting(data) and time.monotonic() < deadline:
+            time.sleep(_STARTING_POLL_S)
+            continue
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 version = conn.info.parameter_status("server_version")
