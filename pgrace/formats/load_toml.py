@@ -34,26 +34,26 @@ from pgrace.model import Load, LoadCheck, LoadCommand, Scenario, Step
 from pgrace.variables import NAME, find, meta_command, scan_error
 
 if TYPE_CHECKING:
-    from pgrace.formats.scenario_toml import Builder
+    from pgrace.formats.scenario_toml.reader import Reader
 
 LOAD_KEYS = {"setup", "transaction", "check"}
 COMMAND_KEYS = {"step", "sql", "capture", "sleep", "set", "random"}
 CHECK_KEYS = {"description", "sql"}
 
 
-def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, variant_key: str | None) -> Load:
+def build_load(read: Reader, raw: Any, override: Any, scenario: Scenario, variant_key: str | None) -> Load:
     """The ``[load]`` table (with the variant's ``[VARIANT.load]`` keys over it), resolved on ``scenario``'s steps."""
-    loc = builder.loc
+    loc = read.loc
     if not isinstance(raw, dict):
         raise loc.error("[load] must be a table", "load")
-    builder._check_keys(raw, LOAD_KEYS, ("load",), "[load] key")
+    read.check_keys(raw, LOAD_KEYS, ("load",), "[load] key")
     merged = dict(raw)
     origin: dict[str, KeyPath] = {key: ("load",) for key in raw}
     if override is not None:
         where: KeyPath = (str(variant_key), "load")
         if not isinstance(override, dict):
             raise loc.error(f"[{variant_key}.load] must be a table", *where)
-        builder._check_keys(override, LOAD_KEYS, where, f"[{variant_key}.load] key")
+        read.check_keys(override, LOAD_KEYS, where, f"[{variant_key}.load] key")
         merged.update(override)
         origin.update({key: where for key in override})
     transaction = merged.get("transaction")
@@ -66,7 +66,7 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
     where = (*path, "transaction")
     line = loc.line_of(*where)
     for index, item in enumerate(transaction):
-        command = _command(builder, item, scenario, where, line, variant_key)
+        command = _command(read, item, scenario, where, line, variant_key)
         if command.kind == "sql":
             what = f"step {command.step!r}, run by [load]," if command.step else f"load command {index + 1}"
             if (error := scan_error(command.sql)) is not None:  # pgbench could not split it either
@@ -74,7 +74,7 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
                 raise ScenarioError(
                     f"load SQL {snippet!r} cannot be split into statements: {error}", loc.source, command.line
                 )
-            _refuse_meta_command(builder, command.sql, what, command.line)
+            _refuse_meta_command(read, command.sql, what, command.line)
         for use in find(command.sql):
             if use.session is not None:
                 raise loc.error(
@@ -98,13 +98,13 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
             known.add(command.name)
         commands.append(command)
     setup_path = origin.get("setup", ("load",))
-    setup = builder._sql_list(merged.get("setup", []), *setup_path, "setup")
-    variant = builder.data.get(variant_key) if variant_key is not None else None
+    setup = read.sql_list(merged.get("setup", []), *setup_path, "setup")
+    variant = read.data.get(variant_key) if variant_key is not None else None
     scenario_setup = (str(variant_key), "setup") if isinstance(variant, dict) and "setup" in variant else ("setup",)
     for text in scenario.setup:  # emitted into the setup file, for psql
-        _refuse_meta_command(builder, text, "the setup, run by [load],", loc.line_of(*scenario_setup))
+        _refuse_meta_command(read, text, "the setup, run by [load],", loc.line_of(*scenario_setup))
     for text in setup:
-        _refuse_meta_command(builder, text, "[load] setup", loc.line_of(*setup_path, "setup"))
+        _refuse_meta_command(read, text, "[load] setup", loc.line_of(*setup_path, "setup"))
         for use in find(text):
             if use.session is not None or use.name not in params:
                 raise loc.error(f"[load] setup uses {use.written}, which is not a param", *setup_path, "setup")
@@ -117,34 +117,34 @@ def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, va
         where = (*check_path, "check", index)
         if not isinstance(item, dict):
             raise loc.error("each load check is a [[load.check]] table", *where)
-        builder._check_keys(item, CHECK_KEYS, where, "load check key")
-        query = builder._str(item.get("sql"), *where, "sql", what="load check sql")
-        _refuse_meta_command(builder, query, "load check sql", loc.line_of(*where, "sql"))
+        read.check_keys(item, CHECK_KEYS, where, "load check key")
+        query = read.text(item.get("sql"), *where, "sql", what="load check sql")
+        _refuse_meta_command(read, query, "load check sql", loc.line_of(*where, "sql"))
         for use in find(query):
             if use.session is not None or use.name not in params:
                 raise loc.error(f"load check uses {use.written}, which is not a param", *where)
         checks.append(
-            LoadCheck(builder._str(item.get("description", query), *where, "description"), query, loc.line_of(*where))
+            LoadCheck(read.text(item.get("description", query), *where, "description"), query, loc.line_of(*where))
         )
     return Load(tuple(commands), setup, tuple(checks), loc.line_of("load"))
 
 
-def _refuse_meta_command(builder: Builder, text: str, what: str, line: int | None) -> None:
+def _refuse_meta_command(read: Reader, text: str, what: str, line: int | None) -> None:
     """A backslash outside quotes is a pgbench or psql command, not SQL (PostgreSQL accepts none there)."""
     found = meta_command(text)
     if found is not None:
         raise ScenarioError(
             f'{what} holds "{found}": pgbench and psql would run it on this machine (a backslash outside'
             " quotes is a meta-command); SQL has a backslash only inside quotes",
-            builder.loc.source,
+            read.loc.source,
             line,
         )
 
 
-def _sql_line(builder: Builder, step: Step, variant_key: str | None) -> int | None:
+def _sql_line(read: Reader, step: Step, variant_key: str | None) -> int | None:
     """The line of ``step``'s ``sql``: in its ``[VARIANT.step.NAME]`` override if it has one, else in its table."""
-    loc = builder.loc
-    variant = builder.data.get(variant_key) if variant_key is not None else None
+    loc = read.loc
+    variant = read.data.get(variant_key) if variant_key is not None else None
     overrides = variant.get("step") if isinstance(variant, dict) else None
     if isinstance(overrides, dict):
         for base in (step.name, base_name(step.name)):
@@ -157,14 +157,14 @@ def _sql_line(builder: Builder, step: Step, variant_key: str | None) -> int | No
 
 
 def _command(
-    builder: Builder, item: Any, scenario: Scenario, where: KeyPath, line: int, variant_key: str | None
+    read: Reader, item: Any, scenario: Scenario, where: KeyPath, line: int, variant_key: str | None
 ) -> LoadCommand:
-    loc = builder.loc
+    loc = read.loc
     if isinstance(item, str):
         return LoadCommand("sql", sql=item, line=line)
     if not isinstance(item, dict):
         raise loc.error("a load command is SQL text or a table: { step }, { sql }, { sleep }, { set, random }", *where)
-    builder._check_keys(item, COMMAND_KEYS, where, "load command key")
+    read.check_keys(item, COMMAND_KEYS, where, "load command key")
     kinds = [key for key in ("step", "sql", "sleep", "set") if key in item]
     if len(kinds) != 1:
         raise loc.error("a load command is one of { step }, { sql }, { sleep }, { set, random }", *where)
@@ -184,17 +184,17 @@ def _command(
         step = steps[0]
         if step.sleep is not None or step.crash is not None:
             raise loc.error(f"step {name!r} sends no SQL; a load transaction runs SQL steps only", *where)
-        capture = builder._capture(item["capture"], where) if "capture" in item else step.capture
+        capture = read.capture(item["capture"], where) if "capture" in item else step.capture
         return LoadCommand(
-            "sql", sql=step.sql, capture=capture, step=step.name, line=_sql_line(builder, step, variant_key)
+            "sql", sql=step.sql, capture=capture, step=step.name, line=_sql_line(read, step, variant_key)
         )
     if kind == "sql":
-        text = builder._str(item["sql"], *where, "sql", what="load sql")
-        return LoadCommand("sql", sql=text, capture=builder._capture(item.get("capture"), where), line=line)
+        text = read.text(item["sql"], *where, "sql", what="load sql")
+        return LoadCommand("sql", sql=text, capture=read.capture(item.get("capture"), where), line=line)
     if "capture" in item:
         raise loc.error(f"a {kind} command sends no SQL: it has no capture", *where)
     if kind == "sleep":
-        return LoadCommand("sleep", seconds=builder._duration(item["sleep"], (*where, "sleep")), line=line)
+        return LoadCommand("sleep", seconds=read.duration(item["sleep"], (*where, "sleep")), line=line)
     name = item["set"]
     bounds = item.get("random")
     if not isinstance(name, str) or not NAME.fullmatch(name):
