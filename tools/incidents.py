@@ -98,22 +98,26 @@ def _in_log(server: LoggingServer, text: str) -> None:
     raise AssertionError(f"the log never said {text!r}")
 
 
-def deadlock(server: LoggingServer) -> None:
-    """alice and bob transfer in opposite orders: bob closes the cycle and is the victim (alice checks late)."""
+def deadlock(server: LoggingServer, names: tuple[str, str] = ("alice", "bob"), tail: str = "") -> None:
+    """alice and bob transfer in opposite orders: bob closes the cycle and is the victim (alice checks late).
+
+    ``names`` are their application_names and ``tail`` is SQL text (a comment, say) ending each
+    update: what any client can put in a server's log.
+    """
     with (
-        psycopg.connect(server.shop, application_name="alice") as alice,
-        psycopg.connect(server.shop, application_name="bob") as bob,
+        psycopg.connect(server.shop, application_name=names[0]) as alice,
+        psycopg.connect(server.shop, application_name=names[1]) as bob,
         psycopg.connect(server.server.dsn, autocommit=True) as admin,
     ):
         alice.execute("SET deadlock_timeout = '10s'")
         alice.commit()
-        alice.execute("UPDATE accounts SET balance = balance - 100 WHERE id = 1")
-        bob.execute("UPDATE accounts SET balance = balance - 50 WHERE id = 2")
+        alice.execute(f"UPDATE accounts SET balance = balance - 100 WHERE id = 1{tail}".encode())
+        bob.execute(f"UPDATE accounts SET balance = balance - 50 WHERE id = 2{tail}".encode())
         done: list[BaseException] = []
 
         def credit() -> None:
             try:
-                alice.execute("UPDATE accounts SET balance = balance + 100 WHERE id = 2")
+                alice.execute(f"UPDATE accounts SET balance = balance + 100 WHERE id = 2{tail}".encode())
                 alice.commit()
             except BaseException as exc:
                 done.append(exc)
@@ -122,7 +126,7 @@ def deadlock(server: LoggingServer) -> None:
         worker.start()
         _blocked(admin, alice.info.backend_pid)
         try:
-            bob.execute("UPDATE accounts SET balance = balance + 50 WHERE id = 1")
+            bob.execute(f"UPDATE accounts SET balance = balance + 50 WHERE id = 1{tail}".encode())
             raise AssertionError("bob was not the deadlock's victim")
         except psycopg.errors.DeadlockDetected:
             bob.rollback()

@@ -29,6 +29,7 @@ def describe(
     from psycopg import sql
 
     from pgrace.errors import ScenarioError, ServerUnavailable
+    from pgrace.fromlog.sqlinfo import quoted
     from pgrace.servers import connstring_problem, scrub_secrets
 
     out = Described()
@@ -41,7 +42,7 @@ def describe(
     with conn:
         conn.read_only = True
         for table in tables:
-            row = conn.execute("SELECT to_regclass(%s)::oid", [table]).fetchone()
+            row = conn.execute("SELECT to_regclass(%s)::oid", [quoted(table)]).fetchone()
             if row is None or row[0] is None:
                 out.notes.append(f"table {table} is not in the database --dsn names: its setup is a TODO")
                 continue
@@ -92,7 +93,7 @@ def describe(
             ).fetchall()
             out.keys[table] = [r[0] for r in pk]
             names = [c[0] for c in columns]
-            quoted = sql.SQL(", ").join(sql.SQL("quote_nullable({})").format(sql.Identifier(n)) for n in names)
+            literals = sql.SQL(", ").join(sql.SQL("quote_nullable({})").format(sql.Identifier(n)) for n in names)
             conditions: list[sql.Composable] = []
             params: list[Any] = []
             for key in keys.get(table, []):
@@ -108,7 +109,7 @@ def describe(
                 out.notes.append(f"no row of {table} is named by a key in the log: copy the rows it needs (TODO)")
                 continue
             query = sql.SQL("SELECT DISTINCT concat_ws(', ', {}) FROM {} WHERE {} LIMIT 1000").format(
-                quoted, sql.Identifier(table), sql.SQL(" OR ").join(sql.SQL("({})").format(c) for c in conditions)
+                literals, sql.Identifier(table), sql.SQL(" OR ").join(sql.SQL("({})").format(c) for c in conditions)
             )
             rows = [r[0] for r in conn.execute(query, params).fetchall()]
             if rows:
