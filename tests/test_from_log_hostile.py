@@ -193,3 +193,34 @@ def test_a_table_name_is_an_identifier_not_sql(statements: str, pgrace_server: o
         marker.unlink(missing_ok=True)
     assert found.written is not None
     assert f'CREATE TABLE "{name}"' in found.written.text
+
+
+PASSWORD = "Sekrit-pa55word"
+
+
+@pytest.mark.server
+def test_dsn_is_read_only_and_its_password_is_never_shown(tmp_path: Path) -> None:
+    """--dsn may be production: a role that may only SELECT, in read-only transactions, is enough, and
+    one that may not read the table gets a TODO, not a crash; the password is in no output."""
+    with real.logging_server("18") as logging:
+        real.deadlock(logging)
+        log = tmp_path / "server.log"
+        shutil.copy(logging.logfile(), log)
+        with psycopg.connect(logging.shop, autocommit=True) as conn:
+            for role in ("reader", "stranger"):
+                conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'".encode())
+            conn.execute("GRANT SELECT ON accounts TO reader")
+            conn.execute("ALTER ROLE reader SET default_transaction_read_only = on")
+        rows, databases = logging.shop_rows(), logging.databases()
+        outputs = {}
+        for role in ("reader", "stranger"):
+            out = tmp_path / f"{role}.toml"
+            dsn = f"{logging.shop} user={role} password={PASSWORD}"
+            verify = ["--server", logging.server.dsn] if role == "reader" else ["--no-verify"]  # no rows: no deadlock
+            result = CliRunner().invoke(main, ["from-log", str(log), "--dsn", dsn, *verify, "-o", str(out)])
+            assert result.exit_code == 0, result.output
+            outputs[role] = out.read_text()
+            assert PASSWORD not in result.output + outputs[role]
+        assert re.search(r"INSERT INTO .accounts. VALUES\s+\('1', 'alice', ", outputs["reader"])  # the rows, copied
+        assert "table accounts could not be read through --dsn (permission denied" in outputs["stranger"]
+        assert logging.shop_rows() == rows and logging.databases() == databases
