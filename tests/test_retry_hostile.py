@@ -8,10 +8,13 @@ without the loop.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pgrace import api
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.errors import ScenarioError
+from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
 from pgrace.timeline import Run, StepLaunched
@@ -87,3 +90,18 @@ def test_a_waiting_step_with_a_loop_lets_the_other_sessions_go_on(pgrace_server:
     sent = _sent(run)
     assert sent.index("w2-b") < sent.index("w1-b#2-rollback")  # w2-b ran while w1-b waited
     assert "w1-b#2" in sent and "w2-b#2" not in sent
+
+
+def test_a_fix_that_drops_where_a_loop_starts_is_told_at_its_drop(tmp_path: Path) -> None:
+    """The bug is fine; the fix drops w1-begin, where w1-b's loop starts: the fix's drop is at fault."""
+    scenario = tmp_path / "transfers.toml"
+    scenario.write_text(TRANSFERS + '\n[fix]\ndrop = ["w1-begin"]\n')
+    line = TRANSFERS.count("\n") + 3
+
+    with pytest.raises(ScenarioError) as refused:
+        load_toml_scenario(scenario)
+
+    assert str(refused.value) == (
+        f"{scenario}:{line}: fix.drop removes 'w1-begin', where the retry loop of 'w1-b' starts:"
+        " drop 'w1-b' too, or give it a retry of its own in [fix.step.w1-b]"
+    )
