@@ -224,3 +224,23 @@ def test_dsn_is_read_only_and_its_password_is_never_shown(tmp_path: Path) -> Non
         assert re.search(r"INSERT INTO .accounts. VALUES\s+\('1', 'alice', ", outputs["reader"])  # the rows, copied
         assert "table accounts could not be read through --dsn (permission denied" in outputs["stranger"]
         assert logging.shop_rows() == rows and logging.databases() == databases
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("statements", ["all", "none"])
+def test_a_deadlock_of_three_processes_comes_back(statements: str, tmp_path: Path) -> None:
+    """ann waits for ben, ben for cid, cid (the victim) for ann: only ben is released by the deadlock;
+    ann goes on when ben commits, so the transactions end in that order."""
+    with real.logging_server("18", statements=statements) as logging:
+        real.cycle(logging)
+        log = tmp_path / "server.log"
+        shutil.copy(logging.logfile(), log)
+
+        found = from_log([str(log)], server=logging.server)
+
+    assert found.verified is not None and found.written is not None
+    assert found.verified.reproduced, found.verified.failures
+    released = [s.expect["released_by"] for s in found.written.steps if "released_by" in s.expect]
+    others = [r for r in released if r != "deadlock"]
+    assert len(released) == 3 and len(others) == 1  # cid's and ben's wait end with the deadlock; ann's when ben commits
+    assert others[0] in {s.session for s in found.written.steps}

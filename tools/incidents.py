@@ -150,3 +150,38 @@ def lock_wait(server: LoggingServer) -> None:
         _in_log(server, "still waiting for")
         report.commit()
         worker.join()
+
+
+def cycle(server: LoggingServer, names: tuple[str, ...] = ("ann", "ben", "cid")) -> None:
+    """Each session updates its own account, then the next one's: the last closes the cycle and is the victim."""
+    assert 2 <= len(names) <= 3  # the shop has three accounts
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(psycopg.connect(server.shop, application_name=n)) for n in names]
+        admin = stack.enter_context(psycopg.connect(server.server.dsn, autocommit=True))
+        for conn in conns[:-1]:  # the others check for deadlocks long after the last one does
+            conn.execute("SET deadlock_timeout = '10s'")
+            conn.commit()
+        for i, conn in enumerate(conns):
+            conn.execute(f"UPDATE accounts SET balance = balance - 1 WHERE id = {i + 1}".encode())
+        failed: list[BaseException] = []
+
+        def next_one(i: int) -> None:
+            try:
+                conns[i].execute(
+                    f"UPDATE accounts SET balance = balance + 1 WHERE id = {(i + 1) % len(conns) + 1}".encode()
+                )
+                conns[i].commit()
+            except BaseException as exc:
+                failed.append(exc)
+
+        workers = [threading.Thread(target=next_one, args=(i,)) for i in range(len(conns) - 1)]
+        for i, worker in enumerate(workers):
+            worker.start()
+            _blocked(admin, conns[i].info.backend_pid)
+        try:
+            next_one(len(conns) - 1)
+        finally:
+            for worker in workers:
+                worker.join()
+        assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.DeadlockDetected), failed
+        conns[-1].rollback()

@@ -138,12 +138,28 @@ def _waiting_step(steps: list[Planned], wait: Wait, names: dict[int, str]) -> in
 def _finish(incident: Incident, steps: list[Planned]) -> None:
     """End every transaction: the victim's rolls back, the others commit (inferred unless logged)."""
     names = incident.names
-    for pid in incident.pids:
+    for pid in _end_order(incident):
         own = [s for s in steps if s.pid == pid]
         if not own or _word(own[-1].sql) in _ENDS or not any(_word(s.sql) in ("BEGIN", "START") for s in own):
             continue
         end = "ROLLBACK" if pid == incident.victim else "COMMIT"
         steps.append(Planned(names[pid], end, inferred=True, pid=pid, note=f"inferred: the transaction's {end}"))
+
+
+def _end_order(incident: Incident) -> list[int]:
+    """The order the transactions can end in: the victim first, then each one whose holders have ended.
+
+    In a cycle of three, the victim's rollback frees only the process that waited for it;
+    the one waiting for that process goes on when that process commits, and so on.
+    """
+    waits = {w.waiter: w.holders for w in incident.waits}
+    order: list[int] = [incident.victim] if incident.victim in incident.pids else []
+    left = [p for p in incident.pids if p not in order]
+    while left:
+        free = next((p for p in left if all(h in order for h in waits.get(p, []))), left[0])
+        order.append(free)
+        left.remove(free)
+    return order
 
 
 def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[str, list[str]]]:
@@ -167,9 +183,13 @@ def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[
             if wait.waiter == incident.victim:
                 expect.update(error="40P01", deadlock=sorted(names.values()))
                 victim_step = step.name
+                expect["released_by"] = "deadlock"
             else:
                 expect["error"] = False
-            expect["released_by"] = "deadlock"
+                # Only the victim's rollback is the deadlock's doing: a process waiting for another
+                # survivor goes on when that one's transaction ends.
+                survivor = [h for h in wait.holders if h != incident.victim]
+                expect["released_by"] = names[survivor[0]] if survivor else "deadlock"
         else:
             enders = [s for s in steps[at + 1 :] if s.pid in wait.holders and _word(s.sql) in _ENDS]
             if enders:
