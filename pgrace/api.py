@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds, catalog
-from pgrace.checks import evaluate
+from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.model import Scenario
-from pgrace.render.escape import visible
+from pgrace.one_run import run_in_scratch
 from pgrace.results import Checked, Cleaned, Explored, Loaded, Swept
-from pgrace.runner import RunOptions, run_scenario
-from pgrace.scratch import scratch_database, sweep_leftovers
+from pgrace.scratch import sweep_leftovers
 from pgrace.servers import ServerInfo
+from pgrace.text import visible
 from pgrace.timeline import Run
 
 if TYPE_CHECKING:
@@ -59,21 +59,7 @@ def run(
                 allow_scratch_schema=allow_scratch_schema,
                 database_name=database_name,
             )
-    with scratch_database(
-        server, scenario.name, allow_schema=allow_scratch_schema, scenario=scenario, database_name=database_name
-    ) as db:
-        result = run_scenario(
-            scenario,
-            db.dsn,
-            server_version=server.version,
-            server_label=server.label,
-            row_locks_available=db.has_pgrowlocks,
-            options=options,
-            schema=db.schema,
-            observer_dsn=db.observer_dsn,
-        )
-    result.checks = evaluate(result)
-    return result
+    return run_in_scratch(scenario, server, options, allow_scratch_schema, database_name)
 
 
 # -- what the commands do, for a Python caller too ---------------------------------------------

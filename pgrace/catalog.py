@@ -9,7 +9,8 @@ from typing import Any
 
 from pgrace.errors import OptionError, ScenarioError
 from pgrace.formats import limits
-from pgrace.formats.scenario_toml import did_you_mean, load_toml_scenario
+from pgrace.formats.names import did_you_mean
+from pgrace.formats.scenario_toml import load_toml_scenario
 from pgrace.model import Scenario
 
 SUFFIXES = (".toml", ".spec")
@@ -18,12 +19,11 @@ SUFFIXES = (".toml", ".spec")
 def shipped_dir() -> Path:
     """The scenarios shipped inside the package (a checkout's top-level ``scenarios/`` links here).
 
-    Read as the package's resources, so a wheel, an editable install and a checkout find them
-    alike; pgrace is never imported from a zip, so the resource is a real folder.
+    The package's own folder, so a wheel, an editable install and a checkout find them alike.
+    pgrace is never imported from a zip, so this is the folder ``importlib.resources`` names
+    too, without importing its readers on every run.
     """
-    from importlib.resources import files  # here: `import pgrace.cli` stays cheap
-
-    return Path(str(files("pgrace") / "scenarios"))
+    return Path(__file__).parent / "scenarios"
 
 
 def shipped_names() -> list[str]:

@@ -10,7 +10,8 @@ session's thread waits there until the scheduler lets it go. So the scheduler ow
 order, one statement at a time, and nothing depends on timing (the transport:
 :mod:`pgrace.engine.threads`).
 
-The scheduler (:class:`pgrace.engine.code_scheduler.CodeScheduler`) lets one statement go,
+The scheduler (:class:`pgrace.engine.scheduler.Scheduler`, the one scenario steps run on, in the order
+of :class:`pgrace.engine.code_scheduler.CodeOrder`) lets one statement go,
 then waits until every session is settled: parked at its next statement, finished, or *seen blocked by the server* (the
 runner's probe, :meth:`~pgrace.locks.LockInspector.is_blocked`, asked from the observer
 connection while the session's thread is inside psycopg's ``execute``). A blocked session

@@ -571,7 +571,7 @@ def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeo
     Step notes and expectations are left out: they tell the file's own order (a retry
     attempt's note stays: it says which attempt the step is).
     """
-    from pgrace import api
+    from pgrace.one_run import run_in_scratch
 
     steps = tuple(
         dataclasses.replace(s, expect=StepExpectation(), note=s.note if s.attempt > 1 else "") for s in scenario.steps
@@ -579,7 +579,7 @@ def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeo
     one = dataclasses.replace(
         scenario, steps=steps, other=None, permutations=(tuple(PermutationStep(n) for n in cls.example),)
     )
-    return api.run(one, server=server, options=RunOptions(step_timeout=step_timeout, defer_busy_sessions=True))
+    return run_in_scratch(one, server, RunOptions(step_timeout=step_timeout, defer_busy_sessions=True))
 
 
 def same_class(run: Run, cls: OutcomeClass) -> bool:

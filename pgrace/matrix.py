@@ -89,7 +89,7 @@ def table_documented_blocks(held: str, requested: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Cell:
+class ModePair:
     """One measured pair: does ``requested`` wait while another session holds ``held``?"""
 
     held: str
@@ -114,13 +114,13 @@ class Cell:
 @dataclass
 class MatrixTable:
     modes: tuple[str, ...]
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[ModePair] = field(default_factory=list)
 
-    def cell(self, held: str, requested: str) -> Cell:
+    def cell(self, held: str, requested: str) -> ModePair:
         return next(c for c in self.cells if c.held == held and c.requested == requested)
 
     @property
-    def disagreements(self) -> list[Cell]:
+    def disagreements(self) -> list[ModePair]:
         return [c for c in self.cells if not c.agrees]
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,13 +181,13 @@ def _seen(step: StepRun) -> str:
     return "granted"
 
 
-def _cells(run: Run, names: list[str], documented: Any) -> list[Cell]:
+def _cells(run: Run, names: list[str], documented: Any) -> list[ModePair]:
     requested_runs = [s for s in run.step_runs() if s.session == "requested" and s.step != "requested-end"]
     cells = []
     for position, step in enumerate(requested_runs):
         held, requested = names[position // len(names)], names[position % len(names)]
         blocks = step.waited or step.cancelled
-        cells.append(Cell(held, requested, blocks, documented(held, requested), _seen(step)))
+        cells.append(ModePair(held, requested, blocks, documented(held, requested), _seen(step)))
     return cells
 
 

@@ -229,7 +229,7 @@ def with_retries(steps: tuple[Step, ...] | list[Step]) -> tuple[Step, ...]:
 
 
 @dataclass(frozen=True)
-class Blocker:
+class CompletionMarker:
     """An isolationtester completion marker: ``(*)``, ``(step)`` or ``(step notices N)``."""
 
     step: str | None  # None for "*"
@@ -244,7 +244,7 @@ class Blocker:
 @dataclass(frozen=True)
 class PermutationStep:
     step: str
-    blockers: tuple[Blocker, ...] = ()
+    blockers: tuple[CompletionMarker, ...] = ()
 
 
 @dataclass(frozen=True)

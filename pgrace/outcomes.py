@@ -24,8 +24,8 @@ from typing import Any
 
 from pgrace.checks import format_value, rows_equal
 from pgrace.model import Scenario
-from pgrace.render.json import to_json_value
 from pgrace.timeline import CheckQueried, PermutationStarted, Run, StepCancelled
+from pgrace.values import to_json_value
 
 __all__ = ["Observed", "OutcomeClass", "classify", "merge_classes", "switches"]
 

@@ -5,6 +5,7 @@ Kept as the public home of :class:`RunOptions` and :func:`run_scenario` (callers
 
 from __future__ import annotations
 
-from pgrace.engine.runner import Runner, RunOptions, run_scenario
+from pgrace.engine.options import RunOptions
+from pgrace.engine.runner import Runner, run_scenario
 
 __all__ = ["RunOptions", "Runner", "run_scenario"]

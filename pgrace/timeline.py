@@ -112,11 +112,11 @@ class AdvisoryKey:
 
 
 @dataclass(frozen=True)
-class RowLock:
+class HeldLock:
     """A lock held by a session: a row lock from pgrowlocks, or (``kind``) another kind from pg_locks.
 
-    The name stays for compatibility: a table, advisory or SIRead lock is one too, with
-    ``row`` None and ``ctid`` "" (a predicate lock on a tuple keeps its ctid and row).
+    A table, advisory or SIRead lock has ``row`` None and ``ctid`` "" (a predicate lock on
+    a tuple keeps its ctid and row).
     """
 
     row: RowRef | None  # None when the row's key could not be read
@@ -156,7 +156,7 @@ class RowLock:
 
 
 @dataclass(frozen=True)
-class Blocker:
+class WaitLink:
     """One link of a wait chain: ``waiter`` is held up by ``session``.
 
     ``how`` is "holds" when ``session`` holds a granted lock whose mode conflicts with
@@ -193,7 +193,7 @@ class Wait:
     queued_behind: tuple[str, ...] = ()
     lock_type: str = ""
     detail: str = ""
-    chain: tuple[Blocker, ...] = ()
+    chain: tuple[WaitLink, ...] = ()
     advisory: AdvisoryKey | None = None
     unique_indexes: tuple[str, ...] = ()
     """A transaction wait of an insert into a unique index: the index, or every candidate.
@@ -359,10 +359,10 @@ class LocksObserved:
     """
 
     after_seq: int
-    locks: tuple[RowLock, ...] | None
+    locks: tuple[HeldLock, ...] | None
     t: float
     skipped: tuple[str, ...] = ()  # tables whose locks could not be read safely
-    other_locks: tuple[RowLock, ...] = ()
+    other_locks: tuple[HeldLock, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -407,10 +407,10 @@ class StepRun:
     outcome: Outcome | None = None
     release: Release | None = None
     cancelled: bool = False
-    locks_after: tuple[RowLock, ...] | None = None
+    locks_after: tuple[HeldLock, ...] | None = None
     locks_unreadable: tuple[str, ...] = ()  # tables whose row locks could not be read
-    other_locks_after: tuple[RowLock, ...] = ()
-    predicate_locks_at_error: tuple[RowLock, ...] = ()
+    other_locks_after: tuple[HeldLock, ...] = ()
+    predicate_locks_at_error: tuple[HeldLock, ...] = ()
     """For a serialization failure (40001): the SIRead locks last seen before it, which
     record the reads whose read/write conflicts the server detected."""
     loop: str | None = None  # the retry loop it is in (the loop's last step), and which attempt
@@ -485,7 +485,7 @@ class Run:
         """Fold the events into one record per launched step, in launch order."""
         runs: dict[int, StepRun] = {}
         permutation = 0
-        others: tuple[RowLock, ...] = ()  # the other kinds of locks last seen
+        others: tuple[HeldLock, ...] = ()  # the other kinds of locks last seen
         resumed: list[int] = []  # steps that finished after a wait since the last lock reading: theirs is the next
         for event in self.events:
             if isinstance(event, PermutationStarted):

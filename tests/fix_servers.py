@@ -23,9 +23,7 @@ def forget_remembered_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     invoke the CLI in-process, so a fuzzed `--dsn "x=name"` would otherwise scrub the word
     `name` from every later test's output.
     """
-    from pgrace import servers
-
-    monkeypatch.setattr(servers, "_REMEMBERED", set())
+    monkeypatch.setattr("pgrace.servers.secrets._REMEMBERED", set())
 
 
 @pytest.fixture(scope="module", params=["embedded", "postgresql-15"])

@@ -1,9 +1,9 @@
 """The server cache heals, and is used only when nobody else could have written it.
 
 The cache holds the binaries pgrace runs (a copy of the wheel's, as root) and the initdb
-template every run starts from. A damaged entry used to make every later run exit 3
-until someone found the cache and deleted it by hand; now each run checks, cheaply, what
-it relies on, rebuilds a bad entry under the cache lock and says so in one line. A cache
+template every run starts from. A damaged entry would make every later run exit 3 until
+someone found the cache and deleted it by hand, so each run checks, cheaply, what it
+relies on, rebuilds a bad entry under the cache lock and says so in one line. A cache
 directory that another user owns, or that others can write, is refused: they could have
 put their own ``pgbench`` there for root to run.
 """

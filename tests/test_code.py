@@ -18,6 +18,7 @@ from documentation import page
 import pgrace
 import pgrace.engine.threads
 from pgrace.code import explore_code, run_code
+from pgrace.engine.scheduler import Scheduler
 from pgrace.errors import CodeError, PgraceError, SetupFailed
 from pgrace.model import RowRef
 from pgrace.pytest_plugin import PgraceCode
@@ -144,6 +145,24 @@ def test_a_code_run_names_the_row_its_holder_and_the_callers_line(pgrace_server:
     assert f"test_code.py:{line}" in text
     assert "balance=300" in text
     render_json(run)  # every renderer works on it
+
+
+def test_a_code_run_is_waited_for_by_the_scenario_scheduler(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One scheduler: a code run's statements are launched, seen blocked and completed by the scheduler
+    scenario steps run on; only its way to wait differs (the session threads' gates, not sockets)."""
+    seen: list[tuple[str, str]] = []
+    try_complete = Scheduler.try_complete
+
+    def spy(self: Scheduler, active: Any, blocking: bool, retry: bool = False) -> bool:
+        seen.append((type(self.strategy).__name__, active.step.session))
+        return try_complete(self, active, blocking, retry)
+
+    monkeypatch.setattr(Scheduler, "try_complete", spy)
+    _bob_waits_for_alice(pgrace_server)
+    assert {strategy for strategy, _ in seen} == {"GateWaiting"}
+    assert {session for _, session in seen} == {"alice", "bob"}
 
 
 def test_a_holder_slow_to_hear_its_commit_still_gets_the_release(

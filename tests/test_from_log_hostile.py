@@ -23,7 +23,7 @@ import tools.incidents as real
 from pgrace.cli import main
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.fromlog import from_log
-from pgrace.render.escape import has_control
+from pgrace.text import has_control
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "from-log" / "deadlock.log"
 

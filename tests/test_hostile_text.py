@@ -27,7 +27,6 @@ from pgrace import catalog
 from pgrace.cli import main
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.compare import render_text_compare
-from pgrace.render.escape import visible, without_controls
 from pgrace.render.html import render_html, render_html_compare
 from pgrace.render.isolation import render_isolation
 from pgrace.render.json import render_json
@@ -38,6 +37,7 @@ from pgrace.render.svg import render_svg, render_svg_compare
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
+from pgrace.text import visible, without_controls
 from pgrace.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
 
 HOSTILE = Path(__file__).parent / "hostile" / "hostile.toml"

@@ -1,5 +1,5 @@
 """Every lock kind named on a real server: table-lock queues (hard and soft blocking), advisory
-locks, unique-index waits, virtual transactions, SIRead locks (issue 10, findings 4 and 5)."""
+locks, unique-index waits, virtual transactions, SIRead locks."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from pgrace import api
 from pgrace.locks import CONFLICTS, advisory_keys, advisory_level_in
 from pgrace.model import LOCK_MODES
 from pgrace.pytest_plugin import RunScenario
-from pgrace.render.common import describe_wait, serialization_text
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
 from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
+from pgrace.render.wording import describe_wait, serialization_text
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
-from pgrace.timeline import AdvisoryKey, Blocker, Run
+from pgrace.timeline import AdvisoryKey, Run, WaitLink
 
 scenario = functools.partial(toml_scenario, name="locks")
 
@@ -95,15 +95,15 @@ def test_a_table_lock_queue_tells_queued_behind_from_waiting_for(pgrace_run: Run
     assert (alter.kind, alter.table, alter.mode) == ("relation", "jobs", "AccessExclusiveLock")
     assert alter.blocked_by == ("s1",) and alter.holder == "s1" and alter.holder_mode == "AccessShareLock"
     assert alter.queued_behind == ()
-    assert alter.chain == (Blocker("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),)
+    assert alter.chain == (WaitLink("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),)
 
     [select] = steps["select"].waits
     assert (select.kind, select.table, select.mode) == ("relation", "jobs", "AccessShareLock")
     assert select.blocked_by == ("migration",) and select.queued_behind == ("migration",)
     assert select.holder == "s1"  # the end of the chain, not migration: migration holds nothing on jobs
     assert select.chain == (
-        Blocker("app", "migration", "queued", "AccessExclusiveLock", "AccessShareLock"),
-        Blocker("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),
+        WaitLink("app", "migration", "queued", "AccessExclusiveLock", "AccessShareLock"),
+        WaitLink("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),
     )
     [waited_on] = run_to_dict(run)["steps"][2]["waited_on"]
     assert waited_on["holder"] == "s1" and waited_on["queued_behind"] == ["migration"]
@@ -184,7 +184,7 @@ def test_advisory_waits_name_key_sharing_and_level(pgrace_run: RunScenario) -> N
 
     [xact_wait] = steps["b-xact"].waits
     assert xact_wait.advisory == AdvisoryKey((1, -2), False, "transaction")
-    assert xact_wait.chain == (Blocker("b", "a", "holds", "ShareLock", "ExclusiveLock"),)
+    assert xact_wait.chain == (WaitLink("b", "a", "holds", "ShareLock", "ExclusiveLock"),)
     held = [lock for lock in steps["a-xact-shared"].other_locks_after if lock.kind == "advisory"]
     assert [(lock.session, lock.advisory) for lock in held] == [("a", AdvisoryKey((1, -2), True, "transaction"))]
 
@@ -193,8 +193,8 @@ def test_advisory_waits_name_key_sharing_and_level(pgrace_run: RunScenario) -> N
     assert queued.advisory == AdvisoryKey((1, -2), True, "session")
     assert queued.queued_behind == ("b",) and queued.holder == "a"
     assert queued.chain == (
-        Blocker("c", "b", "queued", "ExclusiveLock", "ShareLock"),
-        Blocker("b", "a", "holds", "ShareLock", "ExclusiveLock"),
+        WaitLink("c", "b", "queued", "ExclusiveLock", "ShareLock"),
+        WaitLink("b", "a", "holds", "ShareLock", "ExclusiveLock"),
     )
     text = " ".join(render_text(run).split())
     assert "waits for a on advisory lock 42 (wants exclusive, session level; a holds exclusive)" in text

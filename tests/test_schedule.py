@@ -5,8 +5,9 @@ No server: a schedule is arithmetic on names until a run follows it.
 
 from __future__ import annotations
 
-from pgrace.engine.schedule import Choices, ChoiceTree, NamedOrder, Permutations, Schedule
+from pgrace.engine.schedule import Choices, ChoiceTree, Interleavings, NamedOrder, Permutations, Schedule
 from pgrace.explore import Space
+from pgrace.formats.spec import parse_spec
 from pgrace.model import PermutationStep, Scenario, Session, Step
 
 
@@ -35,8 +36,23 @@ def follow(choices: Choices, statements: dict[str, int]) -> list[str]:
 
 def test_every_schedule_is_an_iterable_of_orders_with_a_size_when_known() -> None:
     scenario = two_sessions(2)
-    schedules: list[Schedule[object]] = [Permutations(scenario), Space(scenario), ChoiceTree(limit=100)]
-    assert [s.size for s in schedules] == [1, 6, None]  # a choice tree is known only by running it
+    schedules: list[Schedule[object]] = [
+        Permutations(scenario),
+        Space(scenario),
+        Interleavings([["a1", "a2"], ["b1", "b2"]]),
+        ChoiceTree(limit=100),
+    ]
+    assert [s.size for s in schedules] == [1, 6, 6, None]  # a choice tree is known only by running it
+
+
+def test_a_spec_without_permutation_lines_runs_the_interleavings_schedule() -> None:
+    spec = parse_spec(
+        "session a\nstep a1 { SELECT 1; }\nstep a2 { SELECT 2; }\nsession b\nstep b1 { SELECT 3; }\n", "auto.spec"
+    )
+    orders = [tuple(p.step for p in permutation) for permutation in Permutations(spec)]
+    assert orders == list(Interleavings([["a1", "a2"], ["b1"]]))
+    assert orders == [("a1", "a2", "b1"), ("a1", "b1", "a2"), ("b1", "a1", "a2")]  # isolationtester's order
+    assert set(orders) == set(Space(spec))  # explore's space holds the same orders, numbered its own way
 
 
 def test_the_space_lists_its_interleavings_in_number_order() -> None:

@@ -421,7 +421,7 @@ class Terminated(Exception):
 
 
 def test_cleanup_holds_back_sigterm_as_well_as_ctrl_c() -> None:
-    """A SIGTERM during cleanup used to interrupt it and leave the embedded run directory behind."""
+    """A SIGTERM during cleanup waits for it: the embedded run directory is never left behind."""
 
     def raise_terminated(signum: int, frame: object) -> None:
         raise Terminated

@@ -174,6 +174,22 @@ def test_a_booting_server_is_waited_for_only_when_asked() -> None:
 
 
 @pytest.mark.server
+def test_a_start_connects_once_when_postmaster_pid_says_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No knocking while the template is copied or the postmaster starts: every refused try costs the server a backend."""
+    tries: list[str] = []
+    real_connect = psycopg.connect
+
+    def counted(conninfo: str = "", **kwargs: object) -> psycopg.Connection[object]:
+        tries.append(conninfo)
+        return real_connect(conninfo, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(psycopg, "connect", counted)
+    with embedded_server():
+        pass
+    assert len(tries) == 1
+
+
+@pytest.mark.server
 def test_a_server_left_while_still_booting_leaves_nothing_behind() -> None:
     """Leaving before ready() (a bad scenario file, Ctrl-C) stops the copy or the postmaster, whichever runs."""
     for _ in range(5):

@@ -1,4 +1,4 @@
-"""A timeline that never lies (issue 10 findings 1, 2, 3 and 6) on a real server.
+"""A timeline that never lies, on a real server.
 
 * errors no expectation allows fail the verdict (a spec keeps them as output);
 * what ended a wait is its real cause, the same in text, JSON, pictures and presenter;

@@ -1,6 +1,6 @@
 """``:variables``: found where PostgreSQL's lexer puts them, filled in safely; ``-p`` can never inject.
 
-The injection cases are issue 9 finding 6, as reported: they run against a real server.
+The injection cases run against a real server.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def columns_of(step: StepRun) -> tuple[str, ...]:
     return step.outcome.last_rows.columns
 
 
-# -- issue 9 finding 6: injection through -p -----------------------------------------------
+# -- injection through -p -------------------------------------------------------------------
 
 HOSTILE = """
 [params]

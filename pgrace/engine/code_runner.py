@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from pgrace import scratch
-from pgrace.engine.code_scheduler import Chooser, CodeScheduler, Discovered
+from pgrace.engine.code_scheduler import Chooser, CodeOrder
 from pgrace.engine.control import ControlSql
 from pgrace.engine.runner import setup_failed
 from pgrace.engine.sqlerrors import first_line
@@ -79,7 +79,7 @@ class CodeRunner:
         try:
             self.control = self._connect("control connection")
             for name in self.code:
-                self.sessions[name] = ThreadSession(name, self._connect(name, traced=True))
+                self.sessions[name] = ThreadSession(name, self._connect(name, traced=True), self.step_timeout)
             self.observer = self._connect("observer", observer=True)
             self.observer.execute("SET lock_timeout = '200ms'")
             self.observer.prepare_threshold = 0  # the same catalog questions at every step: planned once
@@ -135,21 +135,21 @@ class CodeRunner:
             raise
         for session in self.sessions.values():
             session.gate = Gate(session.name, self.cond)
-        scheduler = CodeScheduler(
+        order = CodeOrder(
             self.sessions,
             self.code,
             self.cond,
             book,
             self.inspector,
+            self.run,
             step_timeout=self.step_timeout,
             observe=observe,
-            row_locks=self.run.row_locks_available,
         )
         try:
             with connections_guarded():
                 for name, fn in self.code.items():
                     self.sessions[name].start(fn)
-                met = scheduler.run(chooser)
+                met = order.run(chooser)
         except BaseException:
             self._stop_all(quiet=True)  # the error that ended the run is the one to report
             raise
@@ -159,7 +159,7 @@ class CodeRunner:
             outcome = self.sql.execute(self.control.pgconn, self.final)
             self.recorder.add(CheckQueried(0, outcome, self.recorder.now(), self.final))
         self._reset()
-        self.run.scenario = self._scenario(scheduler.steps)
+        self.run.scenario = self._scenario(order.steps)
         return self.run, met
 
     def _stop_all(self, quiet: bool = False) -> None:
@@ -195,10 +195,10 @@ class CodeRunner:
             if gate.steps == 0:
                 raise CodeError(f"session {name} never sent a statement to the database", path, line)
 
-    def _scenario(self, discovered: list[Discovered]) -> Scenario:
+    def _scenario(self, discovered: list[Step]) -> Scenario:
         first = next(iter(self.code.values()))
         path, line = where_defined(first)
-        steps = tuple(Step(s.name, s.session, s.sql, note=s.where, line=s.line) for s in discovered)
+        steps = tuple(discovered)
         sessions = tuple(Session(name, line=where_defined(fn)[1]) for name, fn in self.code.items())
         checks: tuple[FinalCheck, ...] = ()
         if self.final:

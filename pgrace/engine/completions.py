@@ -11,16 +11,16 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from psycopg import pq
-
-from pgrace.engine.libpq import Active, LibpqSession
+from pgrace.engine.libpq import LibpqSession
 from pgrace.engine.retries import note_attempt
 from pgrace.errors import ScenarioError
-from pgrace.timeline import NotifyReceived, Release
+from pgrace.timeline import Release
 from pgrace.variables import Value
 
 if TYPE_CHECKING:
     from pgrace.engine.scheduler import Scheduler
+    from pgrace.engine.session import Session
+    from pgrace.engine.steps import Active
 
 
 class Completions:
@@ -29,7 +29,7 @@ class Completions:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    def settle(self, session: LibpqSession, active: Active) -> None:
+    def settle(self, session: Session, active: Active) -> None:
         """Collect a finished step's results (not yet its report) and note whether it ended its transaction."""
         outcome, deadlock = session.collect(active)
         if deadlock is not None and outcome.error is not None:
@@ -41,23 +41,26 @@ class Completions:
         self._capture(session, active)
         self._note_completion(session, active)
 
-    def _note_completion(self, session: LibpqSession, active: Active) -> None:
+    def _note_completion(self, session: Session, active: Active) -> None:
         """Tell the book the step is over (once): did it end its transaction, or its session?"""
         assert active.outcome is not None
-        lost = active.lost is not None or session.pgconn.status == pq.ConnStatus.BAD
-        after = pq.TransactionStatus(pq.TransactionStatus.UNKNOWN if lost else session.pgconn.transaction_status)
+        lost, after = session.ended_status(active)
         self.scheduler.book.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
 
     def _settle_finished(self, names: Iterable[str]) -> None:
         """Collect the results that already arrived for these sessions' running steps (a deadlock victim's)."""
-        for name in names:
-            session = self.scheduler.sessions.get(name)
-            active = session.active if session is not None else None
-            if session is None or active is None or active.outcome is not None or session.lost is not None:
-                continue
-            session.consume()
-            if not session.pgconn.is_busy():
-                self.settle(session, active)
+        sessions = self.scheduler.sessions
+        pending = [
+            sessions[name]
+            for name in names
+            if name in sessions
+            and (active := sessions[name].active) is not None
+            and active.outcome is None
+            and sessions[name].lost is None
+        ]
+        for session in self.scheduler.strategy.answered(pending):
+            assert session.active is not None
+            self.settle(session, session.active)
 
     def _gone(self, names: Iterable[str]) -> set[str]:
         """Sessions whose backend no longer exists (terminated, crashed)."""
@@ -79,13 +82,14 @@ class Completions:
         )
         holder = self.scheduler.sessions.get(release.session or "") if release.cause == "terminated" else None
         own = self.scheduler.sessions[active.step.session]
-        if holder is not None and holder is not own and release.seq not in self.scheduler.pauses.crashes:
-            self.scheduler.pauses.found_ended_idle(holder)  # no step of the scenario did it: the server says what did
+        pauses = self.scheduler.pauses
+        if isinstance(holder, LibpqSession) and holder is not own and pauses and release.seq not in pauses.crashes:
+            pauses.found_ended_idle(holder)  # no step of the scenario did it: the server says what did
             if (why := holder.lost or holder.ended) is not None:
                 release = dataclasses.replace(release, reason=f"{why.sqlstate}: {why.message}")
         return release
 
-    def report(self, session: LibpqSession, active: Active) -> None:
+    def report(self, session: Session, active: Active) -> None:
         assert active.outcome is not None
         self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
         note_attempt(self.scheduler.scenario, session, active)
@@ -93,22 +97,14 @@ class Completions:
         self.scheduler.last_done = active.seq
         if active.lost is not None:
             self.scheduler.recorder.add(active.lost)
-        if (
-            self.scheduler.scenario.format == "pgrace"
-        ):  # a spec keeps isolationtester's view: a loss shows at the next step
-            self.scheduler.pauses.look_for_ended_idle()
-        session.consume()  # as isolationtester: read what arrived since the result
-        while (notify := session.pgconn.notifies()) is not None:
-            pid = notify.be_pid
-            sender = self.scheduler.inspector.name_of(pid) if pid in self.scheduler.inspector.sessions else f"PID {pid}"
-            self.scheduler.recorder.add(
-                NotifyReceived(
-                    session.name, notify.relname.decode(), notify.extra.decode(), sender, self.scheduler.recorder.now()
-                )
-            )
+        if self.scheduler.pauses is not None and self.scheduler.scenario.format == "pgrace":
+            self.scheduler.pauses.look_for_ended_idle()  # a spec keeps isolationtester's view: a loss shows later
+        session.heard(self.scheduler.recorder, self.scheduler.inspector)
         session.active = None
+        if self.scheduler.locks_each_completion:
+            self.scheduler.observe_locks(active.seq)
 
-    def _capture(self, session: LibpqSession, active: Active) -> None:
+    def _capture(self, session: Session, active: Active) -> None:
         step, outcome = active.step, active.outcome
         if not step.capture or outcome is None:
             return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psycopg
 from psycopg import pq
@@ -52,7 +52,22 @@ class ControlSql:
 
     def execute(self, pgconn: pq.abc.PGconn, text: str, where: str = "pgrace's control connection") -> Outcome:
         """The last result of ``text`` as an Outcome (an error is data); a lost connection raises ``aborted``."""
-        res, cancelled = self.result(pgconn, text, where)
+        return self.outcome(*self.result(pgconn, text, where))
+
+    def execute_all(self, batch: Sequence[tuple[pq.abc.PGconn, str, str]]) -> list[Outcome]:
+        """Each ``(pgconn, text, where)`` of ``batch`` (on different connections) at once: one round trip for all.
+
+        Each is bounded by the step timeout from its own send, as :meth:`execute`; the
+        outcomes come in ``batch``'s order.
+        """
+        sent = [self._send(pgconn, text, where) for pgconn, text, where in batch]
+        return [
+            self.outcome(*self._collect(pgconn, text, where, started))
+            for (pgconn, text, where), started in zip(batch, sent, strict=True)
+        ]
+
+    def outcome(self, res: pq.abc.PGresult, cancelled: bool) -> Outcome:
+        """A raw result as an Outcome; an error pgrace cancelled at the timeout says so."""
         if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
             error = result_error(res)
             if cancelled and error.sqlstate == "57014":
@@ -71,11 +86,21 @@ class ControlSql:
         self, pgconn: pq.abc.PGconn, text: str, where: str = "pgrace's control connection"
     ) -> tuple[pq.abc.PGresult, bool]:
         """The last raw result of ``text``, and whether pgrace cancelled it at the timeout."""
+        return self._collect(pgconn, text, where, self._send(pgconn, text, where))
+
+    def _send(self, pgconn: pq.abc.PGconn, text: str, where: str) -> float:
+        """Send ``text``; when it was sent (its timeout counts from there)."""
         try:
             pgconn.send_query(text.encode())
             while pgconn.flush():
                 select.select([], [pgconn.socket], [], 0.1)
-            cancelled = self._await_idle(pgconn, text)
+        except psycopg.OperationalError as exc:
+            raise self.aborted(where, first_line(str(exc))) from None
+        return time.perf_counter()
+
+    def _collect(self, pgconn: pq.abc.PGconn, text: str, where: str, started: float) -> tuple[pq.abc.PGresult, bool]:
+        try:
+            cancelled = self._await_idle(pgconn, text, started)
         except psycopg.OperationalError as exc:
             raise self.aborted(where, first_line(str(exc))) from None
         res: pq.abc.PGresult | None = None
@@ -89,13 +114,12 @@ class ControlSql:
             raise self.aborted(where, first_line(detail))
         return res, cancelled
 
-    def _await_idle(self, pgconn: pq.abc.PGconn, text: str) -> bool:
+    def _await_idle(self, pgconn: pq.abc.PGconn, text: str, started: float) -> bool:
         """Wait until the connection's results are all in; cancel once at the step timeout.
 
         Returns whether pgrace cancelled the statement. A statement that outlives its
         cancel by twice the timeout again leaves the connection unusable: that ends the run.
         """
-        started = time.perf_counter()
         cancelled = False
         while pgconn.is_busy():
             readable, _, _ = select.select([pgconn.socket], [], [], 0.05)

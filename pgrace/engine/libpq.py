@@ -11,7 +11,6 @@ import dataclasses
 import select
 from collections.abc import Iterable
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -20,25 +19,13 @@ from psycopg import pq
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import field as diag_field
 from pgrace.engine.sqlerrors import first_line, raw_message, result_error
-from pgrace.engine.steps import Launched
-from pgrace.model import PermutationStep, Step
-from pgrace.timeline import NoticeReceived, Outcome, ResultSet, SessionLost, SqlError
+from pgrace.engine.steps import Active
+from pgrace.timeline import NoticeReceived, NotifyReceived, Outcome, ResultSet, SessionLost, SqlError
 from pgrace.variables import Value
 
 if TYPE_CHECKING:
     from pgrace.engine.steps import Recorder
-
-
-@dataclass
-class Active(Launched):
-    """A launched scenario step whose completion has not been reported yet."""
-
-    step: Step
-    entry: PermutationStep
-    notice_targets: dict[str, int] = field(default_factory=dict)
-    outcome: Outcome | None = None
-    lost: SessionLost | None = None  # the session's connection was found gone during this step
-    seen_after: int = 0  # the step last done when its wait was last read
+    from pgrace.locks import LockInspector
 
 
 class LibpqSession:
@@ -138,6 +125,21 @@ class LibpqSession:
         elif error is not None and error.sqlstate == "40P01" and error.detail:
             deadlock = error.detail
         return Outcome(tuple(results), tuple(commands), error), deadlock
+
+    def ended_status(self, active: Active) -> tuple[bool, pq.TransactionStatus]:
+        """Whether the step ended the session, and the transaction state it left."""
+        lost = active.lost is not None or self.pgconn.status == pq.ConnStatus.BAD
+        return lost, pq.TransactionStatus(pq.TransactionStatus.UNKNOWN if lost else self.pgconn.transaction_status)
+
+    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+        """As isolationtester after a step's result: read what arrived since, and record its notifications."""
+        self.consume()
+        while (notify := self.pgconn.notifies()) is not None:
+            pid = notify.be_pid
+            sender = inspector.name_of(pid) if pid in inspector.sessions else f"PID {pid}"
+            recorder.add(
+                NotifyReceived(self.name, notify.relname.decode(), notify.extra.decode(), sender, recorder.now())
+            )
 
     def lose(self, active: Active, received: SqlError | None, libpq: str) -> SqlError:
         """The session's connection is gone: why (the server's FATAL, else libpq's words), noted once.

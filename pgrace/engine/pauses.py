@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import pq
 
-from pgrace.engine.libpq import Active, LibpqSession, sockets
+from pgrace.engine.libpq import LibpqSession, sockets
 from pgrace.engine.sqlerrors import exception_error, first_line
+from pgrace.engine.steps import Active
 from pgrace.errors import PgraceError, RunAborted
 from pgrace.timeline import Outcome, SessionLost, SqlError
 
@@ -34,9 +35,14 @@ class Pauses:
     """Sleeps, crashes and ended sessions, for one scheduler."""
 
     def __init__(
-        self, scheduler: Scheduler, control: psycopg.Connection[Any], aborted: Callable[[str, str], PgraceError]
+        self,
+        scheduler: Scheduler,
+        sessions: dict[str, LibpqSession],
+        control: psycopg.Connection[Any],
+        aborted: Callable[[str, str], PgraceError],
     ) -> None:
         self.scheduler = scheduler
+        self.sessions = sessions
         self.control = control
         self.aborted = aborted
         self.crashes: set[int] = set()  # the seqs of crash steps
@@ -51,7 +57,7 @@ class Pauses:
         scheduler = self.scheduler
         deadline = time.perf_counter() + seconds
         while (left := deadline - time.perf_counter()) > 0:
-            watched = sockets(s for s in scheduler.sessions.values() if s.lost is None and s.ended is None)
+            watched = sockets(s for s in self.sessions.values() if s.lost is None and s.ended is None)
             if not watched:
                 time.sleep(min(left, 0.1))  # nothing to watch: only the clock
                 scheduler.idle()
@@ -77,7 +83,7 @@ class Pauses:
         scheduler = self.scheduler
         return sockets(
             s
-            for s in scheduler.sessions.values()
+            for s in self.sessions.values()
             if s is not besides
             and s.lost is None
             and s.ended is None
@@ -91,13 +97,15 @@ class Pauses:
         ``running`` itself ends right after (it released them: a COMMIT), its end comes
         first, as without it: what a step releases follows it. "Right after" is within
         :data:`RELEASER_GRACE_S`, a bound on ordering near-simultaneous replies, not a wait
-        for anything to happen.
+        for anything to happen. A waiting step whose session the server ended is collected
+        and told after the running step, whatever the timing: the running step is what
+        ended it (``pg_terminate_backend``), and the order must not depend on load.
         """
         scheduler = self.scheduler
         for session in sessions:
             other = session.active
             if other is None:
-                self.found_ended_idle(session)
+                self.found_ended_idle(session, during=running.seq)
                 continue
             session.consume()
             if session.pgconn.is_busy() or other not in scheduler.waiting:
@@ -105,6 +113,8 @@ class Pauses:
             if self._ends_within(running, RELEASER_GRACE_S):
                 return  # reported after it, by whoever polls the waiting steps next
             scheduler.done.settle(session, other)
+            if other.lost is not None:
+                continue  # collected now, told after the running step (which polls the waiting steps)
             if not scheduler.held_by_marker(other):
                 scheduler.waiting.remove(other)
                 scheduler.done.report(session, other)
@@ -112,7 +122,7 @@ class Pauses:
 
     def _ends_within(self, active: Active, seconds: float) -> bool:
         """Whether ``active``'s result is all in within ``seconds``."""
-        session = self.scheduler.sessions[active.step.session]
+        session = self.sessions[active.step.session]
         pgconn = session.pgconn
         deadline = time.perf_counter() + seconds
         while pgconn.is_busy() and (left := deadline - time.perf_counter()) > 0:
@@ -122,32 +132,37 @@ class Pauses:
 
     def look_for_ended_idle(self) -> None:
         """After each step: has the server ended a session that runs nothing (a readable idle socket)?"""
-        idle = sockets(
-            s for s in self.scheduler.sessions.values() if s.active is None and s.lost is None and s.ended is None
-        )
+        idle = sockets(s for s in self.sessions.values() if s.active is None and s.lost is None and s.ended is None)
         if idle:
             readable, _, _ = select.select(list(idle), [], [], 0)
             for fd in readable:
                 self.found_ended_idle(idle[fd])
 
-    def found_ended_idle(self, session: LibpqSession) -> None:
+    def _ended(self, session: LibpqSession) -> bool:
+        """Whether the server ended ``session``, not yet noted: it said why (FATAL) or hung up."""
+        if session.lost is not None or session.ended is not None:
+            return False
+        session.consume()
+        session.pgconn.is_busy()  # hands an idle connection's error to the notice handler
+        return session.pgconn.status == pq.ConnStatus.BAD or session.fatal is not None
+
+    def found_ended_idle(self, session: LibpqSession, during: int | None = None) -> None:
         """A session with no statement running whose connection the server ended: noted now, with its reason.
 
         ``idle_in_transaction_session_timeout`` or a terminate from outside the scenario: the
         server says why (25P03, 57P01) before it hangs up, and libpq hands that to the notice
         handler. Its locks are gone with it, so what it held must not be shown as held after.
+        It is told with ``during``, the step that still runs as it is found, or else with the
+        latest step done.
         """
-        if session.lost is not None or session.ended is not None:
-            return
-        session.consume()
-        session.pgconn.is_busy()  # hands an idle connection's error to the notice handler
-        if session.pgconn.status != pq.ConnStatus.BAD and session.fatal is None:
+        if not self._ended(session):
             return
         error = session.fatal or SqlError("08006", "connection to the server was lost", "FATAL")
         last = self.scheduler.last_done
-        seq = session.active.seq if session.active is not None else max(last, session.last_seq)
+        if during is None:
+            during = session.active.seq if session.active is not None else max(last, session.last_seq)
         recorder = self.scheduler.recorder
-        session.ended = SessionLost(session.name, error.message, error.sqlstate, recorder.now(), seq, idle=True)
+        session.ended = SessionLost(session.name, error.message, error.sqlstate, recorder.now(), during, idle=True)
         recorder.add(session.ended)  # when it was found, before what it released
 
     def crash(self, session: LibpqSession, active: Active) -> Outcome:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from psycopg import pq
 
 if TYPE_CHECKING:
-    from pgrace.engine.libpq import Active, LibpqSession
+    from pgrace.engine.libpq import LibpqSession
+    from pgrace.engine.session import Session
+    from pgrace.engine.steps import Active
     from pgrace.model import Scenario, Step
 
 
@@ -32,7 +34,7 @@ def attempted(step: Step, session: LibpqSession) -> bool:
     return not step.rollback or session.pgconn.transaction_status != pq.TransactionStatus.IDLE
 
 
-def note_attempt(scenario: Scenario, session: LibpqSession, active: Active) -> None:
+def note_attempt(scenario: Scenario, session: Session, active: Active) -> None:
     """A step of a retry loop that failed with one of its SQLSTATEs calls the next attempt, if one is left."""
     step, outcome = active.step, active.outcome
     retry = scenario.retry_of(step)

@@ -14,9 +14,7 @@ The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -25,36 +23,20 @@ from psycopg import pq
 from pgrace import scratch, variables
 from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.options import RunOptions
 from pgrace.engine.retries import attempted
 from pgrace.engine.schedule import Permutations
-from pgrace.engine.scheduler import Scheduler
+from pgrace.engine.scheduler import Scheduler, uses_facts
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
 from pgrace.locks import LockInspector
-from pgrace.model import PermutationStep, Scenario, Step
-from pgrace.timeline import CheckQueried, Event, LockKinds, PermutationStarted, Run, SetupRan
+from pgrace.model import PermutationStep, Scenario
+from pgrace.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
 from pgrace.variables import substitute
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run. ``before_step`` lets a presenter pace the run (it may block)."""
-
-    step_timeout: float = 10.0
-    track_row_locks: bool = True  # False: observe no locks at all (isolationtester output shows none)
-    lock_kinds: LockKinds = "rows"  # what the locks column shows; every kind is recorded
-    before_step: Callable[[Step], None] | None = None
-    on_event: Callable[[Event], None] | None = None
-    on_idle: Callable[[], None] | None = None  # called at most every 100 ms while the runner waits
-    # For `pgrace explore`, where a permutation is one interleaving among many:
-    checks_each_permutation: bool = False  # final checks after every permutation, before its teardown
-    defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead
-    reset_sessions: bool = False  # after each permutation: roll back, DISCARD ALL (advisory locks, SETs, temps)
-    describe_waits: bool = True  # False: record that a step waited, not on what (explore only classifies)
 
 
 def run_scenario(
@@ -118,12 +100,9 @@ class Runner:
     def __enter__(self) -> Runner:
         self.stack.__enter__()
         try:
-            prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
-            self.control = self._connect(f"{prefix}/control connection", tester=True)
-            for session in self.scenario.sessions:
-                conn = self._connect(f"{prefix}/{session.name}", tester=True)
+            self.control, *conns, self.observer = self._connect_all()
+            for session, conn in zip(self.scenario.sessions, conns, strict=True):
                 self.sessions[session.name] = LibpqSession(session.name, conn, self.recorder)
-            self.observer = self._connect(f"pgrace/{self.scenario.name}/observer", observer=True)
             self.observer.execute("SET lock_timeout = '200ms'")
             self.observer.prepare_threshold = 0  # it asks the same catalog questions after every step: plan them once
             self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
@@ -144,7 +123,38 @@ class Runner:
     def __exit__(self, *exc: object) -> None:
         self.stack.__exit__(None, None, None)
 
+    def _connect_all(self) -> list[psycopg.Connection[Any]]:
+        """The control connection, one per session, the observer: opened at once (each is a round trip
+        or three and a backend's start), closed with the runner. The first failure, in that order, is raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        wanted = [
+            (f"{prefix}/control connection", True, False),
+            *((f"{prefix}/{session.name}", True, False) for session in self.scenario.sessions),
+            (f"pgrace/{self.scenario.name}/observer", False, True),
+        ]
+        with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="pgrace connect") as pool:
+            futures = [pool.submit(self._open, *args) for args in wanted]
+        opened = []
+        failure: BaseException | None = None
+        for future in futures:
+            if (exc := future.exception()) is not None:
+                failure = failure or exc
+                continue
+            conn = future.result()
+            self.stack.callback(conn.close)
+            opened.append(conn)
+        if failure is not None:
+            raise failure
+        return opened
+
     def _connect(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
+        conn = self._open(application_name, tester, observer)
+        self.stack.callback(conn.close)
+        return conn
+
+    def _open(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
         """``tester``: a connection isolationtester would open (control or session).
 
         pg_regress sets PGTZ, PGDATESTYLE and intervalstyle in the environment, so they
@@ -164,7 +174,6 @@ class Runner:
             )
         except psycopg.Error as exc:
             raise RunAborted(f"could not connect a session: {first_line(str(exc))}") from None
-        self.stack.callback(conn.close)
         return conn
 
     def _aborted(self, connection: str, detail: str) -> RunAborted:
@@ -239,24 +248,57 @@ class Runner:
         scheduler.finish_permutation()
         if self.options.checks_each_permutation or last:
             self._run_checks()
+        if self.options.reset_sessions and all(d.teardown is None for d in self.scenario.sessions):
+            self._reset_sessions()
+            return
         for declared in self.scenario.sessions:
             session = self.sessions[declared.name]
             if declared.teardown is not None and session.lost is None:
                 self._exec_teardown(session.pgconn, self._with_params(declared.teardown), declared.name)
             if self.options.reset_sessions and session.lost is None:
-                self._reset_session(session)
+                for text in self._reset_sql(session):
+                    self._exec_teardown(session.pgconn, text, session.name)
         for teardown in self.scenario.teardown:
             self._exec_teardown(self.control.pgconn, self._with_params(teardown), None)
 
-    def _reset_session(self, session: LibpqSession) -> None:
+    def _reset_sql(self, session: LibpqSession) -> tuple[str, ...]:
         """Leave nothing of one permutation to the next: an open transaction, advisory locks, settings.
 
         ``DISCARD ALL`` keeps what the connection was opened with (its application_name and
         options), as a fresh connection would have them.
         """
         if session.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            self._exec_teardown(session.pgconn, "ROLLBACK", session.name)
-        self._exec_teardown(session.pgconn, "DISCARD ALL", session.name)
+            return ("ROLLBACK", "DISCARD ALL")
+        return ("DISCARD ALL",)
+
+    def _reset_sessions(self) -> None:
+        """Every session's reset and the scenario's first teardown, on all connections at once.
+
+        The same statements and events as one after the other: the open transactions are
+        rolled back first (the teardown must not wait on their locks), then every session's
+        ``DISCARD ALL`` goes with the teardown. A round trip each instead of one per statement.
+        """
+        pending = {s.name: list(self._reset_sql(s)) for s in self.sessions.values() if s.lost is None}
+        done: dict[str, list[Outcome]] = {name: [] for name in pending}
+        teardowns = [self._with_params(t) for t in self.scenario.teardown]
+        control: list[Outcome] = []
+        while any(pending.values()):
+            batch = [(name, texts.pop(0)) for name, texts in pending.items() if texts]
+            jobs = [(self.sessions[name].pgconn, text, self._where(name)) for name, text in batch]
+            last = not any(pending.values())
+            if last and teardowns:  # the sessions hold no locks now: the teardown goes along
+                jobs.append((self.control.pgconn, teardowns[0], self._where(None)))
+            outcomes = self.sql.execute_all(jobs)
+            for (name, _), outcome in zip(batch, outcomes, strict=False):
+                done[name].append(outcome)
+            control.extend(outcomes[len(batch) :])
+        for name, outcomes in done.items():
+            for outcome in outcomes:
+                self.recorder.add(SetupRan("teardown", name, outcome, self.recorder.now()))
+        for outcome in control:
+            self.recorder.add(SetupRan("teardown", None, outcome, self.recorder.now()))
+        for teardown in teardowns[len(control) :]:
+            self._exec_teardown(self.control.pgconn, teardown, None)
 
     def _launch_ready(self, deferred: list[PermutationStep]) -> None:
         """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
@@ -320,9 +362,10 @@ class Runner:
 
     def _run_checks(self) -> None:
         for index, check in enumerate(self.scenario.checks):
-            text = substitute(check.sql, self.scheduler.values(None), self.control)
+            text = shown = substitute(check.sql, self.scheduler.values(None), self.control)
             outcome = self.sql.execute(self.control.pgconn, text)
-            shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
+            if uses_facts(check.sql):
+                shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
 

@@ -1,8 +1,10 @@
 """The orders a run follows: one abstraction for a fixed permutation, explore's space, and code's choice tree.
 
-A :class:`Schedule` is an iterable of *orders*, each one run after the other, and knows how
-many there are when that can be told before running (``size``):
+A :class:`~pgrace.orders.Schedule` is an iterable of *orders*, each one run after the other,
+and knows how many there are when that can be told before running (``size``):
 
+* :class:`~pgrace.orders.Interleavings`: every interleaving of fixed sequences (a spec without
+  permutation lines);
 * :class:`Permutations`: a scenario's own permutations (its file's order, or its spec's list);
 * :class:`pgrace.explore.Space`: every interleaving of a scenario's steps, numbered without
   listing them (an order is a tuple of step names);
@@ -15,21 +17,12 @@ many there are when that can be told before running (``size``):
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol, TypeVar
 
 from pgrace.errors import CodeError
 from pgrace.model import PermutationStep, Scenario
+from pgrace.orders import Interleavings, Schedule
 
-Order = TypeVar("Order", covariant=True)
-
-
-class Schedule(Protocol[Order]):
-    """Orders to run, in the enumeration's order; ``size`` None when only running tells."""
-
-    @property
-    def size(self) -> int | None: ...
-
-    def __iter__(self) -> Iterator[Order]: ...
+__all__ = ["ChoiceTree", "Choices", "Interleavings", "NamedOrder", "Permutations", "Schedule"]
 
 
 class Permutations:

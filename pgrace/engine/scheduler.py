@@ -9,32 +9,41 @@ While a pgrace scenario's step runs (a long statement, or a wait), the other ses
 watched too: a step that ends meanwhile is reported when it ends.
 Completion markers (``(*)``, ``(step)``, ``(step notices N)``) hold back the report of a
 finished step. The events themselves are the :class:`~pgrace.engine.steps.StepBook`'s.
+
+The scheduler is written once over :class:`~pgrace.engine.session.Session`; how it waits
+is its transport's :class:`~pgrace.engine.waiting.Waiting` strategy: a scenario's libpq
+sessions are selected on, the application's thread sessions waited for on their
+gates (:mod:`pgrace.engine.code_scheduler` chooses which of those goes next).
 """
 
 from __future__ import annotations
 
-import select
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pgrace.engine.completions import Completions
-from pgrace.engine.libpq import Active, LibpqSession
+from pgrace.engine.libpq import LibpqSession
 from pgrace.engine.pauses import Pauses
+from pgrace.engine.steps import Active
+from pgrace.engine.waiting import SocketWaiting, Waiting
 from pgrace.errors import PgraceError, StepsStuck
 from pgrace.model import PermutationStep, Scenario, Step
 from pgrace.timeline import Holder, Outcome, Run, SqlError
-from pgrace.variables import Value, param_values, substitute
+from pgrace.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
     import psycopg
 
-    from pgrace.engine.runner import RunOptions
+    from pgrace.engine.options import RunOptions
+    from pgrace.engine.session import Session
     from pgrace.engine.steps import Recorder, StepBook
     from pgrace.locks import LockInspector
 
-# isolationtester's wait loop: select() on the step's socket for this long, then probe.
-ISOLATIONTESTER_SLICE_S = 0.01
+
+def uses_facts(sql: str) -> bool:
+    """Whether ``sql`` names a session's fact (``:worker1.pid``), which the timeline shows as written."""
+    return any(use.session is not None and use.name in FACTS for use in find(sql))
 
 
 class Scheduler:
@@ -45,12 +54,15 @@ class Scheduler:
         scenario: Scenario,
         run: Run,
         options: RunOptions,
-        sessions: dict[str, LibpqSession],
+        sessions: Mapping[str, Session],
         inspector: LockInspector,
         book: StepBook,
-        control: psycopg.Connection[object],
-        aborted: Callable[[str, str], PgraceError],
+        control: psycopg.Connection[Any] | None = None,
+        aborted: Callable[[str, str], PgraceError] | None = None,
+        waiting: Waiting[Any] | None = None,
     ) -> None:
+        """``control`` and ``aborted``: a scenario's (sleeps, crashes, ended sessions; its sockets are
+        waited on); without them, ``waiting`` says how to wait (the application's code)."""
         self.scenario = scenario
         self.run = run
         self.options = options
@@ -64,7 +76,17 @@ class Scheduler:
         self.permutation: tuple[PermutationStep, ...] = ()
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
         self.params = param_values(scenario)
-        self.pauses = Pauses(self, control, aborted)
+        # Params, and every capture NULL: one whose step has not finished (it still waits) is, as a failed one.
+        self.unset = dict(self.params)
+        self.unset.update({f"{s.session}.{name}": Value(None) for s in scenario.steps for name, _ in s.capture})
+        self.pauses: Pauses | None = None
+        self.locks_each_completion = False  # True: locks observed after each step's end, not each launch
+        if control is not None and aborted is not None:
+            libpq = {name: s for name, s in sessions.items() if isinstance(s, LibpqSession)}
+            self.pauses = Pauses(self, libpq, control, aborted)
+            waiting = SocketWaiting(scenario.format == "spec", self.pauses.watched)
+        assert waiting is not None, "a scheduler waits on sockets (control given) or on what it is told"
+        self.strategy: Waiting[Any] = waiting
         self.done = Completions(self)
 
     # -- launching -------------------------------------------------------------------------
@@ -77,14 +99,17 @@ class Scheduler:
         self.poll_waiting(blocking=False)
         if not done:
             self.waiting.append(active)
-        self.observe_locks(active.seq)
+        if not self.locks_each_completion:
+            self.observe_locks(active.seq)
 
     def _launch(self, step: Step, entry: PermutationStep) -> Active:
         session = self.sessions[step.session]
         text = shown = step.sql
-        if self.scenario.format == "pgrace" and step.sleep is None and step.crash is None:
-            text = substitute(step.sql, self.values(session), session.conn)
-            shown = substitute(step.sql, self.values(session, facts=False), session.conn)
+        substituted = self.scenario.format == "pgrace" and step.sleep is None and step.crash is None
+        if substituted and isinstance(session, LibpqSession) and find(step.sql):  # no variable: nothing to scan
+            text = shown = substitute(step.sql, self.values(session), session.conn)
+            if uses_facts(step.sql):
+                shown = substitute(step.sql, self.values(session, facts=False), session.conn)
         tx_before = session.transaction_status()
         seq = self.book.launch(step.name, step.session, shown)
         active = Active(seq, time.perf_counter(), step, entry, tx_before=tx_before)
@@ -98,18 +123,18 @@ class Scheduler:
             message = f"not sent: session {session.name}'s connection was lost at step {session.lost.during_seq}"
             active.outcome = Outcome(error=SqlError("08003", message, "ERROR"))
             return active
-        if step.sleep is not None:
+        if step.sleep is not None and self.pauses is not None:
             self.pauses.sleep(step.sleep)
             active.outcome = Outcome()
             return active
-        if step.crash is not None:
+        if step.crash is not None and self.pauses is not None and isinstance(session, LibpqSession):
             self.pauses.crashes.add(active.seq)  # what it releases, the scenario's own crash did: nothing to add
             active.outcome = self.pauses.crash(session, active)
             return active
         active.outcome = session.send(text, active)
         return active
 
-    def values(self, session: LibpqSession | None, facts: bool = True) -> dict[str, Value]:
+    def values(self, session: Session | None, facts: bool = True) -> dict[str, Value]:
         """What ``:variables`` stand for in a step of ``session`` (None: a final check).
 
         Params, then the session's own captures (which win, as they always did), then
@@ -117,9 +142,7 @@ class Scheduler:
         ``:worker1.pid``). Without ``facts``, pids are left as written: the timeline shows
         ``:worker1.pid``, so its text stays the same on every run (it never shows pids).
         """
-        values = dict(self.params)
-        # A capture whose step has not finished (it still waits) is NULL, as a failed one.
-        values.update({f"{s.session}.{name}": Value(None) for s in self.scenario.steps for name, _ in s.capture})
+        values = dict(self.unset)
         if session is not None:
             values.update(session.variables)
         for other in self.sessions.values():
@@ -130,7 +153,7 @@ class Scheduler:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    def wait_for_session(self, session: LibpqSession) -> None:
+    def wait_for_session(self, session: Session) -> None:
         """The next step's session still runs an earlier step: wait for it, then the others.
 
         As isolationtester: the earlier step is waited for in blocking mode (no probe)
@@ -150,7 +173,7 @@ class Scheduler:
                 raise self.stuck(f"step {earlier.step.name} timed out; active steps are: {names}")
             if self.waiting:
                 self.poll_waiting(blocking=False)
-        if self.last_done != done_before:
+        if self.last_done != done_before and not self.locks_each_completion:
             self.observe_locks(self.last_done)  # locks after the completions, before the next launch
 
     def stuck(self, message: str) -> StepsStuck:
@@ -180,7 +203,8 @@ class Scheduler:
             if len(self.waiting) == pending:
                 names = ", ".join(a.step.name for a in self.waiting)
                 raise self.stuck(f"failed to complete permutation due to mutually-blocking steps: {names}")
-            self.observe_locks(self.last_done)  # a resolution (commit, deadlock, timeout) changes who holds what
+            if not self.locks_each_completion:
+                self.observe_locks(self.last_done)  # a resolution (commit, deadlock, timeout) changes who holds what
 
     def idle(self) -> None:
         """Let a presenter redraw (a growing wait time) while we wait: at most every 100 ms."""
@@ -192,39 +216,36 @@ class Scheduler:
         return sum(s.notices for s in self.sessions.values())
 
     def try_complete(self, active: Active, blocking: bool, retry: bool = False) -> bool:
-        """isolationtester's try_complete_step: True when the step has been reported done."""
+        """isolationtester's try_complete_step: True when the step has been reported done.
+
+        Not ``blocking``: the step is waited for until it ends or the server says it is
+        blocked (the probe, asked whenever a slice passes with no word from it). ``blocking``:
+        until it ends; on a transport that watches no other session (the code's gates),
+        also until another session's step ends, which may let a session go on.
+        """
         session = self.sessions[active.step.session]
-        pgconn = session.pgconn
         if not retry and any(b.step is None for b in active.entry.blockers):
             self._report_waiting(active, by_marker=True)
             return False
-        # A spec waits as isolationtester does, in 10 ms slices before each probe: which of
-        # several steps freed by one server event is reported first depends on it (while
-        # it polls each waiting step for 10 ms, a deadlock may be detected). pgrace's own
-        # scenarios start at 0.1 ms, to see a wait as soon as it starts.
-        spec_slice = ISOLATIONTESTER_SLICE_S if self.scenario.format == "spec" else None
-        slice_s = spec_slice or 0.0001
+        waiting = self.strategy
+        slice_s = waiting.first_slice
         called = time.perf_counter()
-        while active.outcome is None and pgconn.is_busy():
-            others = {} if spec_slice else self.pauses.watched(besides=session)  # a spec: isolationtester's one socket
-            readable, _, _ = select.select([pgconn.socket, *others], [], [], slice_s)
-            slice_s = spec_slice or min(slice_s * 2, 0.001)
+        while active.outcome is None and waiting.running(session):
+            spoke, others = waiting.wait(session, slice_s)
+            slice_s = waiting.next_slice(slice_s)
             self.idle()
-            if any(fd in others for fd in readable):
-                self.pauses.others_ended(active, [others[fd] for fd in readable if fd in others])
-            if pgconn.socket in readable:
-                session.consume()
+            if others and self.pauses is not None:
+                self.pauses.others_ended(active, others)
+            elif others and blocking:
+                return False
+            if spoke or self._timed_out(active, called):
                 continue
-            if self._timed_out(active, called):
-                continue
-            if not blocking and self.inspector.is_blocked(session.pid):
-                session.consume()
-                if pgconn.is_busy():
-                    if not active.waiting_reported:
-                        self._report_waiting(active, by_marker=False)
-                    elif self.last_done != active.seen_after:
-                        self._still_waiting(active)
-                    return False
+            if not blocking and self.inspector.is_blocked(session.pid) and waiting.running(session, read=True):
+                if not active.waiting_reported:
+                    self._report_waiting(active, by_marker=False)
+                elif self.last_done != active.seen_after:
+                    self._still_waiting(active)
+                return False
         if active.outcome is None:
             self.done.settle(session, active)
         if self.held_by_marker(active):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from psycopg import pq
 
 from pgrace.locks import LockSnapshot
+from pgrace.model import PermutationStep, Step
 from pgrace.releases import ReleaseTracker
 from pgrace.timeline import (
     Event,
@@ -25,6 +26,7 @@ from pgrace.timeline import (
     Outcome,
     Release,
     Run,
+    SessionLost,
     SqlError,
     StepCancelled,
     StepFinished,
@@ -50,6 +52,18 @@ class Launched:
     tx_before: pq.TransactionStatus = field(default=pq.TransactionStatus.IDLE, kw_only=True)  # when it was sent
     waiting_reported: bool = field(default=False, kw_only=True)
     cancelled: bool = field(default=False, kw_only=True)
+
+
+@dataclass
+class Active(Launched):
+    """A launched step whose completion has not been reported yet (a scenario's, or the code's statement)."""
+
+    step: Step
+    entry: PermutationStep
+    notice_targets: dict[str, int] = field(default_factory=dict)
+    outcome: Outcome | None = None
+    lost: SessionLost | None = None  # the session's connection was found gone during this step
+    seen_after: int = 0  # the step last done when its wait was last read
 
 
 class Recorder:

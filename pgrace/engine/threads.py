@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import psycopg
 from psycopg import pq, sql
@@ -30,7 +30,12 @@ from psycopg import pq, sql
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import exception_error
 from pgrace.errors import CodeError
-from pgrace.timeline import Outcome, SqlError
+from pgrace.timeline import Outcome, SessionLost, SqlError
+
+if TYPE_CHECKING:
+    from pgrace.engine.steps import Active, Recorder
+    from pgrace.locks import LockInspector
+    from pgrace.variables import Value
 
 SessionCode = Callable[[Any], object]
 _SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib")
@@ -350,12 +355,25 @@ def where_defined(fn: Any) -> tuple[str, int | None]:
 class ThreadSession:
     """A code session as the scheduler sees it (:class:`~pgrace.engine.session.Session`): its connection and gate."""
 
-    def __init__(self, name: str, conn: TracedConnection) -> None:
+    lost: SessionLost | None = None  # pgrace never loses a code session's connection on purpose
+    ended: SessionLost | None = None
+
+    def __init__(self, name: str, conn: TracedConnection, step_timeout: float = 10.0) -> None:
         self.name = name
         self.conn = conn
         self.pid = conn.pgconn.backend_pid
+        self.step_timeout = step_timeout
         self._cancel = conn.pgconn.get_cancel()  # made here: a thread inside execute holds the connection
         self.gate = Gate(name, threading.Condition())  # each run gives it a new one, on the scheduler's condition
+        self.active: Active | None = None
+        self.last_seq = 0
+        self.notices = 0
+        self.variables: dict[str, Value] = {}
+        self.attempts: dict[str, int] = {}
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None
 
     def transaction_status(self) -> pq.TransactionStatus:
         return pq.TransactionStatus(self.conn.pgconn.transaction_status)
@@ -363,6 +381,38 @@ class ThreadSession:
     def cancel(self) -> None:
         with contextlib.suppress(psycopg.Error):  # the statement may have ended meanwhile
             self._cancel.cancel()
+
+    def send(self, text: str, active: Active) -> Outcome | None:
+        """Let the thread parked at this statement go."""
+        gate = self.gate
+        with gate.cond:
+            gate.state, gate.since, gate.request = "running", time.perf_counter(), None
+            gate.permitted = True
+            gate.cond.notify_all()
+        return None
+
+    def collect(self, active: Active) -> tuple[Outcome, str | None]:
+        """The statement's outcome as its thread saw it; pgrace's cancel says so."""
+        with self.gate.cond:
+            assert self.gate.finished is not None
+            outcome, _ = self.gate.finished
+        if active.cancelled and outcome.error is not None and outcome.error.sqlstate == "57014":
+            why = f"pgrace cancelled it after the step timeout {self.step_timeout:g} s"
+            outcome = dataclasses.replace(outcome, error=dataclasses.replace(outcome.error, detail=why))
+        return outcome, None
+
+    def ended_status(self, active: Active) -> tuple[bool, pq.TransactionStatus]:
+        with self.gate.cond:
+            assert self.gate.finished is not None
+            return False, self.gate.finished[1]
+
+    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+        """The step is reported: its thread's answer is taken (the connection is the thread's, not read here)."""
+        with self.gate.cond:
+            self.gate.finished = None
+
+    def lose(self, active: Active, received: SqlError | None, libpq: str) -> SqlError:
+        raise AssertionError("a code session's connection is never sent on by the scheduler")
 
     def start(self, fn: SessionCode) -> None:
         """Run ``fn`` on the connection in a thread of its own; it parks at its first statement."""

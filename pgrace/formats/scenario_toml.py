@@ -12,7 +12,6 @@ The format is documented, with a complete example, in docs/guide/writing-a-scena
 from __future__ import annotations
 
 import bisect
-import difflib
 import re
 import tomllib
 from dataclasses import replace
@@ -22,6 +21,7 @@ from typing import Any
 
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
+from pgrace.formats.names import KeyPath, base_name, did_you_mean
 from pgrace.model import (
     LOCK_MODES,
     MAX_RETRIES,
@@ -38,7 +38,7 @@ from pgrace.model import (
     WaitTarget,
     with_retries,
 )
-from pgrace.render.escape import control_in_name
+from pgrace.text import control_in_name
 from pgrace.timeline import RELEASE_CAUSES
 from pgrace.variables import FACTS, Use, find, valid_choice
 
@@ -101,7 +101,6 @@ ROW_MODES = {
     "UPDATE",
     "NO KEY UPDATE",
 }
-KeyPath = tuple[str | int, ...]
 # \Z, not $: "$" also matches before a trailing newline, which a name must not hold.
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")  # "." joins a step name to its session
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
@@ -203,11 +202,6 @@ class Locator:
 def _key(key: str | int) -> re.Pattern[str]:
     """A line that sets ``key`` at its start (bare or quoted)."""
     return re.compile(rf"\s*[\"']?{re.escape(str(key))}[\"']?\s*=")
-
-
-def did_you_mean(word: str, choices: set[str] | list[str]) -> str:
-    close = difflib.get_close_matches(word, sorted(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class Builder:
@@ -551,7 +545,7 @@ class Builder:
                 continue
 
             def named(s: Step, start: str = retry.start) -> bool:
-                return s.name == start or _base_name(s.name) == start
+                return s.name == start or base_name(s.name) == start
 
             own = [i for i in range(index + 1) if resolved[i].session == step.session]
             first = next((i for i in own if named(resolved[i])), None)
@@ -565,7 +559,7 @@ class Builder:
                         f" ({step.session!r})"
                     )
                 else:
-                    known = {resolved[i].name for i in own} | {_base_name(resolved[i].name) for i in own}
+                    known = {resolved[i].name for i in own} | {base_name(resolved[i].name) for i in own}
                     why = f"is no step of session {step.session!r}{did_you_mean(retry.start, known)}"
                 raise ScenarioError(f"retry: from {retry.start!r} {why}", self.source, retry.line)
             for i in own:
@@ -894,7 +888,7 @@ class Builder:
         changes = [f"step {base}: {', '.join(sorted(change))} changed" for base, change in overrides.items()]
         if isinstance(raw.get("step"), list):
             changes.append(f"its own list of {len(steps)} steps")
-        bases = {_base_name(s.name) for s in main.steps} | {s.name for s in main.steps}
+        bases = {base_name(s.name) for s in main.steps} | {s.name for s in main.steps}
         for base, change in overrides.items():
             where = (variant, "step", base)
             if base not in bases:
@@ -906,7 +900,7 @@ class Builder:
                 raise self.loc.error(f"[{variant}.step.{base}] must be a table", *where)
             self._check_keys(change, OVERRIDE_KEYS, where, "step key")
             for i, step in enumerate(steps):
-                if step.name != base and _base_name(step.name) != base:
+                if step.name != base and base_name(step.name) != base:
                     continue
                 fields: dict[str, Any] = {}
                 kind = "sleep" if step.sleep is not None else "crash" if step.crash is not None else "sql"
@@ -953,9 +947,9 @@ class Builder:
         if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
             raise self.loc.error(f'{variant}.drop is a list of step names, e.g. ["bob-read"]', variant, "drop")
         for name in raw:
-            kept = [s for s in steps if s.name != name and _base_name(s.name) != name]
+            kept = [s for s in steps if s.name != name and base_name(s.name) != name]
             if len(kept) == len(steps):
-                known = {s.name for s in steps} | {_base_name(s.name) for s in steps}
+                known = {s.name for s in steps} | {base_name(s.name) for s in steps}
                 raise self.loc.error(
                     f"{variant}.drop names no step {name!r}{did_you_mean(name, known)}", variant, "drop"
                 )
@@ -1005,9 +999,9 @@ class Builder:
             bare.append({k: v for k, v in item.items() if k not in ANCHORS})
         made = self._steps(bare, sessions, groups, (variant, "insert"))
         for index, ((side, anchor), item) in enumerate(zip(anchors, bare, strict=True)):
-            at = [i for i, s in enumerate(steps) if s.name == anchor or _base_name(s.name) == anchor]
+            at = [i for i, s in enumerate(steps) if s.name == anchor or base_name(s.name) == anchor]
             if not at:
-                known = {s.name for s in steps} | {_base_name(s.name) for s in steps}
+                known = {s.name for s in steps} | {base_name(s.name) for s in steps}
                 raise self.loc.error(
                     f"[[{variant}.insert]] goes {side} {anchor!r}, which is no step{did_you_mean(anchor, known)}",
                     variant,
@@ -1015,7 +1009,7 @@ class Builder:
                     index,
                     side,
                 )
-            new = [s for s in made if s.name == item["name"] or _base_name(s.name) == item["name"]]
+            new = [s for s in made if s.name == item["name"] or base_name(s.name) == item["name"]]
             clash = next((s.name for s in new if any(s.name == t.name for t in steps)), None)
             if clash is not None:
                 raise self.loc.error(
@@ -1116,10 +1110,6 @@ class Builder:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return tuple(value)
         raise self.loc.error(f"{path[-1]} must be SQL text or a list of SQL texts", *path)
-
-
-def _base_name(step_name: str) -> str:
-    return step_name.rsplit(".", 1)[0] if "." in step_name else step_name
 
 
 def _choose(raw: str, choices: tuple[str, ...], key: str, source: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pgrace.render.escape import visible
+from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.fromlog import FromLog

@@ -16,7 +16,7 @@ from typing import Any
 
 from pgrace.fromlog.incidents import Incident, Wait
 from pgrace.fromlog.sqlinfo import analyse, lock_statement, quoted
-from pgrace.render.escape import has_control, json_safe, visible
+from pgrace.text import has_control, json_safe, visible
 
 __all__ = ["Planned", "Written", "write_scenario"]
 

@@ -6,7 +6,7 @@ import json
 import textwrap
 from typing import TYPE_CHECKING
 
-from pgrace.render.escape import visible, without_controls
+from pgrace.text import visible, without_controls
 
 if TYPE_CHECKING:
     from pgrace.catalog import Entry

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import click
 from tabulate import tabulate
 
-from pgrace.render.common import (
-    SESSION_COLOURS,
+from pgrace.render.common import SESSION_COLOURS, wrap_cell
+from pgrace.render.story import setup_failure, verdict_words
+from pgrace.render.wording import (
     cancel_text,
     describe_wait,
     locks_heading,
@@ -22,21 +23,18 @@ from pgrace.render.common import (
     plural,
     release_phrase,
     serialization_text,
-    setup_failure,
     shown_locks,
     steps_waited,
-    verdict_words,
-    wrap_cell,
 )
-from pgrace.render.escape import without_controls
+from pgrace.text import without_controls
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,
+    HeldLock,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
     PermutationStarted,
-    RowLock,
     Run,
     SessionLost,
     StepCancelled,
@@ -108,8 +106,8 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
                 rows.append(Row(str(seq), step.session, _sql_lines(run, step)))
                 paused.add(seq)
 
-    last_locks: tuple[RowLock, ...] | None = ()
-    predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
+    last_locks: tuple[HeldLock, ...] | None = ()
+    predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
     many = len(run.scenario.permutations) > 1
     for event in run.events:
         if isinstance(event, PermutationStarted):
@@ -186,7 +184,7 @@ def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
     return f"↳ step {event.seq} {phrase}; waited {plural(waited, 'step')}"
 
 
-def _lock_lines(event: LocksObserved, shown: tuple[RowLock, ...] | None) -> list[str]:
+def _lock_lines(event: LocksObserved, shown: tuple[HeldLock, ...] | None) -> list[str]:
     if shown is None:
         return ["unknown (no pgrowlocks)"]
     lines = [lock.label() for lock in shown] or ["none"]

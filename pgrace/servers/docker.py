@@ -20,7 +20,9 @@ from typing import Any
 import psycopg
 
 from pgrace.errors import ServerUnavailable
-from pgrace.servers import ServerInfo, deferred_interrupts, refuse_if_forbidden
+from pgrace.servers.info import ServerInfo
+from pgrace.servers.interrupts import deferred_interrupts
+from pgrace.servers.processes import refuse_if_forbidden
 
 #: The label on every container pgrace starts; its value is unique to one start.
 LABEL = "org.pgrace.container"

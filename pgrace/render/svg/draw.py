@@ -1,210 +1,37 @@
-"""The timeline as a picture: swim lanes per session, time flowing down, one row per event.
-
-The same drawing serves the standalone SVG (``--format svg``, for slides) and the HTML
-page, which inlines it. Time is the step order (rows, numbered like the text timeline),
-so the picture is as deterministic as the text. What must be seen at a glance:
-
-* a step that waits gets an orange band (``waits for worker1 on jobs id=1``), an arrow
-  to the session holding what it wants (a padlock badge in that session's lane), and an
-  orange striped bar down its lane until it resumes;
-* an error is outlined in red with its SQLSTATE;
-* the grid on the right shows, after every row, which session holds which row lock.
-
-Elements carry classes and ``data-`` attributes (``g.wait[data-holder]``, ``g.step``,
-``rect.lock``) so tests and browsers can find them. Text widths are estimated from the
-font size: DejaVu-like fonts, no measuring, no external assets.
-"""
+"""Drawing one section of the picture: steps, wait bands, arrows and bars, holder badges, releases, the lock grid."""
 
 from __future__ import annotations
 
-import textwrap
-from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
-from pgrace.render.common import (
-    ERROR_COLOUR,
-    OK_COLOUR,
-    WAIT_COLOUR,
-    WAIT_DARK,
-    Entry,
-    Section,
-    SessionColour,
-    WaitSpan,
-    locks_heading,
-    plural,
-    session_colours,
-    shorten,
-    sql_lines,
-    timeline_sections,
-    verdict_line,
-    wait_badge,
-    wait_holder,
-    wait_phrase,
-    wait_points_at,
-    wait_target,
+from pgrace.render.common import ERROR_COLOUR, WAIT_COLOUR, WAIT_DARK, SessionColour
+from pgrace.render.sections import Entry, Section, WaitSpan
+from pgrace.render.svg.layout import (
+    BADGE_X,
+    BAND_LINE,
+    BAR_X,
+    CHAR_EM,
+    GUTTER,
+    HEADER_H,
+    LINE_STYLE,
+    LOCK_COLUMN,
+    MUTED,
+    PAD,
+    RESUME_GAP,
+    ROW_GAP,
+    Canvas,
+    Geometry,
+    band_lines,
+    block_lines,
+    entry_height,
+    line_height,
+    wrap_text,
 )
-from pgrace.render.escape import without_controls
+from pgrace.render.wording import plural, wait_badge, wait_holder, wait_phrase, wait_points_at, wait_target
 from pgrace.timeline import Run
 
-MONO = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace"
-SANS = "'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif"
-INK = "#111827"
-MUTED = "#4b5563"
-CHAR_EM = {"mono": 0.61, "sans": 0.58, "bold": 0.63}
 
-DEFAULT_LANE_WIDTH = 300
-GUTTER = 48
-LANE_GAP = 16
-LOCK_COLUMN = 112
-MAX_LOCK_COLUMNS = 8  # locked rows drawn as columns; the others are counted in the caption
-PAD = 20
-HEADER_H = 40
-ROW_GAP = 10
-RESUME_GAP = 24  # room above a resume for the end of its wait bar
-BAND_LINE = 17
-BAR_X = 14  # the wait bar's offset inside its lane
-BADGE_X = 34  # lock badges sit right of any wait bar in that lane
-
-
-@dataclass
-class Line:
-    text: str
-    kind: str  # sql, note, result, error, resume, plain
-
-
-LINE_STYLE = {
-    "sql": (MONO, 13.0, "normal", "normal", INK),
-    "note": (SANS, 12.5, "normal", "italic", "#374151"),
-    "result": (MONO, 13.0, "bold", "normal", INK),
-    "error": (SANS, 12.5, "bold", "normal", ERROR_COLOUR),
-    "resume": (SANS, 12.5, "bold", "normal", WAIT_DARK),
-    "plain": (SANS, 12.0, "normal", "normal", MUTED),
-}
-
-
-def _line_height(kind: str) -> float:
-    return LINE_STYLE[kind][1] * 1.38
-
-
-def _chars(width: float, size: float, kind: str = "sans") -> int:
-    return max(8, int(width / (size * CHAR_EM[kind])))
-
-
-def _wrap(text: str, width: float, size: float, kind: str = "sans") -> list[str]:
-    return textwrap.wrap(text, _chars(width, size, kind), break_on_hyphens=False) or [""]
-
-
-@dataclass
-class Geometry:
-    """Where things go: lanes, the lock grid, and each entry's row."""
-
-    sessions: list[str]
-    lane_width: int
-    locked: list[str]
-    show_locks: bool
-    locks_title: str = "row locks held"
-    top: float = 0.0
-    rows: list[tuple[float, float]] = field(default_factory=list)  # (y, height) per entry
-
-    def lane_x(self, session: str) -> float:
-        index = self.sessions.index(session) if session in self.sessions else 0
-        return PAD + GUTTER + index * (self.lane_width + LANE_GAP)
-
-    @property
-    def lanes_right(self) -> float:
-        return PAD + GUTTER + len(self.sessions) * (self.lane_width + LANE_GAP) - LANE_GAP
-
-    @property
-    def grid_x(self) -> float:
-        return self.lanes_right + 28
-
-    @property
-    def width(self) -> float:
-        grid = (len(self.locked) * LOCK_COLUMN + 28) if self.show_locks and self.locked else 0
-        return self.lanes_right + grid + PAD
-
-
-def _block_lines(entry: Entry, inner: float) -> list[Line]:
-    lines: list[Line] = []
-    if entry.kind == "step":
-        lines += [Line(t, "sql") for t in sql_lines(entry.sql, _chars(inner, 13, "mono"), max_lines=5)]
-        if entry.note:
-            lines += [Line(t, "note") for t in _wrap("» " + entry.note, inner, 12.5)]
-    elif entry.kind == "resume":
-        after = f"↳ step {entry.seq} {entry.release_text}"
-        lines += [Line(t, "resume") for t in _wrap(after, inner, 12.5, "bold")]
-    elif entry.kind == "cancel":
-        lines += [Line(t, "error") for t in _wrap(f"✗ {entry.step} {entry.text}", inner, 12.5, "bold")]
-    elif entry.kind == "lost":
-        lines += [Line(t, "error") for t in _wrap(entry.text, inner, 12.5, "bold")]
-    else:
-        lines += [Line(t, "plain") for t in _wrap(entry.text, inner, 12.0)]
-    if entry.outcome is not None:
-        for text in entry.outcome_lines():
-            if text.startswith("✗"):
-                lines += [Line(t, "error") for t in _wrap(text.replace("✗ ERROR ", "✗ "), inner, 12.5, "bold")]
-            else:
-                lines += [Line(t, "result") for t in _wrap(text, inner, 13, "mono")]
-    return lines
-
-
-def _band_lines(entry: Entry, inner: float) -> list[list[str]]:
-    if entry.kind != "step" or entry.by_marker:
-        return []
-    return [_wrap(wait_phrase(w), inner - 18, 12.5, "bold") for w in entry.waits]
-
-
-def _entry_height(entry: Entry, inner: float) -> float:
-    if entry.kind == "notice":
-        return 8 + sum(_line_height(line.kind) for line in _block_lines(entry, inner))
-    height = 12 + sum(_line_height(line.kind) for line in _block_lines(entry, inner))
-    for band in _band_lines(entry, inner):
-        height += len(band) * BAND_LINE + 10
-    if entry.kind == "step" and entry.by_marker:
-        height += BAND_LINE
-    return max(height, 34)
-
-
-class Canvas:
-    """SVG elements as strings, with a few drawing helpers."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-
-    def add(self, text: str) -> None:
-        self.parts.append(text)
-
-    def text(
-        self,
-        x: float,
-        y: float,
-        content: str,
-        *,
-        font: str = SANS,
-        size: float = 13,
-        weight: str = "normal",
-        style: str = "normal",
-        fill: str = INK,
-        anchor: str = "start",
-        cls: str = "",
-    ) -> None:
-        attrs = f'x="{x:.1f}" y="{y:.1f}" font-family={quoteattr(font)} font-size="{size:g}" fill="{fill}"'
-        if weight != "normal":
-            attrs += f' font-weight="{weight}"'
-        if style != "normal":
-            attrs += f' font-style="{style}"'
-        if anchor != "start":
-            attrs += f' text-anchor="{anchor}"'
-        if cls:
-            attrs += f' class="{cls}"'
-        self.add(f'<text {attrs} xml:space="preserve">{escape(content)}</text>')
-
-    def rect(self, x: float, y: float, w: float, h: float, **attrs: str | float) -> None:
-        extra = " ".join(f"{k.rstrip('_').replace('_', '-')}={quoteattr(str(v))}" for k, v in attrs.items())
-        self.add(f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{max(h, 0):.1f}" {extra}/>')
-
-
-def _defs(uid: str) -> str:
+def svg_defs(uid: str) -> str:
     return (
         "<defs>"
         f'<pattern id="{uid}-stripes" width="10" height="10" patternUnits="userSpaceOnUse" '
@@ -236,7 +63,7 @@ def _padlock(canvas: Canvas, x: float, y: float, colour: str) -> None:
     canvas.rect(x, y + 6.5, 12, 8, rx=1.5, fill=colour)
 
 
-def _draw_section(
+def draw_section(
     canvas: Canvas, run: Run, section: Section, geo: Geometry, colours: dict[str, SessionColour], uid: str
 ) -> float:
     """Draw one permutation starting at ``geo.top``; return the y below it."""
@@ -246,7 +73,7 @@ def _draw_section(
         canvas.text(PAD, y + 16, section.heading, size=14, weight="bold", fill=MUTED)
         y += 28
     # lane headers (and the lock grid's column labels, wrapped: a row's name is never cut)
-    labels = [_wrap(row, LOCK_COLUMN - 14, 11, "bold") for row in geo.locked] if geo.show_locks else []
+    labels = [wrap_text(row, LOCK_COLUMN - 14, 11, "bold") for row in geo.locked] if geo.show_locks else []
     header_h = max([HEADER_H, *(16 + 13 * len(lines) for lines in labels)])
     for name in geo.sessions:
         x = geo.lane_x(name)
@@ -270,7 +97,7 @@ def _draw_section(
     for entry in section.entries:
         if entry.kind == "resume":
             y += RESUME_GAP
-        height = _entry_height(entry, inner)
+        height = entry_height(entry, inner)
         geo.rows.append((y, height))
         y += height + ROW_GAP
     bottom = y
@@ -320,9 +147,9 @@ def _draw_entry(
             border = WAIT_COLOUR
         canvas.rect(x, y, width, height, rx=6, fill="#ffffff", stroke=border, stroke_width=3 if border != strong else 2)
     ty = y + 6
-    for line in _block_lines(entry, geo.lane_width - 24):
+    for line in block_lines(entry, geo.lane_width - 24):
         font, size, weight, style, fill = LINE_STYLE[line.kind]
-        ty += _line_height(line.kind)
+        ty += line_height(line.kind)
         canvas.text(x + 10, ty - 4, line.text, font=font, size=size, weight=weight, style=style, fill=fill)
     if sqlstate:
         badge = f"✗ {sqlstate}"
@@ -336,7 +163,7 @@ def _draw_entry(
 
 def _band_top(entry: Entry, index: int, geo: Geometry) -> float:
     y, height = geo.rows[index]
-    bands = _band_lines(entry, geo.lane_width - 24)
+    bands = band_lines(entry, geo.lane_width - 24)
     return y + height - sum(len(b) * BAND_LINE + 10 for b in bands)
 
 
@@ -358,7 +185,7 @@ def _draw_wait(
     band_y = _band_top(entry, span.start, geo)
     bar_top = y + height
     bar_bottom = geo.rows[span.end][0] if span.end is not None else bottom - ROW_GAP
-    for wait, lines in zip(entry.waits, _band_lines(entry, inner), strict=False):
+    for wait, lines in zip(entry.waits, band_lines(entry, inner), strict=False):
         holder = wait_holder(wait)
         points_at = wait_points_at(wait)
         target = wait_target(wait)
@@ -404,7 +231,7 @@ def _draw_holder_badge(
 ) -> None:
     hx = geo.lane_x(holder)
     room = geo.lane_width - BADGE_X - 8
-    lines = _wrap(label, room - 30, 12, "bold")  # wrapped, never cut: the whole fact is the point
+    lines = wrap_text(label, room - 30, 12, "bold")  # wrapped, never cut: the whole fact is the point
     bw = min(room, max(len(line) for line in lines) * 12 * CHAR_EM["bold"] + 30)
     bh = 26 + 15 * (len(lines) - 1)
     by = band_y + band_h / 2 - bh / 2
@@ -555,90 +382,3 @@ def _draw_lock_cell(
     if len(shown) < len(holders):
         canvas.text(x + 6, ty, f"+{len(holders) - len(shown)} more", size=11, weight="bold", fill="#ffffff")
     canvas.add("</g>")
-
-
-def _geometry(run: Run, section: Section, lane_width: int) -> Geometry:
-    locked = section.locked_rows()
-    title = locks_heading(run)
-    if len(locked) > MAX_LOCK_COLUMNS:  # said, not dropped in silence
-        title += f" (+{len(locked) - MAX_LOCK_COLUMNS} more rows: the JSON lists every lock)"
-    return Geometry(run.scenario.session_names, lane_width, locked[:MAX_LOCK_COLUMNS], run.row_locks_available, title)
-
-
-def lane_width_for(sessions: int, compact: bool = False) -> int:
-    """Narrower lanes for more sessions, so three or four still fit a slide or a page."""
-    width = DEFAULT_LANE_WIDTH if sessions <= 2 else 260 if sessions == 3 else 220
-    return width - 40 if compact else width
-
-
-def timeline_svg(run: Run, *, lane_width: int | None = None, standalone: bool = False, uid: str = "pg") -> str:
-    """The picture as one ``<svg>`` element; ``standalone`` adds a title and the verdict."""
-    run = without_controls(run)  # XML 1.0 forbids most control characters, even as references
-    lane_width = lane_width or lane_width_for(len(run.scenario.session_names))
-    colours = session_colours(run.scenario.session_names)
-    sections = timeline_sections(run)
-    canvas = Canvas()
-    y = float(PAD)
-    width = 0.0
-    if standalone:
-        scenario = run.scenario
-        canvas.text(PAD, y + 22, f"{scenario.name} ({scenario.variant})", size=22, weight="bold")
-        canvas.text(PAD, y + 46, scenario.title, size=15, fill=MUTED)
-        y += 64
-    y += 16  # room for the lock grid's caption
-    for section in sections:
-        geo = _geometry(run, section, lane_width)
-        geo.top = y
-        y = _draw_section(canvas, run, section, geo, colours, uid) + 8
-        width = max(width, geo.width)
-    if not run.row_locks_available:
-        canvas.text(PAD, y + 14, "row locks: unknown (pgrowlocks is not installed)", size=12, fill=MUTED)
-        y += 22
-    if standalone:
-        ok = run.ok
-        canvas.text(
-            PAD, y + 24, verdict_line(run), size=17, weight="bold", fill=OK_COLOUR if ok else ERROR_COLOUR,
-            cls="verdict",
-        )  # fmt: skip
-        y += 34
-        for check in [c for c in run.checks if not c.ok][:6]:
-            text = shorten(f"✘ {check.description}: expected {check.expected}, got {check.actual}", 120)
-            canvas.text(PAD + 8, y + 14, text, size=12.5, fill=ERROR_COLOUR)
-            y += 20
-    height = y + PAD
-    width = max(width, 560.0)
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="pgrace-timeline" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
-        f"aria-label={quoteattr(f'{run.scenario.name} ({run.scenario.variant}) timeline')}>"
-    )
-    background = f'<rect width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>'
-    return head + _defs(uid) + background + "".join(canvas.parts) + "</svg>"
-
-
-def render_svg(run: Run) -> str:
-    """A standalone SVG document for slides: title, lanes, waits, lock grid, verdict."""
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + timeline_svg(run, standalone=True) + "\n"
-
-
-def render_svg_compare(runs: list[Run]) -> str:
-    """The variants' pictures next to each other in one SVG document."""
-    parts: list[str] = []
-    x = 0.0
-    height = 0.0
-    for i, run in enumerate(runs):
-        lanes = lane_width_for(len(run.scenario.session_names), compact=True)
-        svg = timeline_svg(run, lane_width=lanes, standalone=True, uid=f"pg{i}")
-        width = float(svg.split('width="', 1)[1].split('"', 1)[0])
-        h = float(svg.split('height="', 1)[1].split('"', 1)[0])
-        parts.append(svg.replace("<svg ", f'<svg x="{x:.0f}" y="0" ', 1))
-        x += width + 24
-        height = max(height, h)
-    width = x - 24 if parts else 0
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}"><rect width="100%" height="100%" fill="#ffffff"/>'
-        + "".join(parts)
-        + "</svg>\n"
-    )
