@@ -42,6 +42,7 @@ from pgrace.releases import ReleaseTracker
 from pgrace.timeline import (
     CheckQueried,
     Event,
+    FootprintObserved,
     Holder,
     LockKinds,
     LocksObserved,
@@ -84,6 +85,7 @@ class RunOptions:
     defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead
     reset_sessions: bool = False  # after each permutation: roll back, DISCARD ALL (advisory locks, SETs, temps)
     describe_waits: bool = True  # False: record that a step waited, not on what (explore only classifies)
+    footprints: bool = False  # record what every session holds after each step (explore's reduction)
 
 
 @dataclass
@@ -281,9 +283,13 @@ class Runner:
     # -- the schedule ------------------------------------------------------------------
 
     def run_all(self) -> None:
+        for index, permutation in enumerate(self.scenario.permutations):
+            self.run_one(index, permutation)
+
+    def run_one(self, index: int, permutation: tuple[PermutationStep, ...]) -> None:
+        """Run one permutation on these connections (explore's reduction picks each after the last)."""
         try:
-            for index, permutation in enumerate(self.scenario.permutations):
-                self._run_permutation(index, permutation)
+            self._run_permutation(index, permutation)
         except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
             raise self._aborted("pgrace's observer connection", _first_line(str(exc))) from None
 
@@ -992,11 +998,37 @@ class Runner:
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
     def _observe_locks(self, seq: int) -> None:
+        if self.options.footprints:
+            self._observe_footprints()
         if not self.options.track_row_locks:
             return
         snapshot = self.inspector.row_locks() if self.run.row_locks_available else LockSnapshot(None, ())
         others = self.inspector.other_locks()
         self.recorder.add(LocksObserved(seq, snapshot.locks, self.recorder.now(), snapshot.skipped, others))
+
+    def _observe_footprints(self) -> None:
+        """Every lock the sessions hold, and who keeps a snapshot: what decides which steps commute."""
+        live = {s.pid: s for s in self.sessions.values() if s.lost is None and s.ended is None}
+        entries: dict[int, set[str]] = {pid: set() for pid in live}
+        for pid, entry in self.observer.execute(FOOTPRINT_QUERY, {"pids": list(live)}).fetchall():
+            entries[pid].add(entry)
+        held = tuple((s.name, s.busy, frozenset(entries[pid])) for pid, s in live.items())
+        self.recorder.add(FootprintObserved(self.seq, held, self.recorder.now()))
+
+
+FOOTPRINT_QUERY = """
+SELECT l.pid, format('%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s', l.locktype, l.database,
+       CASE WHEN l.relation IS NULL THEN NULL WHEN c.oid IS NULL THEN '?'
+            ELSE format('%%I.%%I', n.nspname, c.relname) END,
+       l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, CASE WHEN l.granted THEN 't' ELSE 'f' END)
+FROM pg_locks l
+LEFT JOIN pg_class c ON c.oid = l.relation
+LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE l.pid = ANY(%(pids)s) AND l.locktype <> 'transactionid'
+UNION ALL
+SELECT pid, 'snapshot' FROM pg_stat_activity
+WHERE pid = ANY(%(pids)s) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%%'
+"""
 
 
 def _sockets(sessions: Iterable[SessionConnection]) -> dict[int, SessionConnection]:
