@@ -890,6 +890,11 @@ output_option = click.option(
 @_jobs_option("Processes at once")
 @click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
 @click.option(
+    "--no-reduce",
+    is_flag=True,
+    help="Run every interleaving, not one of each set of equivalent ones (-j, --shard and --max always do).",
+)
+@click.option(
     "--merge",
     "merge_files",
     multiple=True,
@@ -913,6 +918,7 @@ def explore(
     shard: str | None,
     jobs: int,
     show: int | None,
+    no_reduce: bool,
     merge_files: tuple[str, ...],
     fmt: str,
     server_target: str | None,
@@ -948,11 +954,14 @@ def explore(
     with open_server(server_target or dsn, superuser) as server:
         report_swept(server)
         with _progress() as progress:
+            reduced = not no_reduce and limit is None and shard is None and jobs == 1
 
             def explored(done: int, total: int) -> None:
                 if done == 0:
-                    _long_exploration(progress, label, total, jobs)
-                    progress.start(label, total, "interleavings")
+                    if not reduced:
+                        _long_exploration(progress, label, total, jobs)
+                    progress.start(label, total, "runs" if reduced else "interleavings")
+                progress.total = total  # a reduced search learns of the runs left as it goes
                 progress.update(done)
 
             result = explorer.explore(
@@ -964,6 +973,7 @@ def explore(
                 jobs=jobs,
                 step_timeout=step_timeout,
                 on_progress=explored,
+                reduce=not no_reduce,
             )
         wanted = [show] if show is not None else list(range(1, len(result.classes) + 1)) if fmt == "html" else []
         examples = {

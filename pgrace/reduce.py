@@ -118,6 +118,29 @@ def nature_of(step: Step, scenario: Scenario) -> Nature:
     return Nature(False, False, len(statements) == 1 and kinds[0] == "TransactionStmt")
 
 
+BEGINS = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)
+ENDS = re.compile(r"\b(COMMIT|END|ABORT|ROLLBACK)(?!\s+TO\b)(\s+(WORK|TRANSACTION))?\s*;?\s*$", re.IGNORECASE)
+
+
+def opaque_orders(scenario: Scenario) -> int:
+    """A lower bound of the runs a reduced search needs: the orders of the steps known opaque before
+    running (their text, or a statement outside a transaction block), which all depend on each other."""
+    from pgrace.explore import Space, _multinomial
+
+    counts = []
+    for chain in Space(scenario).chains:
+        in_block, opaque = False, 0
+        for name in chain:
+            step = scenario.step(name)
+            nature = nature_of(step, scenario)
+            begins = bool(BEGINS.search(step.sql))
+            if nature.opaque or not (in_block or begins or nature.local):
+                opaque += 1
+            in_block = (in_block or begins) and not ENDS.search(step.sql)
+        counts.append(opaque)
+    return _multinomial(counts)
+
+
 @dataclass(frozen=True)
 class Move:
     """One launched step with what it touched: ``access`` maps a resource to whether it more than read it."""
@@ -348,22 +371,32 @@ class Search:
     ``execute(order)`` runs one interleaving (a tuple of step names) and returns its trace.
     """
 
-    def __init__(self, scenario: Scenario, execute: Callable[[tuple[str, ...]], Trace]) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        execute: Callable[[tuple[str, ...]], Trace],
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         from pgrace.explore import Space
 
         self.scenario = scenario
         self.space = Space(scenario)
         self.execute = execute
+        self.on_progress = on_progress
         self.nodes: dict[tuple[str, ...], Node] = {}
         self.runs = 0
         self.diverged = 0
+        self.cut = False  # stopped at max_runs
         self.chains = _chains(scenario)
 
-    def run(self, on_trace: Callable[[Trace], None]) -> bool:
-        """Explore until no prefix has a session left to try; True when nothing diverged."""
+    def run(self, on_trace: Callable[[Trace], None], max_runs: int | None = None) -> bool:
+        """Explore until no prefix has a session left to try (or ``max_runs``); True when all was covered."""
         path: tuple[str, ...] = ()
         request: tuple[tuple[str, ...], int] | None = (self._continue((), None, set()), 0)
         while request is not None:
+            if max_runs is not None and self.runs >= max_runs:
+                self.cut = True
+                break
             order, depth = request
             trace = self.execute(order)
             self.runs += 1
@@ -373,7 +406,18 @@ class Search:
             else:
                 path = self._insert(trace, depth)
             request = self._next(path)
-        return self.diverged == 0
+            if self.on_progress is not None:
+                self.on_progress(self.runs, self.runs + self._left(path) + (request is not None))
+        return self.diverged == 0 and not self.cut
+
+    def _left(self, path: tuple[str, ...]) -> int:
+        """Sessions still to try at the prefixes of the path: a lower bound of the runs to come."""
+        left = 0
+        for pos in range(len(path) + 1):
+            node = self.nodes.get(path[:pos])
+            if node is not None:
+                left += len([s for s in node.backtrack if s not in node.explored and s not in node.sleep])
+        return left
 
     def _insert(self, trace: Trace, depth: int) -> tuple[str, ...]:
         """Add a run's launches to the tree from ``depth`` on; detect its races. Returns the path kept."""
@@ -519,9 +563,14 @@ def explore_reduced(
     server: ServerInfo,
     step_timeout: float,
     on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None = None,
+    max_runs: int | None = None,
 ) -> tuple[int, bool]:
-    """Run the reduced search; ``on_observed`` gets each run's outcome. Returns (runs, complete)."""
+    """Run the reduced search; ``on_observed`` gets each run's outcome. Returns (runs, complete).
+
+    ``on_progress(runs, runs + known to be left)`` after each run.
+    """
     with executor(scenario, server, step_timeout) as execute:
-        search = Search(scenario, execute)
-        complete = search.run(lambda trace: on_observed(trace.observed))
+        search = Search(scenario, execute, on_progress)
+        complete = search.run(lambda trace: on_observed(trace.observed), max_runs)
     return search.runs, complete
