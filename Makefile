@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint format typecheck demo pictures bench conformance clean
+.PHONY: help install test test-fast lint docs format typecheck demo pictures bench conformance docker clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -17,13 +17,20 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the dev tools
 
-test: install lint ## Lint, type-check and run the test suite against a real PostgreSQL
+test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
 	$(BIN)/pytest -q
 
-lint: install ## ruff (lint and format check) and mypy --strict
+test-fast: install ## The tests that need no server, corpus, browser or Docker and are quick (no PostgreSQL is started)
+	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow"
+
+lint: install ## ruff (lint and format check), mypy --strict, and no import cycle
 	$(BIN)/ruff check pgrace tests bench tools
 	$(BIN)/ruff format --check pgrace tests bench tools
 	$(BIN)/mypy
+	$(BIN)/python -m tools.import_graph
+
+docs: install ## Build the documentation site into site/ (mkdocs build --strict, offline)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 format: install ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix pgrace tests bench tools
@@ -39,8 +46,11 @@ pictures: install ## Redraw the screenshots in docs/ (needs chromium)
 bench: install ## Run every benchmark in bench/
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+docker: install ## The Docker tests on a local engine and images (tools/docker_ci.py; as root)
+	PGRACE_REQUIRE_DOCKER=1 $(PYTHON) -m tools.docker_ci run -- $(BIN)/pytest -q tests/test_docker.py
+
 conformance: install ## Run PostgreSQL's isolation corpus (CORPUS=../shared/pg-isolation), byte for byte
 	$(BIN)/python bench/conformance.py $(CORPUS)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

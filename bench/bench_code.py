@@ -48,7 +48,7 @@ def main() -> int:
             by_code = explore_code(sessions, setup=example.SETUP, final=example.FINAL, server=server)
             codes.append(time.perf_counter() - started)
     file_finals = sorted(c.final[0] for c in by_file.classes)
-    code_finals = sorted(c.final for c in by_code.classes)
+    code_finals = sorted(c.final[0] for c in by_code.classes)
     print(f"pgrace explore  {scenario.name}: {by_file.explored} interleavings, finals {file_finals}")
     print(f"explore_code    withdraw ×2: {by_code.explored} schedules, finals {code_finals}")
     file_s, code_s = statistics.median(files), statistics.median(codes)

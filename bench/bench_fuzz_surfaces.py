@@ -6,9 +6,11 @@ Each case is one scenario file and one command line. The files are
 built around a small runnable scenario that uses what the last rounds added: ``[load]``
 and ``[fix.load]`` (steps, sleeps, ``set``/``random``, captures, checks), ``sleep`` and
 ``crash`` steps, ``waits_on`` and ``released_by`` expectations, ``[params]`` with choices
-(for ``sweep -p name=v1,v2``), and ``retry`` keys (not a key pgrace knows: refused as
-unknown). Most cases then get hostile values in a few places: huge and negative numbers,
-NaN-ish strings, control characters, SQL in values, very long strings, and pgbench
+(for ``sweep -p name=v1,v2``), and ``retry`` loops on a step (valid ones, which add attempts
+to the session, and bad ones: an unknown or another session's ``from``, ``max`` out of range,
+a malformed SQLSTATE; ``retry`` anywhere else is refused as unknown). Most cases then get
+hostile values in a few places: huge and negative numbers, NaN-ish strings, control
+characters, SQL in values, very long strings, and pgbench
 meta-commands (``\\shell``, ``\\setshell``, ``\\gset``, ...) whose shell commands would
 create a marker file; a few have their text cut or spliced. The command is one of
 ``show``, ``run``, ``explore``, ``sweep`` (with or without ``--explore``), ``check`` (with
@@ -220,7 +222,21 @@ WAITS_ON = [
     "[]",
     '{ table = "jobs", retry = 3 }',
 ]
-RETRIES = [
+GOOD_RETRY = '{ on = ["40001", "40P01"], from = "b-write", max = 1 }'  # adds a ROLLBACK and b-write#2 to b
+BAD_RETRIES = [
+    '{ on = ["40001"], from = "nope", max = 1 }',
+    '{ on = ["40001"], from = "a-read", max = 1 }',
+    '{ on = ["40001"], from = "b-write", max = 0 }',
+    '{ on = ["40001"], from = "b-write", max = 99999999999999999999 }',
+    '{ on = ["4000"], from = "b-write", max = 1 }',
+    '{ on = ["40p01"], from = "b-write", max = 1 }',
+    '{ on = [], from = "b-write", max = 1 }',
+    '{ on = ["40001"], from = "b-write" }',
+    '{ on = ["40001"], from = "b-write", max = 1, until = "never" }',
+    "3",
+    '"forever"',
+]
+RETRIES = [  # where no retry key belongs
     "retry = 3",
     "retry = true",
     'retry = { max = 3, on = ["40001", "40P01"] }',
@@ -386,11 +402,16 @@ def scenario_text(rng: random.Random, hostile: int, shape: Shape) -> tuple[str, 
                 f"expect = {{ may_fail = true, released_by = {released} }}",
             ]
         )
+        retry = ""
+        if rng.random() < 0.3:
+            retry = "retry = " + slots.value("retry", GOOD_RETRY, lambda: rng.choice(BAD_RETRIES))
+            if GOOD_RETRY in retry:
+                shape.steps["b"] = shape.steps.get("b", 0) + 2
         step(
             "b",
             "sql = " + slots.value("step sql", '"UPDATE jobs SET n = n + :delta WHERE id = 1"', sql_bad),
             "b-write",
-            expect,
+            "\n".join(line for line in (expect, retry) if line),
         )
         sleep = rng.choice(["5ms", "20ms", "0.01s"])
         shape.sleep_s += 0.02

@@ -4,6 +4,10 @@ The pipeline: a scenario file is parsed into a :class:`Scenario`; the runner run
 sessions' steps in a fixed interleaving against a real PostgreSQL and records a
 :class:`Run` (a timeline of typed events); renderers turn the run into text or JSON.
 
+The commands are functions of the same names (:mod:`pgrace.api`): ``run``, ``compare``,
+``check``, ``explore``, ``sweep``, ``matrix``, ``load`` (pgbench) and ``clean``, each
+returning what the command's formats draw; ``load_scenario`` reads a scenario file.
+
 The public names are imported on first use (PEP 562), so that importing a submodule,
 such as the console entry point, does not pay for psycopg (and cannot be caught by
 Ctrl-C half-way through importing it).
@@ -11,26 +15,32 @@ Ctrl-C half-way through importing it).
 
 from __future__ import annotations
 
+import sys
+
+__version__ = "0.1.0"
+"""pgrace's version: the one place it is written (the build reads it from here)."""
+
 # Not `from typing import TYPE_CHECKING`: typing pulls in re, enum and collections (~10 ms),
 # and the console entry can only take over Ctrl-C once this package is imported.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from pgrace.api import run
-    from pgrace.catalog import load
-    from pgrace.code import CodeClass, CodeExploration, TracedConnection, explore_code, run_code
+    from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, run, sweep
+    from pgrace.code import TracedConnection, explore_code, run_code
     from pgrace.errors import CodeError, PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
+    from pgrace.explore import Exploration
     from pgrace.model import Scenario, Session, Step
+    from pgrace.outcomes import OutcomeClass
     from pgrace.runner import RunOptions
     from pgrace.servers import ServerInfo, open_server
     from pgrace.timeline import CheckResult, Run, StepRun
 
 _HOMES = {
     "CheckResult": "pgrace.timeline",
-    "CodeClass": "pgrace.code",
     "CodeError": "pgrace.errors",
-    "CodeExploration": "pgrace.code",
+    "Exploration": "pgrace.explore",
+    "OutcomeClass": "pgrace.outcomes",
     "TracedConnection": "pgrace.code",
     "explore_code": "pgrace.code",
     "run_code": "pgrace.code",
@@ -46,16 +56,17 @@ _HOMES = {
     "SetupFailed": "pgrace.errors",
     "Step": "pgrace.model",
     "StepRun": "pgrace.timeline",
-    "load": "pgrace.catalog",
     "open_server": "pgrace.servers",
-    "run": "pgrace.api",
+    **dict.fromkeys(
+        ("check", "clean", "compare", "explore", "load", "load_scenario", "matrix", "run", "sweep"), "pgrace.api"
+    ),
 }
 
 __all__ = [
     "CheckResult",
-    "CodeClass",
     "CodeError",
-    "CodeExploration",
+    "Exploration",
+    "OutcomeClass",
     "PgraceError",
     "Run",
     "RunAborted",
@@ -69,11 +80,18 @@ __all__ = [
     "Step",
     "StepRun",
     "TracedConnection",
+    "check",
+    "clean",
+    "compare",
+    "explore",
     "explore_code",
     "load",
+    "load_scenario",
+    "matrix",
     "open_server",
     "run",
     "run_code",
+    "sweep",
 ]
 
 
@@ -86,3 +104,19 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
+
+
+class _Package(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
+    """Keeps ``pgrace.explore``, ``pgrace.sweep`` and ``pgrace.matrix`` the library's functions.
+
+    The drivers' modules have the commands' names; importing one would otherwise bind the
+    module over the function (``from pgrace.explore import ...`` reaches the module still).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOMES and isinstance(value, type(sys)):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

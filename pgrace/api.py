@@ -1,13 +1,37 @@
-"""The library entry points: everything the CLI does, a Python caller can do."""
+"""The library entry points: everything the CLI does, a Python caller can do.
+
+Each function is one command of the CLI (same name; ``load`` is the pgbench driver) and
+returns what that command's formats draw (:mod:`pgrace.render.formats`). A function that
+opens its own server (from ``dsn``, what ``--server`` takes) tidies it as the CLI does:
+``on_note`` hears what was mended and which leftovers of killed runs were dropped. A
+``server`` given is the caller's and is used as it is.
+"""
 
 from __future__ import annotations
 
-from pgrace.checks import evaluate
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
+from pgrace import bounds, catalog
+from pgrace.engine.options import RunOptions
+from pgrace.errors import PgraceError, ScenarioError
+from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.model import Scenario
-from pgrace.runner import RunOptions, run_scenario
-from pgrace.scratch import scratch_database
-from pgrace.servers import ServerInfo, open_server
+from pgrace.one_run import run_in_scratch
+from pgrace.results import Checked, Cleaned, Explored, Loaded, Swept
+from pgrace.scratch import sweep_leftovers
+from pgrace.servers import ServerInfo
+from pgrace.text import visible
 from pgrace.timeline import Run
+
+if TYPE_CHECKING:
+    from pgrace.matrix import Matrix
+    from pgrace.pgbench import ClientRun, LoadResult
+    from pgrace.regression import CaseResult
 
 
 def run(
@@ -27,7 +51,7 @@ def run(
     ``database_name`` names the scratch database exactly (it must not exist yet).
     """
     if server is None:
-        with open_server(dsn) as opened:
+        with pgrace.servers.open_server(dsn) as opened:
             return run(
                 scenario,
                 server=opened,
@@ -35,18 +59,472 @@ def run(
                 allow_scratch_schema=allow_scratch_schema,
                 database_name=database_name,
             )
-    with scratch_database(
-        server, scenario.name, allow_schema=allow_scratch_schema, scenario=scenario, database_name=database_name
-    ) as db:
-        result = run_scenario(
-            scenario,
-            db.dsn,
-            server_version=server.version,
-            server_label=server.label,
-            row_locks_available=db.has_pgrowlocks,
-            options=options,
-            schema=db.schema,
-            observer_dsn=db.observer_dsn,
+    return run_in_scratch(scenario, server, options, allow_scratch_schema, database_name)
+
+
+# -- what the commands do, for a Python caller too ---------------------------------------------
+
+
+class Monitor(Protocol):
+    """Where long work reports how far it got (the CLI's progress line); the drivers never print."""
+
+    done: int
+
+    def start(self, label: str, total: int, unit: str) -> None: ...
+
+    def update(self, done: int, detail: str = "") -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Unwatched:
+    """The monitor of a caller that does not watch."""
+
+    done = 0
+
+    def start(self, label: str, total: int, unit: str) -> None:
+        self.done = 0
+
+    def update(self, done: int, detail: str = "") -> None:
+        self.done = done
+
+    def note(self, text: str) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+Note = Callable[[str], None]
+
+
+def _ignore(line: str) -> None:
+    pass
+
+
+def load_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
+    """A shipped scenario's name, or a path to a ``.toml`` scenario or an isolation ``.spec`` file, read.
+
+    ``params`` set the file's parameters. The file's first variant is returned; ``.other``
+    (and :meth:`Scenario.variant_named`) hold the other one.
+    """
+    return catalog.load(ref, params)
+
+
+def tidy(server: ServerInfo, on_note: Note | None = None) -> None:
+    """Say what was mended to start ``server``; drop what killed runs left on it, and say so.
+
+    The drivers tidy each server they open; a failure here never stops a run.
+    """
+    say = on_note or _ignore
+    for note in server.notes:
+        say(f"note: {visible(note)}")
+    if server.fresh:  # started for this command a moment ago: nothing to sweep, no connection to spend
+        return
+    with suppress(PgraceError):
+        swept = sweep_leftovers(server)
+        for name in swept.removed:
+            say(f"removed {name}, left behind by a killed pgrace run")
+        for note in swept.skipped:
+            say(note)
+
+
+@contextmanager
+def _serving(server: ServerInfo | None, dsn: str | None, superuser: bool, on_note: Note | None) -> Iterator[ServerInfo]:
+    """The caller's server as it is, or one opened (and tidied) from ``dsn`` for the call."""
+    if server is not None:
+        yield server
+        return
+    with pgrace.servers.open_server(dsn, superuser) as opened:
+        tidy(opened, on_note)
+        yield opened
+
+
+def teardown_failures(result: Run) -> list[str]:
+    """Teardown errors (a teardown cancelled at the step timeout, say): isolationtester reports them, not fatal."""
+    from pgrace.timeline import SetupRan
+
+    notes = []
+    for event in result.events:
+        if isinstance(event, SetupRan) and event.phase == "teardown" and event.outcome.error is not None:
+            error = event.outcome.error
+            where = f"teardown of session {event.session}" if event.session else "teardown"
+            detail = f" ({error.detail})" if error.detail else ""
+            notes.append(visible(f"{where} failed: {error.severity}:  {error.message}{detail}"))
+    return notes
+
+
+def both_variants(scenario: Scenario) -> list[Scenario]:
+    """What a comparison runs: the bug, then the fix."""
+    if scenario.other is None:
+        raise ScenarioError(
+            f"scenario {scenario.name!r} has one variant only; --compare needs a bug and a fix", scenario.source
         )
-    result.checks = evaluate(result)
+    return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
+
+
+def compare(
+    scenario: Scenario,
+    *,
+    dsn: str | None = None,
+    server: ServerInfo | None = None,
+    superuser: bool = False,
+    options: RunOptions | None = None,
+    allow_scratch_schema: bool = False,
+    on_note: Note | None = None,
+) -> list[Run]:
+    """Run the bug, then the fix, on one server: the runs side by side.
+
+    ``scenario`` is as :func:`load_scenario` reads it: its first variant, holding the other.
+    """
+    variants = both_variants(scenario)
+    with _serving(server, dsn, superuser, on_note) as opened:
+        return [run(v, server=opened, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants]
+
+
+def _long(monitor: Monitor, label: str, total: int, jobs: int) -> None:
+    """A long job says how long before it starts, on a terminal or in a CI log."""
+    if total > bounds.LONG_INTERLEAVINGS:
+        processes = f" in {jobs} processes" if jobs > 1 else ""
+        monitor.note(f"pgrace: {label}: {total:,} interleavings to run{processes}")
+
+
+def explore(
+    scenario: Scenario,
+    *,
+    dsn: str | None = None,
+    server: ServerInfo | None = None,
+    superuser: bool = False,
+    limit: int | None = None,
+    seed: int | None = None,
+    shard: tuple[int, int] = (1, 1),
+    jobs: int = 1,
+    step_timeout: float = 10.0,
+    examples: Iterable[int] | Literal["all"] = (),
+    merge: Sequence[str | Path] = (),
+    monitor: Monitor | None = None,
+    on_note: Note | None = None,
+    reduce: bool = True,
+) -> Explored:
+    """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
+
+    ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
+    fully observed run. ``merge``: the JSON files of shards, merged instead of running.
+    ``reduce``: one run of each set of equivalent interleavings (the whole space, one process, no shard).
+    """
+    # Names from the module: the package's own ``pgrace.explore`` is this function.
+    from pgrace.explore import Space, load_explorations, merge_explorations, replay, same_class
+    from pgrace.explore import explore as explore_space
+
+    space = Space(scenario)
+    if merge:
+        texts = [(str(name), read_input(name)) for name in merge]
+        merged = merge_explorations(load_explorations(texts, space))
+        if (merged.scenario, merged.variant) != (scenario.name, scenario.variant):
+            raise ScenarioError(f"the files explored {merged.scenario} ({merged.variant}), not this scenario")
+        return Explored(scenario, merged)
+    watch = monitor or _Unwatched()
+    label = f"{scenario.name} ({scenario.variant})"
+
+    reduced = reduce and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1
+
+    def explored(done: int, total: int) -> None:
+        if reduced:  # the runs still to come are learnt as it goes: say the ones known
+            if done == 0:
+                watch.start(label, 0, "runs")
+            watch.update(done, f"at least {total - done:,} more" if total > done else "")
+            return
+        if done == 0:
+            _long(watch, label, total, jobs)
+            watch.start(label, total, "interleavings")
+        watch.update(done)
+
+    with _serving(server, dsn, superuser, on_note) as opened:
+        try:
+            found = explore_space(
+                scenario,
+                opened,
+                limit=limit,
+                seed=(seed if seed is not None else 0) if limit is not None else None,
+                shard=shard,
+                jobs=jobs,
+                step_timeout=step_timeout,
+                on_progress=explored,
+                reduce=reduce,
+            )
+        finally:
+            watch.close()
+        wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
+        result = Explored(scenario, found)
+        for n in wanted:
+            if 1 <= n <= len(found.classes):
+                result.examples[n] = replay(scenario, opened, found.classes[n - 1], step_timeout)
+                if not same_class(result.examples[n], found.classes[n - 1]):
+                    result.replayed_differently.append(n)
     return result
+
+
+def sweep(
+    scenarios: Sequence[str],
+    params: Mapping[str, Sequence[str]],
+    *,
+    variant: str | None = None,
+    explore: bool = False,
+    limit: int | None = None,
+    seed: int = 0,
+    jobs: int = 1,
+    step_timeout: float = 10.0,
+    examples: bool = False,
+    output: str | Path | None = None,
+    dsn: str | None = None,
+    server: ServerInfo | None = None,
+    superuser: bool = False,
+    monitor: Monitor | None = None,
+    on_note: Note | None = None,
+) -> Swept:
+    """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
+
+    With ``explore``, every interleaving of each combination (``limit``: a seeded sample).
+    ``examples``: each class's example replayed as a run. ``output``: a file the caller
+    will write, refused before anything runs when it is one of the scenario files.
+    """
+    from pgrace.explore import replay
+    from pgrace.sweep import interleavings, variants  # from the module: the package's ``pgrace.sweep`` is this
+    from pgrace.sweep import sweep as sweep_grid
+
+    grid = {name: list(values) for name, values in params.items()}
+    combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
+    bounds.check_combinations(combinations)
+    watch = monitor or _Unwatched()
+    if combinations > bounds.LONG_COMBINATIONS:
+        watch.note(f"pgrace: {combinations:,} combinations to run")
+    # Every combination is loaded once, up front: invalid input fails before a server starts.
+    loaded = [variants(ref, grid, variant) for ref in scenarios]
+    refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
+    if explore:
+        _long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
+    result = Swept([])
+    with _serving(server, dsn, superuser, on_note) as opened:
+        try:
+            watch.start("sweep", combinations, "combinations")
+            for chosen in loaded:
+                before = sum(len(c) for c in loaded[: len(result.sweeps)])
+
+                def combination_done(done: int, total: int, before: int = before) -> None:
+                    watch.update(before + done)
+
+                def interleaved(done: int, total: int) -> None:
+                    watch.update(watch.done, f"{done:,}/{total:,} interleavings")
+
+                result.sweeps.append(
+                    sweep_grid(
+                        chosen,
+                        grid,
+                        opened,
+                        explore=explore,
+                        limit=limit,
+                        seed=seed if limit is not None else None,
+                        jobs=jobs,
+                        step_timeout=step_timeout,
+                        on_cell=combination_done,
+                        on_interleavings=interleaved,
+                    )
+                )
+        finally:
+            watch.close()
+        if examples:
+            for i, (chosen, swept) in enumerate(zip(loaded, result.sweeps, strict=True)):
+                for j, ((_, scenario), cell) in enumerate(zip(chosen, swept.cells, strict=True)):
+                    for k, cls in enumerate(cell.classes):
+                        result.examples[(i, j, k)] = replay(scenario, opened, cls, step_timeout)
+    return result
+
+
+def matrix(
+    *,
+    dsn: str | None = None,
+    server: ServerInfo | None = None,
+    superuser: bool = False,
+    step_timeout: float = 10.0,
+    on_note: Note | None = None,
+) -> Matrix:
+    """Measure the row-lock and table-lock conflict tables on a server, next to the manual's."""
+    from pgrace.matrix import measure
+
+    with _serving(server, dsn, superuser, on_note) as opened:
+        return measure(opened, step_timeout=step_timeout)
+
+
+def check(
+    paths: Sequence[str | Path] = (),
+    *,
+    servers: Sequence[str | None] = (None,),
+    superuser: bool = False,
+    golden: bool = False,
+    update: bool = False,
+    expected: Path | None = None,
+    junit: str | Path | None = None,
+    step_timeout: float = 10.0,
+    database_name: str | None = None,
+    explore: bool = False,
+    limit: int | None = None,
+    seed: int = 0,
+    jobs: int = 1,
+    monitor: Monitor | None = None,
+    on_invalid: Callable[[ScenarioError], None] | None = None,
+    on_result: Callable[[CaseResult], None] | None = None,
+    on_note: Note | None = None,
+) -> Checked:
+    """Run scenario files and specs (files or directories) as regression checks, on each server in turn.
+
+    ``paths`` default to ``scenarios/`` here, else the shipped scenarios. ``servers``: what
+    ``--server`` takes, each (None: ``PGRACE_DSN`` or the embedded server); they boot side by
+    side while the files are read. A file that cannot be read is reported to ``on_invalid``
+    and the others still run; each result goes to ``on_result`` as it is known. ``junit``:
+    a file the caller will write, refused when it is one of the inputs. Specs share one
+    scratch database per server, reset only when a spec leaves objects.
+    """
+    from pgrace import regression
+    from pgrace.scratch import reusable_scratch_database
+    from pgrace.servers import booting_server
+
+    if not paths:  # scenarios/ here, else the shipped ones (an installed wheel carries them)
+        paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
+    names = [str(path) for path in paths]
+    options = RunOptions(step_timeout=step_timeout)
+    watch = monitor or _Unwatched()
+    checked = Checked([], [], [])
+    with ExitStack() as stack:
+        # pgrace's own servers boot, side by side, while the files are read.
+        booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
+        cases = regression.prepare(names, golden=golden or update, expected=expected, invalid=checked.invalid)
+        refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
+        for error in checked.invalid:  # reported at once; the valid files still run
+            if on_invalid is not None:
+                on_invalid(error)
+        if checked.invalid and not cases:  # nothing to run: no server is needed to say so
+            raise ScenarioError(f"no valid scenario files under {', '.join(names)}")
+        checked.servers = [ready() for ready in booting]
+        stack.callback(watch.close)
+        watch.start("check", len(cases) * len(checked.servers), "cases")
+        for server in checked.servers:
+            tidy(server, on_note)
+            scratch = None
+            if not explore and any(case.spec is not None for case in cases):
+                scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
+            for case in cases:
+                if explore:
+
+                    def interleaved(done: int, total: int, name: str = case.name) -> None:
+                        if done == 0:
+                            _long(watch, name, total, jobs)
+                        watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
+
+                    result = regression.run_explore_case(case, server, options, limit, seed, jobs, interleaved)
+                else:
+                    result = regression.run_case(
+                        case, server, options, update=update, database_name=database_name, scratch=scratch
+                    )
+                checked.results.append(result)
+                if on_result is not None:
+                    on_result(result)
+                watch.update(len(checked.results))
+        watch.close()
+    return checked
+
+
+def _whole(raw: str | int | float | None, option: str) -> int | None:
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 86400:
+        raise ScenarioError(f"{option} is a whole number from 1 to 86400, not {raw!r}")
+    return int(text)
+
+
+def _client_counts(raw: str | Sequence[int]) -> tuple[int, ...]:
+    """``1,2,4,8``: whole numbers from 1 to 1000, refused as one line (exit 2) otherwise."""
+    parts = raw.split(",") if isinstance(raw, str) else [str(count) for count in raw]
+    counts: list[int] = []
+    for part in parts:
+        part = part.strip()
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= 1000:
+            raise ScenarioError(f"-c/--clients is a list of client counts from 1 to 1000, like 1,2,4,8; not {raw!r}")
+        counts.append(int(part))
+    return tuple(counts)
+
+
+def load(
+    scenario: Scenario,
+    *,
+    compare: bool = False,
+    clients: str | Sequence[int] = (1, 2, 4, 8),
+    duration: str | int | None = None,
+    transactions: str | int | None = None,
+    pgbench: str | None = None,
+    emit: Path | None = None,
+    dsn: str | None = None,
+    server: ServerInfo | None = None,
+    monitor: Monitor | None = None,
+    on_measured: Callable[[LoadResult, ClientRun], None] | None = None,
+    on_note: Note | None = None,
+) -> Loaded:
+    """Run ``scenario``'s ``[load]`` transaction with pgbench at each client count; count what went wrong.
+
+    ``compare``: the bug's, then the fix's. ``duration`` seconds per count (5 by default),
+    or ``transactions`` per client. With ``emit``, the pgbench script and the setup and
+    check SQL are written to that folder and nothing runs. Ctrl-C (or SIGTERM) re-raises
+    with what was measured so far as the exception's ``loaded``.
+    """
+    from pgrace import pgbench as engine
+
+    counts = _client_counts(clients)
+    seconds = _whole(duration, "-T/--time")
+    per_client = _whole(transactions, "-t/--transactions")
+    if seconds is not None and per_client is not None:
+        raise ScenarioError("-T/--time and -t/--transactions exclude each other")
+    variants = both_variants(scenario) if compare else [scenario]
+    for variant in variants:
+        engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
+    if emit is not None:
+        return Loaded(emitted=[path for variant in variants for path in engine.emit(variant, emit)])
+    options = engine.LoadOptions(
+        clients=counts,
+        duration=None if per_client is not None else float(seconds or 5),
+        transactions=per_client,
+        pgbench=pgbench,
+        on_progress=on_measured,
+    )
+    watch = monitor or _Unwatched()
+    loaded = Loaded()
+    try:
+        with _serving(server, dsn, False, on_note) as opened:
+            try:
+                watch.start(f"load {scenario.name}", len(variants) * len(counts), "client counts")
+                for variant in variants:
+                    loaded.results.append(engine.run_load(variant, opened, options))
+            finally:
+                watch.close()
+    except KeyboardInterrupt as exc:
+        partial = getattr(exc, "partial", None)
+        if partial is not None:
+            loaded.results.append(partial)
+        exc.loaded = loaded  # type: ignore[attr-defined]
+        raise
+    return loaded
+
+
+def clean(dsn: str) -> Cleaned:
+    """Remove the scratch databases and schemas killed pgrace runs left on a server, and their work folders."""
+    from pgrace.pgbench import sweep_work_dirs
+
+    with pgrace.servers.open_server(dsn) as server:
+        swept = sweep_leftovers(server)
+    return Cleaned(server.label, swept.removed, sweep_work_dirs(), swept.skipped)

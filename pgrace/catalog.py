@@ -7,18 +7,23 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError, ScenarioError
 from pgrace.formats import limits
-from pgrace.formats.scenario_toml import did_you_mean, load_toml_scenario
+from pgrace.formats.names import did_you_mean
+from pgrace.formats.scenario_toml import load_toml_scenario
 from pgrace.model import Scenario
 
 SUFFIXES = (".toml", ".spec")
 
 
 def shipped_dir() -> Path:
-    """Installed wheels carry the scenarios inside the package; a checkout has them at the top."""
-    packaged = Path(__file__).parent / "scenarios"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "scenarios"
+    """The scenarios shipped inside the package (a checkout's top-level ``scenarios/`` links here).
+
+    The package's own folder, so a wheel, an editable install and a checkout find them alike.
+    pgrace is never imported from a zip, so this is the folder ``importlib.resources`` names
+    too, without importing its readers on every run.
+    """
+    return Path(__file__).parent / "scenarios"
 
 
 def shipped_names() -> list[str]:
@@ -61,6 +66,19 @@ def entries() -> list[Entry]:
         topic = scenario.topic or OTHER_TOPIC
         found.append(Entry(name, scenario.title, topic, scenario.tags, scenario.variants))
     return found
+
+
+def select(tags: tuple[str, ...] | list[str] = (), topic: str | None = None) -> list[Entry]:
+    """The shipped scenarios with every one of ``tags`` and of ``topic``; an unknown tag or topic is an error."""
+    found = entries()
+    known_tags = {tag for entry in found for tag in entry.tags}
+    for tag in tags:
+        if tag not in known_tags:
+            raise OptionError(f"no shipped scenario has tag {tag!r}{did_you_mean(tag, known_tags)}", "--tag")
+    known_topics = {entry.topic for entry in found}
+    if topic is not None and topic not in known_topics:
+        raise OptionError(f"no shipped scenario has topic {topic!r}{did_you_mean(topic, known_topics)}", "--topic")
+    return [e for e in found if set(tags) <= set(e.tags) and (topic is None or e.topic == topic)]
 
 
 def by_topic(chosen: list[Entry]) -> list[tuple[str, list[Entry]]]:

@@ -12,7 +12,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from pgrace.model import RowRef, Scenario, StepExpectation, WaitTarget
-from pgrace.timeline import RELEASE_CAUSES, CheckResult, Outcome, RowLock, Run, SqlError, StepRun, Wait
+from pgrace.timeline import RELEASE_CAUSES, CheckResult, HeldLock, Outcome, Run, SqlError, StepRun, Wait
 
 NULL = "NULL"  # TOML has no null: the string "NULL" in expected rows matches SQL NULL
 
@@ -23,6 +23,8 @@ def evaluate(run: Run) -> list[CheckResult]:
     scenario = run.scenario
     for step_run in run.step_runs():
         step = scenario.step(step_run.step)
+        if step_run.retried:  # an attempt another followed: the last attempt's steps are checked
+            continue
         if not step.expect.is_empty():
             results.extend(_step_checks(step_run, step.expect, step.line, run.row_locks_available))
         if scenario.format == "pgrace":  # a spec's errors are output to compare, as isolationtester's
@@ -185,7 +187,7 @@ def wait_matches(wait: Wait, target: WaitTarget) -> bool:
     return wait.kind == "transaction" and bool(indexes) and (target.index is None or target.index in indexes)
 
 
-def _lock_matches(lock: RowLock, row: RowRef, session: str, mode: str | None) -> bool:
+def _lock_matches(lock: HeldLock, row: RowRef, session: str, mode: str | None) -> bool:
     return (
         lock.row is not None
         and row_matches(lock.row, row)
@@ -243,7 +245,7 @@ def format_rows(rows: tuple[tuple[Any, ...], ...] | list[tuple[Any, ...]]) -> st
     return ", ".join("(" + ", ".join(format_value(v) for v in row) + ")" for row in rows)
 
 
-def format_locks(locks: list[RowLock] | tuple[RowLock, ...]) -> str:
+def format_locks(locks: list[HeldLock] | tuple[HeldLock, ...]) -> str:
     return "; ".join(f"{lock.session}: {lock.describe_row()} {lock.mode}" for lock in locks) or "no row locks"
 
 

@@ -8,49 +8,50 @@ user in exactly one place, :class:`PgraceGroup`, as one line and the error's exi
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
 import signal
 import sys
-import textwrap
-from contextlib import ExitStack, suppress
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
+from click.shell_completion import CompletionItem
 
-from pgrace import bounds
+from pgrace import __version__, bounds
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     EXIT_INVALID,
     EXIT_SIGTERM,
+    OptionError,
     PgraceError,
     ScenarioError,
     ScenarioFailed,
-    exit_code_of_interrupt,
-    raise_terminated,
-    report_internal_error,
 )
-from pgrace.render.escape import visible, without_controls
+from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
+from pgrace.files import read_input as read_input  # for commands that read a file named on the line
+from pgrace.files import refuse_overwriting_inputs
+from pgrace.render import formats
+from pgrace.text import visible
 
 # Each command imports what it needs when it runs: psycopg, the runner and the renderers
 # cost more than a short run itself (tests/test_import_cost.py checks that importing this
 # module pulls in none of them).
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
     from pgrace.model import Scenario
+    from pgrace.pgbench import ClientRun, LoadResult
+    from pgrace.render.presenter import Presenter
     from pgrace.render.progress import Progress
     from pgrace.render.text import Style
-    from pgrace.runner import RunOptions
     from pgrace.servers import ServerInfo
     from pgrace.timeline import Run
 
-FORMATS = ("text", "json", "isolation", "html", "svg", "mermaid", "markdown")
-COMPARE_FORMATS = ("text", "html", "svg", "markdown")
+FORMATS = formats.names("run")  # the formats of one run; each command's are in pgrace.render.formats
 
 
 class PgraceGroup(click.Group):
@@ -107,6 +108,21 @@ class PgraceGroup(click.Group):
             # Cleanup is done: a late SIGTERM (e.g. during interpreter shutdown) just ends the process.
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+class PgraceCommand(click.Command):
+    """Says the library's word on an option (:class:`OptionError`) as click says it of a bad option."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OptionError as exc:
+            if exc.option is None:
+                raise click.UsageError(exc.message, ctx) from None
+            raise click.BadParameter(exc.message, ctx, param_hint=exc.option) from None
+
+
+PgraceGroup.command_class = PgraceCommand
 
 
 def _forget_secrets() -> None:
@@ -167,20 +183,6 @@ def _max_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., 
     )
 
 
-def _progress() -> Progress:
-    """Progress on stderr when it is a terminal (drawn by the renderer; nothing off a terminal)."""
-    from pgrace.render.progress import Progress
-
-    return Progress(sys.stderr)
-
-
-def _long_exploration(progress: Progress, label: str, total: int, jobs: int) -> None:
-    """A long job says how long before it starts, on a terminal or in a CI log."""
-    if total > bounds.LONG_INTERLEAVINGS:
-        processes = f" in {jobs} processes" if jobs > 1 else ""
-        progress.note(f"pgrace: {label}: {total:,} interleavings to run{processes}")
-
-
 def _writable(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Refuse an output file whose folder is missing or read-only before running anything (exit 2)."""
     if value is not None:
@@ -188,20 +190,6 @@ def _writable(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise click.BadParameter(f"cannot write {value}: no writable folder {str(folder)!r}", ctx, param)
     return value
-
-
-def refuse_overwriting_inputs(output: str | Path | None, inputs: Iterable[str | Path], what: str = "-o") -> None:
-    """An output file that is one of the files the command reads (itself, or through a link) is refused, exit 2.
-
-    ``pgrace run my.toml -o my.toml`` would otherwise replace the scenario with its own timeline.
-    Any other existing file is overwritten, as a shell's ``>`` would.
-    """
-    if output is None:
-        return
-    for source in inputs:
-        with suppress(OSError):  # a file that does not exist (yet) cannot be an input
-            if os.path.samefile(output, source):
-                raise ScenarioError(f"{what} would write over {source}, which this command reads", str(output))
 
 
 OUTPUT_HELP = (
@@ -218,19 +206,6 @@ def write_output(path: str | Path, text: str) -> None:
         raise ScenarioError(f"cannot write: {exc.strerror or exc}", str(path)) from None
 
 
-def read_input(name: str) -> str:
-    """A text file named on the command line (not a scenario): unreadable or not UTF-8 is invalid input."""
-    try:
-        data = Path(name).read_bytes()
-    except OSError as exc:
-        raise ScenarioError(f"cannot read: {exc.strerror or exc}", name) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ScenarioError(f"not UTF-8: byte 0x{data[exc.start : exc.start + 1].hex()}", name, line) from None
-
-
 EXIT_CODES_HELP = """\b
 Exit codes:
   0    ran, and every expectation held
@@ -245,94 +220,58 @@ Exit codes:
 """
 
 
-@click.group(cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.version_option(package_name="pgrace")
+MAIN_HELP = """\b
+Environment:
+  PGRACE_DSN        the server to use when neither --dsn nor --server is given
+                    (a libpq URI or conninfo; unset: the embedded PostgreSQL)
+  PGRACE_CACHE_DIR  where the embedded server's template is kept
+  PGRACE_DEBUG=1    a traceback with an internal error (exit 4)
+  NO_COLOR          no colour, even on a terminal
+
+\b
+Shell completion of commands, options, shipped scenario names and files:
+  bash, in ~/.bashrc:  eval "$(_PGRACE_COMPLETE=bash_source pgrace)"
+  zsh, in ~/.zshrc:    eval "$(_PGRACE_COMPLETE=zsh_source pgrace)"
+  fish:                _PGRACE_COMPLETE=fish_source pgrace | source
+
+"""
+
+
+@click.group(
+    cls=PgraceGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=MAIN_HELP + EXIT_CODES_HELP
+)
+@click.version_option(version=__version__, prog_name="pgrace")
 def main() -> None:
     """Reproduce PostgreSQL concurrency bugs on demand, against a real server."""
 
 
-@main.command("list", epilog=EXIT_CODES_HELP)
-@click.option(
-    "--tag", "tags", multiple=True, metavar="TAG", help="Only scenarios with this tag (repeatable: all of them)."
+def _complete_scenario(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Shell completion of SCENARIO: the shipped names that fit, then files, as the shell lists them."""
+    from pgrace.catalog import shipped_names
+
+    names = [CompletionItem(name) for name in shipped_names() if name.startswith(incomplete)]
+    return [*names, CompletionItem(incomplete, type="file")]
+
+
+# -- the options every command shares, declared once ------------------------------------------
+
+SERVER_HELP = "Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE."
+scenario_argument = click.argument("scenario", metavar="SCENARIO", shell_complete=_complete_scenario)
+fix_option = click.option("--fix", is_flag=True, help="Run the variant with the cure applied.")
+bug_option = click.option("--bug", is_flag=True, help="Run the variant that shows the bug.")
+param_option = click.option(
+    "--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="Set a scenario parameter, e.g. -p workers=5."
 )
-@click.option("--topic", metavar="TOPIC", help="Only scenarios of this topic, e.g. 'job queue'.")
-@click.option(
-    "--format",
-    "-f",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Output format.",
+server_option = click.option("--server", "server_target", metavar="SERVER", help=SERVER_HELP)
+dsn_option = click.option(
+    "--dsn",
+    envvar="PGRACE_DSN",
+    show_envvar=True,
+    help="Use this server instead of the embedded one (libpq URI or conninfo).",
 )
-def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
-    """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
-    from pgrace import catalog
-    from pgrace.formats.scenario_toml import did_you_mean
-
-    entries = catalog.entries()
-    known_tags = {tag for entry in entries for tag in entry.tags}
-    for tag in tags:
-        if tag not in known_tags:
-            raise click.BadParameter(
-                f"no shipped scenario has tag {tag!r}{did_you_mean(tag, known_tags)}", param_hint="--tag"
-            )
-    known_topics = {entry.topic for entry in entries}
-    if topic is not None and topic not in known_topics:
-        raise click.BadParameter(
-            f"no shipped scenario has topic {topic!r}{did_you_mean(topic, known_topics)}", param_hint="--topic"
-        )
-    chosen = [e for e in entries if set(tags) <= set(e.tags) and (topic is None or e.topic == topic)]
-    if fmt == "json":
-        click.echo(json.dumps([entry.to_dict() for entry in chosen], indent=2, ensure_ascii=False))
-        return
-    for number, (group, members) in enumerate(catalog.by_topic(chosen)):
-        click.echo(visible(("\n" if number else "") + group))
-        for entry in members:
-            click.echo(visible(f"  {entry.name:<28} {entry.title}  [{entry.variants_label}]"))
-    shown = sorted({tag for entry in chosen for tag in entry.tags})
-    if shown:
-        wrapped = textwrap.wrap(
-            ", ".join(shown),
-            width=100,
-            initial_indent="  ",
-            subsequent_indent="  ",
-            break_on_hyphens=False,
-            break_long_words=False,
-        )
-        click.echo(visible("\ntags (pgrace list --tag TAG):\n" + "\n".join(wrapped)))
-
-
-def _params(values: tuple[str, ...]) -> dict[str, str]:
-    params: dict[str, str] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
-        params[name] = value
-    return params
-
-
-def _variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
-    if fix and bug:
-        raise click.UsageError("--fix and --bug exclude each other")
-    from pgrace import catalog
-
-    return catalog.variant(scenario, "fix" if fix else "bug" if bug else None)
-
-
-def _both_variants(scenario: Scenario, picked_variant: bool) -> list[Scenario]:
-    """What --compare runs: the bug, then the fix."""
-    if picked_variant:
-        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
-    if scenario.other is None:
-        raise ScenarioError(
-            f"scenario {scenario.name!r} has one variant only; --compare needs a bug and a fix", scenario.source
-        )
-    return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
-
-
-scenario_argument = click.argument("scenario", metavar="SCENARIO")
+output_option = click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP
+)
 step_timeout_option = click.option(
     "--step-timeout",
     type=Seconds(),
@@ -340,6 +279,9 @@ step_timeout_option = click.option(
     show_default=True,
     metavar="SECONDS",
     help="Cancel a step that cannot finish after this long.",
+)
+seed_option = click.option(
+    "--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed."
 )
 database_name_option = click.option(
     "--database-name",
@@ -360,29 +302,101 @@ allow_schema_option = click.option(
 )
 
 
+def _either(names: tuple[str, ...]) -> str:
+    """``text, json, markdown or html``."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def format_option(kind: str, help_text: str = "Output format.") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--format``: the formats of ``kind`` in the registry (:mod:`pgrace.render.formats`), the first by default."""
+    names = formats.names(kind)
+    return click.option(
+        "--format", "-f", "fmt", type=click.Choice(names), default=names[0], show_default=True, help=help_text
+    )
+
+
+# -- what the commands share --------------------------------------------------------------------
+
+
+def _params(values: tuple[str, ...]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
+        params[name] = value
+    return params
+
+
+def _variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
+    if fix and bug:
+        raise click.UsageError("--fix and --bug exclude each other")
+    from pgrace import catalog
+
+    return catalog.variant(scenario, "fix" if fix else "bug" if bug else None)
+
+
+def _note(line: str) -> None:
+    """What the library has to say on the way (a server mended, leftovers dropped): stderr, never stdout."""
+    click.echo(f"pgrace: {line}", err=True)
+
+
+def _progress() -> Progress:
+    """Progress on stderr when it is a terminal (drawn by the renderer; nothing off a terminal)."""
+    from pgrace.render.progress import Progress
+
+    return Progress(sys.stderr)
+
+
+def _draw(kind: str, fmt: str, result: Any, style: Style | None = None, counterpart: Scenario | None = None) -> str:
+    """``result`` (what the library function for ``kind`` returned) in format ``fmt``."""
+    from pgrace.render.views import View
+
+    return formats.render(kind, fmt, result, View(style, counterpart))
+
+
+def _render(result: Run, fmt: str, style: Style | None = None, counterpart: Scenario | None = None) -> str:
+    """One run in format ``fmt``."""
+    return _draw("run", fmt, result, style, counterpart)
+
+
 def report_swept(server: ServerInfo) -> None:
-    """Say what was mended to start the server; drop what killed runs left on it, and say so.
+    """Say what was mended to start the server; drop what killed runs left on it, and say so."""
+    from pgrace import api
 
-    A failure here never stops a run."""
-    from pgrace.scratch import sweep_leftovers
-
-    for note in server.notes:
-        click.echo(f"pgrace: note: {visible(note)}", err=True)
-    if server.fresh:  # started for this command a moment ago: nothing to sweep, no connection to spend
-        return
-    with suppress(PgraceError):
-        swept = sweep_leftovers(server)
-        for name in swept.removed:
-            click.echo(f"pgrace: removed {name}, left behind by a killed pgrace run", err=True)
-        for note in swept.skipped:
-            click.echo(f"pgrace: {note}", err=True)
+    api.tidy(server, _note)
 
 
-fix_option = click.option("--fix", is_flag=True, help="Run the variant with the cure applied.")
-bug_option = click.option("--bug", is_flag=True, help="Run the variant that shows the bug.")
-param_option = click.option(
-    "--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="Set a scenario parameter, e.g. -p workers=5."
+def _emit(text: str, output: str | None) -> None:
+    if output is not None:
+        write_output(output, text)
+    else:
+        click.echo(text, nl=False)
+
+
+def _shard(value: str | None) -> tuple[int, int]:
+    if value is None:
+        return (1, 1)
+    k, sep, n = value.partition("/")
+    if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
+        raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
+    return int(k), int(n)
+
+
+# -- reading scenarios: list, show ----------------------------------------------------------------
+
+
+@main.command("list", epilog=EXIT_CODES_HELP)
+@click.option(
+    "--tag", "tags", multiple=True, metavar="TAG", help="Only scenarios with this tag (repeatable: all of them)."
 )
+@click.option("--topic", metavar="TOPIC", help="Only scenarios of this topic, e.g. 'job queue'.")
+@format_option("list")
+def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
+    """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
+    from pgrace import catalog
+
+    _emit(_draw("list", fmt, catalog.select(tags, topic)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -393,40 +407,13 @@ param_option = click.option(
 def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     """Show a scenario's story and steps without running it."""
     from pgrace import catalog
+    from pgrace.render.listing import render_show
 
     loaded = catalog.load(scenario, _params(params))
-    chosen = without_controls(_variant(loaded, fix, bug))
-    click.echo(f"{chosen.name} ({chosen.variant}): {chosen.title}")
-    click.echo(f"source: {chosen.source}")
-    if chosen.topic or chosen.tags:
-        click.echo(
-            f"topic: {chosen.topic or catalog.OTHER_TOPIC}"
-            + (f"; tags: {', '.join(chosen.tags)}" if chosen.tags else "")
-        )
-    if chosen.narrative:
-        click.echo("")
-        click.echo(chosen.narrative)
-    click.echo("")
-    if chosen.changes:  # only the variant built over the file's first one has any
-        click.echo(f"what the {chosen.variant} changes in the {loaded.variant}:")
-        for change in chosen.changes:
-            click.echo(f"  {change}")
-        click.echo("")
-    click.echo(f"sessions: {', '.join(chosen.session_names)}")
-    for index, permutation in enumerate(chosen.permutations):
-        if len(chosen.permutations) > 1:
-            click.echo(f"\npermutation {index + 1}: {' '.join(p.step for p in permutation)}")
-            continue
-        for number, entry in enumerate(permutation, 1):
-            step = chosen.step(entry.step)
-            click.echo(f"{number:>3}. {step.session:<10} {' '.join(step.sql.split())}")
-            if step.note:
-                click.echo(f"     {'':<10} » {step.note}")
-    for check in chosen.checks:
-        click.echo(f"check: {check.description}")
-    if chosen.other:
-        flag = "--fix" if chosen.other.variant == "fix" else "--bug"
-        click.echo(f"\nother variant: {flag}: {chosen.other.title}")
+    click.echo(render_show(loaded, _variant(loaded, fix, bug)), nl=False)
+
+
+# -- one scenario: run ------------------------------------------------------------------------------
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -434,27 +421,15 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @fix_option
 @bug_option
 @param_option
-@click.option(
-    "--format", "-f", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Output format."
-)
-@click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one (libpq URI or conninfo).")
-@click.option(
-    "--server",
-    "server_target",
-    metavar="SERVER",
-    help="Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE.",
-)
+@format_option("run")
+@dsn_option
+@server_option
 @click.option("--step", "step_by_step", is_flag=True, help="Presenter mode: press Enter to run each step.")
-@click.option(
-    "--pace",
-    type=Seconds(),
-    metavar="SECONDS",
-    help="Presenter mode: run one step every SECONDS.",
-)
+@click.option("--pace", type=Seconds(), metavar="SECONDS", help="Presenter mode: run one step every SECONDS.")
 @step_timeout_option
 @click.option("--width", type=click.IntRange(min=40), help="Width of the text timeline (default: terminal).")
 @click.option("--color/--no-color", default=None, help="Colour per session (default: on a terminal, unless NO_COLOR).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
+@output_option
 @click.option(
     "--compare",
     is_flag=True,
@@ -497,60 +472,39 @@ def run(
     `.toml` scenario or an isolation `.spec` file. With --step or --pace the run
     is played live for an audience (a picture format then needs -o FILE).
     """
-    from pgrace import catalog
     from pgrace.servers import booting_server
 
     # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
     with booting_server(server_target or dsn, superuser) as server_ready:
+        from pgrace import catalog
+
         loaded = catalog.load(scenario, _params(params))
+        from pgrace import api
+        from pgrace.engine.options import RunOptions
+
         refuse_overwriting_inputs(output, [loaded.source])
         to_terminal = output is None and sys.stdout.isatty()
-        colour = color if color is not None else (to_terminal and "NO_COLOR" not in os.environ)
-        style = None
-        if fmt == "text":  # the text renderer is only imported when it is used
-            from pgrace.render.text import Style
-
-            style = Style(colour=colour, width=width or (shutil.get_terminal_size().columns if to_terminal else 120))
+        live = bool(step_by_step or pace)
         if compare:
-            from pgrace.runner import RunOptions
-
-            _run_compare(
-                loaded,
-                fix or bug,
-                fmt,
-                server_ready,
-                step_by_step or bool(pace),
-                RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds),
-                style,
-                output,
-                allow_scratch_schema,
-            )
-            return
+            _refuse_compare(fix or bug, live, fmt)
+            style = _run_style(fmt, color, width, to_terminal)
+            server = server_ready()
+            report_swept(server)
+            options = RunOptions(step_timeout=step_timeout, lock_kinds=lock_kinds)
+            results = api.compare(loaded, server=server, options=options, allow_scratch_schema=allow_scratch_schema)
+            _emit(_draw("compare", fmt, results, style), output)
+            sys.exit(0 if all(r.ok for r in results) else 1)
         chosen = _variant(loaded, fix, bug)
         counterpart = loaded.other if chosen is loaded else loaded  # the other variant, for "the cure" or "the bug"
-        live = bool(step_by_step or pace) and (fmt == "text" or output is not None)
         presenter = None
-        if live:
-            from pgrace.render.presenter import Presenter
-            from pgrace.render.text import Style
-
-            on_screen = sys.stdout.isatty()
-            presenter = Presenter(
-                chosen,
-                Style(
-                    colour=color if color is not None else (on_screen and "NO_COLOR" not in os.environ),
-                    width=width or (shutil.get_terminal_size().columns if on_screen else 120),
-                ),
-                pace=pace,
-                step_by_step=step_by_step,
-                counterpart=counterpart,
-                lock_kinds=lock_kinds,
-            )
+        if live and (fmt == "text" or output is not None):
+            style_live = _style(color, width, sys.stdout.isatty())
+            presenter = _presenter(chosen, counterpart, style_live, pace, step_by_step, lock_kinds)
+        else:
+            # The engine and the renderer are imported while the run waits for its server and database.
+            _import_ahead("pgrace.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
         try:
             server = server_ready()
-            from pgrace import api
-            from pgrace.runner import RunOptions
-
             options = RunOptions(
                 step_timeout=step_timeout,
                 lock_kinds=lock_kinds,
@@ -559,17 +513,7 @@ def run(
                 on_idle=presenter.on_idle if presenter else None,
             )
             report_swept(server)
-            if presenter is not None:
-                with presenter:
-                    result = api.run(
-                        chosen,
-                        server=server,
-                        options=options,
-                        allow_scratch_schema=allow_scratch_schema,
-                        database_name=database_name,
-                    )
-                    presenter.finish(result)
-            else:
+            with presenter or nullcontext():
                 result = api.run(
                     chosen,
                     server=server,
@@ -577,15 +521,74 @@ def run(
                     allow_scratch_schema=allow_scratch_schema,
                     database_name=database_name,
                 )
+                if presenter is not None:
+                    presenter.finish(result)
         except ScenarioFailed as failed:
             # As isolationtester: what ran until then, then why it stopped (on stderr, exit 1).
             if failed.run is not None and presenter is None:
-                _show_run(failed.run, fmt, style, counterpart, output, to_terminal)
+                _show_run(failed.run, fmt, _run_style(fmt, color, width, to_terminal), counterpart, output, to_terminal)
             raise
+        style = _run_style(fmt, color, width, to_terminal)
         _show_run(result, fmt, style, counterpart, output, to_terminal if presenter is None else None)
-        for note in _teardown_failures(result) if fmt != "isolation" else []:
+        for note in api.teardown_failures(result) if fmt != "isolation" else []:
             click.echo(f"pgrace: note: {note}", err=True)
         sys.exit(0 if result.ok else 1)
+
+
+def _presenter(
+    chosen: Scenario,
+    counterpart: Scenario | None,
+    style: Style,
+    pace: float | None,
+    step_by_step: bool,
+    lock_kinds: Literal["rows", "all"],
+) -> Presenter:
+    """Live playback: a step every ``pace`` seconds, or at each Enter."""
+    from pgrace.render.presenter import Presenter
+
+    return Presenter(
+        chosen, style, pace=pace, step_by_step=step_by_step, counterpart=counterpart, lock_kinds=lock_kinds
+    )
+
+
+def _style(color: bool | None, width: int | None, on_terminal: bool) -> Style:
+    """``--color`` and ``--width``, or what the terminal (or its absence, and NO_COLOR) says."""
+    from pgrace.render.text import Style
+
+    colour = color if color is not None else (on_terminal and "NO_COLOR" not in os.environ)
+    return Style(colour=colour, width=width or (shutil.get_terminal_size().columns if on_terminal else 120))
+
+
+def _run_style(fmt: str, color: bool | None, width: int | None, on_terminal: bool) -> Style | None:
+    """The text timeline's style; no other format has one (nor imports the text renderer)."""
+    return _style(color, width, on_terminal) if fmt == "text" else None
+
+
+def _import_ahead(*modules: str) -> None:
+    """Import ``modules`` in a thread now, for later: a short run spends most of its time waiting on the server.
+
+    The thread only imports, so there is nothing to clean up after it. A module that fails to
+    import fails again where it is used, and is reported there.
+    """
+    import importlib
+    import threading
+
+    def load() -> None:
+        for module in modules:
+            with suppress(Exception):
+                importlib.import_module(module)
+
+    threading.Thread(target=load, name="pgrace-import-ahead", daemon=True).start()
+
+
+def _refuse_compare(picked_variant: bool, live: bool, fmt: str) -> None:
+    """What ``run --compare`` cannot do: one variant, live playback, a format of one run only."""
+    if picked_variant:
+        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
+    if live:
+        raise click.UsageError("--compare cannot be played live; run each variant with --step instead")
+    if fmt not in formats.names("compare"):
+        raise click.UsageError(f"--compare shows --format {', '.join(formats.names('compare'))}, not {fmt}")
 
 
 def _show_run(
@@ -605,61 +608,7 @@ def _show_run(
     _emit(text, output)
 
 
-def _teardown_failures(result: Run) -> list[str]:
-    """Teardown errors (a teardown cancelled at --step-timeout, say): isolationtester reports them, not fatal."""
-    from pgrace.timeline import SetupRan
-
-    notes = []
-    for event in result.events:
-        if isinstance(event, SetupRan) and event.phase == "teardown" and event.outcome.error is not None:
-            error = event.outcome.error
-            where = f"teardown of session {event.session}" if event.session else "teardown"
-            detail = f" ({error.detail})" if error.detail else ""
-            notes.append(visible(f"{where} failed: {error.severity}:  {error.message}{detail}"))
-    return notes
-
-
-def _run_compare(
-    loaded: Scenario,
-    picked_variant: bool,
-    fmt: str,
-    server_ready: Callable[[], ServerInfo],
-    live: bool,
-    options: RunOptions,
-    style: Style | None,
-    output: str | None,
-    allow_scratch_schema: bool,
-) -> None:
-    """Run the bug and the fix on one server and render them next to each other."""
-    from pgrace import api
-
-    variants = _both_variants(loaded, picked_variant)
-    if live:
-        raise click.UsageError("--compare cannot be played live; run each variant with --step instead")
-    if fmt not in COMPARE_FORMATS:
-        raise click.UsageError(f"--compare shows --format {', '.join(COMPARE_FORMATS)}, not {fmt}")
-    server = server_ready()
-    report_swept(server)
-    results = [api.run(v, server=server, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants]
-    if fmt == "html":
-        from pgrace.render.html import render_html_compare
-
-        text = render_html_compare(results)
-    elif fmt == "svg":
-        from pgrace.render.svg import render_svg_compare
-
-        text = render_svg_compare(results)
-    elif fmt == "markdown":
-        from pgrace.render.markdown import render_markdown_compare
-
-        text = render_markdown_compare(results)
-    else:
-        from pgrace.render.compare import render_text_compare
-        from pgrace.render.text import Style
-
-        text = render_text_compare(results, style or Style())
-    _emit(text, output)
-    sys.exit(0 if all(r.ok for r in results) else 1)
+# -- regression checks: check, and clean ------------------------------------------------------------
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -672,7 +621,7 @@ def _run_compare(
     help="Run on this server; repeat for a side-by-side matrix. 'embedded', a connection string, "
     "a PostgreSQL bin directory (e.g. /usr/lib/postgresql/15/bin) or docker:IMAGE.",
 )
-@click.option("--dsn", envvar="PGRACE_DSN", help="Short for --server with a connection string.")
+@dsn_option
 @click.option(
     "--golden", is_flag=True, help="Also compare each text timeline with NAME.VARIANT.out beside the scenario."
 )
@@ -699,7 +648,7 @@ def _run_compare(
     help="Judge every interleaving: a bug must occur in one, a fix must hold in all.",
 )
 @_max_option("With --explore: a seeded sample of N")
-@click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
+@seed_option
 @_jobs_option("With --explore: processes")
 @superuser_option
 def check(
@@ -729,154 +678,120 @@ def check(
     when every interleaving satisfies its final checks. Exit code 1: a case
     failed; 2: a file could not be read (it is reported, the others still run).
     """
-    from pgrace import regression
-    from pgrace.render.check import render_invalid, render_matrix, render_results
-    from pgrace.runner import RunOptions
-    from pgrace.scratch import reusable_scratch_database
-    from pgrace.servers import booting_server
+    from pgrace import api
+    from pgrace.regression import CaseResult
+    from pgrace.render.check import render_invalid, render_matrix, render_results, render_total
 
-    if not paths:  # scenarios/ here, else the shipped ones (an installed wheel carries them)
-        from pgrace.catalog import shipped_dir
-
-        paths = ("scenarios",) if Path("scenarios").is_dir() else (str(shipped_dir()),)
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
-    options = RunOptions(step_timeout=step_timeout)
-    results: list[regression.CaseResult] = []
-    with ExitStack() as stack:
-        # pgrace's own servers boot, side by side, while the files are read.
-        booting = [stack.enter_context(booting_server(t, superuser)) for t in (targets or [None])]
-        invalid: list[ScenarioError] = []
-        cases = regression.prepare(list(paths), golden=golden or update, expected=expected, invalid=invalid)
-        refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
-        for error in invalid:  # reported at once, each on its line; the valid files still run
-            click.echo(render_invalid(error), nl=False)
-        if invalid and not cases:  # nothing to run: no server is needed to say so
-            raise ScenarioError(f"no valid scenario files under {', '.join(paths)}")
-        opened = [ready() for ready in booting]
-        progress = stack.enter_context(_progress())
-        progress.start("check", len(cases) * len(opened), "cases")
-        for server in opened:
-            report_swept(server)
-            scratch = None  # specs share one scratch database per server, reset only when a spec leaves objects
-            if not explore_all and any(case.spec is not None for case in cases):
-                scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
-            for case in cases:
-                if explore_all:
+    with _progress() as progress:
 
-                    def interleaved(done: int, total: int, name: str = case.name) -> None:
-                        if done == 0:
-                            _long_exploration(progress, name, total, jobs)
-                        progress.update(len(results), f"{name}: {done:,}/{total:,} interleavings")
+        def shown(result: CaseResult) -> None:
+            if not quiet or not result.ok:
+                progress.pause()  # the line is drawn again below the result
+                click.echo(render_results([result], with_server=len(targets) > 1), nl=False)
 
-                    result = regression.run_explore_case(case, server, options, limit, seed, jobs, interleaved)
-                else:
-                    result = regression.run_case(
-                        case, server, options, update=update, database_name=database_name, scratch=scratch
-                    )
-                results.append(result)
-                if not quiet or not result.ok:
-                    progress.pause()  # the line is drawn again below the result
-                    click.echo(render_results([result], with_server=len(opened) > 1), nl=False)
-                progress.update(len(results))
-        progress.close()
-    if len(opened) > 1:
-        click.echo(render_matrix(results, opened), nl=False)
-    failed = sum(1 for r in results if not r.ok)
-    updated = sum(1 for r in results if r.updated)
-    total = f"{len(results)} checks: {len(results) - failed} passed, {failed} failed"
-    if invalid:
-        total += f"; {len(invalid)} invalid file{'s' if len(invalid) != 1 else ''} not run"
-    if update:
-        total += f"; {updated} golden timeline{'s' if updated != 1 else ''} written"
-    click.echo(total)
+        checked = api.check(
+            paths,
+            servers=targets or [None],
+            superuser=superuser,
+            golden=golden,
+            update=update,
+            expected=expected,
+            junit=junit,
+            step_timeout=step_timeout,
+            database_name=database_name,
+            explore=explore_all,
+            limit=limit,
+            seed=seed,
+            jobs=jobs,
+            monitor=progress,
+            on_invalid=lambda error: click.echo(render_invalid(error), nl=False),
+            on_result=shown,
+            on_note=_note,
+        )
+    if len(checked.servers) > 1:
+        click.echo(render_matrix(checked.results, checked.servers), nl=False)
+    click.echo(render_total(checked, update))
     if junit is not None:
         from pgrace.render.junit import render_junit
 
-        write_output(junit, render_junit(results, invalid))
-    sys.exit(EXIT_INVALID if invalid else 1 if failed else 0)
+        write_output(junit, render_junit(checked.results, checked.invalid))
+    sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.option("--dsn", envvar="PGRACE_DSN", required=True, help="The server to clean (libpq URI or conninfo).")
+@click.option(
+    "--dsn", envvar="PGRACE_DSN", show_envvar=True, required=True, help="The server to clean (libpq URI or conninfo)."
+)
 def clean(dsn: str) -> None:
     """Remove scratch databases and schemas that killed pgrace runs left on a server."""
-    from pgrace.pgbench import sweep_work_dirs
-    from pgrace.scratch import sweep_leftovers
-    from pgrace.servers import open_server
+    from pgrace import api
 
-    with open_server(dsn) as server:
-        swept = sweep_leftovers(server)
-    for name in swept.removed:
+    cleaned = api.clean(dsn)
+    for name in cleaned.removed:
         click.echo(f"removed {name}")
-    for path in sweep_work_dirs():
+    for path in cleaned.work_dirs:
         click.echo(visible(f"removed {path} (a killed pgrace load's work directory)"))
-    for note in swept.skipped:
-        click.echo(f"pgrace: {note}", err=True)
-    removed = len(swept.removed)
-    click.echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {server.label}")
+    for note in cleaned.skipped:
+        _note(note)
+    removed = len(cleaned.removed)
+    click.echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {cleaned.server}")
 
 
-def _render(result: Run, fmt: str, style: Style | None, counterpart: Scenario | None = None) -> str:
-    if fmt == "json":
-        from pgrace.render.json import render_json
-
-        return render_json(result)
-    if fmt == "isolation":
-        from pgrace.render.isolation import render_isolation
-
-        return render_isolation(result)
-    if fmt == "html":
-        from pgrace.render.html import render_html
-
-        return render_html(result, counterpart)
-    if fmt == "svg":
-        from pgrace.render.svg import render_svg
-
-        return render_svg(result)
-    if fmt == "mermaid":
-        from pgrace.render.mermaid import render_mermaid
-
-        return render_mermaid(result)
-    if fmt == "markdown":
-        from pgrace.render.markdown import render_markdown
-
-        return render_markdown(result, counterpart=counterpart)
-    from pgrace.render.text import Style, render_text
-
-    return render_text(result, style or Style())
-
-
-# -- finding races: explore, sweep, matrix ----------------------------------------------------
-
-EXPLORE_FORMATS = ("text", "json", "markdown", "html")
-
-
-def _shard(value: str | None) -> tuple[int, int]:
-    if value is None:
-        return (1, 1)
-    k, sep, n = value.partition("/")
-    if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
-        raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
-    return int(k), int(n)
-
-
-def _emit(text: str, output: str | None) -> None:
-    if output is not None:
-        write_output(output, text)
-    else:
-        click.echo(text, nl=False)
-
-
-server_option = click.option(
+@main.command("from-log", epilog=EXIT_CODES_HELP)
+@click.argument("logfiles", metavar="LOGFILE...", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--dsn", "incident_dsn", help="The incident's database, read only: the tables' DDL and rows.")
+@click.option("--prefix", metavar="LINE_PREFIX", help="The server's log_line_prefix (default: detected).")
+@click.option("--incident", "number", type=click.IntRange(min=1), metavar="N", help="Write the Nth incident.")
+@click.option("--list", "list_only", is_flag=True, help="List the incidents found, write nothing.")
+@click.option("--no-verify", is_flag=True, help="Write the scenario without running it.")
+@click.option(
     "--server",
     "server_target",
     metavar="SERVER",
-    help="Where to run: 'embedded', a connection string, a PostgreSQL bin directory or docker:IMAGE.",
+    help="Where to verify: 'embedded' (default), a connection string, a bin directory or docker:IMAGE.",
 )
-dsn_option = click.option("--dsn", envvar="PGRACE_DSN", help="Use this server (libpq URI or conninfo).")
-output_option = click.option(
-    "--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP
-)
+@output_option
+def from_log_command(
+    logfiles: tuple[str, ...],
+    incident_dsn: str | None,
+    prefix: str | None,
+    number: int | None,
+    list_only: bool,
+    no_verify: bool,
+    server_target: str | None,
+    output: str | None,
+) -> None:
+    """Turn a server log's deadlock or long lock wait into a scenario that reproduces it.
+
+    Reads stderr logs (with their log_line_prefix), csvlog and jsonlog; writes the scenario
+    to stdout or -o FILE and says on stderr what the log did not say and whether the
+    scenario, run in a scratch database, brought the incident back (exit 1 if not).
+    """
+    from pgrace.fromlog import from_log
+    from pgrace.fromlog.report import incident_list, report_lines
+
+    refuse_overwriting_inputs(output, logfiles)
+    result = from_log(
+        list(logfiles),
+        prefix=prefix,
+        dsn=incident_dsn,
+        incident=number,
+        list_only=list_only,
+        verify=not no_verify,
+        server_target=server_target,
+    )
+    if list_only:
+        click.echo("\n".join(incident_list(result)))
+        return
+    for line in report_lines(result):
+        click.echo(line, err=True)
+    assert result.written is not None
+    _emit(result.written.text + "\n", output)
+    sys.exit(0 if result.verified is None or result.verified.reproduced else 1)
+
+
+# -- finding races: explore, sweep, matrix ----------------------------------------------------
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -902,7 +817,7 @@ output_option = click.option(
     metavar="FILE",
     help="Merge the JSON results of shards (repeat) instead of running.",
 )
-@click.option("--format", "-f", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@format_option("run", f"Output format: {_either(formats.names('explore'))} for the classes; any format for --show N.")
 @server_option
 @dsn_option
 @step_timeout_option
@@ -933,83 +848,46 @@ def explore(
     interleaving. Interleavings are grouped by what the final checks saw and which
     SQLSTATEs the steps raised, each class with its count and its simplest example.
     """
-    from pgrace import catalog
-    from pgrace import explore as explorer
-    from pgrace.render.text import Style, render_text
-    from pgrace.servers import open_server
+    from pgrace import api, catalog
 
     chosen = _variant(catalog.load(scenario, _params(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])
-    if show is None and fmt not in EXPLORE_FORMATS:
-        raise click.UsageError(f"explore prints --format {', '.join(EXPLORE_FORMATS)}; --show N prints any format")
-    space = explorer.Space(chosen)
-    if merge_files:
-        texts = [(name, read_input(name)) for name in merge_files]
-        result = explorer.merge_explorations(explorer.load_explorations(texts, space))
-        if (result.scenario, result.variant) != (chosen.name, chosen.variant):
-            raise ScenarioError(f"the files explored {result.scenario} ({result.variant}), not this scenario")
-        _emit(_render_exploration(result, chosen, fmt, {}), output)
+    drawn = formats.names("explore")
+    if show is None and fmt not in drawn:
+        raise click.UsageError(f"explore prints --format {', '.join(drawn)}; --show N prints any format")
+    examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
+    if show is None and fmt == "html":  # the page shows every class's example
+        examples = "all"
+    with _progress() as progress:
+        found = api.explore(
+            chosen,
+            dsn=server_target or dsn,
+            superuser=superuser,
+            limit=limit,
+            seed=seed,
+            shard=_shard(shard),
+            jobs=jobs,
+            step_timeout=step_timeout,
+            examples=examples,
+            merge=merge_files,
+            monitor=progress,
+            on_note=_note,
+            reduce=not no_reduce,
+        )
+    if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
+        _emit(_draw("explore", fmt if fmt in drawn else "text", found), output)
         return
-    label = f"{chosen.name} ({chosen.variant})"
-    with open_server(server_target or dsn, superuser) as server:
-        report_swept(server)
-        with _progress() as progress:
-            reduced = not no_reduce and limit is None and shard is None and jobs == 1
-
-            def explored(done: int, total: int) -> None:
-                if done == 0:
-                    if not reduced:
-                        _long_exploration(progress, label, total, jobs)
-                    progress.start(label, total, "runs" if reduced else "interleavings")
-                progress.total = total  # a reduced search learns of the runs left as it goes
-                progress.update(done)
-
-            result = explorer.explore(
-                chosen,
-                server,
-                limit=limit,
-                seed=(seed if seed is not None else 0) if limit is not None else None,
-                shard=_shard(shard),
-                jobs=jobs,
-                step_timeout=step_timeout,
-                on_progress=explored,
-                reduce=not no_reduce,
-            )
-        wanted = [show] if show is not None else list(range(1, len(result.classes) + 1)) if fmt == "html" else []
-        examples = {
-            n: explorer.replay(chosen, server, result.classes[n - 1], step_timeout)
-            for n in wanted
-            if n <= len(result.classes)
-        }
-    if show is not None:
-        if show > len(result.classes):
-            raise click.BadParameter(
-                f"there {'is' if len(result.classes) == 1 else 'are'} {len(result.classes)} classes",
-                param_hint="--show",
-            )
-        replayed = examples[show]
-        if not explorer.same_class(replayed, result.classes[show - 1]):
-            click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
-        _emit(_render(replayed, fmt, Style(colour=False, width=120)), output)
-        return
-    timelines = {n: render_text(run, Style(colour=False, width=120)) for n, run in examples.items()}
-    _emit(_render_exploration(result, chosen, fmt, timelines), output)
-
-
-def _render_exploration(result: Any, scenario: Scenario, fmt: str, timelines: dict[int, str]) -> str:
-    from pgrace.render import outcomes as render
-
-    if fmt == "json":
-        return render.render_exploration_json(result)
-    if fmt == "markdown":
-        return render.render_exploration_markdown(result, scenario)
-    if fmt == "html":
-        return render.render_exploration_html(result, scenario, timelines)
-    return render.render_exploration_text(result, scenario)
+    if show > len(classes := found.exploration.classes):
+        raise click.BadParameter(
+            f"there {'is' if len(classes) == 1 else 'are'} {len(classes)} classes", param_hint="--show"
+        )
+    if show in found.replayed_differently:
+        click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
+    _emit(_render(found.examples[show], fmt, _style(False, 120, False)), output)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@format_option("matrix")
 @server_option
 @dsn_option
 @step_timeout_option
@@ -1024,22 +902,10 @@ def matrix(
     says whether it blocks. Exit status 1 when a cell differs from PostgreSQL's documented
     tables (Explicit Locking, tables 13.2 and 13.3).
     """
-    from pgrace import matrix as lock_matrix
-    from pgrace.render import outcomes as render
-    from pgrace.servers import open_server
+    from pgrace import api
 
-    with open_server(server_target or dsn, superuser) as server:
-        report_swept(server)
-        measured = lock_matrix.measure(server, step_timeout=step_timeout)
-    if fmt == "json":
-        text = render.render_matrix_json(measured)
-    elif fmt == "markdown":
-        text = render.render_matrix_markdown(measured)
-    elif fmt == "html":
-        text = render.render_matrix_html(measured)
-    else:
-        text = render.render_matrix_text(measured)
-    _emit(text, output)
+    measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=_note)
+    _emit(_draw("matrix", fmt, measured), output)
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
 
 
@@ -1067,9 +933,9 @@ def _sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
 )
 @click.option("--explore", "explore_cells", is_flag=True, help="Explore every interleaving of each combination.")
 @_max_option("With --explore: a seeded sample of N")
-@click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="With --explore --max: the seed.")
+@seed_option
 @_jobs_option("With --explore: processes")
-@click.option("--format", "-f", "fmt", type=click.Choice(EXPLORE_FORMATS), default="text", show_default=True)
+@format_option("sweep")
 @server_option
 @dsn_option
 @step_timeout_option
@@ -1096,91 +962,31 @@ def sweep(
     A bug variant's cell says whether the anomaly its final checks describe "occurs" or is
     "prevented" (by 40001, by blocking, or by neither); a fix's, whether its checks hold.
     """
-    from pgrace import sweep as sweeper
-    from pgrace.explore import replay
-    from pgrace.render import outcomes as render
-    from pgrace.render.text import Style, render_text
-    from pgrace.servers import open_server
+    from pgrace import api
 
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    grid = _sweep_params(params)
-    combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
-    bounds.check_combinations(combinations)
-    progress = _progress()
-    if combinations > bounds.LONG_COMBINATIONS:
-        progress.note(f"pgrace: {combinations:,} combinations to run")
-    # Every combination is loaded once, up front: invalid input fails before a server starts.
-    loaded = [sweeper.variants(ref, grid, "fix" if fix else "bug" if bug else None) for ref in scenarios]
-    refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
-    if explore_cells:
-        _long_exploration(progress, "sweep", sum(sweeper.interleavings(c, limit) for c in loaded), jobs)
-    timelines: dict[tuple[int, int, int], str] = {}
-    with open_server(server_target or dsn, superuser) as server, progress:
-        report_swept(server)
-        progress.start("sweep", combinations, "combinations")
-        results: list[sweeper.Sweep] = []
-        for chosen in loaded:
-            before = sum(len(c) for c in loaded[: len(results)])
-
-            def combination_done(done: int, total: int, before: int = before) -> None:
-                progress.update(before + done)
-
-            def interleaved(done: int, total: int) -> None:
-                progress.update(progress.done, f"{done:,}/{total:,} interleavings")
-
-            results.append(
-                sweeper.sweep(
-                    chosen,
-                    grid,
-                    server,
-                    explore=explore_cells,
-                    limit=limit,
-                    seed=seed if limit is not None else None,
-                    jobs=jobs,
-                    step_timeout=step_timeout,
-                    on_cell=combination_done,
-                    on_interleavings=interleaved,
-                )
-            )
-        progress.close()
-        if fmt == "html":
-            for i, (chosen, result) in enumerate(zip(loaded, results, strict=True)):
-                for j, ((_, scenario), cell) in enumerate(zip(chosen, result.cells, strict=True)):
-                    for k, cls in enumerate(cell.classes):
-                        run = replay(scenario, server, cls, step_timeout)
-                        timelines[(i, j, k)] = render_text(run, Style(colour=False, width=120))
-    if fmt == "json":
-        text = render.render_sweep_json(results)
-    elif fmt == "markdown":
-        text = render.render_sweep_markdown(results)
-    elif fmt == "html":
-        text = render.render_sweep_html(results, timelines)
-    else:
-        text = render.render_sweep_text(results)
-    _emit(text, output)
+    with _progress() as progress:
+        swept = api.sweep(
+            scenarios,
+            _sweep_params(params),
+            variant="fix" if fix else "bug" if bug else None,
+            explore=explore_cells,
+            limit=limit,
+            seed=seed,
+            jobs=jobs,
+            step_timeout=step_timeout,
+            examples=fmt == "html",
+            output=output,
+            dsn=server_target or dsn,
+            superuser=superuser,
+            monitor=progress,
+            on_note=_note,
+        )
+    _emit(_draw("sweep", fmt, swept), output)
 
 
-LOAD_FORMATS = ("text", "json", "svg", "html")
-
-
-def _client_counts(raw: str) -> tuple[int, ...]:
-    """``-c 1,2,4,8``: whole numbers from 1 to 1000, refused as one line (exit 2) otherwise."""
-    counts: list[int] = []
-    for part in raw.split(","):
-        part = part.strip()
-        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= 1000:
-            raise ScenarioError(f"-c/--clients is a list of client counts from 1 to 1000, like 1,2,4,8; not {raw!r}")
-        counts.append(int(part))
-    return tuple(counts)
-
-
-def _whole(raw: str | None, option: str) -> int | None:
-    if raw is None:
-        return None
-    if not (raw.strip().isascii() and raw.strip().isdigit()) or not 1 <= int(raw) <= 86400:
-        raise ScenarioError(f"{option} is a whole number from 1 to 86400, not {raw!r}")
-    return int(raw)
+# -- under load: pgbench ----------------------------------------------------------------------------
 
 
 @main.command(
@@ -1204,10 +1010,10 @@ def _whole(raw: str | None, option: str) -> int | None:
     "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
 )
 @click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
-@click.option("--format", "-f", "fmt", type=click.Choice(LOAD_FORMATS), default="text", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), callback=_writable, help=OUTPUT_HELP)
-@click.option("--dsn", envvar="PGRACE_DSN", help="Use this server instead of the embedded one.")
-@click.option("--server", "server_target", metavar="SERVER", help="'embedded', a connection string or a bin directory.")
+@format_option("load", "Output format: svg is the plot, html the table and the plot in one page.")
+@output_option
+@dsn_option
+@server_option
 @click.option(
     "--pgbench", "pgbench_path", metavar="PATH", help="The pgbench to run (default: the server's own, or PATH)."
 )
@@ -1240,58 +1046,46 @@ def load(
     the most clients waiting on a lock at once (and on what), and every invariant of the
     [load] section that did not hold. Each count starts from a fresh scratch database.
     """
-    from pgrace import catalog
-    from pgrace import pgbench as engine
-    from pgrace.render.load import render_load
-    from pgrace.servers import open_server
+    from pgrace import api, catalog
 
     loaded = catalog.load(scenario, _params(params))
     refuse_overwriting_inputs(output, [loaded.source])
-    counts = _client_counts(clients)
-    seconds = _whole(duration, "-T/--time")
-    per_client = _whole(transactions, "-t/--transactions")
-    if seconds is not None and per_client is not None:
-        raise ScenarioError("-T/--time and -t/--transactions exclude each other")
-    variants = _both_variants(loaded, fix or bug) if compare else [_variant(loaded, fix, bug)]
-    for variant in variants:
-        engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
-    if emit_dir is not None:
-        for variant in variants:
-            for path in engine.emit(variant, emit_dir):
-                click.echo(str(path))
-        return
+    if compare and (fix or bug):
+        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
     progress = _progress()  # on a terminal: each client count's figures, and the counts done so far
-
-    def measured(result: engine.LoadResult, run: engine.ClientRun) -> None:
-        if progress.live:
-            progress.note(
-                f"{result.scenario} {result.variant}: {run.clients} clients, {run.tps:.1f} tps, "
-                f"p95 {run.latency_ms['p95']} ms, {run.lock_waiters_max} waiting at most, "
-                f"{len(run.violations)} violations"
-            )
-        progress.update(progress.done + 1)
-
-    options = engine.LoadOptions(
-        clients=counts,
-        duration=None if per_client is not None else float(seconds or 5),
-        transactions=per_client,
-        pgbench=pgbench_path,
-        on_progress=measured,
-    )
-    results: list[engine.LoadResult] = []
     try:
-        with open_server(server_target or dsn) as server, progress:
-            report_swept(server)
-            progress.start(f"load {loaded.name}", len(variants) * len(counts), "client counts")
-            for variant in variants:
-                results.append(engine.run_load(variant, server, options))
+        done = api.load(
+            loaded if compare else _variant(loaded, fix, bug),
+            compare=compare,
+            clients=clients,
+            duration=duration,
+            transactions=transactions,
+            pgbench=pgbench_path,
+            emit=emit_dir,
+            dsn=server_target or dsn,
+            monitor=progress,
+            on_measured=lambda result, run: _measured(progress, result, run),
+            on_note=_note,
+        )
     except KeyboardInterrupt as exc:
-        partial = getattr(exc, "partial", None)
-        if partial is not None:
-            results.append(partial)
-        if results:
+        partial = getattr(exc, "loaded", None)
+        if partial is not None and partial.results:
             with suppress(Exception):
-                _emit(render_load(results, fmt), output)
+                _emit(_draw("load", fmt, partial.results), output)
         raise
-    _emit(render_load(results, fmt), output)
-    sys.exit(1 if any(run.violations for result in results for run in result.runs) else 0)
+    for path in done.emitted:
+        click.echo(str(path))
+    if emit_dir is None:
+        _emit(_draw("load", fmt, done.results), output)
+        sys.exit(0 if done.ok else 1)
+
+
+def _measured(progress: Progress, result: LoadResult, run: ClientRun) -> None:
+    """On a terminal, a client count's figures as soon as they are known."""
+    if progress.live:
+        progress.note(
+            f"{result.scenario} {result.variant}: {run.clients} clients, {run.tps:.1f} tps, "
+            f"p95 {run.latency_ms['p95']} ms, {run.lock_waiters_max} waiting at most, "
+            f"{len(run.violations)} violations"
+        )
+    progress.update(progress.done + 1)

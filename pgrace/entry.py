@@ -30,10 +30,8 @@ from pgrace.errors import (  # noqa: E402
     EXIT_INTERNAL,
     EXIT_SIGTERM,
     Terminated,
-    exit_code_of_interrupt,
-    raise_terminated,
-    report_internal_error,
 )
+from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error  # noqa: E402
 
 
 def main() -> NoReturn:

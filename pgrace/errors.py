@@ -3,7 +3,8 @@
     PgraceError                     exit 1, base class
     ├── ScenarioError               exit 2, invalid input: a scenario or spec file (file:line),
     │   │                                   an option value, a malformed --dsn
-    │   └── CodeError                       session code run_code/explore_code cannot interleave
+    │   ├── CodeError                       session code run_code/explore_code cannot interleave
+    │   └── OptionError                     an option's value, or options that exclude each other
     ├── ScenarioFailed              exit 1, the scenario could not run to its end on this server:
     │   ├── SetupFailed                     its setup SQL failed, or
     │   └── StepsStuck                      its steps blocked each other (isolationtester: exit 1)
@@ -12,7 +13,7 @@
                                     connection, or a -j worker process) went away in
                                     the middle of a run
 
-Exit codes, one meaning each (the CLI's help and the README carry the same table):
+Exit codes, one meaning each (the CLI's help and docs/reference/exit-codes.md carry the same table):
 
     0  ran, and every expectation held
     1  ran, and an expectation did not hold, or the scenario could not run to its end
@@ -29,14 +30,9 @@ they are recorded in the timeline as data, with their SQLSTATE.
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from types import FrameType
-
     from pgrace.timeline import Run
 
 EXIT_OK = 0
@@ -51,33 +47,6 @@ EXIT_SIGTERM = 143
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an exception so that every context manager cleans up as for Ctrl-C."""
-
-
-def raise_terminated(signum: int, frame: FrameType | None) -> None:
-    """The SIGTERM handler: raise :class:`Terminated`."""
-    raise Terminated()
-
-
-def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM: the shell's 128 + signal number."""
-    return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
-
-
-def report_internal_error(exc: BaseException) -> None:
-    """A bug in pgrace: one line on stderr naming the exception; the whole traceback with PGRACE_DEBUG=1."""
-    from pgrace.render.escape import visible
-    from pgrace.servers import scrub_secrets
-
-    def safe(text: str) -> str:  # a libpq message in it may quote a DSN; server text may hold ESC
-        return visible(scrub_secrets(text))
-
-    debug = bool(os.environ.get("PGRACE_DEBUG"))
-    if debug:
-        sys.stderr.write(safe("".join(traceback.format_exception(exc))))
-    first = str(exc).strip().splitlines()
-    detail = f": {first[0]}" if first else ""
-    hint = "" if debug else " (set PGRACE_DEBUG=1 to see the traceback)"
-    print(safe(f"pgrace: internal error, please report it: {type(exc).__name__}{detail}{hint}"), file=sys.stderr)
 
 
 class PgraceError(Exception):
@@ -107,6 +76,19 @@ class ScenarioError(_Located):
     """The input is invalid: a scenario or spec file, an option value or a connection string."""
 
     exit_code = EXIT_INVALID
+
+
+class OptionError(ScenarioError):
+    """An option's value (``option``, e.g. ``"--tag"``), or options that exclude each other (``option`` None).
+
+    Raised by the library where the CLI's options reach it; the CLI says it as click says a bad option.
+    """
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        self.option = option
+        super().__init__(message)
 
 
 class ScenarioFailed(_Located):

@@ -30,7 +30,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,6 +164,10 @@ class Space:
                 branches.append((i, counts[tied_at] * after, after))
         return branches
 
+    def __iter__(self) -> Iterator[tuple[str, ...]]:
+        """Every interleaving in number order: a :class:`~pgrace.engine.schedule.Schedule` of step names."""
+        return (self.unrank(i) for i in range(self.size))
+
     def unrank(self, index: int) -> tuple[str, ...]:
         """The interleaving numbered ``index`` (0 ≤ index < size)."""
         if not 0 <= index < self.size:
@@ -196,6 +200,34 @@ class Space:
                 raise ValueError(f"{name} cannot come here in an interleaving")
             at = _advance(at, session)
         return index
+
+    def canonical(self, order: Sequence[str], sent: set[str]) -> tuple[str, ...]:
+        """The lowest-numbered interleaving that sends the same steps in the same order as ``order`` did.
+
+        Steps of a retry loop that were not sent (an attempt nobody needed, a ROLLBACK with
+        no transaction to end, the rest of a failed attempt) may stand anywhere their session
+        allows: the run is the same. Those are placed as early as they can go, session by
+        session, the way the numbering counts. Any other step not sent (a lost session's)
+        keeps ``order`` as it is.
+        """
+        free = {name for name in order if name not in sent}
+        if not free or any(self.scenario.step(name).loop is None for name in free):
+            return tuple(order)
+        target = [name for name in order if name in sent]
+        at = tuple(0 for _ in self.chains)
+        made: list[str] = []
+        sent_so_far = 0
+        while len(made) < len(order):
+            for i in self._eligible(at):
+                name = self.chains[i][at[i]]
+                if name in free or (sent_so_far < len(target) and name == target[sent_so_far]):
+                    sent_so_far += name not in free
+                    made.append(name)
+                    at = _advance(at, i)
+                    break
+            else:
+                return tuple(order)  # no such order: keep the interleaving as it is
+        return tuple(made)
 
     def preference(self, launched: Sequence[str]) -> tuple[int, int]:
         """How simple an example is: (session switches, number); a launch order that is not
@@ -275,7 +307,21 @@ class Exploration:
     classes: list[OutcomeClass] = field(default_factory=list)
     shard: tuple[int, int] = (1, 1)
     runs: int | None = None  # executions actually run (None: one per interleaving explored)
-    complete: bool | None = None  # every interleaving covered, by a run or an equivalent one (None: explored == space)
+    complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
+    repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
+    replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
+
+    def replay(self, cls: OutcomeClass) -> Run:
+        """The class's example run again, fully observed (waits, rows, holders)."""
+        if self.replayer is None:
+            raise PgraceError("this exploration cannot replay its examples (read back from JSON)")
+        return self.replayer(cls)
+
+    def timeline(self, cls: OutcomeClass) -> str:
+        """The class's example run again, as the text timeline."""
+        from pgrace.render.text import render_text
+
+        return render_text(self.replay(cls))
 
     @property
     def run_count(self) -> int:
@@ -283,7 +329,8 @@ class Exploration:
 
     @property
     def covers_all(self) -> bool:
-        return self.explored == self.space if self.complete is None else self.complete
+        """Every interleaving covered, by a run or by an equivalent one."""
+        return self.complete and self.explored == self.space
 
     @property
     def reduced(self) -> bool:
@@ -291,7 +338,7 @@ class Exploration:
         return self.run_count != self.explored
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (see README, "Finding races")."""
+        """The documented JSON shape (docs/reference/json.md)."""
         return {
             "scenario": self.scenario,
             "variant": self.variant,
@@ -299,6 +346,7 @@ class Exploration:
             "explored": self.explored,
             "runs": self.run_count,
             "complete": self.covers_all,
+            "repeats": self.repeats,
             "seed": self.seed,
             "classes": [c.to_dict(self.variant) for c in self.classes],
         }
@@ -319,7 +367,8 @@ def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
             data["seed"],
             classes,
             runs=whole_number(data["runs"], "runs") if "runs" in data else None,
-            complete=bool(data["complete"]) if "complete" in data else None,
+            complete=bool(data.get("complete", True)),
+            repeats=whole_number(data.get("repeats", 0), "repeats"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})") from None
@@ -350,7 +399,7 @@ def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
         first.seed,
         merge_classes(p.classes for p in parts),
         runs=sum(p.run_count for p in parts),
-        complete=explored == first.space,
+        repeats=sum(p.repeats for p in parts),
     )
 
 
@@ -381,6 +430,7 @@ def run_interleavings(
         reset_sessions=True,
     )
     observed: list[Observed] = []
+    space = Space(scenario)
     with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
         for start in range(0, len(orders), BATCH):
             batch = orders[start : start + BATCH]
@@ -394,8 +444,11 @@ def run_interleavings(
                 options=options,
                 observer_dsn=db.observer_dsn,
             )
-            for one in split_run(run):
-                observed.append(classify(one))
+            for order, one in zip(batch, split_run(run), strict=True):
+                found = classify(one)
+                if (alike := space.canonical(order, set(found.launched))) != tuple(order):
+                    found = dataclasses.replace(found, same_as=space.rank(alike))
+                observed.append(found)
             if on_observed is not None:
                 on_observed(len(observed))
     return observed
@@ -490,6 +543,8 @@ def explore(
         )
     indices = choose(space.size, limit, seed, shard)
     total = len(indices)
+    whole = limit is None or limit >= space.size
+    picked = set() if whole else set(choose(space.size, limit, seed))  # every shard's: a repeat is decided alike
 
     def report(done: int) -> None:
         if on_progress is not None:
@@ -500,6 +555,7 @@ def explore(
         _check_room(scenario, server, workers)
     report(0)
     classes: dict[str, OutcomeClass] = {}
+    repeats = 0
     done = 0
     for start in range(0, total, PART * workers):
         orders = [space.unrank(i) for i in indices[start : start + PART * workers]]
@@ -512,6 +568,9 @@ def explore(
         else:
             observed = _run_in_processes(scenario, server, [orders[w::workers] for w in range(workers)], step_timeout)
         for one in observed:
+            if one.same_as is not None and (whole or one.same_as in picked):  # counted once, as the one it repeats
+                repeats += 1
+                continue
             add_observed(classes, one, space.preference(one.launched), scenario)
         done += len(orders)
         report(done)
@@ -523,6 +582,7 @@ def explore(
         seed if limit is not None and limit < space.size else None,
         ordered(classes.values()),
         shard,
+        repeats=repeats,
     )
 
 
@@ -574,15 +634,18 @@ def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Ex
 def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeout: float = 10.0) -> Run:
     """Run a class's example again as an ordinary run, fully observed (locks, waits), to show it.
 
-    Step notes and expectations are left out: they tell the file's own order.
+    Step notes and expectations are left out: they tell the file's own order (a retry
+    attempt's note stays: it says which attempt the step is).
     """
-    from pgrace import api
+    from pgrace.one_run import run_in_scratch
 
-    steps = tuple(dataclasses.replace(s, expect=StepExpectation(), note="") for s in scenario.steps)
+    steps = tuple(
+        dataclasses.replace(s, expect=StepExpectation(), note=s.note if s.attempt > 1 else "") for s in scenario.steps
+    )
     one = dataclasses.replace(
         scenario, steps=steps, other=None, permutations=(tuple(PermutationStep(n) for n in cls.example),)
     )
-    return api.run(one, server=server, options=RunOptions(step_timeout=step_timeout, defer_busy_sessions=True))
+    return run_in_scratch(one, server, RunOptions(step_timeout=step_timeout, defer_busy_sessions=True))
 
 
 def same_class(run: Run, cls: OutcomeClass) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from pgrace.engine.control import ControlSql
 from pgrace.locks import CONFLICTS, ROW_CONFLICTS, ROW_STRENGTHS
 from pgrace.model import LOCK_MODES, PermutationStep, Scenario, Session, Step
 from pgrace.runner import RunOptions, run_scenario
@@ -88,7 +89,7 @@ def table_documented_blocks(held: str, requested: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Cell:
+class ModePair:
     """One measured pair: does ``requested`` wait while another session holds ``held``?"""
 
     held: str
@@ -113,13 +114,13 @@ class Cell:
 @dataclass
 class MatrixTable:
     modes: tuple[str, ...]
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[ModePair] = field(default_factory=list)
 
-    def cell(self, held: str, requested: str) -> Cell:
+    def cell(self, held: str, requested: str) -> ModePair:
         return next(c for c in self.cells if c.held == held and c.requested == requested)
 
     @property
-    def disagreements(self) -> list[Cell]:
+    def disagreements(self) -> list[ModePair]:
         return [c for c in self.cells if not c.agrees]
 
     def to_dict(self) -> dict[str, Any]:
@@ -180,13 +181,13 @@ def _seen(step: StepRun) -> str:
     return "granted"
 
 
-def _cells(run: Run, names: list[str], documented: Any) -> list[Cell]:
+def _cells(run: Run, names: list[str], documented: Any) -> list[ModePair]:
     requested_runs = [s for s in run.step_runs() if s.session == "requested" and s.step != "requested-end"]
     cells = []
     for position, step in enumerate(requested_runs):
         held, requested = names[position // len(names)], names[position % len(names)]
         blocks = step.waited or step.cancelled
-        cells.append(Cell(held, requested, blocks, documented(held, requested), _seen(step)))
+        cells.append(ModePair(held, requested, blocks, documented(held, requested), _seen(step)))
     return cells
 
 
@@ -198,7 +199,7 @@ def measure(server: ServerInfo, step_timeout: float = 10.0) -> Matrix:
     table_ops = [(mode, f"LOCK TABLE locked IN {mode} MODE") for mode in TABLE_LOCK_MODES]
     with scratch_database(server, "matrix") as db:
         with psycopg.connect(db.dsn, autocommit=True) as conn:
-            conn.execute(SCHEMA_SQL)
+            ControlSql(step_timeout).check(conn.pgconn, SCHEMA_SQL, "the matrix's setup")
         row_run = run_scenario(
             _pairs_scenario("row", row_ops),
             db.dsn,

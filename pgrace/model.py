@@ -14,7 +14,7 @@ Vocabulary, shared with PostgreSQL's isolationtester:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 Format = Literal["pgrace", "spec"]
@@ -124,6 +124,25 @@ class StepExpectation:
         return self == StepExpectation()
 
 
+#: The most attempts a retry may add: each is a copy of the loop's steps, and explore runs them all.
+MAX_RETRIES = 10
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The application's own retry loop, as a step's ``retry`` key writes it.
+
+    When a step from ``start`` through the step that has this key fails with one of
+    ``on`` (SQLSTATEs), the session rolls back and runs those steps again, at most
+    ``max`` more times. ``start`` is the name of the loop's first step in the session.
+    """
+
+    on: tuple[str, ...]
+    start: str
+    max: int
+    line: int | None = None
+
+
 @dataclass(frozen=True)
 class Step:
     """SQL one session sends; ``capture`` maps variable names to result columns.
@@ -131,6 +150,11 @@ class Step:
     A step may be an action instead of SQL (``sql`` then only says what it does, for
     the timeline): ``sleep`` pauses the schedule that many seconds while waiting steps
     are still watched; ``crash`` kills the session as a dying worker process would.
+
+    A step in a retry loop names the loop by its last step (``loop``); attempt 2 and
+    later of the loop are steps of their own (``attempt`` > 1), named ``NAME#K``, each
+    after a ``rollback`` step (``LAST#K-rollback``). The runner sends an attempt only
+    when the one before it failed with a listed SQLSTATE (see :func:`with_retries`).
     """
 
     name: str
@@ -142,10 +166,70 @@ class Step:
     line: int | None = None
     sleep: float | None = None
     crash: CrashMode | None = None
+    retry: Retry | None = None  # on the loop's last step, attempt 1: the loop's definition
+    loop: str | None = None  # the last step (attempt 1's name) of the retry loop this step is in
+    attempt: int = 1
+    rollback: bool = False  # the ROLLBACK before attempt ``attempt``, sent only if a transaction is open
+
+
+def attempt_name(name: str, attempt: int) -> str:
+    """``transfer``, ``transfer#2``, ``transfer#3``: '#' is in no name a file can give a step."""
+    return name if attempt == 1 else f"{name}#{attempt}"
+
+
+def with_retries(steps: tuple[Step, ...] | list[Step]) -> tuple[Step, ...]:
+    """The step list with every retry loop's extra attempts, each right after the attempt before it.
+
+    A loop's steps are its session's steps from ``retry.start`` through the step with the
+    ``retry`` key; the caller has checked that ``start`` is such a step and that loops do
+    not overlap. Attempt K (2 ... max + 1) is a ``ROLLBACK`` step and copies of the loop's
+    steps named ``NAME#K``, with their captures and expectations; their note says which attempt they are.
+    """
+    steps = list(steps)
+    loops: dict[str, list[Step]] = {}
+    for index, step in enumerate(steps):
+        if step.retry is None:
+            continue
+        own = [s for s in steps[: index + 1] if s.session == step.session]
+        first = next(i for i, s in enumerate(own) if s.name == step.retry.start)
+        loops[step.name] = own[first:]
+    if not loops:
+        return tuple(steps)
+    member = {s.name: last for last, body in loops.items() for s in body}
+    result: list[Step] = []
+    for step in steps:
+        result.append(replace(step, loop=member.get(step.name)))
+        if step.retry is None:
+            continue
+        for attempt in range(2, step.retry.max + 2):
+            result.append(
+                Step(
+                    name=f"{attempt_name(step.name, attempt)}-rollback",
+                    session=step.session,
+                    sql="ROLLBACK",
+                    note=f"attempt {attempt} begins: attempt {attempt - 1}'s transaction is rolled back",
+                    line=step.retry.line,
+                    loop=step.name,
+                    attempt=attempt,
+                    rollback=True,
+                )
+            )
+            result.extend(
+                replace(
+                    s,
+                    name=(name := attempt_name(s.name, attempt)),
+                    note=f"attempt {attempt} ({name})",
+                    retry=None,
+                    loop=step.name,
+                    attempt=attempt,
+                )
+                for s in loops[step.name]
+            )
+    return tuple(result)
 
 
 @dataclass(frozen=True)
-class Blocker:
+class CompletionMarker:
     """An isolationtester completion marker: ``(*)``, ``(step)`` or ``(step notices N)``."""
 
     step: str | None  # None for "*"
@@ -160,7 +244,7 @@ class Blocker:
 @dataclass(frozen=True)
 class PermutationStep:
     step: str
-    blockers: tuple[Blocker, ...] = ()
+    blockers: tuple[CompletionMarker, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -254,6 +338,10 @@ class Scenario:
             if step.name == name:
                 return step
         raise KeyError(name)
+
+    def retry_of(self, step: Step) -> Retry | None:
+        """The retry loop ``step`` belongs to (any attempt), or None."""
+        return None if step.loop is None else self.step(step.loop).retry
 
     @property
     def application_name_prefix(self) -> str:

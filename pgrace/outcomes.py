@@ -24,8 +24,8 @@ from typing import Any
 
 from pgrace.checks import format_value, rows_equal
 from pgrace.model import Scenario
-from pgrace.render.json import to_json_value
 from pgrace.timeline import CheckQueried, PermutationStarted, Run, StepCancelled
+from pgrace.values import to_json_value
 
 __all__ = ["Observed", "OutcomeClass", "classify", "merge_classes", "switches"]
 
@@ -41,6 +41,7 @@ class Observed:
     waited: bool
     launched: tuple[str, ...]
     timed_out: bool = False
+    same_as: int | None = None  # a lower-numbered interleaving that runs alike (only unsent retry steps moved)
 
     @property
     def key(self) -> str:
@@ -66,6 +67,10 @@ class OutcomeClass:
     example: tuple[str, ...]
     preference: tuple[int, int] = (0, 0)  # (session switches, rank): lower is simpler
     summary: str = field(default="")
+    # Of code, whose steps are known only by running it: the example's (session, SQL) in
+    # launch order, and the choices that replay it (see pgrace.engine.schedule.ChoiceTree).
+    statements: tuple[tuple[str, str], ...] = ()
+    choices: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -111,7 +116,11 @@ def classify(run: Run) -> Observed:
     """The outcome of a run of one interleaving (its final checks ran before its teardown)."""
     scenario = run.scenario
     steps = run.step_runs()
-    errors = sorted(s.outcome.error.sqlstate for s in steps if s.outcome is not None and s.outcome.error is not None)
+    errors = sorted(
+        s.outcome.error.sqlstate
+        for s in steps
+        if s.outcome is not None and s.outcome.error is not None and not s.retried  # a retried error is handled
+    )
     timed_out = any(isinstance(e, StepCancelled) for e in run.events)
     outcomes = {e.index: e.outcome for e in run.events if isinstance(e, CheckQueried)}
     final: list[tuple[tuple[Any, ...], ...]] = []
@@ -243,6 +252,7 @@ def merge_classes(parts: Iterable[Iterable[OutcomeClass]]) -> list[OutcomeClass]
             found.waits += cls.waits
             if cls.preference < found.preference:
                 found.example, found.preference = cls.example, cls.preference
+                found.statements, found.choices = cls.statements, cls.choices
     return ordered(merged.values())
 
 

@@ -27,7 +27,8 @@ from pgrace.servers import ServerInfo, open_server
 from pgrace.timeline import Run
 
 if TYPE_CHECKING:
-    from pgrace.code import CodeClass, CodeExploration
+    from pgrace.explore import Exploration
+    from pgrace.outcomes import OutcomeClass
 
 RunScenario = Callable[..., Run]
 
@@ -81,19 +82,19 @@ class PgraceCode:
 
         return run_code(sessions, server=self.server, **options)
 
-    def explore(self, sessions: dict[str, Callable[[Any], object]], **options: Any) -> CodeExploration:
+    def explore(self, sessions: dict[str, Callable[[Any], object]], **options: Any) -> Exploration:
         from pgrace.code import explore_code
 
         return explore_code(sessions, server=self.server, **options)
 
-    def assert_every(self, found: CodeExploration, predicate: Callable[[CodeClass], bool], what: str = "") -> None:
+    def assert_every(self, found: Exploration, predicate: Callable[[OutcomeClass], bool], what: str = "") -> None:
         """Fail the test with the timeline of the simplest interleaving of the first class failing ``predicate``."""
         failing = [c for c in found.classes if not predicate(c)]
         if not failing:
             return
         first = failing[0]
         said = f" ({what})" if what else ""
-        shown = ", ".join(session for session, _ in first.example)
+        shown = ", ".join(session for session, _ in first.statements)
         pytest.fail(
             f"{sum(c.count for c in failing)} of {found.explored} interleavings fail{said}: {first.summary}\n"
             f"the simplest one ({shown}):\n\n{found.timeline(first)}",

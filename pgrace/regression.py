@@ -11,61 +11,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from pgrace import api, catalog, speccheck
+from pgrace import catalog, speccheck
+from pgrace.cases import Case as Case
+from pgrace.cases import CaseResult as CaseResult
+from pgrace.cases import differs_across_servers as differs_across_servers
 from pgrace.errors import ScenarioError, ScenarioFailed
-from pgrace.model import Scenario
+from pgrace.one_run import run_in_scratch
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
 from pgrace.scratch import ReusableScratch
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Run
 
 GOLDEN_STYLE = Style(colour=False, width=120, show_server=False)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One check to run: a scenario variant, or a spec with its expected output."""
-
-    path: Path
-    scenario: Scenario
-    golden: Path | None = None  # the text timeline to compare with (pgrace scenarios)
-    spec: speccheck.PreparedCheck | None = None  # isolation specs
-    paired: bool = False  # one of a bug and a fix: under --explore, a bug needs one reproducing interleaving
-
-    @property
-    def name(self) -> str:
-        if self.spec is not None:
-            return self.scenario.name
-        return f"{self.scenario.name} ({self.scenario.variant})"
-
-
-@dataclass
-class CaseResult:
-    """What happened to one case on one server."""
-
-    case: Case
-    server: ServerInfo
-    ok: bool
-    seconds: float
-    problems: list[str] = field(default_factory=list)
-    diff: str = ""
-    run: Run | None = None
-    updated: bool = False
-
-    @property
-    def signature(self) -> str:
-        """What the case did, to tell servers apart in a matrix: verdict and waits/errors per step."""
-        if self.run is None:
-            return "not run"
-        steps = []
-        for step in self.run.step_runs():
-            error = step.outcome.error.sqlstate if step.outcome and step.outcome.error else ""
-            steps.append(f"{step.step}:{'W' if step.waited else ''}{error}")
-        return ("ok" if self.ok else "FAIL") + " " + " ".join(steps)
 
 
 def golden_path(path: Path, variant: str) -> Path:
@@ -138,7 +98,7 @@ def run_case(
                 case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
             )
         named = database_name if scratch is None else None  # the specs' shared database holds that name
-        run = api.run(case.scenario, server=server, options=options, database_name=named)
+        run = run_in_scratch(case.scenario, server, options, database_name=named)
     except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
         return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
     result = CaseResult(case, server, run.ok, 0.0, run=run)
@@ -172,11 +132,6 @@ def _compare_golden(path: Path, text: str, result: CaseResult, update: bool) -> 
 def _first_difference(comparison: speccheck.Comparison) -> str:
     difference = comparison.first_difference
     return difference.describe() if difference is not None else f"differs from {comparison.closest}"
-
-
-def differs_across_servers(results: Sequence[CaseResult]) -> bool:
-    """True when the same case behaved differently on different servers."""
-    return len({r.signature for r in results}) > 1
 
 
 def run_explore_case(

@@ -19,7 +19,7 @@ decides, in this order:
    another session, a crash), asked of ``pg_stat_activity``;
 4. the last launched step, when it belongs to a session it waited for and no other step
    completed since (a lock released inside a transaction: ``pg_advisory_unlock``,
-   ``ROLLBACK TO SAVEPOINT``);
+   ``ROLLBACK TO SAVEPOINT``), even while it still runs (``COMMIT; SELECT pg_sleep(1)``);
 5. otherwise ``unknown``: pgrace does not credit a step that released nothing.
 
 It never reads message text where a SQLSTATE decides; 57014 alone does not tell a
@@ -154,6 +154,15 @@ class ReleaseTracker:
         others = [f.order for f in self.finished.values() if f.seq != seq]
         if newest is not None and newest in during and newest.order == max(others):
             return Release("step", seq=newest.seq, session=newest.session, failed=newest.error is not None)
+        running = self.last_launched
+        if (
+            newest is None
+            and running != seq
+            and self.session_of.get(running) in blockers
+            and self.launched_at[running] > start
+            and all(order < self.launched_at[running] for order in others)
+        ):
+            return Release("step", seq=running, session=self.session_of[running])
         return Release("unknown")
 
 

@@ -24,11 +24,13 @@ from pgrace.outcomes import OutcomeClass, add_observed, classify
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
 
-__all__ = ["Cell", "Sweep", "sweep", "verdict"]
+__all__ = ["GridPoint", "Sweep", "sweep", "verdict"]
 
 
 @dataclass
-class Cell:
+class GridPoint:
+    """One point of the parameter grid: its params, and the outcome classes its interleavings fell into."""
+
     params: dict[str, str]
     classes: list[OutcomeClass]
     variant: str
@@ -46,11 +48,11 @@ class Sweep:
     scenario: str
     variant: str
     params: dict[str, list[str]]
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[GridPoint] = field(default_factory=list)
     explored: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (see README, "Finding races")."""
+        """The documented JSON shape (docs/reference/json.md)."""
         return {"scenario": self.scenario, "params": self.params, "cells": [c.to_dict() for c in self.cells]}
 
 
@@ -116,12 +118,12 @@ def sweep(
     ``on_cell(done, total)`` follows the combinations, ``on_interleavings(done, total)`` an
     explored combination's interleavings.
     """
-    from pgrace import api
     from pgrace.explore import explore as explore_variant
+    from pgrace.one_run import run_in_scratch
 
     check_jobs(jobs)
     check_sample(limit)
-    cells: list[Cell] = []
+    cells: list[GridPoint] = []
     for done, (combination, scenario) in enumerate(chosen):
         if on_cell is not None:
             on_cell(done, len(chosen))
@@ -137,12 +139,12 @@ def sweep(
             )
             classes = found.classes
         else:
-            run = api.run(scenario, server=server, options=RunOptions(step_timeout=step_timeout))
+            run = run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
             grouped: dict[str, OutcomeClass] = {}
             observed = classify(run)
             add_observed(grouped, observed, (0, 0), scenario)  # one run, no other example to prefer
             classes = list(grouped.values())
-        cells.append(Cell(combination, classes, scenario.variant))
+        cells.append(GridPoint(combination, classes, scenario.variant))
     if on_cell is not None:
         on_cell(len(chosen), len(chosen))
     first = chosen[0][1]

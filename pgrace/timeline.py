@@ -92,6 +92,7 @@ class Outcome:
     results: tuple[ResultSet, ...] = ()
     commands: tuple[str, ...] = ()
     error: SqlError | None = None
+    retry: int | None = None  # the error made the step's retry loop run again: this attempt follows
 
     @property
     def last_rows(self) -> ResultSet | None:
@@ -111,11 +112,11 @@ class AdvisoryKey:
 
 
 @dataclass(frozen=True)
-class RowLock:
+class HeldLock:
     """A lock held by a session: a row lock from pgrowlocks, or (``kind``) another kind from pg_locks.
 
-    The name stays for compatibility: a table, advisory or SIRead lock is one too, with
-    ``row`` None and ``ctid`` "" (a predicate lock on a tuple keeps its ctid and row).
+    A table, advisory or SIRead lock has ``row`` None and ``ctid`` "" (a predicate lock on
+    a tuple keeps its ctid and row).
     """
 
     row: RowRef | None  # None when the row's key could not be read
@@ -155,7 +156,7 @@ class RowLock:
 
 
 @dataclass(frozen=True)
-class Blocker:
+class WaitLink:
     """One link of a wait chain: ``waiter`` is held up by ``session``.
 
     ``how`` is "holds" when ``session`` holds a granted lock whose mode conflicts with
@@ -192,7 +193,7 @@ class Wait:
     queued_behind: tuple[str, ...] = ()
     lock_type: str = ""
     detail: str = ""
-    chain: tuple[Blocker, ...] = ()
+    chain: tuple[WaitLink, ...] = ()
     advisory: AdvisoryKey | None = None
     unique_indexes: tuple[str, ...] = ()
     """A transaction wait of an insert into a unique index: the index, or every candidate.
@@ -358,10 +359,10 @@ class LocksObserved:
     """
 
     after_seq: int
-    locks: tuple[RowLock, ...] | None
+    locks: tuple[HeldLock, ...] | None
     t: float
     skipped: tuple[str, ...] = ()  # tables whose locks could not be read safely
-    other_locks: tuple[RowLock, ...] = ()
+    other_locks: tuple[HeldLock, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -422,12 +423,17 @@ class StepRun:
     outcome: Outcome | None = None
     release: Release | None = None
     cancelled: bool = False
-    locks_after: tuple[RowLock, ...] | None = None
+    locks_after: tuple[HeldLock, ...] | None = None
     locks_unreadable: tuple[str, ...] = ()  # tables whose row locks could not be read
-    other_locks_after: tuple[RowLock, ...] = ()
-    predicate_locks_at_error: tuple[RowLock, ...] = ()
+    other_locks_after: tuple[HeldLock, ...] = ()
+    predicate_locks_at_error: tuple[HeldLock, ...] = ()
     """For a serialization failure (40001): the SIRead locks last seen before it, which
     record the reads whose read/write conflicts the server detected."""
+    loop: str | None = None  # the retry loop it is in (the loop's last step), and which attempt
+    attempt: int = 1
+    retried: bool = False
+    """A step of a retry loop's attempt that another attempt followed: its error (one the
+    loop retries on) is not the run's, and its expectations belong to the last attempt."""
 
     @property
     def waited(self) -> bool:
@@ -495,7 +501,7 @@ class Run:
         """Fold the events into one record per launched step, in launch order."""
         runs: dict[int, StepRun] = {}
         permutation = 0
-        others: tuple[RowLock, ...] = ()  # the other kinds of locks last seen
+        others: tuple[HeldLock, ...] = ()  # the other kinds of locks last seen
         resumed: list[int] = []  # steps that finished after a wait since the last lock reading: theirs is the next
         for event in self.events:
             if isinstance(event, PermutationStarted):
@@ -534,6 +540,7 @@ class Run:
                         runs[seq].locks_unreadable = event.skipped
                         runs[seq].other_locks_after = event.other_locks
                 resumed = []
+        _mark_retried(list(runs.values()), self.scenario)
         return list(runs.values())
 
     def sessions_lost(self) -> list[SessionLost]:
@@ -542,6 +549,22 @@ class Run:
 
     def check_outcomes(self) -> dict[int, Outcome]:
         return {e.index: e.outcome for e in self.events if isinstance(e, CheckQueried)}
+
+
+def _mark_retried(runs: list[StepRun], scenario: Scenario) -> None:
+    """Mark the steps of every attempt that a later attempt of the same loop followed (per permutation)."""
+    steps = {s.name: s for s in scenario.steps}
+    last: dict[tuple[int, str], int] = {}  # (permutation, loop) -> its latest attempt that ran
+    for run in runs:
+        step = steps.get(run.step)
+        if step is not None and step.loop is not None:
+            run.loop, run.attempt = step.loop, step.attempt
+            key = (run.permutation, step.loop)
+            last[key] = max(last.get(key, 1), step.attempt)
+    for run in runs:
+        step = steps.get(run.step)
+        if step is not None and step.loop is not None:
+            run.retried = step.attempt < last[(run.permutation, step.loop)]
 
 
 def _releasing_step(release: Release | None) -> int | None:

@@ -10,7 +10,10 @@ column is a string type, ``true``/``false`` for booleans, ``(void)`` for a void 
 
 from __future__ import annotations
 
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg import pq
@@ -47,3 +50,24 @@ def display_cell(text: str | None, oid: int) -> str:
     if oid in STRING_TYPES:
         return repr(text)
     return text
+
+
+def to_json_value(value: Any) -> Any:
+    """Python values from the server as JSON values; exact decimals stay numbers when whole."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    return str(value)

@@ -20,6 +20,7 @@ reports the syntax error.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,12 +93,18 @@ def find(text: str) -> list[Use]:
     """The variables in ``text``, in order, as PostgreSQL's scanner sees the text."""
     if ":" not in text:
         return []
+    return list(_scanned(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _scanned(text: str) -> tuple[Use, ...]:
+    """The uses in ``text``, scanned once: explore sends the same steps thousands of times."""
     from pglast.parser import ParseError, scan  # imported on first use: a CLI start need not pay for it
 
     try:
         tokens = scan(text)
     except ParseError:
-        return []
+        return ()
     uses: list[Use] = []
     index = 0
     while index < len(tokens) - 1:
@@ -132,7 +139,7 @@ def find(text: str) -> list[Use]:
                 index += 2
         uses.append(Use(colon.start, end, "value", name, session))
         index += 1
-    return uses
+    return tuple(uses)
 
 
 def substitute(text: str, values: Mapping[str, Value], context: Any = None) -> str:

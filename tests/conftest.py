@@ -1,50 +1,63 @@
-"""Test-suite wide rules: a test that needs the isolation corpus skips without it, or fails in CI."""
+"""Test-suite wide rules: the markers that say what a test needs, and where the fixtures live.
+
+Markers (``--strict-markers``: a misspelt one is an error):
+
+* ``server``: needs a PostgreSQL. Set here on every test that uses a server fixture; a module
+  that starts servers another way (the CLI, a child process) says so in its ``pytestmark``.
+* ``corpus``: reads PostgreSQL's isolation corpus; skips without it, fails under ``PGRACE_REQUIRE_CORPUS``.
+* ``docker``: starts containers on a Docker engine; skips without one, fails under ``PGRACE_REQUIRE_DOCKER``.
+* ``browser``, ``slow``: needs Chromium, or takes seconds even without a server.
+
+``make test-fast`` runs what needs none of them, with ``PGRACE_NO_SERVER`` set: there pgrace
+refuses to start a server, so a test that needs one but is not marked fails loudly.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+import functools
+import os
 
 import corpus
 import pytest
 
-from pgrace.servers import ServerInfo, open_server
+from pgrace.servers import DSN_ENV_VAR, NO_SERVER_ENV_VAR
 
-PG15 = Path("/usr/lib/postgresql/15/bin")
+pytest_plugins = ["fix_servers", "fix_recorded"]
+
+#: Fixtures that give a test a server (pgrace's plugin, fix_servers, and a module's own `server`); a test using one, even
+#: through another fixture, needs PostgreSQL.
+SERVER_FIXTURES = frozenset({"pgrace_server", "pgrace_run", "pgrace_code", "each_server", "server"})
+
+#: CI starts an engine (tools/docker_ci.py) and sets this: there a missing engine fails the Docker tests.
+DOCKER_REQUIRED = os.environ.get("PGRACE_REQUIRE_DOCKER", "") not in ("", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "needs_corpus: reads PostgreSQL's isolation corpus from ../shared")
+    if os.environ.get(NO_SERVER_ENV_VAR):  # nor a server of the developer's: a mis-marked test must fail
+        os.environ.pop(DSN_ENV_VAR, None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
+@functools.cache
+def docker_problem() -> str | None:
+    from pgrace.servers.docker import docker_available
+
+    return docker_available()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("needs_corpus") is None or corpus.present():
+    if item.get_closest_marker("docker") is not None and (problem := docker_problem()) is not None:
+        if DOCKER_REQUIRED:
+            pytest.fail(f"PGRACE_REQUIRE_DOCKER is set but {problem}")
+        pytest.skip(f"Docker backend not tested: {problem}")
+    if item.get_closest_marker("corpus") is None or corpus.present():
         return
     if corpus.REQUIRED:
         pytest.fail(f"PGRACE_REQUIRE_CORPUS is set but the isolation corpus is not at {corpus.CORPUS}")
     pytest.skip(f"isolation corpus not found at {corpus.CORPUS}")
-
-
-@pytest.fixture(autouse=True)
-def forget_remembered_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts with no remembered DSN secret.
-
-    `pgrace` remembers the secrets of every DSN it is given for the life of its process; tests
-    invoke the CLI in-process, so a fuzzed `--dsn "x=name"` would otherwise scrub the word
-    `name` from every later test's output.
-    """
-    from pgrace import servers
-
-    monkeypatch.setattr(servers, "_REMEMBERED", set())
-
-
-@pytest.fixture(scope="module", params=["embedded", "postgresql-15"])
-def each_server(request: pytest.FixtureRequest, pgrace_server: ServerInfo) -> Iterator[ServerInfo]:
-    """The embedded PostgreSQL 18, then Debian's PostgreSQL 15 when it is installed."""
-    if request.param == "embedded":
-        yield pgrace_server
-        return
-    if not (PG15 / "postgres").exists():
-        pytest.skip(f"no PostgreSQL 15 at {PG15}")
-    with open_server(str(PG15)) as local:
-        yield local

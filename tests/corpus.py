@@ -17,7 +17,7 @@ CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation"
 REQUIRED = os.environ.get("PGRACE_REQUIRE_CORPUS", "") not in ("", "0")
 SPECS = sorted((CORPUS / "specs").glob("*.spec")) if (CORPUS / "specs").is_dir() else []
 
-needs_corpus = pytest.mark.needs_corpus
+needs_corpus = pytest.mark.corpus
 """Mark a test (or a parameter) that reads the corpus."""
 
 

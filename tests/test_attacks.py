@@ -20,7 +20,8 @@ from pgrace import api
 from pgrace.cli import main
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.servers import ServerInfo
-from pgrace.servers.embedded import _cache_path, _remove_stale_runs
+from pgrace.servers.embedded.binaries import _cache_path
+from pgrace.servers.embedded.rundirs import _remove_stale_runs
 from pgrace.servers.processes import pid_alive
 
 
@@ -100,6 +101,7 @@ def test_a_dsns_server_options_stay_out_of_pgbenchs_argv(pgrace_server: ServerIn
     assert "PGOPTIONS=-c application_name=x -c work_mem=64kB" in env_file.read_text()
 
 
+@pytest.mark.server
 def test_a_missing_share_folder_in_the_cached_binaries_is_copied_anew(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.geteuid() != 0:
         pytest.skip("only root's runs copy the binaries into the cache")
@@ -117,6 +119,7 @@ def test_a_missing_share_folder_in_the_cached_binaries_is_copied_anew(monkeypatc
             assert any("share/timezone" in note for note in server.notes), server.notes
 
 
+@pytest.mark.server
 def test_two_runs_making_their_roles_at_once_on_a_fresh_server_both_start() -> None:
     """The first GRANT SET ON PARAMETER makes the parameter's pg_parameter_acl row: explore -j's workers
     starting at once on a new server raced for it, and the loser's run failed and left its role."""

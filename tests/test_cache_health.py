@@ -1,9 +1,9 @@
 """The server cache heals, and is used only when nobody else could have written it.
 
 The cache holds the binaries pgrace runs (a copy of the wheel's, as root) and the initdb
-template every run starts from. A damaged entry used to make every later run exit 3
-until someone found the cache and deleted it by hand; now each run checks, cheaply, what
-it relies on, rebuilds a bad entry under the cache lock and says so in one line. A cache
+template every run starts from. A damaged entry would make every later run exit 3 until
+someone found the cache and deleted it by hand, so each run checks, cheaply, what it
+relies on, rebuilds a bad entry under the cache lock and says so in one line. A cache
 directory that another user owns, or that others can write, is refused: they could have
 put their own ``pgbench`` there for root to run.
 """
@@ -68,7 +68,7 @@ def append(path: Path, text: str) -> None:
         f.write(text)
 
 
-DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+DAMAGE: dict[str, tuple[Callable[[Path], object], str]] = {
     "no pg_control": (lambda c: (template(c) / "global" / "pg_control").unlink(), "global/pg_control"),
     "no base/": (lambda c: shutil.rmtree(template(c) / "base"), "base"),
     "an empty PG_VERSION": (lambda c: empty(template(c) / "PG_VERSION"), "PG_VERSION was changed"),
@@ -95,6 +95,7 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
 }
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_cache_entry_is_rebuilt_and_said(cache: Path, damage: str) -> None:
     harm, reason = DAMAGE[damage]
@@ -109,6 +110,7 @@ def test_a_damaged_cache_entry_is_rebuilt_and_said(cache: Path, damage: str) -> 
         assert again.notes == (), "the rebuilt entry was not taken as good"
 
 
+@pytest.mark.server
 def test_the_cli_says_what_it_mended_in_one_line_and_runs(cache: Path) -> None:
     (template(cache) / "global" / "pg_control").unlink()
     result = subprocess.run(
@@ -124,6 +126,7 @@ def test_the_cli_says_what_it_mended_in_one_line_and_runs(cache: Path) -> None:
     assert line.endswith("was damaged (global/pg_control: No such file or directory); rebuilt it")
 
 
+@pytest.mark.server
 def test_a_cache_that_another_user_owns_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not AS_ROOT:
         pytest.skip("making a directory another user's needs root")
@@ -138,6 +141,7 @@ def test_a_cache_that_another_user_owns_is_refused(tmp_path: Path, monkeypatch: 
     assert list(theirs.iterdir()) == [], "pgrace wrote into a cache it refused"
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("where", ["the cache", "a parent"])
 def test_a_cache_others_can_write_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     parent = tmp_path / "shared"
@@ -151,6 +155,7 @@ def test_a_cache_others_can_write_is_refused(tmp_path: Path, monkeypatch: pytest
         pass
 
 
+@pytest.mark.server
 def test_a_sticky_world_writable_parent_like_tmp_is_fine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parent = tmp_path / "tmp"
     parent.mkdir()
@@ -160,6 +165,7 @@ def test_a_sticky_world_writable_parent_like_tmp_is_fine(tmp_path: Path, monkeyp
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+@pytest.mark.server
 def test_a_copy_made_from_another_install_of_the_same_wheel_is_kept(cache: Path) -> None:
     """Two virtualenvs of one wheel (installed at other times) share a cache entry: a file's time is no damage."""
     postgres = binaries(cache) / "bin" / "postgres"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from fix_servers import PG15, needs_pg15
 
 from pgrace import catalog
 from pgrace.cli import main
 from pgrace.servers import ServerInfo
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-PG15 = Path("/usr/lib/postgresql/15/bin")
 
 
 def check(server: ServerInfo, *args: str) -> Result:
@@ -122,7 +122,7 @@ def test_a_folder_of_malformed_files_is_invalid_input_without_a_server(tmp_path:
     assert result.stderr == f"pgrace: no valid scenario files under {tmp_path}\n"
 
 
-@pytest.mark.skipif(not (PG15 / "postgres").exists(), reason=f"no PostgreSQL 15 at {PG15}")
+@needs_pg15
 def test_several_servers_give_a_side_by_side_table_with_their_versions(pgrace_server: ServerInfo) -> None:
     result = CliRunner().invoke(
         main, ["check", "-q", "--server", pgrace_server.dsn, "--server", str(PG15), str(SCENARIOS / "nowait.toml")]

@@ -20,6 +20,8 @@ from procs import start_blocked_run, wait_gone
 
 from pgrace.servers import ServerInfo
 
+pytestmark = pytest.mark.server
+
 RUN_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 
 

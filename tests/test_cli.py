@@ -85,6 +85,7 @@ def test_run_text_is_deterministic_and_ends_with_a_verdict(cli: CliRunner, pgrac
     assert "\x1b[" not in first.output  # no colour when not on a terminal
 
 
+@pytest.mark.server
 def test_unknown_scenario_is_invalid_input_with_a_hint(cli: CliRunner) -> None:
     result = cli.invoke(main, ["run", "lost-updat"])
     assert result.exit_code == 2
@@ -92,6 +93,7 @@ def test_unknown_scenario_is_invalid_input_with_a_hint(cli: CliRunner) -> None:
     assert result.stdout == ""
 
 
+@pytest.mark.server
 def test_malformed_file_gives_one_line_with_file_and_line_and_exit_2(cli: CliRunner, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('sessions = ["alice", "bob"]\n[[step]]\nsession = "alcie"\nsql = "SELECT 1"\n')
@@ -125,6 +127,7 @@ def test_unreachable_server_exits_3_naming_the_address_but_not_the_password(cli:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.server
 def test_invalid_options_are_click_usage_errors(cli: CliRunner) -> None:
     assert cli.invoke(main, ["run", "nowait", "--format", "yaml"]).exit_code == 2
     assert cli.invoke(main, ["run", "nowait", "--pace", "-1"]).exit_code == 2
@@ -132,6 +135,7 @@ def test_invalid_options_are_click_usage_errors(cli: CliRunner) -> None:
     assert result.exit_code == 2
 
 
+@pytest.mark.server
 def test_missing_variant_is_invalid_input(cli: CliRunner, tmp_path: Path) -> None:
     story = tmp_path / "plain.toml"
     story.write_text('sessions = ["a"]\n[[step]]\nsession = "a"\nsql = "SELECT 1"\n')

@@ -13,10 +13,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from documentation import page
 
 import pgrace
+import pgrace.engine.threads
 from pgrace.code import explore_code, run_code
-from pgrace.errors import CodeError, PgraceError
+from pgrace.engine.scheduler import Scheduler
+from pgrace.errors import CodeError, PgraceError, SetupFailed
 from pgrace.model import RowRef
 from pgrace.pytest_plugin import PgraceCode
 from pgrace.render.json import render_json
@@ -51,19 +54,19 @@ def _example(name: str) -> ModuleType:
     return module
 
 
-def _finals(found: pgrace.CodeExploration) -> dict[Any, int]:
-    return {c.final: c.count for c in found.classes}
+def _finals(found: pgrace.Exploration) -> dict[Any, int]:
+    return {c.final[0]: c.count for c in found.classes}
 
 
 def test_the_lost_update_is_found_with_its_simplest_example(pgrace_server: ServerInfo) -> None:
     found = explore_code({"alice": withdraw, "bob": withdraw}, setup=SETUP, final=FINAL, server=pgrace_server)
     assert set(_finals(found)) == {((400,),), ((300,),)}
     assert found.complete and found.explored == sum(c.count for c in found.classes)
-    lost = next(c for c in found.classes if c.final == ((400,),))
-    kinds = [sql.split()[0] for _, sql in lost.example if sql != "COMMIT"]
+    lost = next(c for c in found.classes if c.final[0] == ((400,),))
+    kinds = [sql.split()[0] for _, sql in lost.statements if sql != "COMMIT"]
     assert kinds == ["SELECT", "SELECT", "UPDATE", "UPDATE"]  # reads, reads, writes, writes
-    assert {s for s, _ in lost.example[:2]} == {"alice", "bob"}
-    assert "UPDATE accounts SET balance = 400 WHERE id = 1" in [sql for _, sql in lost.example]
+    assert {s for s, _ in lost.statements[:2]} == {"alice", "bob"}
+    assert "UPDATE accounts SET balance = 400 WHERE id = 1" in [sql for _, sql in lost.statements]
 
 
 def test_select_for_update_makes_every_interleaving_end_at_300(pgrace_server: ServerInfo) -> None:
@@ -86,7 +89,7 @@ def test_the_same_classes_as_pgrace_explore_of_the_scenario_file(pgrace_server: 
     found = explore_code(
         {"alice": withdraw, "bob": withdraw}, setup=setup, final=scenario.checks[0].sql, server=pgrace_server
     )
-    assert {c.final for c in found.classes} == from_file
+    assert {c.final[0] for c in found.classes} == from_file
 
 
 def test_the_sqlalchemy_orm_race_is_found_the_same_way(pgrace_server: ServerInfo) -> None:
@@ -94,8 +97,8 @@ def test_the_sqlalchemy_orm_race_is_found_the_same_way(pgrace_server: ServerInfo
     sessions = {"alice": example.withdraw, "bob": example.withdraw}
     found = explore_code(sessions, setup=example.SETUP, final=example.FINAL, server=pgrace_server)
     assert set(_finals(found)) == {((400,),), ((300,),)}
-    lost = next(c for c in found.classes if c.final == ((400,),))
-    kinds = [sql.split()[0] for _, sql in lost.example if sql != "COMMIT"]
+    lost = next(c for c in found.classes if c.final[0] == ((400,),))
+    kinds = [sql.split()[0] for _, sql in lost.statements if sql != "COMMIT"]
     assert kinds == ["SELECT", "SELECT", "UPDATE", "UPDATE"]
     cured = {"alice": example.withdraw_locked, "bob": example.withdraw_locked}
     found = explore_code(cured, setup=example.SETUP, final=example.FINAL, server=pgrace_server)
@@ -144,19 +147,37 @@ def test_a_code_run_names_the_row_its_holder_and_the_callers_line(pgrace_server:
     render_json(run)  # every renderer works on it
 
 
+def test_a_code_run_is_waited_for_by_the_scenario_scheduler(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One scheduler: a code run's statements are launched, seen blocked and completed by the scheduler
+    scenario steps run on; only its way to wait differs (the session threads' gates, not sockets)."""
+    seen: list[tuple[str, str]] = []
+    try_complete = Scheduler.try_complete
+
+    def spy(self: Scheduler, active: Any, blocking: bool, retry: bool = False) -> bool:
+        seen.append((type(self.strategy).__name__, active.step.session))
+        return try_complete(self, active, blocking, retry)
+
+    monkeypatch.setattr(Scheduler, "try_complete", spy)
+    _bob_waits_for_alice(pgrace_server)
+    assert {strategy for strategy, _ in seen} == {"GateWaiting"}
+    assert {session for _, session in seen} == {"alice", "bob"}
+
+
 def test_a_holder_slow_to_hear_its_commit_still_gets_the_release(
     pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server frees bob the moment alice commits; alice's thread may hear "COMMIT" later than bob
     hears his row. The release is still alice's COMMIT: her answer is on the wire, so pgrace waits for it."""
-    finish = pgrace.code._finish
+    finish = pgrace.engine.threads._finish
 
     def late_for_alice(gate: Any, outcome: Any, conn: Any) -> None:
         if gate.name == "alice" and outcome.commands == ("COMMIT",):
             time.sleep(0.05)  # an injected delay: alice's thread is slow, the server is not
         finish(gate, outcome, conn)
 
-    monkeypatch.setattr(pgrace.code, "_finish", late_for_alice)
+    monkeypatch.setattr(pgrace.engine.threads, "_finish", late_for_alice)
     run = _bob_waits_for_alice(pgrace_server)
     (waiting,) = [s for s in run.step_runs() if s.waited]
     assert waiting.release is not None
@@ -188,7 +209,7 @@ def test_an_exception_of_the_application_is_an_outcome(pgrace_server: ServerInfo
     found = explore_code(
         {"alice": withdraw_checked, "bob": withdraw_checked}, setup=SETUP, final=FINAL, server=pgrace_server
     )
-    assert {(c.final, c.errors) for c in found.classes} == {(((400,),), ("ValueError",))}
+    assert {(c.final[0], c.errors) for c in found.classes} == {(((400,),), ("ValueError",))}
     run = found.replay(found.classes[0])
     text = render_text(run)
     assert "raise ValueError('insufficient funds')" in text
@@ -224,8 +245,8 @@ def test_transactions_blocks_executemany_copy_and_server_cursors_are_steps(pgrac
         "CLOSE (server-side cursor)",
         "ROLLBACK",
     ]
-    assert run.check_outcomes()[0].last_rows is not None
-    assert run.check_outcomes()[0].last_rows.text_rows == (("4",),)
+    rows = run.check_outcomes()[0].last_rows
+    assert rows is not None and rows.text_rows == (("4",),)
 
 
 def test_a_deadlock_between_two_functions_is_the_servers_verdict(pgrace_server: ServerInfo) -> None:
@@ -338,6 +359,30 @@ def test_a_statement_that_never_returns_is_cancelled_at_the_step_timeout(pgrace_
     assert _leftovers(pgrace_server, "sleeper") == []
 
 
+def test_a_setup_that_hangs_is_cut_by_the_step_timeout(pgrace_server: ServerInfo) -> None:
+    """A code run's setup is control SQL as a scenario's: bounded by the step timeout, then cancelled."""
+    started = time.perf_counter()
+    with pytest.raises(SetupFailed) as caught:
+        run_code({"alice": withdraw}, setup="SELECT pg_sleep(60)", step_timeout=0.5, server=pgrace_server, name="hangs")
+    assert time.perf_counter() - started < 10
+    assert "setup failed: ERROR:  canceling statement due to user request" in str(caught.value)
+    assert "pgrace cancelled it after the step timeout 0.5 s" in str(caught.value)
+    assert _leftovers(pgrace_server, "hangs") == []
+
+
+def test_a_failed_setup_exits_1_as_a_scenarios_does(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setup the server refuses is the run's failure (exit 1), not bad input (exit 2), as for a scenario file."""
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SetupFailed) as caught:
+        run_code({"alice": withdraw}, setup="CREATE TABLE accounts (", server=pgrace_server, name="badsetup")
+    assert caught.value.exit_code == 1
+    assert str(caught.value).startswith(
+        f"tests/test_code.py:{withdraw.__code__.co_firstlineno}: setup failed: ERROR:  "
+    )
+    assert caught.value.run is not None and caught.value.run.failed_setup() is not None
+    assert _leftovers(pgrace_server, "badsetup") == []
+
+
 def test_unknown_sessions_in_order_are_refused(pgrace_server: ServerInfo) -> None:
     with pytest.raises(PgraceError, match="order names 'carol', which is not a session"):
         run_code({"alice": withdraw}, setup=SETUP, order=["carol"], server=pgrace_server)
@@ -352,14 +397,14 @@ def test_the_fixture_explores_and_a_failure_shows_the_failing_timeline(
     monkeypatch.chdir(ROOT)
     found = pgrace_code.explore({"alice": withdraw, "bob": withdraw}, setup=SETUP, final=FINAL)
     with pytest.raises(pytest.fail.Exception) as failed:
-        pgrace_code.assert_every(found, lambda c: c.final == ((300,),), "both withdrawals land")
+        pgrace_code.assert_every(found, lambda c: c.final[0] == ((300,),), "both withdrawals land")
     text = str(failed.value)
     assert "interleavings fail (both withdrawals land): final (400)" in text
     assert "interleavings fail (both withdrawals land): final (400)\n" in text
     assert f"» tests/test_code.py:{withdraw.__code__.co_firstlineno + 2}" in text  # the UPDATE's line
     assert "final state:\n  SELECT balance FROM accounts WHERE id = 1  → balance=400" in text
     cured = pgrace_code.explore({"alice": withdraw_locked, "bob": withdraw_locked}, setup=SETUP, final=FINAL)
-    pgrace_code.assert_every(cured, lambda c: c.final == ((300,),))
+    pgrace_code.assert_every(cured, lambda c: c.final[0] == ((300,),))
     run: Run = pgrace_code.run({"alice": withdraw}, setup=SETUP, final=FINAL)
     assert run.check_outcomes()[0].last_rows is not None
 
@@ -372,14 +417,14 @@ def test_import_pgrace_stays_cheap() -> None:
     assert out.strip() == "[]"
 
 
-def test_the_readme_shows_the_examples_real_output(
+def test_the_docs_show_the_examples_real_output(
     pgrace_server: ServerInfo, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import re
 
     monkeypatch.chdir(ROOT)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- output: python examples/code/withdraw_psycopg.py -->\n```text\n(.*?)```\n", readme, re.S)
+    text = page("guide/your-own-code.md")
+    block = re.search(r"<!-- output: python examples/code/withdraw_psycopg.py -->\n```text\n(.*?)```\n", text, re.S)
     assert block is not None
     _example("withdraw_psycopg").main(server=pgrace_server)
     shown = capsys.readouterr().out

@@ -10,73 +10,18 @@ fix's r2 step in an r1 row, where it read "r1 … waits for r1".
 from __future__ import annotations
 
 import pytest
+from fix_recorded import Recorded
 
-from pgrace import api, catalog
 from pgrace.render.compare import render_text_compare
 from pgrace.render.markdown import render_markdown_compare
 from pgrace.render.text import Style
-from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
 
-COUNTER = """
-name = "counter"
-title = "two requests count a visit each"
-setup = "CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)"
-sessions = ["r1", "r2"]
 
-[[step]]
-session = "r1"
-sql = "BEGIN"
-[[step]]
-session = "r1"
-sql = "SELECT n FROM counter"
-capture = { n = "n" }
-[[step]]
-session = "r2"
-sql = "BEGIN"
-[[step]]
-session = "r2"
-sql = "SELECT n FROM counter"
-capture = { n = "n" }
-[[step]]
-session = "r1"
-sql = "UPDATE counter SET n = :n + 1; COMMIT"
-[[step]]
-session = "r2"
-sql = "UPDATE counter SET n = :n + 1; COMMIT"
-
-[[check]]
-description = "a visit was lost"
-sql = "SELECT n FROM counter"
-rows = [[1]]
-
-[fix]
-title = "each request adds one in place"
-
-[[fix.step]]
-session = "r1"
-sql = "BEGIN; UPDATE counter SET n = n + 1"
-[[fix.step]]
-session = "r2"
-sql = "UPDATE counter SET n = n + 1"
-note = "waits for r1's row lock"
-[[fix.step]]
-session = "r1"
-sql = "COMMIT"
-
-[[fix.check]]
-description = "both visits count"
-sql = "SELECT n FROM counter"
-rows = [[2]]
-"""
-
-
-@pytest.fixture(scope="module")
-def runs(pgrace_server: ServerInfo, tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
-    path = tmp_path_factory.mktemp("compare") / "counter.toml"
-    path.write_text(COUNTER)
-    loaded = catalog.load(str(path))
-    return [api.run(catalog.variant(loaded, v), server=pgrace_server) for v in ("bug", "fix")]
+@pytest.fixture
+def runs(recorded: Recorded) -> list[Run]:
+    """tests/recorded/counter.toml, whose fix sends r2's step second where the bug sends r1's."""
+    return [recorded("counter", variant) for variant in ("bug", "fix")]
 
 
 def test_text_compare_names_each_cells_own_session(runs: list[Run]) -> None:
@@ -99,9 +44,8 @@ def test_markdown_compare_names_each_cells_own_session(runs: list[Run]) -> None:
     assert " r2: " in fix_cell and "UPDATE counter SET n = n + 1" in fix_cell and "waits for r1" in fix_cell
 
 
-def test_a_fix_that_changes_steps_in_place_keeps_the_session_column(pgrace_server: ServerInfo) -> None:
-    loaded = catalog.load("lost-update")
-    runs = [api.run(catalog.variant(loaded, v), server=pgrace_server) for v in ("bug", "fix")]
+def test_a_fix_that_changes_steps_in_place_keeps_the_session_column(recorded: Recorded) -> None:
+    runs = [recorded("lost-update", variant) for variant in ("bug", "fix")]
     text = render_text_compare(runs, Style(colour=False, width=160))
     assert next(line for line in text.splitlines() if line.lstrip().startswith("#")).split() == [
         "#",

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from corpus import SPECS, needs_corpus
+from documentation import page
 
 from pgrace import catalog
 from pgrace.cli import main
@@ -20,7 +21,7 @@ from pgrace.confinement import confine_scenario, refusal
 from pgrace.errors import ScenarioError
 from pgrace.servers import ServerInfo
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SERVERS_PAGE = page("reference/servers.md")
 
 REFUSED = [
     ("DROP TABLE public.orders", "public.orders"),
@@ -182,7 +183,7 @@ def test_a_refused_scenario_exits_2_naming_file_and_line_and_leaves_nothing(
         result = CliRunner().invoke(main, ["run", "sneaky.toml", "--allow-scratch-schema", "--dsn", dsn])
         assert result.exit_code == 2, result.output
         assert result.stderr.startswith("pgrace: sneaky.toml:11: ")
-        assert result.stderr.strip() in README.read_text()  # the README shows this very line
+        assert result.stderr.strip() in SERVERS_PAGE  # the docs show this very line
         assert "public.victim" in result.stderr and "Traceback" not in result.output
         assert len(result.stderr.splitlines()) == 1
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -14,23 +14,20 @@ import textwrap
 from collections.abc import Callable
 
 import pytest
+from helpers import by_name, finished_at
 
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.model import Scenario
 from pgrace.pytest_plugin import RunScenario
-from pgrace.render.common import lost_text
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
 from pgrace.render.text import Style, render_text
-from pgrace.timeline import Run, StepFinished, StepRun
+from pgrace.render.wording import lost_text
+from pgrace.timeline import Run
 
 
 def scenario_text(text: str) -> Scenario:
     return parse_toml_scenario(textwrap.dedent(text), "ended.toml")
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
 
 
 IDLE_CONSOLE = """
@@ -55,10 +52,6 @@ sleep = "1500ms"
 """
 
 REASON = "25P03: terminating connection due to idle-in-transaction timeout"
-
-
-def finished_at(run: Run, seq: int) -> float:
-    return next(e.t for e in run.events if isinstance(e, StepFinished) and e.seq == seq)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from documentation import page
 
 from pgrace.cli import main
 from pgrace.errors import Terminated
@@ -200,6 +201,7 @@ def test_2_for_a_malformed_dsn(command: str) -> None:
     assert one_line(result).startswith("pgrace: invalid PostgreSQL connection string")
 
 
+@pytest.mark.server
 def test_check_2(tmp_path: Path) -> None:
     assert invoke(["check", str(tmp_path / "missing")]).exit_code == 2
 
@@ -248,6 +250,13 @@ def test_load_3() -> None:
     assert invoke(["load", "nowait", "-t", "1", "--dsn", UNREACHABLE, "--pgbench", "/nonexistent"]).exit_code == 3
 
 
+def test_from_log_3() -> None:
+    """The incident's database (--dsn) or the server to verify on (--server) cannot be reached."""
+    log = "examples/from-log/deadlock.log"
+    assert invoke(["from-log", log, "--no-verify", "--dsn", UNREACHABLE]).exit_code == 3
+    assert invoke(["from-log", log, "--server", UNREACHABLE]).exit_code == 3
+
+
 # -- 4, 130, 143 ------------------------------------------------------------------------------
 
 # For each command, a function it calls and arguments that reach it.
@@ -261,6 +270,7 @@ REACHED: dict[str, tuple[str, list[str]]] = {
     "sweep": ("pgrace.catalog.load", ["sweep", "nowait", "-p", "x=1,2"]),
     "matrix": ("pgrace.servers.open_server", ["matrix"]),  # the CLI imports it when the command runs
     "load": ("pgrace.catalog.load", ["load", "nowait", "-t", "1"]),
+    "from-log": ("pgrace.fromlog.from_log", ["from-log", "examples/from-log/deadlock.log"]),
 }
 
 
@@ -275,6 +285,7 @@ def raising(exc: BaseException) -> Callable[..., object]:
     return fail
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("command", sorted(REACHED))
 def test_4_an_internal_error_is_one_line(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     target, args = REACHED[command]
@@ -293,6 +304,7 @@ def test_4_shows_the_traceback_with_pgrace_debug(monkeypatch: pytest.MonkeyPatch
     assert "Traceback (most recent call last)" in result.stderr and "ZeroDivisionError: a bug" in result.stderr
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(
     ("exc", "code", "word"), [(KeyboardInterrupt(), 130, "interrupted"), (Terminated(), 143, "terminated")]
 )
@@ -316,9 +328,8 @@ def test_every_commands_help_lists_the_exit_codes(command: str) -> None:
         assert f" {code} " in text, (command, code)
 
 
-def test_the_readme_table_lists_every_code() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+def test_the_docs_table_lists_every_code() -> None:
+    section = page("reference/exit-codes.md").split("## Exit codes", 1)[1].split("\n#", 1)[0]
     documented = set(re.findall(r"^\| (\d+(?: / \d+)?) \|", section, re.MULTILINE))
     assert documented == {"0", "1", "2", "3", "4", "130 / 143", "141"}
 
@@ -346,6 +357,7 @@ def test_141_when_stdout_is_closed_before_pgrace_writes(command: str, pgrace_ser
     assert child.stderr == ""
 
 
+@pytest.mark.server
 def test_the_quick_exit_loses_no_output(tmp_path: Path) -> None:
     """pgrace ends without the interpreter's teardown: every byte must be out first, on each stream."""
     picture = tmp_path / "run.svg"

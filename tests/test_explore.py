@@ -14,12 +14,13 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers import steps_scenario
 
 from pgrace import catalog, regression
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
 from pgrace.explore import Space, choose, explore, merge_explorations
-from pgrace.model import FinalCheck, PermutationStep, Scenario, Session, Step
+from pgrace.model import FinalCheck, PermutationStep, Scenario
 from pgrace.outcomes import classify, split_run
 from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import scratch_database
@@ -28,24 +29,6 @@ from pgrace.timeline import StepCancelled
 
 HERE = Path(__file__).parent
 HALF_CURE = HERE / "explore" / "half-cure.toml"
-
-
-def _scenario(steps: list[tuple[str, str, str]], captures: dict[str, str] | None = None) -> Scenario:
-    """(name, session, sql) steps; ``captures`` maps a step name to the variable it captures."""
-    captures = captures or {}
-    sessions = tuple(dict.fromkeys(s for _, s, _ in steps))
-    built = tuple(
-        Step(name, session, sql, capture=((captures[name], "x"),) if name in captures else ())
-        for name, session, sql in steps
-    )
-    return Scenario(
-        name="t",
-        title="t",
-        source="t.toml",
-        sessions=tuple(Session(s) for s in sessions),
-        steps=built,
-        permutations=(tuple(PermutationStep(s.name) for s in built),),
-    )
 
 
 # -- the space: counted, numbered, constrained (no server) ----------------------------------
@@ -68,7 +51,7 @@ def test_space_of_three_sessions_is_the_multinomial() -> None:
 
 
 def test_a_step_using_another_sessions_capture_runs_after_it() -> None:
-    scenario = _scenario(
+    scenario = steps_scenario(
         [("a1", "a", "SELECT 1 AS x"), ("a2", "a", "SELECT 2"), ("b1", "b", "SELECT :a.v"), ("b2", "b", "SELECT 3")],
         captures={"a1": "v"},
     )
@@ -196,7 +179,7 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
     assert "holds" not in text.output and "FAILS" not in text.output
 
     whole = json.loads(cli.invoke(main, ["explore", "lost-update", "--no-reduce", "-f", "json", *dsn]).output)
-    assert set(whole) == {"scenario", "variant", "space", "explored", "runs", "complete", "seed", "classes"}
+    assert set(whole) == {"scenario", "variant", "space", "explored", "runs", "complete", "repeats", "seed", "classes"}
     assert (whole["space"], whole["explored"], whole["runs"], whole["complete"]) == (70, 70, 70, True)
     assert [(c["ok"], c["reproduces"]) for c in whole["classes"]] == [(True, True), (False, False)]
     assert set(whole["classes"][0]) == {
@@ -245,7 +228,7 @@ def test_explore_bad_options_exit_2_in_one_line(pgrace_server: ServerInfo, args:
 
 def test_a_step_using_a_blocked_steps_capture_waits_for_its_value(pgrace_server: ServerInfo) -> None:
     """b1 uses what a1 captures; a1 is blocked by c: b1 is deferred until c commits and a1 has its row."""
-    scenario = _scenario(
+    scenario = steps_scenario(
         [
             ("c1", "c", "BEGIN; SELECT id FROM t FOR UPDATE"),
             ("a1", "a", "SELECT id AS x FROM t FOR UPDATE"),
@@ -267,7 +250,7 @@ def test_a_step_using_a_blocked_steps_capture_waits_for_its_value(pgrace_server:
 
 def test_a_huge_space_is_stated_and_needs_a_sample(pgrace_server: ServerInfo) -> None:
     steps = [(f"{s}{i}", s, "SELECT 1") for s in "abc" for i in range(12)]
-    scenario = _scenario(steps)
+    scenario = steps_scenario(steps)
     size = math.factorial(36) // math.factorial(12) ** 3
     assert Space(scenario).size == size
     with pytest.raises(ScenarioError, match=f"{size:,} interleavings are too many"):
@@ -320,7 +303,7 @@ def test_merge_refuses_what_is_not_an_explorations_json(tmp_path: Path) -> None:
 
 def test_nothing_of_one_interleaving_reaches_the_next_session_state_included(pgrace_server: ServerInfo) -> None:
     """A session-level advisory lock outlives COMMIT; each interleaving must start without it."""
-    scenario = _scenario(
+    scenario = steps_scenario(
         [
             ("a1", "a", "INSERT INTO t VALUES ('a', pg_try_advisory_lock(42))"),
             ("b1", "b", "INSERT INTO t VALUES ('b', pg_try_advisory_lock(42))"),

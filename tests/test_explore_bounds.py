@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import steps_scenario
 
 from pgrace import bounds, catalog
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
 from pgrace.explore import Space, choose
-from pgrace.model import PermutationStep, Scenario, Session, Step
 from pgrace.servers import ServerInfo
 
 FANOUT = Path(__file__).resolve().parents[1] / "scenarios" / "skip-locked-fanout.toml"
@@ -72,22 +72,6 @@ class Reference:
         return sum(self.count((*at[:i], at[i] + 1, *at[i + 1 :])) for i in self._eligible(at))
 
 
-def _scenario(steps: list[tuple[str, str, str]], captures: dict[str, str]) -> Scenario:
-    """(name, session, sql) steps; ``captures`` maps a step name to the variable it captures."""
-    built = tuple(
-        Step(name, session, sql, capture=((captures[name], "x"),) if name in captures else ())
-        for name, session, sql in steps
-    )
-    return Scenario(
-        name="t",
-        title="t",
-        source="t.toml",
-        sessions=tuple(Session(s) for s in dict.fromkeys(s for _, s, _ in steps)),
-        steps=built,
-        permutations=(tuple(PermutationStep(s.name) for s in built),),
-    )
-
-
 def _orders(chains: list[list[str]]) -> list[tuple[str, ...]]:
     """Every merge of the chains that keeps each one's order (brute force)."""
     if not any(chains):
@@ -132,7 +116,7 @@ def test_the_numbering_is_the_one_every_seed_and_shard_was_drawn_from(name: str)
 
 
 def test_sessions_tied_by_captures_are_counted_exactly_with_free_sessions_around_them() -> None:
-    scenario = _scenario(
+    scenario = steps_scenario(
         [
             ("b1", "b", "SELECT 1 AS x"),
             ("a1", "a", "SELECT :b.w AS x"),

@@ -23,6 +23,8 @@ from pgrace import catalog
 from pgrace.cli import FORMATS, main
 from pgrace.servers import ServerInfo
 
+pytestmark = pytest.mark.slow
+
 CLOSED = "host=127.0.0.1 port=1 connect_timeout=2"
 OFFLINE = {"PGRACE_DSN": "postgresql://nobody@127.0.0.1:1/db?connect_timeout=2", "PGHOST": "127.0.0.1", "PGPORT": "1"}
 SHIPPED = catalog.shipped_names()
@@ -209,8 +211,45 @@ def test_load_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
     invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
 
 
+EXAMPLE_LOG = (
+    (Path(__file__).parent.parent / "examples" / "from-log" / "deadlock.log").read_bytes().splitlines(keepends=True)
+)
+
+
+@st.composite
+def server_log(draw: st.DrawFn) -> bytes:
+    """Lines of a real deadlock's log, some dropped, repeated, cut short or replaced by hostile bytes."""
+    lines = draw(st.lists(st.sampled_from(EXAMPLE_LOG), max_size=40)) or list(EXAMPLE_LOG)
+    noise = st.one_of(st.binary(max_size=40), st.text(max_size=40).map(str.encode), st.just(b"\x1b[2J'''\n"))
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(st.integers(0, len(lines)))
+        cut = lines[at - 1][: draw(st.integers(0, 80))] if at and draw(st.booleans()) else draw(noise)
+        lines.insert(at, cut)
+    return b"".join(lines)
+
+
+FROM_LOG_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
+    "--prefix": st.one_of(
+        st.sampled_from(["%m [%p] %a %v %x ", "%t [%p]: ", "%q%u@%d ", "%", "%Z"]), st.text(max_size=10)
+    ),
+    "--incident": values,
+    "--list": None,
+}
+
+
+@fuzz_settings(300)
+@given(data=st.data())
+def test_from_log_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
+    """A hostile log is listed or written without verifying: 0 (written or listed) or 2 (a bad log), one line."""
+    log = workdir / "server.log"
+    log.write_bytes(data.draw(server_log()))
+    result = invoke(["from-log", str(log), "--no-verify", *options(data.draw, FROM_LOG_OPTIONS)], {0, 2})
+    assert "\x1b" not in result.stdout + result.stderr, "a log's escapes never reach the terminal raw"
+
+
+@pytest.mark.server
 def test_every_command_is_fuzzed() -> None:
-    fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix", "load"}
+    fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix", "load", "from-log"}
     assert set(main.commands) == fuzzed, "a new command needs its fuzz test here"
 
 

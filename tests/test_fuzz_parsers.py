@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from fuzzing import SPEC_PIECES, SPEC_SEEDS, TOML_PIECES, TOML_SEEDS, fuzz_settings, hostile, mutated
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -21,6 +22,8 @@ from pgrace.errors import ScenarioError
 from pgrace.formats import limits
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.formats.spec import parse_spec
+
+pytestmark = pytest.mark.slow
 
 Parse = Callable[[str], Any]
 

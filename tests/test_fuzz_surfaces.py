@@ -1,7 +1,7 @@
 """A slice of bench/bench_fuzz_surfaces.py: generated scenario files and options, each a real ``python -m pgrace``.
 
 The files exercise ``[load]``, ``[fix.load]``, sleep and crash steps, ``waits_on``,
-``released_by``, params for sweeps and ``retry`` keys, with hostile values (pgbench
+``released_by``, params for sweeps and ``retry`` loops (valid and not), with hostile values (pgbench
 meta-commands whose shell command would leave a marker file, SQL in values, huge and
 NaN-ish numbers, control characters); the options ``-j``, ``--max``, ``--shard``,
 ``--seed``, ``-c``, ``-T``, ``-t``, ``--step-timeout``, ``-o`` and ``--emit`` get hostile or
@@ -28,6 +28,7 @@ def lane() -> Iterator[fuzz.Lane]:
         yield only
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("index", range(CASES))
 def test_a_generated_case_ends_cleanly(lane: fuzz.Lane, index: int) -> None:
     case = fuzz.generate(0, index)
@@ -54,4 +55,5 @@ def test_the_slice_reaches_every_command_and_runs_some() -> None:
     texts = "\n".join(c.text for c in cases)
     for surface in ("[load]", "[fix.load]", "sleep = ", "crash = ", "waits_on", "released_by", "\\shell", "retry"):
         assert surface in texts, surface
+    assert fuzz.GOOD_RETRY in texts and any(bad in texts for bad in fuzz.BAD_RETRIES), "retry loops, valid and not"
     assert sum(1 for c in cases if not c.hostile) >= 10, "a third of the cases should run, not only be refused"

@@ -25,6 +25,8 @@ from procs import alive, wait_gone
 
 from pgrace.servers import ServerInfo
 
+pytestmark = pytest.mark.server
+
 # s1 is left inside a transaction holding an ACCESS EXCLUSIVE lock: the teardown's DROP waits forever.
 TEARDOWN_HANG = """
 setup { CREATE TABLE t (id int); }

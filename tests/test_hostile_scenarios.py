@@ -33,6 +33,8 @@ from pgrace.servers import ServerInfo, open_server
 from pgrace.servers.embedded import CACHE_ENV_VAR
 from pgrace.timeline import CheckQueried, SetupRan
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture
 def reachable_dir() -> Iterator[Path]:
@@ -255,7 +257,7 @@ def test_even_a_superuser_scenario_cannot_write_into_the_cached_template(own_cac
 
 @needs_root
 def test_a_template_the_server_account_could_write_is_built_again_before_use(own_cache: Path) -> None:
-    from pgrace.servers.embedded import _server_user
+    from pgrace.servers.embedded.binaries import _server_user
 
     with open_server("embedded"):
         pass

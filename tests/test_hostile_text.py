@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fix_recorded import Recorded
 
 from pgrace import catalog
 from pgrace.cli import main
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.compare import render_text_compare
-from pgrace.render.escape import visible, without_controls
 from pgrace.render.html import render_html, render_html_compare
 from pgrace.render.isolation import render_isolation
 from pgrace.render.json import render_json
@@ -37,6 +37,7 @@ from pgrace.render.svg import render_svg, render_svg_compare
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
+from pgrace.text import visible, without_controls
 from pgrace.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
 
 HOSTILE = Path(__file__).parent / "hostile" / "hostile.toml"
@@ -53,23 +54,23 @@ def assert_no_raw_control(text: str, *, own: re.Pattern[str] | None = None) -> N
     assert found is None, (found.group(0), rest[max(0, found.start() - 60) : found.end() + 20])
 
 
-@pytest.fixture(scope="module")
-def hostile_runs(pgrace_server: ServerInfo) -> tuple[Run, Run]:
-    """The bug and the fix variant of the hostile scenario, run once for every test here."""
+@pytest.fixture
+def hostile_runs(recorded: Recorded) -> tuple[Run, Run]:
+    """The bug and the fix variant of the hostile scenario as recorded (tests/recorded/): what each format draws of it."""
+    return recorded("hostile", "bug"), recorded("hostile", "fix")
+
+
+def test_the_server_really_sent_hostile_text(pgrace_server: ServerInfo) -> None:
+    """The record keeps the server's text as it came; only the outputs change it."""
     from pgrace import api
 
-    loaded = catalog.load(str(HOSTILE))
-    return api.run(loaded, server=pgrace_server), api.run(loaded.variant_named("fix"), server=pgrace_server)
-
-
-def test_the_server_really_sent_hostile_text(hostile_runs: tuple[Run, Run]) -> None:
-    """The record keeps the server's text as it came; only the outputs change it."""
-    events = hostile_runs[0].events
+    run = api.run(catalog.load(str(HOSTILE)), server=pgrace_server)
+    events = run.events
     errors = [e.outcome.error.message for e in events if isinstance(e, StepFinished) and e.outcome.error]
     assert any("\x1b]0;pwned-error\x07" in m for m in errors)
     assert any("\x1b]0;pwned-notice\x07" in e.message for e in events if isinstance(e, NoticeReceived))
     assert any("\x1b]0;pwned-payload\x07" in e.payload for e in events if isinstance(e, NotifyReceived))
-    data = json.loads(render_json(hostile_runs[0]))
+    data = json.loads(render_json(run))
     assert any("\x1b]0;pwned-error\x07" in s for s in strings(data))  # JSON carries it escaped; it decodes back
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
+import functools
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import by_name, finished_at, launched_at, toml_scenario
 
 from pgrace.catalog import shipped_names
 from pgrace.checks import evaluate
@@ -16,29 +17,15 @@ from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.model import Scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Release, Run, SessionLost, StepFinished, StepLaunched, StepRun
+from pgrace.timeline import Release, SessionLost, StepFinished, StepRun
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
-
-
-def scenario(body: str, sessions: str = '["a", "b"]') -> Scenario:
-    text = f"name = 'lang'\nsetup = {SETUP!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
-    return parse_toml_scenario(text, "lang.toml")
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
+scenario = functools.partial(toml_scenario, setup=SETUP, name="lang")
 
 
 def error_of(step: StepRun) -> tuple[str, str]:
     assert step.outcome is not None and step.outcome.error is not None, step
     return step.outcome.error.severity, step.outcome.error.sqlstate
-
-
-def times(run: Run, seq: int) -> tuple[float, float]:
-    launched = next(e.t for e in run.events if isinstance(e, StepLaunched) and e.seq == seq)
-    finished = next(e.t for e in run.events if isinstance(e, StepFinished) and e.seq == seq)
-    return launched, finished
 
 
 # -- sleep -----------------------------------------------------------------------------------
@@ -72,7 +59,7 @@ def test_lock_timeout_fires_during_a_sleep_and_is_reported_when_it_fires(pgrace_
     impatient, pause = steps["impatient"], steps["pause"]
     assert impatient.waited and error_of(impatient) == ("ERROR", "55P03")
     assert pause.sql == "sleep 1200ms" and pause.status == "ok"
-    slept_from, slept_to = times(run, pause.seq)
+    slept_from, slept_to = launched_at(run, pause.seq), finished_at(run, pause.seq)
     assert slept_to - slept_from >= 1200
     finished = [e.seq for e in run.events if isinstance(e, StepFinished)]
     assert finished == [1, impatient.seq, pause.seq, steps["commit"].seq], "reported when it ended, inside the sleep"

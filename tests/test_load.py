@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from click.testing import CliRunner
+from documentation import page
 from procs import wait_gone
 
 from pgrace import catalog
@@ -136,7 +137,9 @@ def test_lost_update_under_load_counts_lost_withdrawals_from_the_ledger(pgrace_s
     actual = int(violation.actual.split()[0])
     lost = (actual - int(violation.expected)) // 100
     assert lost > 0 and violation.actual.endswith(f"({lost} withdrawals lost)")
-    fix = run_load(scenario.other, pgrace_server, LoadOptions(clients=(4,), duration=None, transactions=150))
+    fix = run_load(
+        scenario.variant_named("fix"), pgrace_server, LoadOptions(clients=(4,), duration=None, transactions=150)
+    )
     assert fix.runs[0].transactions == 600 and fix.runs[0].violations == []
     assert fix.runs[0].lock_waiters_max >= 1  # FOR UPDATE: three clients queue behind the fourth at times
 
@@ -147,7 +150,9 @@ def test_head_of_line_blocking_clients_queue_on_one_row(pgrace_server: ServerInf
     (run,) = bug.runs
     assert run.lock_waiters_max == 2 and run.lock_waits_on == "a row of jobs"
     assert run.violations == [] and run.latency_ms["p50"] is not None and run.latency_ms["p50"] >= 20
-    fix = run_load(scenario.other, pgrace_server, LoadOptions(clients=(3,), duration=None, transactions=5))
+    fix = run_load(
+        scenario.variant_named("fix"), pgrace_server, LoadOptions(clients=(3,), duration=None, transactions=5)
+    )
     assert fix.runs[0].lock_waiters_max == 0 and fix.runs[0].violations == []
     text = render_load_text([bug, fix])
     assert "2 (a row of jobs) / 0" in text
@@ -173,7 +178,9 @@ def test_nowait_counts_its_errors(pgrace_server: ServerInfo) -> None:
     assert violation.expected == "160"  # every attempt is logged, one per transaction
     failed = 160 - int(violation.actual.split()[0])
     assert failed > 0 and f"({failed} of 160 claims failed with 55P03)" in violation.actual
-    fix = run_load(scenario.other, pgrace_server, LoadOptions(clients=(4,), duration=None, transactions=40))
+    fix = run_load(
+        scenario.variant_named("fix"), pgrace_server, LoadOptions(clients=(4,), duration=None, transactions=40)
+    )
     assert fix.runs[0].violations == []
 
 
@@ -252,11 +259,10 @@ def test_shipped_load_sections_do_not_change_run() -> None:
         assert pgbench_script(scenario) != pgbench_script(scenario.other)
 
 
-def test_the_readme_load_example_is_a_valid_section() -> None:
+def test_the_docs_load_example_is_a_valid_section() -> None:
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"```toml\n(\[load\].*?)```", readme, re.DOTALL)
+    match = re.search(r"```toml\n(\[load\].*?)```", page("guide/load.md"), re.DOTALL)
     assert match is not None
     base = (Path(__file__).resolve().parents[1] / "scenarios" / "lost-update.toml").read_text().split("\n[load]")[0]
     script = pgbench_script(parse_toml_scenario(base + "\n" + match.group(1), "readme.toml"))

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -44,7 +45,7 @@ def real_pgbench(server: ServerInfo) -> str:
 
 
 @pytest.fixture
-def role_with_password(pgrace_server: ServerInfo) -> str:
+def role_with_password(pgrace_server: ServerInfo) -> Iterator[str]:
     with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
         admin.execute("DROP ROLE IF EXISTS loader")
         admin.execute("CREATE ROLE loader LOGIN CREATEDB PASSWORD 'hunter2-load'")

@@ -291,6 +291,7 @@ def own_server() -> Iterator[ServerInfo]:
         yield server
 
 
+@pytest.mark.server
 def test_the_server_stopped_under_load_is_one_line_exit_3(own_server: ServerInfo) -> None:
     child = _start_load(own_server.dsn)
     try:

@@ -1,28 +1,31 @@
 """Every lock kind named on a real server: table-lock queues (hard and soft blocking), advisory
-locks, unique-index waits, virtual transactions, SIRead locks (issue 10, findings 4 and 5)."""
+locks, unique-index waits, virtual transactions, SIRead locks."""
 
 from __future__ import annotations
 
+import functools
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import by_name, toml_scenario
 
 from pgrace import api
-from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.locks import CONFLICTS, LOCK_MODES, advisory_keys, advisory_level_in
+from pgrace.locks import CONFLICTS, advisory_keys, advisory_level_in
+from pgrace.model import LOCK_MODES
 from pgrace.pytest_plugin import RunScenario
-from pgrace.render.common import describe_wait, serialization_text
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
 from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
+from pgrace.render.wording import describe_wait, serialization_text
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
-from pgrace.timeline import AdvisoryKey, Blocker, Run, StepRun
+from pgrace.timeline import AdvisoryKey, Run, WaitLink
+
+scenario = functools.partial(toml_scenario, name="locks")
 
 
 @pytest.fixture
@@ -31,15 +34,6 @@ def pgrace_run(each_server: ServerInfo) -> RunScenario:
         return api.run(scenario, server=each_server, options=RunOptions(**options))
 
     return run
-
-
-def scenario(body: str, sessions: str, setup: str, name: str = "locks"):  # type: ignore[no-untyped-def]
-    text = f"name = {name!r}\nsetup = {setup!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
-    return parse_toml_scenario(text, f"{name}.toml")
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
 
 
 def test_the_conflict_table_is_postgresqls() -> None:
@@ -91,8 +85,8 @@ def test_a_table_lock_queue_tells_queued_behind_from_waiting_for(pgrace_run: Run
     run = pgrace_run(
         scenario(
             RELATION_QUEUE,
-            '["s1", "migration", "app"]',
-            "CREATE TABLE jobs (id int PRIMARY KEY); INSERT INTO jobs VALUES (1)",
+            sessions='["s1", "migration", "app"]',
+            setup="CREATE TABLE jobs (id int PRIMARY KEY); INSERT INTO jobs VALUES (1)",
         ),
         lock_kinds="all",
     )
@@ -101,15 +95,15 @@ def test_a_table_lock_queue_tells_queued_behind_from_waiting_for(pgrace_run: Run
     assert (alter.kind, alter.table, alter.mode) == ("relation", "jobs", "AccessExclusiveLock")
     assert alter.blocked_by == ("s1",) and alter.holder == "s1" and alter.holder_mode == "AccessShareLock"
     assert alter.queued_behind == ()
-    assert alter.chain == (Blocker("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),)
+    assert alter.chain == (WaitLink("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),)
 
     [select] = steps["select"].waits
     assert (select.kind, select.table, select.mode) == ("relation", "jobs", "AccessShareLock")
     assert select.blocked_by == ("migration",) and select.queued_behind == ("migration",)
     assert select.holder == "s1"  # the end of the chain, not migration: migration holds nothing on jobs
     assert select.chain == (
-        Blocker("app", "migration", "queued", "AccessExclusiveLock", "AccessShareLock"),
-        Blocker("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),
+        WaitLink("app", "migration", "queued", "AccessExclusiveLock", "AccessShareLock"),
+        WaitLink("migration", "s1", "holds", "AccessShareLock", "AccessExclusiveLock"),
     )
     [waited_on] = run_to_dict(run)["steps"][2]["waited_on"]
     assert waited_on["holder"] == "s1" and waited_on["queued_behind"] == ["migration"]
@@ -177,7 +171,7 @@ sql = "SELECT pg_advisory_unlock_all()"
 
 def test_advisory_waits_name_key_sharing_and_level(pgrace_run: RunScenario) -> None:
     run = pgrace_run(
-        scenario(ADVISORY, '["a", "b", "c"]', "CREATE TABLE t (id int PRIMARY KEY)"),
+        scenario(ADVISORY, sessions='["a", "b", "c"]', setup="CREATE TABLE t (id int PRIMARY KEY)"),
         lock_kinds="all",
     )
     steps = by_name(run)
@@ -190,7 +184,7 @@ def test_advisory_waits_name_key_sharing_and_level(pgrace_run: RunScenario) -> N
 
     [xact_wait] = steps["b-xact"].waits
     assert xact_wait.advisory == AdvisoryKey((1, -2), False, "transaction")
-    assert xact_wait.chain == (Blocker("b", "a", "holds", "ShareLock", "ExclusiveLock"),)
+    assert xact_wait.chain == (WaitLink("b", "a", "holds", "ShareLock", "ExclusiveLock"),)
     held = [lock for lock in steps["a-xact-shared"].other_locks_after if lock.kind == "advisory"]
     assert [(lock.session, lock.advisory) for lock in held] == [("a", AdvisoryKey((1, -2), True, "transaction"))]
 
@@ -199,8 +193,8 @@ def test_advisory_waits_name_key_sharing_and_level(pgrace_run: RunScenario) -> N
     assert queued.advisory == AdvisoryKey((1, -2), True, "session")
     assert queued.queued_behind == ("b",) and queued.holder == "a"
     assert queued.chain == (
-        Blocker("c", "b", "queued", "ExclusiveLock", "ShareLock"),
-        Blocker("b", "a", "holds", "ShareLock", "ExclusiveLock"),
+        WaitLink("c", "b", "queued", "ExclusiveLock", "ShareLock"),
+        WaitLink("b", "a", "holds", "ShareLock", "ExclusiveLock"),
     )
     text = " ".join(render_text(run).split())
     assert "waits for a on advisory lock 42 (wants exclusive, session level; a holds exclusive)" in text
@@ -236,8 +230,8 @@ def test_a_duplicate_enqueue_waits_for_the_other_transaction_on_its_unique_index
             session = "web1"
             sql = "COMMIT"
             """,
-            '["web1", "web2"]',
-            "CREATE TABLE audit (id serial PRIMARY KEY); " + setup,
+            sessions='["web1", "web2"]',
+            setup="CREATE TABLE audit (id serial PRIMARY KEY); " + setup,
         )
     )
     dup = by_name(run)["dup"]
@@ -273,8 +267,8 @@ def test_on_conflict_waits_for_a_speculative_insertion(pgrace_run: RunScenario) 
             session = "s1"
             sql = "ROLLBACK"
             """,
-            '["s1", "s2", "s3"]',
-            "CREATE TABLE t (a int UNIQUE, b int UNIQUE)",
+            sessions='["s1", "s2", "s3"]',
+            setup="CREATE TABLE t (a int UNIQUE, b int UNIQUE)",
         )
     )
     steps = by_name(run)
@@ -302,8 +296,8 @@ def test_create_index_concurrently_waits_for_an_open_transactions_snapshot(pgrac
             session = "report"
             sql = "COMMIT"
             """,
-            '["report", "ddl"]',
-            "CREATE TABLE jobs (id int PRIMARY KEY, v int); INSERT INTO jobs VALUES (1, 1)",
+            sessions='["report", "ddl"]',
+            setup="CREATE TABLE jobs (id int PRIMARY KEY, v int); INSERT INTO jobs VALUES (1, 1)",
         )
     )
     cic = by_name(run)["cic"]
@@ -346,8 +340,8 @@ def test_a_write_skew_40001_is_shown_with_the_sIRead_locks_held(pgrace_run: RunS
     run = pgrace_run(
         scenario(
             WRITE_SKEW,
-            '["a", "b"]',
-            "CREATE TABLE doctors (id int PRIMARY KEY, on_call bool); INSERT INTO doctors VALUES (1, true), (2, true)",
+            sessions='["a", "b"]',
+            setup="CREATE TABLE doctors (id int PRIMARY KEY, on_call bool); INSERT INTO doctors VALUES (1, true), (2, true)",
         )
     )
     steps = by_name(run)
@@ -421,7 +415,9 @@ def test_a_locked_row_is_named_by_its_key_after_the_key_changes_type(pgrace_run:
         session = "a"
         sql = "BEGIN; SELECT * FROM t WHERE id = '1' FOR UPDATE"
     """
-    run = pgrace_run(scenario(body, '["a", "b"]', "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)"))
+    run = pgrace_run(
+        scenario(body, sessions='["a", "b"]', setup="CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)")
+    )
     steps = by_name(run)
     assert [lock.label() for lock in steps["a-lock-int"].locks_after or ()] == ["a: t id=1 FOR UPDATE"]
     assert [lock.label() for lock in steps["a-lock-text"].locks_after or ()] == ["a: t id='1' FOR UPDATE"]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fix_servers import PG15, needs_pg15
 
 from pgrace.cli import main
 from pgrace.matrix import (
@@ -18,9 +18,6 @@ from pgrace.matrix import (
     measure,
 )
 from pgrace.servers import ServerInfo, open_server
-
-PG15 = Path("/usr/lib/postgresql/15/bin")
-needs_pg15 = pytest.mark.skipif(not (PG15 / "postgres").exists(), reason=f"no PostgreSQL 15 at {PG15}")
 
 # The manual's tables, written out cell by cell (rows: requested, as in the manual; "X": conflict),
 # independently of pgrace.matrix's encoding, which is checked against them too.
@@ -95,6 +92,7 @@ def test_matrix_on_postgresql_18_is_the_manuals_in_every_cell(pgrace_server: Ser
     assert "FOR KEY SHARE" in key_share.seen  # both hold the row: pgrowlocks shows the shared lock
 
 
+@pytest.mark.server
 @needs_pg15
 def test_matrix_on_postgresql_15_is_the_manuals_in_every_cell() -> None:
     with open_server(str(PG15)) as server:

@@ -40,6 +40,7 @@ def refused(result: Result, output: Path, source: Path) -> None:
     assert lines[0] == f"pgrace: {output}: -o would write over {source}, which this command reads"
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(
     ("shipped", "command"),
     [
@@ -61,6 +62,7 @@ def test_an_output_naming_the_scenario_is_refused_and_the_scenario_kept(
     assert scenario.read_bytes() == before
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("link", ["symlink", "hard link"])
 def test_an_output_linked_to_the_scenario_is_refused(scenario: Path, tmp_path: Path, link: str) -> None:
     before = scenario.read_bytes()
@@ -73,6 +75,7 @@ def test_an_output_linked_to_the_scenario_is_refused(scenario: Path, tmp_path: P
     assert scenario.read_bytes() == before
 
 
+@pytest.mark.server
 def test_junit_naming_a_checked_file_is_refused(scenario: Path) -> None:
     before = scenario.read_bytes()
     result = invoke(["check", str(scenario.parent), "--junit", str(scenario)])

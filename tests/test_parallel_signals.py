@@ -23,6 +23,8 @@ from procs import alive
 
 from pgrace.servers import ServerInfo, open_server
 
+pytestmark = pytest.mark.server
+
 # 3,000 interleavings of 4 workers × 3 steps: ~20 s of work at -j 3, unless stopped.
 LONG_EXPLORE = ["explore", "skip-locked-fanout", "-p", "workers=4", "--max", "3000"]
 EXIT_WITHIN_S = 2.0

@@ -53,6 +53,7 @@ def test_both_variants_hold_across_the_range(
     assert result.ok
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("value", ["2", "33", "-1", "0"])
 def test_a_value_outside_the_range_is_refused_by_name(value: str) -> None:
     result = CliRunner().invoke(main, ["run", "skip-locked-fanout", "-p", f"workers={value}"])

@@ -12,54 +12,29 @@ import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
+from fix_recorded import RECORDED, Recorded
 
+from pgrace import api, catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.render.common import PALETTE
 from pgrace.render.html import render_html
 from pgrace.render.svg import render_svg
+from pgrace.servers import ServerInfo
 from pgrace.timeline import Run
 
 SVG = "{http://www.w3.org/2000/svg}"
 
-READERS = """
-setup = "CREATE TABLE customers_with_a_long_table_name (id int PRIMARY KEY, name text); INSERT INTO customers_with_a_long_table_name VALUES (1, 'ada')"
-sessions = ["r1", "r2", "r3", "r4", "writer"]
-[[step]]
-session = "r1"
-sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
-[[step]]
-session = "r2"
-sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
-[[step]]
-session = "r3"
-sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
-[[step]]
-session = "r4"
-sql = "BEGIN; SELECT name FROM customers_with_a_long_table_name WHERE id = 1 FOR SHARE"
-[[step]]
-name = "write"
-session = "writer"
-sql = "UPDATE customers_with_a_long_table_name SET name = 'grace' WHERE id = 1"
-[[step]]
-session = "r1"
-sql = "COMMIT"
-[[step]]
-session = "r2"
-sql = "COMMIT"
-[[step]]
-session = "r3"
-sql = "COMMIT"
-[[step]]
-session = "r4"
-sql = "COMMIT"
-"""
+
+@pytest.fixture
+def run(recorded: Recorded) -> Run:
+    """tests/recorded/readers.toml: four readers share a row with a long table name, then a writer wants it."""
+    return recorded("readers", "bug")
 
 
 @pytest.fixture(scope="module")
-def run(pgrace_server: object) -> Run:
-    from pgrace import api
-
-    return api.run(parse_toml_scenario(textwrap.dedent(READERS), "readers.toml"))
+def live_run(pgrace_server: ServerInfo) -> Run:
+    """The same scenario run now: what the runner records of it, not how it is drawn."""
+    return api.run(catalog.load(str(RECORDED / "readers.toml")), server=pgrace_server)
 
 
 def cells(svg: str) -> list[ET.Element]:
@@ -93,10 +68,10 @@ def test_the_html_page_carries_the_same_cells(run: Run) -> None:
     assert page.count('class="lock-cell"') == render_svg(run).count('class="lock-cell"') > 0
 
 
-def test_an_update_of_a_row_four_readers_share_waits_for_all_and_resumes_after_the_last(run: Run) -> None:
+def test_an_update_of_a_row_four_readers_share_waits_for_all_and_resumes_after_the_last(live_run: Run) -> None:
     """The server waits for each member of the row's multixact in turn; pg_blocking_pids names one at a time.
     The timeline said "waits for r1 … resumes after r1's COMMIT (step 6)"; the UPDATE went on at r4's (step 9)."""
-    write = next(s for s in run.step_runs() if s.step == "write")
+    write = next(s for s in live_run.step_runs() if s.step == "write")
     [wait] = write.waits
     assert wait.blocked_by == ("r1", "r2", "r3", "r4")
     assert write.release is not None and (write.release.session, write.release.seq) == ("r4", 9)
@@ -124,11 +99,9 @@ sql = "COMMIT"
 """
 
 
-def test_a_share_taken_after_the_wait_began_is_waited_for_too(pgrace_server: object) -> None:
+def test_a_share_taken_after_the_wait_began_is_waited_for_too(pgrace_server: ServerInfo) -> None:
     """r2 shares the row after w began to wait: the server makes w wait for r2 as well; w went on at r2's
     COMMIT (step 5), where the timeline said r1's (step 4)."""
-    from pgrace import api
-
-    run = api.run(parse_toml_scenario(textwrap.dedent(LATE_SHARER), "late.toml"))
+    run = api.run(parse_toml_scenario(textwrap.dedent(LATE_SHARER), "late.toml"), server=pgrace_server)
     write = next(s for s in run.step_runs() if s.step == "w-upd")
     assert write.release is not None and (write.release.session, write.release.seq) == ("r2", 5)

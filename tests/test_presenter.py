@@ -230,6 +230,14 @@ def waited(screen: str) -> float:
     return max((float(s) for s in re.findall(r"worker2 waiting\s+([\d.]+) s", screen)), default=0.0)
 
 
+def showing(text: str) -> Callable[[str], bool]:
+    return lambda screen: text in screen
+
+
+def waited_more_than(seconds: float) -> Callable[[str], bool]:
+    return lambda screen: waited(screen) >= seconds
+
+
 def pgrace_command(server: ServerInfo, *args: str) -> str:
     # pytest's environment pins COLUMNS=80: let pgrace ask the pane for its size, as on a real terminal
     return shlex.join(["env", "-u", "COLUMNS", "-u", "LINES", f"PGRACE_DSN={server.dsn}", PGRACE, "run", *args])
@@ -238,11 +246,11 @@ def pgrace_command(server: ServerInfo, *args: str) -> str:
 def test_step_mode_in_tmux_runs_a_step_per_enter_and_counts_the_wait(tmux: Tmux, pgrace_server: ServerInfo) -> None:
     tmux.start(pgrace_command(pgrace_server, "head-of-line-blocking", "--step", "--color"))
     for step in range(1, 9):
-        screen = tmux.wait_for(lambda s, n=step: f"▶ next: step {n} (" in s, f"the prompt for step {step}")
+        screen = tmux.wait_for(showing(f"▶ next: step {step} ("), f"the prompt for step {step}")
         if step == 5:  # worker 2 is blocked: the counter must keep growing while we wait
             assert "⏳ worker2 waiting" in screen, screen
             first = waited(screen)
-            tmux.wait_for(lambda s, first=first: waited(s) >= first + 0.3, "the wait counter to grow")
+            tmux.wait_for(waited_more_than(first + 0.3), "the wait counter to grow")
         tmux("send-keys", "-t", "talk", "Enter")
     screen = tmux.wait_for(lambda s: "PGRACE-DONE" in s, "pgrace to exit")
     assert "PGRACE-EXIT=0" in screen

@@ -1,4 +1,4 @@
-"""Six races a new user writes from the README (issue 10), each with expectations on what it
+"""Six races a new user writes from the README, each with expectations on what it
 waits for and what ended the wait: they hold on a real server, and say so in the timeline.
 
 The scenarios are in ``tests/races/``: a transfer deadlock, a duplicate enqueue on a unique

@@ -1,4 +1,4 @@
-"""The README's Python and pytest examples run as written, through the installed pytest plugin.
+"""The Python and pytest examples of docs/python.md run as written, through the installed pytest plugin.
 
 Each ``python`` block of "Using pgrace from Python and pytest" is written to a test module of
 its own and run by pytest in a child process (the plugin's fixtures, the suite's server):
@@ -13,19 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pgrace.servers import ServerInfo
+from documentation import page
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from pgrace.servers import ServerInfo
 
 
 def python_blocks() -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("## Using pgrace from Python and pytest")
-    section = text[start : text.index("\n## ", start + 3)]
-    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    return re.findall(r"```python\n(.*?)```", page("python.md"), re.DOTALL)
 
 
-def test_the_readmes_python_examples_pass(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+def test_the_python_examples_pass(tmp_path: Path, pgrace_server: ServerInfo) -> None:
     blocks = python_blocks()
     assert len(blocks) == 3
     (tmp_path / "test_script.py").write_text(

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fix_recorded import Recorded
 
 from pgrace import api, catalog
 from pgrace.cli import main
-from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.render.common import PALETTE, sql_lines
 from pgrace.render.html import render_html, render_html_compare
 from pgrace.render.markdown import render_markdown, render_markdown_compare
@@ -27,31 +25,9 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg, render_svg_compare
 from pgrace.render.text import Style, render_text
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Run
 
 SVG = "{http://www.w3.org/2000/svg}"
 VARIANTS = [(name, variant) for name in catalog.shipped_names() for variant in catalog.load(name).variants]
-
-GetRun = Callable[[str, str], Run]
-
-
-@pytest.fixture(scope="module")
-def shipped_run(pgrace_server: ServerInfo) -> GetRun:
-    """Each shipped variant run once per module: the renderers are pure, the runs are not."""
-    cache: dict[tuple[str, str], Run] = {}
-
-    def get(name: str, variant: str) -> Run:
-        if (name, variant) not in cache:
-            cache[name, variant] = api.run(catalog.load(name).variant_named(variant), server=pgrace_server)
-        return cache[name, variant]
-
-    return get
-
-
-def inline(body: str, sessions: str = '["a", "b"]') -> object:
-    setup = "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'x'), (2, 'y');"
-    return parse_toml_scenario(f"setup = {setup!r}\nsessions = {sessions}\n" + textwrap.dedent(body), "inline.toml")
-
 
 # -- SVG -----------------------------------------------------------------------------------
 
@@ -70,8 +46,8 @@ def all_text(element: ET.Element) -> str:
 
 
 @pytest.mark.parametrize(("name", "variant"), VARIANTS)
-def test_every_shipped_svg_is_valid_xml_with_a_lane_per_session(shipped_run: GetRun, name: str, variant: str) -> None:
-    run = shipped_run(name, variant)
+def test_every_shipped_svg_is_valid_xml_with_a_lane_per_session(recorded: Recorded, name: str, variant: str) -> None:
+    run = recorded(name, variant)
     root = svg_root(render_svg(run))
     assert root.tag == f"{SVG}svg" and float(root.get("width", 0)) > 400
     assert [g.get("data-session") for g in groups(root, "lane")] == run.scenario.session_names
@@ -81,8 +57,8 @@ def test_every_shipped_svg_is_valid_xml_with_a_lane_per_session(shipped_run: Get
     assert len(groups(root, "wait")) == sum(len(s.waits) for s in waited)
 
 
-def test_svg_draws_worker2s_wait_on_job_1_with_an_arrow_to_worker1(shipped_run: GetRun) -> None:
-    root = svg_root(render_svg(shipped_run("head-of-line-blocking", "bug")))
+def test_svg_draws_worker2s_wait_on_job_1_with_an_arrow_to_worker1(recorded: Recorded) -> None:
+    root = svg_root(render_svg(recorded("head-of-line-blocking", "bug")))
     [wait] = groups(root, "wait")
     assert (wait.get("data-waiter"), wait.get("data-holder"), wait.get("data-row")) == (
         "worker2",
@@ -99,16 +75,16 @@ def test_svg_draws_worker2s_wait_on_job_1_with_an_arrow_to_worker1(shipped_run: 
     assert [r.get("data-session") for r in held][:1] == ["worker1"]
 
 
-def test_svg_marks_errors_with_their_sqlstate(shipped_run: GetRun) -> None:
-    root = svg_root(render_svg(shipped_run("nowait", "bug")))
+def test_svg_marks_errors_with_their_sqlstate(recorded: Recorded) -> None:
+    root = svg_root(render_svg(recorded("nowait", "bug")))
     errors = {g.get("data-sqlstate"): all_text(g) for g in groups(root, "error")}
     assert set(errors) == {"55P03", "25P02"}
     assert "✗ 55P03" in errors["55P03"]
 
 
-def test_pictures_are_deterministic(shipped_run: GetRun, pgrace_server: ServerInfo) -> None:
-    again = api.run(catalog.load("lost-update").variant_named("fix"), server=pgrace_server)
-    first = shipped_run("lost-update", "fix")
+def test_pictures_are_deterministic(pgrace_server: ServerInfo) -> None:
+    """Two runs of one variant, whose timings differ, draw the same pictures."""
+    first, again = (api.run(catalog.load("lost-update").variant_named("fix"), server=pgrace_server) for _ in "12")
     assert render_svg(first) == render_svg(again)
     assert render_html(first) == render_html(again)
     assert render_mermaid(first) == render_mermaid(again)
@@ -174,8 +150,8 @@ def parse_mermaid(text: str) -> Diagram:
 
 
 @pytest.mark.parametrize(("name", "variant"), VARIANTS)
-def test_every_shipped_mermaid_parses(shipped_run: GetRun, name: str, variant: str) -> None:
-    run = shipped_run(name, variant)
+def test_every_shipped_mermaid_parses(recorded: Recorded, name: str, variant: str) -> None:
+    run = recorded(name, variant)
     diagram = parse_mermaid(render_mermaid(run))
     assert list(diagram.participants.values()) == [*run.scenario.session_names, "PostgreSQL"]
     numbered = [
@@ -184,8 +160,8 @@ def test_every_shipped_mermaid_parses(shipped_run: GetRun, name: str, variant: s
     assert numbered == [s.seq for s in run.step_runs()]
 
 
-def test_mermaid_shows_the_wait_as_an_arrow_to_the_holder_and_an_activation(shipped_run: GetRun) -> None:
-    diagram = parse_mermaid(render_mermaid(shipped_run("head-of-line-blocking", "bug")))
+def test_mermaid_shows_the_wait_as_an_arrow_to_the_holder_and_an_activation(recorded: Recorded) -> None:
+    diagram = parse_mermaid(render_mermaid(recorded("head-of-line-blocking", "bug")))
     assert diagram.participants == {"s1": "worker1", "s2": "worker2", "pg": "PostgreSQL"}
     [wait] = [m for m in diagram.messages if m[1] == "--)"]
     assert wait[0] == "s2" and wait[2] == "s1" and "waits for worker1 on jobs id=1" in wait[3]
@@ -195,19 +171,10 @@ def test_mermaid_shows_the_wait_as_an_arrow_to_the_holder_and_an_activation(ship
     assert any("resumes" in line for line in order[order.index("deactivate s2") :])
 
 
-def test_mermaid_marks_errors_and_escapes_syntax(pgrace_run: Callable[..., Run], shipped_run: GetRun) -> None:
-    diagram = parse_mermaid(render_mermaid(shipped_run("nowait", "bug")))
+def test_mermaid_marks_errors_and_escapes_syntax(recorded: Recorded) -> None:
+    diagram = parse_mermaid(render_mermaid(recorded("nowait", "bug")))
     assert any(arrow == "--x" and "55P03" in text for _, arrow, _, text in diagram.messages)
-    run = pgrace_run(
-        inline(
-            """
-            [[step]]
-            session = "a"
-            sql = "SELECT 1 < 2 AS lt; SELECT '#x;' AS hash"
-            """
-        )
-    )
-    text = render_mermaid(run)
+    text = render_mermaid(recorded("escapes", "bug"))
     parse_mermaid(text)
     assert "1 #lt; 2 AS lt#59; SELECT '#35;x#59;' AS hash" in text
 
@@ -225,8 +192,8 @@ def table_rows(markdown: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize(("name", "variant"), VARIANTS)
-def test_every_shipped_markdown_table_keeps_its_shape(shipped_run: GetRun, name: str, variant: str) -> None:
-    run = shipped_run(name, variant)
+def test_every_shipped_markdown_table_keeps_its_shape(recorded: Recorded, name: str, variant: str) -> None:
+    run = recorded(name, variant)
     rows = table_rows(render_markdown(run))
     width = len(rows[0])
     assert width == 1 + len(run.scenario.session_names) + (1 if run.row_locks_available else 0)
@@ -234,12 +201,11 @@ def test_every_shipped_markdown_table_keeps_its_shape(shipped_run: GetRun, name:
     assert [r[0] for r in rows[2:] if r[0]] == [str(s.seq) for s in run.step_runs()]
 
 
-def test_markdown_names_the_wait_and_escapes_pipes(shipped_run: GetRun, pgrace_run: Callable[..., Run]) -> None:
-    text = render_markdown(shipped_run("head-of-line-blocking", "bug"))
+def test_markdown_names_the_wait_and_escapes_pipes(recorded: Recorded) -> None:
+    text = render_markdown(recorded("head-of-line-blocking", "bug"))
     assert "**⏳ waits for worker1 on row jobs id=1 (wants FOR UPDATE; worker1 holds FOR UPDATE)**" in text
     assert f"| # | {PALETTE[0].square} worker1 | {PALETTE[1].square} worker2 | row locks held |" in text
-    run = pgrace_run(inline("[[step]]\nsession = \"a\"\nsql = \"SELECT 'a' || 'b' AS ab\"\n"))
-    assert "`SELECT 'a' \\|\\| 'b' AS ab`" in render_markdown(run)
+    assert "`SELECT 'a' \\|\\| 'b' AS ab`" in render_markdown(recorded("escapes", "bug"))
 
 
 # -- HTML ----------------------------------------------------------------------------------
@@ -254,8 +220,8 @@ class Tags(HTMLParser):
         self.tags.append((tag, dict(attrs)))
 
 
-def test_html_is_one_self_contained_file(shipped_run: GetRun) -> None:
-    html = render_html(shipped_run("head-of-line-blocking", "bug"))
+def test_html_is_one_self_contained_file(recorded: Recorded) -> None:
+    html = render_html(recorded("head-of-line-blocking", "bug"))
     parser = Tags()
     parser.feed(html)
     names = [tag for tag, _ in parser.tags]
@@ -268,8 +234,8 @@ def test_html_is_one_self_contained_file(shipped_run: GetRun) -> None:
     assert 'class="wait" data-seq="4" data-waiter="worker2" data-holder="worker1" data-row="jobs id=1"' in html
 
 
-def test_compare_html_and_svg_put_both_variants_side_by_side(shipped_run: GetRun) -> None:
-    runs = [shipped_run("lost-update", "bug"), shipped_run("lost-update", "fix")]
+def test_compare_html_and_svg_put_both_variants_side_by_side(recorded: Recorded) -> None:
+    runs = [recorded("lost-update", "bug"), recorded("lost-update", "fix")]
     html = render_html_compare(runs)
     assert html.count("<article") == 2 and html.count("<svg") == 2
     assert html.index('data-variant="bug"') < html.index('data-variant="fix"')
@@ -287,8 +253,8 @@ def test_compare_html_and_svg_put_both_variants_side_by_side(shipped_run: GetRun
 # -- colours -------------------------------------------------------------------------------
 
 
-def test_a_session_has_the_same_colour_in_every_format(shipped_run: GetRun) -> None:
-    run = shipped_run("head-of-line-blocking", "bug")
+def test_a_session_has_the_same_colour_in_every_format(recorded: Recorded) -> None:
+    run = recorded("head-of-line-blocking", "bug")
     for index, session in enumerate(run.scenario.session_names):
         colour = PALETTE[index]
         root = svg_root(render_svg(run))

@@ -1,7 +1,7 @@
 """The HTML timeline as a person sees it: opened in headless Chromium, screenshotted, and
 the pixels checked: worker 2's lane holds the orange wait band and the striped wait bar,
 and the arrow reaches into worker 1's lane, whose badge says it holds jobs id=1. Also:
-the pictures in docs/ (shown in the README) are what the current code draws.
+the pictures in docs/ (shown in the README and on the docs pages) are what the current code draws.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ class WaitGroups(HTMLParser):
             self.texts[-1] += data
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_a_browser_shows_worker2_waiting_on_job_1_held_by_worker1(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     page = tmp_path / "hol.html"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 from pgrace.explore import Exploration
-from pgrace.matrix import Cell, Matrix, MatrixTable
+from pgrace.matrix import Matrix, MatrixTable, ModePair
 from pgrace.model import PermutationStep, Scenario, Session, Step
 from pgrace.outcomes import OutcomeClass
 from pgrace.render import outcomes as render
-from pgrace.sweep import Cell as SweepCell
-from pgrace.sweep import Sweep
+from pgrace.sweep import GridPoint, Sweep
 
 HOSTILE = "<b>x</b> | \x1b[2J"
 
@@ -51,8 +50,8 @@ def test_exploration_in_every_format_shows_hostile_text_harmlessly() -> None:
 
 
 def test_matrix_marks_a_cell_that_differs_from_the_manual() -> None:
-    row = MatrixTable(("A", "B"), [Cell(h, r, h == r, h == r) for h in "AB" for r in "AB"])
-    table = MatrixTable(("A", "B"), [Cell(h, r, True, h == r, seen="waits") for h in "AB" for r in "AB"])
+    row = MatrixTable(("A", "B"), [ModePair(h, r, h == r, h == r) for h in "AB" for r in "AB"])
+    table = MatrixTable(("A", "B"), [ModePair(h, r, True, h == r, seen="waits") for h in "AB" for r in "AB"])
     matrix = Matrix("18.1", "server", row, table)
     text = render.render_matrix_text(matrix)
     assert "agrees with the documented table in all 4 cells" in text
@@ -74,7 +73,7 @@ def test_sweep_grid_in_every_format() -> None:
         "s",
         "bug",
         {"level": ["rc", "ser"]},
-        [SweepCell({"level": "rc"}, [occurs], "bug"), SweepCell({"level": "ser"}, [prevented], "bug")],
+        [GridPoint({"level": "rc"}, [occurs], "bug"), GridPoint({"level": "ser"}, [prevented], "bug")],
     )
     assert "occurs" in render.render_sweep_text([sweep]) and "prevented by 40001" in render.render_sweep_text([sweep])
     assert "| s (bug) | occurs | prevented by 40001 |" in render.render_sweep_markdown([sweep])

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import textwrap
+import functools
+
+from helpers import by_name, toml_scenario
 
 from pgrace import api
-from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.servers import ServerInfo
-from pgrace.timeline import NoticeReceived, Run, StepCancelled, StepFinished, StepRun
+from pgrace.timeline import NoticeReceived, StepCancelled, StepFinished
 
-
-def scenario(
-    body: str,
-    sessions: str = '["a", "b"]',
-    setup: str = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);",
-):  # type: ignore[no-untyped-def]
-    text = f"setup = {setup!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
-    return parse_toml_scenario(text, "inline.toml")
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
+scenario = functools.partial(
+    toml_scenario, setup="CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
+)
 
 
 def test_two_waiters_released_by_one_commit_complete_oldest_first(pgrace_run: RunScenario) -> None:

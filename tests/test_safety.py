@@ -21,6 +21,8 @@ from pgrace.cli import main
 from pgrace.scratch import connect, scratch_name
 from pgrace.servers import ServerInfo
 
+pytestmark = pytest.mark.server
+
 PASSWORD = "Sup3r-s3cret-pw"
 
 
@@ -121,7 +123,7 @@ def test_a_server_started_for_the_command_is_not_swept(monkeypatch: pytest.Monke
     """A server pgrace has just made from its template holds nothing a killed run left: no sweep, no connection."""
     from pgrace import scratch
 
-    def sweep(server: ServerInfo) -> scratch.Sweep:
+    def sweep(server: ServerInfo) -> scratch.Leftovers:
         raise AssertionError(f"swept {server.label}")
 
     monkeypatch.setattr(scratch, "sweep_leftovers", sweep)
@@ -147,7 +149,7 @@ def test_a_killed_run_on_a_dsn_server_is_cleaned_by_the_next_run(pgrace_server: 
         assert backends == (0,)
 
 
-# --- schema mode keeps every statement inside the scratch schema (issue 9, finding 1) ------------------
+# --- schema mode keeps every statement inside the scratch schema ---------------------------------------
 
 
 @pytest.fixture

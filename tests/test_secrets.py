@@ -23,7 +23,6 @@ from click.testing import CliRunner, Result
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgrace import servers
 from pgrace.cli import main
 from pgrace.servers import ServerInfo, describe_dsn, dsn_secrets, redact_dsn, scrub_secrets
 
@@ -80,7 +79,7 @@ sql = "SELECT 1"
 @pytest.fixture(autouse=True)
 def forget_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with no remembered secret: one test's scrubbing must not hide another's leak."""
-    monkeypatch.setattr(servers, "_REMEMBERED", set())
+    monkeypatch.setattr("pgrace.servers.secrets._REMEMBERED", set())
 
 
 def forbidden(secrets: list[str]) -> list[bytes]:
@@ -124,7 +123,7 @@ def test_no_dsn_shape_leaks_its_password(dsn: str, secrets: list[str], tmp_path:
     assert_clean(cli.invoke(main, ["check", str(story), "--server", dsn, "--server", dsn]), secrets, tmp_path)
 
 
-def test_the_malformed_dsn_of_the_issue_is_not_echoed_but_the_problem_is_named() -> None:
+def test_a_malformed_dsn_is_not_echoed_but_the_problem_is_named() -> None:
     cli = CliRunner()
     result = cli.invoke(main, ["run", "nowait", "--dsn", "host=127.0.0.1 password='S3cr3t"])
     assert "S3cr3t" not in result.output
@@ -268,7 +267,7 @@ def test_passwords_from_a_service_file_pgpassword_or_pgpass_do_not_leak(
 def test_an_internal_error_shows_neither_a_password_nor_a_control_character(
     debug: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgrace.errors import report_internal_error
+    from pgrace.exits import report_internal_error
     from pgrace.servers import remember_secrets
 
     monkeypatch.setenv("PGRACE_DEBUG", debug)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -20,13 +21,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from helpers import by_name, text_of, toml_scenario
 from procs import start_blocked_run, wait_gone
 
 from pgrace import api
 from pgrace.errors import RunAborted
-from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.formats.spec import parse_spec
-from pgrace.model import Scenario, Step
+from pgrace.model import Step
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.html import render_html
 from pgrace.render.isolation import render_isolation
@@ -35,29 +36,17 @@ from pgrace.render.markdown import render_markdown
 from pgrace.render.mermaid import render_mermaid
 from pgrace.render.presenter import Presenter
 from pgrace.render.svg import render_svg
-from pgrace.render.text import Style, render_text
+from pgrace.render.text import Style
 from pgrace.runner import Runner, RunOptions
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, deferred_interrupts
 from pgrace.timeline import Release, Run, StepCancelled, StepRun
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
+scenario = functools.partial(toml_scenario, setup=SETUP, name="trouble")
 # With a timeout, pg_terminate_backend returns once the backend is gone: the victim's
 # loss is then seen at the same point of the timeline on every run.
 KILL = "SELECT count(pg_terminate_backend(pid, 5000)) AS killed FROM pg_stat_activity WHERE application_name = {!r}"
-
-
-def scenario(body: str, sessions: str = '["a", "b"]') -> Scenario:
-    text = f"name = 'trouble'\nsetup = {SETUP!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
-    return parse_toml_scenario(text, "trouble.toml")
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
-
-
-def text_of(run: Run) -> str:
-    return render_text(run, Style(show_server=False, width=160))
 
 
 def flat(text: str) -> str:
@@ -105,7 +94,7 @@ def test_a_terminated_idle_session_is_lost_once_and_the_others_go_on(pgrace_run:
     assert error_of(steps["later"]) == ("ERROR", "08003", f"not sent: session a's connection was lost at step {kill}")
     # a's transaction died with it: b updates the row at once
     assert not steps["b-goes-on"].waited and steps["b-goes-on"].status == "ok"
-    text = text_of(run)
+    text = text_of(run, 160)
     assert text.count("⚡") == 1 and "⚡ the server ended a's connection (57P01: terminating" in flat(text)
     assert "XX000" not in text and "XX000" not in render_json(run)
     assert run_to_dict(run)["sessions_lost"] == [
@@ -159,7 +148,7 @@ def test_a_blocked_session_terminated_meanwhile_and_the_inspector_keeps_working(
     assert steps["c-waits"].waited and steps["c-waits"].blocked_by == ["a"]
     assert steps["c-waits"].released_by == steps["commit"].seq and steps["c-waits"].status == "ok"
     assert error_of(steps["b-later"])[1] == "08003"
-    first, second = text_of(run), text_of(pgrace_run(run.scenario))
+    first, second = text_of(run, 160), text_of(pgrace_run(run.scenario), 160)
     assert first == second, "the timeline of a lost session is deterministic"
 
 
@@ -268,7 +257,7 @@ def test_a_deadlock_victim_gets_40P01_and_names_its_cycle_in_sessions(pgrace_run
     cycle = ("b waits for ShareLock on a's transaction", "a waits for ShareLock on b's transaction")
     assert b1.outcome.error.sqlstate == "40P01" and b1.outcome.error.cycle == cycle
     assert b1.outcome.error.detail and "Process" in b1.outcome.error.detail  # the raw DETAIL stays in JSON
-    text = text_of(run)
+    text = text_of(run, 160)
     assert "↻ deadlock: " + "; ".join(cycle) in flat(text)
     assert "Process" not in text and not re.search(r"transaction \d", text)
     [step] = [s for s in json.loads(render_json(run))["steps"] if s["name"] == "b1"]
@@ -336,7 +325,7 @@ def test_a_hang_names_the_holder_idle_in_transaction_until_a_later_step(pgrace_r
     [holder] = event.holders
     assert (holder.session, holder.state, holder.next_step) == ("a", "idle in transaction", "a-commit")
     assert holder.running is None
-    line = flat(text_of(run))
+    line = flat(text_of(run, 160))
     assert (
         "⌛ stuck cancelled after 0.3 s (b waits for a; a is idle in transaction,"
         " its next step (a-commit: COMMIT) comes later)" in line
@@ -358,7 +347,7 @@ def test_a_hang_says_when_the_holder_has_no_step_left(pgrace_run: RunScenario) -
         ),
         step_timeout=0.3,
     )
-    assert "a is idle in transaction and has no step left to end it" in flat(text_of(run))
+    assert "a is idle in transaction and has no step left to end it" in flat(text_of(run, 160))
 
 
 @pytest.mark.parametrize(("victim", "word"), [("control connection", "control"), ("observer", "observer")])
@@ -406,6 +395,7 @@ def processes_in(run_dir: Path) -> list[int]:
     return found
 
 
+@pytest.mark.server
 @pytest.mark.skipif(not RUN_ROOT.is_dir(), reason="no /dev/shm on this machine")
 def test_the_server_killed_mid_run_is_one_line_exit_3_and_nothing_left(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGRACE_DSN", raising=False)
@@ -431,7 +421,7 @@ class Terminated(Exception):
 
 
 def test_cleanup_holds_back_sigterm_as_well_as_ctrl_c() -> None:
-    """A SIGTERM during cleanup used to interrupt it and leave the embedded run directory behind."""
+    """A SIGTERM during cleanup waits for it: the embedded run directory is never left behind."""
 
     def raise_terminated(signum: int, frame: object) -> None:
         raise Terminated

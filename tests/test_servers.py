@@ -75,6 +75,7 @@ def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
 # --- embedded server --------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_embedded_server_starts_and_cleans_up() -> None:
     with embedded_server() as info:
         with psycopg.connect(info.dsn) as conn:
@@ -120,6 +121,7 @@ def _run_child_and_signal(sig: signal.Signals) -> tuple[list[int], str, int]:
     return processes, rundir, code
 
 
+@pytest.mark.server
 def test_embedded_server_dies_with_sigkilled_parent() -> None:
     processes, rundir, code = _run_child_and_signal(signal.SIGKILL)
     assert code == -signal.SIGKILL
@@ -130,6 +132,7 @@ def test_embedded_server_dies_with_sigkilled_parent() -> None:
         assert not os.path.exists(rundir)
 
 
+@pytest.mark.server
 def test_embedded_server_is_stopped_on_keyboard_interrupt() -> None:
     processes, rundir, code = _run_child_and_signal(signal.SIGINT)
     assert code == -signal.SIGINT  # KeyboardInterrupt went on up after the cleanup
@@ -155,6 +158,7 @@ def _run_dirs() -> set[str]:
     return {str(p) for p in Path("/dev/shm").glob(f"pgrace-{os.getpid()}-*")}
 
 
+@pytest.mark.server
 def test_a_booting_server_is_waited_for_only_when_asked() -> None:
     """The copy and the postmaster's start happen in other processes; ready() waits for them."""
     before = _run_dirs()
@@ -169,6 +173,23 @@ def test_a_booting_server_is_waited_for_only_when_asked() -> None:
     assert _wait_gone(_processes_of(rundir), timeout=0) == []
 
 
+@pytest.mark.server
+def test_a_start_connects_once_when_postmaster_pid_says_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No knocking while the template is copied or the postmaster starts: every refused try costs the server a backend."""
+    tries: list[str] = []
+    real_connect = psycopg.connect
+
+    def counted(conninfo: str = "", **kwargs: object) -> psycopg.Connection[object]:
+        tries.append(conninfo)
+        return real_connect(conninfo, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(psycopg, "connect", counted)
+    with embedded_server():
+        pass
+    assert len(tries) == 1
+
+
+@pytest.mark.server
 def test_a_server_left_while_still_booting_leaves_nothing_behind() -> None:
     """Leaving before ready() (a bad scenario file, Ctrl-C) stops the copy or the postmaster, whichever runs."""
     for _ in range(5):
@@ -191,6 +212,7 @@ _BOOTING_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.server
 def test_a_server_whose_pgrace_is_killed_while_booting_goes_too() -> None:
     """SIGKILL right after the start: the copying shell gets the parent-death signal and ends its cp."""
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -243,6 +265,7 @@ def test_pgrowlocks_works_on_embedded_server(server: ServerInfo) -> None:
         assert rows == [(["For Update"],)]
 
 
+@pytest.mark.server
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
 def test_unreachable_cache_dir_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     private = tmp_path / "private"
@@ -392,3 +415,20 @@ def test_open_server_prefers_explicit_dsn_then_env(server: ServerInfo, monkeypat
 )
 def test_redact_dsn(dsn: str, expected: str) -> None:
     assert redact_dsn(dsn) == expected
+
+
+def test_where_servers_are_forbidden_none_starts_and_the_command_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make test-fast`` sets PGRACE_NO_SERVER: a test that would start a PostgreSQL fails at once, loudly."""
+    from click.testing import CliRunner
+
+    from pgrace.cli import main
+    from pgrace.servers import NO_SERVER_ENV_VAR
+
+    monkeypatch.setenv(NO_SERVER_ENV_VAR, "1")
+    forbidden = "PGRACE_NO_SERVER is set: this process may not start embedded PostgreSQL"
+    with pytest.raises(RuntimeError, match=forbidden), open_server("embedded"):
+        pass
+    with pytest.raises(RuntimeError, match="PGRACE_NO_SERVER"), booting_server("embedded"):
+        pass
+    result = CliRunner().invoke(main, ["run", "lost-update"], env={"PGRACE_DSN": ""})
+    assert result.exit_code == 4 and "PGRACE_NO_SERVER" in result.stderr, result.output

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from documentation import page
 
 import pgrace
 from pgrace.cli import main
@@ -134,8 +135,8 @@ def test_check_of_a_directory_reports_an_invalid_file_and_runs_the_rest(
     assert 'tests="3" failures="0" errors="1"' in xml and '<error message="' in xml
 
 
-def test_a_step_outside_begin_commits_by_itself_as_the_readme_says(tmp_path: Path, pgrace_server: ServerInfo) -> None:
-    """The README's rule: outside BEGIN each step is its own transaction, its locks gone when it is done."""
+def test_a_step_outside_begin_commits_by_itself_as_the_docs_say(tmp_path: Path, pgrace_server: ServerInfo) -> None:
+    """The documented rule: outside BEGIN each step is its own transaction, its locks gone when it is done."""
     path = tmp_path / "autocommit.toml"
     path.write_text(
         'setup = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)"\n'
@@ -144,8 +145,7 @@ def test_a_step_outside_begin_commits_by_itself_as_the_readme_says(tmp_path: Pat
     )
     result = CliRunner().invoke(main, ["run", str(path), "--dsn", pgrace_server.dsn])
     assert result.exit_code == 0, result.output
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "**A step outside `BEGIN` runs in autocommit**" in readme
+    assert "**A step outside `BEGIN` runs in autocommit**" in page("guide/writing-a-scenario.md")
 
 
 def test_a_wait_on_a_shared_catalogs_row_is_named_by_its_table(tmp_path: Path, pgrace_server: ServerInfo) -> None:

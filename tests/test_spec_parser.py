@@ -20,11 +20,11 @@ from pgrace.formats.spec import (
     tokenize,
     unused_steps,
 )
-from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
+from pgrace.model import CompletionMarker, PermutationStep, Scenario, Session, Step
 
 spec_params = pytest.mark.parametrize(
     "spec_path",
-    SPECS or [pytest.param(None, marks=needs_corpus)],
+    [pytest.param(spec, marks=needs_corpus) for spec in SPECS] or [pytest.param(None, marks=needs_corpus)],
     ids=lambda p: p.stem if p else "no-corpus",
 )
 
@@ -121,10 +121,10 @@ def test_corpus_structure() -> None:
     assert skip3.sessions[2] == Session("s3", "BEGIN;", None, line=28)
 
     update = corpus("tuplelock-update")
-    assert update.permutations[0][7] == PermutationStep("s1_advunlock1", (Blocker("s2_update"),))
+    assert update.permutations[0][7] == PermutationStep("s1_advunlock1", (CompletionMarker("s2_update"),))
     specconflict = corpus("insert-conflict-specconflict")
     last = specconflict.permutations[4]
-    assert PermutationStep("s2_upsert", (Blocker("s1_upsert", notices=10),)) in last
+    assert PermutationStep("s2_upsert", (CompletionMarker("s1_upsert", notices=10),)) in last
     assert specconflict.setup_line == 9
 
     skip = corpus("skip-locked")
@@ -189,9 +189,9 @@ def test_full_grammar() -> None:
         tuple(PermutationStep(n) for n in ['a"b', "s2a", "s1b", "step", "s$x_9"]),
         (
             PermutationStep("s2a"),
-            PermutationStep('a"b', (Blocker("s2a"), Blocker(None))),
-            PermutationStep("s1b", (Blocker("step", notices=3),)),
-            PermutationStep("step", (Blocker(None),)),
+            PermutationStep('a"b', (CompletionMarker("s2a"), CompletionMarker(None))),
+            PermutationStep("s1b", (CompletionMarker("step", notices=3),)),
+            PermutationStep("step", (CompletionMarker(None),)),
             PermutationStep("s$x_9"),
         ),
     )

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from procs import alive
 
-from pgrace.servers import ServerInfo, embedded
-from pgrace.servers.embedded import _is_server_of, _remove_stale_runs, _run_dir_owners
+from pgrace.servers import ServerInfo
+from pgrace.servers.embedded.rundirs import _is_server_of, _remove_stale_runs, _run_base, _run_dir_owners
 
 DEAD_PID = 3999999  # above any pid this machine hands out (pid_max 4194304 is never reached here)
 
@@ -99,7 +99,7 @@ def test_a_directory_open_to_others_is_not_ours(tmp_path: Path) -> None:
 def test_a_real_postmaster_proves_it_serves_its_directory(pgrace_server: ServerInfo) -> None:
     """The proof accepts pgrace's own server: the sweep still stops a leftover postmaster."""
     rundir = pgrace_server.dsn.split("host=")[1].split()[0] if "host=" in pgrace_server.dsn else None
-    if rundir is None or not rundir.startswith(embedded._run_base()):
+    if rundir is None or not rundir.startswith(_run_base()):
         pytest.skip("the suite's server is not pgrace's embedded one")
     data = os.path.join(rundir, "data")
     pid = int(Path(data, "postmaster.pid").read_text().split("\n", 1)[0])

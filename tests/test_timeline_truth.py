@@ -1,4 +1,4 @@
-"""A timeline that never lies (issue 10 findings 1, 2, 3 and 6) on a real server.
+"""A timeline that never lies, on a real server.
 
 * errors no expectation allows fail the verdict (a spec keeps them as output);
 * what ended a wait is its real cause, the same in text, JSON, pictures and presenter;
@@ -8,21 +8,21 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import by_name, text_of, toml_scenario
 
 from pgrace import catalog
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.formats.spec import parse_spec
-from pgrace.model import Scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.common import shorten_sql
 from pgrace.render.isolation import render_isolation
@@ -34,25 +34,11 @@ from pgrace.render.svg import render_svg
 from pgrace.render.text import Style, render_text
 from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
-from pgrace.timeline import LocksObserved, Release, Run, StepLaunched, StepRun
+from pgrace.timeline import LocksObserved, Release, StepLaunched
+
+scenario = functools.partial(toml_scenario, setup="CREATE TABLE t (id int PRIMARY KEY, v int);")
 
 RACES = Path(__file__).resolve().parent / "races"
-
-
-def scenario(
-    body: str, sessions: str = '["a", "b"]', setup: str = "CREATE TABLE t (id int PRIMARY KEY, v int);"
-) -> Scenario:
-    text = f"setup = {setup!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
-    return parse_toml_scenario(text, "inline.toml")
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
-
-
-def text_of(run: Run, width: int = 400) -> str:
-    """Wide enough that no cell wraps: a phrase is found whole."""
-    return render_text(run, Style(width=width, show_server=False))
 
 
 # -- 1. silent errors -----------------------------------------------------------------------

@@ -48,17 +48,22 @@ def created_names(scenarios: list[Scenario]) -> tuple[set[str], set[str]]:
     relations: set[str] = set()
     functions: set[str] = set()
 
-    class Creates(Visitor):  # type: ignore[misc]
+    def name(relation: ast.RangeVar | None) -> str:
+        assert relation is not None and relation.relname is not None
+        return relation.relname
+
+    class Creates(Visitor):
         def visit_CreateStmt(self, ancestors: object, node: ast.CreateStmt) -> None:
-            relations.add(node.relation.relname)
+            relations.add(name(node.relation))
 
         def visit_ViewStmt(self, ancestors: object, node: ast.ViewStmt) -> None:
-            relations.add(node.view.relname)
+            relations.add(name(node.view))
 
         def visit_CreateSeqStmt(self, ancestors: object, node: ast.CreateSeqStmt) -> None:
-            relations.add(node.sequence.relname)
+            relations.add(name(node.sequence))
 
         def visit_CreateFunctionStmt(self, ancestors: object, node: ast.CreateFunctionStmt) -> None:
+            assert node.funcname is not None
             functions.add(node.funcname[-1].sval)
 
     for scenario in scenarios:

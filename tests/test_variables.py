@@ -1,32 +1,25 @@
 """``:variables``: found where PostgreSQL's lexer puts them, filled in safely; ``-p`` can never inject.
 
-The injection cases are issue 9 finding 6, as reported: they run against a real server.
+The injection cases run against a real server.
 """
 
 from __future__ import annotations
 
-import textwrap
+import functools
 
 import pytest
+from helpers import by_name, toml_scenario
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pgrace.checks import evaluate
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.model import Scenario
 from pgrace.pytest_plugin import RunScenario
-from pgrace.timeline import Run, StepRun
+from pgrace.timeline import StepRun
 from pgrace.variables import Value, compose, find, substitute
 
-
-def scenario(body: str, params: dict[str, str] | None = None, sessions: str = '["a", "b"]') -> Scenario:
-    text = f"name = 'vars'\nsessions = {sessions}\n" + textwrap.dedent(body)
-    return parse_toml_scenario(text, "vars.toml", params)
-
-
-def by_name(run: Run) -> dict[str, StepRun]:
-    return {s.step: s for s in run.step_runs()}
+scenario = functools.partial(toml_scenario, name="vars")
 
 
 def rows_of(step: StepRun) -> list[tuple[object, ...]]:
@@ -39,7 +32,7 @@ def columns_of(step: StepRun) -> tuple[str, ...]:
     return step.outcome.last_rows.columns
 
 
-# -- issue 9 finding 6: injection through -p -----------------------------------------------
+# -- injection through -p -------------------------------------------------------------------
 
 HOSTILE = """
 [params]
@@ -78,14 +71,14 @@ sql = "SELECT :v AS p"
 
 
 def test_a_param_inside_dollar_quotes_is_not_substituted(pgrace_run: RunScenario) -> None:
-    run = pgrace_run(scenario(HOSTILE, {"v": "$$ AS d, current_user AS injected --"}))
+    run = pgrace_run(scenario(HOSTILE, params={"v": "$$ AS d, current_user AS injected --"}))
     step = by_name(run)["dollar"]
     assert columns_of(step) == ("d",)
     assert rows_of(step) == [("in dollar :v",)]
 
 
 def test_a_param_with_a_newline_in_a_comment_runs_no_second_statement(pgrace_run: RunScenario) -> None:
-    run = pgrace_run(scenario(HOSTILE, {"v": "x\nSELECT current_user AS injected"}))
+    run = pgrace_run(scenario(HOSTILE, params={"v": "x\nSELECT current_user AS injected"}))
     steps = by_name(run)
     for name, column in [("comment", "one"), ("block-comment", "two"), ("quoted-identifier", ":v")]:
         step = steps[name]
@@ -112,7 +105,7 @@ def test_every_form_of_a_hostile_value_stays_one_token(pgrace_run: RunScenario, 
             session = "a"
             sql = "SELECT :v AS a, :'v' AS b, x.:\\"v\\" AS c FROM (SELECT 1 AS :\\"v\\") AS x"
             """,
-            {"v": value},
+            params={"v": value},
         )
     )
     step = by_name(run)["forms"]
@@ -166,7 +159,7 @@ def test_substitute_composes_with_psycopg_sql() -> None:
 
 def test_a_param_value_with_a_nul_byte_is_refused_up_front() -> None:
     with pytest.raises(ScenarioError, match="NUL"):
-        scenario(HOSTILE, {"v": "a\x00b"})
+        scenario(HOSTILE, params={"v": "a\x00b"})
 
 
 # -- parameters in keyword positions ---------------------------------------------------------
@@ -193,7 +186,7 @@ sql = "COMMIT"
 
 
 def test_a_choice_param_is_put_in_as_sql_words(pgrace_run: RunScenario) -> None:
-    steps = by_name(pgrace_run(scenario(LEVELS, {"level": "serializable"})))
+    steps = by_name(pgrace_run(scenario(LEVELS, params={"level": "serializable"})))
     assert steps["begin"].sql == "BEGIN ISOLATION LEVEL SERIALIZABLE"
     assert rows_of(steps["show"]) == [("serializable", "SERIALIZABLE", "SERIALIZABLE")]
     default = by_name(pgrace_run(scenario(LEVELS)))
@@ -231,7 +224,7 @@ def test_bad_choice_declarations_name_their_line(declaration: str, message: str)
 
 def test_a_value_outside_the_choices_is_refused() -> None:
     with pytest.raises(ScenarioError) as info:
-        scenario(LEVELS, {"level": "SERIALIZABLE; DROP TABLE t"})
+        scenario(LEVELS, params={"level": "SERIALIZABLE; DROP TABLE t"})
     assert info.value.message == (
         "param 'level' must be one of 'READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE', not 'SERIALIZABLE; DROP TABLE t'"
     )
@@ -354,7 +347,7 @@ FRAGMENTS = [
 @given(
     parts=st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=12),
     value=st.text(
-        alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12
+        alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]), min_size=1, max_size=12
     ),
 )
 def test_any_string_value_lies_inside_one_literal_or_identifier(parts: list[str], value: str) -> None:

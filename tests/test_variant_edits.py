@@ -1,7 +1,7 @@
 """A variant that adds or drops a step without copying the step list: ``[[fix.insert]]`` and ``fix.drop``.
 
 ``[fix.step.NAME]`` changes one step and ``[[fix.step]]`` replaces the list; a cure that needs
-one more statement (a lock taken first) or one fewer used to copy every step. Now the fix
+one more statement (a lock taken first) or one fewer would copy every step. Instead the fix
 names what it adds, ``after`` or ``before`` a step of the base list, and what it drops;
 ``pgrace show`` says what the variant changed.
 """

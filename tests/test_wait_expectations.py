@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import textwrap
+import functools
 
 import pytest
+from helpers import toml_scenario
 
 from pgrace.checks import evaluate
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.model import Scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.timeline import CheckResult
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
 
-
-def scenario(body: str, sessions: str = "['a', 'b']") -> Scenario:
-    text = f"name = 'waits'\nsetup = {SETUP!r}\nsessions = {sessions}\n" + textwrap.dedent(body)
-    return parse_toml_scenario(text, "waits.toml")
+scenario = functools.partial(toml_scenario, sessions="['a', 'b']", setup=SETUP, name="waits")
 
 
 def results(pgrace_run: RunScenario, body: str) -> dict[str, CheckResult]:
@@ -108,7 +104,7 @@ def test_the_deadlock_victim_and_its_cycle(pgrace_run: RunScenario) -> None:
     sql = "COMMIT"
     """
     pinned = "[{ name = 'a', setup = \"SET deadlock_timeout = '100ms'\" }, { name = 'b', setup = \"SET deadlock_timeout = '10s'\" }]"
-    got = {r.description: r for r in evaluate(pgrace_run(scenario(body, pinned)))}
+    got = {r.description: r for r in evaluate(pgrace_run(scenario(body, sessions=pinned)))}
     assert got["a-waits: is the victim of a deadlock of b, a"].ok
     assert not got["b-closes: is the victim of a deadlock"].ok
 

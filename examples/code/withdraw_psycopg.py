@@ -34,9 +34,9 @@ def main(server: Any = None) -> None:
         found = pgrace.explore_code({"alice": fn, "bob": fn}, setup=SETUP, final=FINAL, server=server)
         print(f"{fn.__name__}: {found.explored} interleavings")
         for c in found.classes:
-            print(f"  {c.count:3}  final {c.final}  e.g. {' '.join(session for session, _ in c.example)}")
+            print(f"  {c.count:3}  final {c.final[0]}  e.g. {' '.join(session for session, _ in c.statements)}")
         if fn is withdraw:
-            lost = next(c for c in found.classes if c.final == ((400,),))
+            lost = next(c for c in found.classes if c.final[0] == ((400,),))
             print()
             print(found.timeline(lost))
 

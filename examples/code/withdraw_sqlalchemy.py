@@ -48,7 +48,7 @@ def main(server: object = None) -> None:
         found = pgrace.explore_code({"alice": fn, "bob": fn}, setup=SETUP, final=FINAL, server=server)
         print(f"{fn.__name__}: {found.explored} interleavings")
         for c in found.classes:
-            print(f"  {c.count:3}  final {c.final}")
+            print(f"  {c.count:3}  final {c.final[0]}")
 
 
 if __name__ == "__main__":

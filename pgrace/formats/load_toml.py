@@ -29,11 +29,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pgrace.errors import ScenarioError
+from pgrace.formats.names import KeyPath, base_name, did_you_mean
 from pgrace.model import Load, LoadCheck, LoadCommand, Scenario, Step
 from pgrace.variables import NAME, find, meta_command, scan_error
 
 if TYPE_CHECKING:
-    from pgrace.formats.scenario_toml import Builder, KeyPath
+    from pgrace.formats.scenario_toml import Builder
 
 LOAD_KEYS = {"setup", "transaction", "check"}
 COMMAND_KEYS = {"step", "sql", "capture", "sleep", "set", "random"}
@@ -42,8 +43,6 @@ CHECK_KEYS = {"description", "sql"}
 
 def build_load(builder: Builder, raw: Any, override: Any, scenario: Scenario, variant_key: str | None) -> Load:
     """The ``[load]`` table (with the variant's ``[VARIANT.load]`` keys over it), resolved on ``scenario``'s steps."""
-    from pgrace.formats.scenario_toml import did_you_mean
-
     loc = builder.loc
     if not isinstance(raw, dict):
         raise loc.error("[load] must be a table", "load")
@@ -144,13 +143,11 @@ def _refuse_meta_command(builder: Builder, text: str, what: str, line: int | Non
 
 def _sql_line(builder: Builder, step: Step, variant_key: str | None) -> int | None:
     """The line of ``step``'s ``sql``: in its ``[VARIANT.step.NAME]`` override if it has one, else in its table."""
-    from pgrace.formats.scenario_toml import _base_name
-
     loc = builder.loc
     variant = builder.data.get(variant_key) if variant_key is not None else None
     overrides = variant.get("step") if isinstance(variant, dict) else None
     if isinstance(overrides, dict):
-        for base in (step.name, _base_name(step.name)):
+        for base in (step.name, base_name(step.name)):
             if isinstance(overrides.get(base), dict) and "sql" in overrides[base]:
                 return loc.line_of(str(variant_key), "step", base, "sql")
     if step.line is None:
@@ -162,8 +159,6 @@ def _sql_line(builder: Builder, step: Step, variant_key: str | None) -> int | No
 def _command(
     builder: Builder, item: Any, scenario: Scenario, where: KeyPath, line: int, variant_key: str | None
 ) -> LoadCommand:
-    from pgrace.formats.scenario_toml import _base_name, did_you_mean
-
     loc = builder.loc
     if isinstance(item, str):
         return LoadCommand("sql", sql=item, line=line)
@@ -179,10 +174,10 @@ def _command(
         if not isinstance(name, str):
             raise loc.error("step names a step of the scenario", *where)
         steps = [s for s in scenario.steps if s.name == name] or [
-            s for s in scenario.steps if _base_name(s.name) == name
+            s for s in scenario.steps if base_name(s.name) == name
         ]
         if not steps:
-            names = {s.name for s in scenario.steps} | {_base_name(s.name) for s in scenario.steps}
+            names = {s.name for s in scenario.steps} | {base_name(s.name) for s in scenario.steps}
             raise loc.error(
                 f"[load] names no step {name!r} of the {scenario.variant} variant{did_you_mean(name, names)}", *where
             )

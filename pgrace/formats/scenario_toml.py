@@ -6,13 +6,12 @@ it into a :class:`~pgrace.model.Scenario`, raising one :class:`ScenarioError` th
 the file and line of the first problem, with a "did you mean" hint where one helps.
 ``tomllib`` keeps no positions, so :class:`Locator` finds lines by scanning the text.
 
-The format is documented, with a complete example, in the README.
+The format is documented, with a complete example, in docs/guide/writing-a-scenario.md.
 """
 
 from __future__ import annotations
 
 import bisect
-import difflib
 import re
 import tomllib
 from dataclasses import replace
@@ -22,20 +21,24 @@ from typing import Any
 
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
+from pgrace.formats.names import KeyPath, base_name, did_you_mean
 from pgrace.model import (
     LOCK_MODES,
+    MAX_RETRIES,
     CrashMode,
     FinalCheck,
     LockExpectation,
     PermutationStep,
+    Retry,
     RowRef,
     Scenario,
     Session,
     Step,
     StepExpectation,
     WaitTarget,
+    with_retries,
 )
-from pgrace.render.escape import control_in_name
+from pgrace.text import control_in_name
 from pgrace.timeline import RELEASE_CAUSES
 from pgrace.variables import FACTS, Use, find, valid_choice
 
@@ -56,7 +59,9 @@ TOP_KEYS = {
 }
 VARIANTS = ("bug", "fix")
 SESSION_KEYS = {"name", "count", "setup", "teardown"}
-STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capture", "expect"}
+STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capture", "expect", "retry"}
+RETRY_KEYS = {"on", "from", "max"}
+RETRY_FORM = 'retry = { on = ["40001", "40P01"], from = "STEP", max = N }'
 ACTIONS = ("sql", "sleep", "crash")  # what a step does: exactly one of them
 CRASHES = ("terminate", "disconnect")
 PARAM_KEYS = {"default", "choices"}
@@ -66,7 +71,7 @@ MAX_SLEEP = 60.0
 TOPIC = re.compile(r"^[a-z0-9-]+( [a-z0-9-]+)*\Z")
 TAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*\Z")
 MAX_LABEL = 40
-OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect"}
+OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect", "retry"}
 VARIANT_KEYS = {"title", "narrative", "step", "insert", "drop", "check", "setup", "load"}
 ANCHORS = ("after", "before")  # where an inserted step goes: next to a step of the base list
 EXPECT_KEYS = {
@@ -96,7 +101,6 @@ ROW_MODES = {
     "UPDATE",
     "NO KEY UPDATE",
 }
-KeyPath = tuple[str | int, ...]
 # \Z, not $: "$" also matches before a trailing newline, which a name must not hold.
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")  # "." joins a step name to its session
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
@@ -200,11 +204,6 @@ def _key(key: str | int) -> re.Pattern[str]:
     return re.compile(rf"\s*[\"']?{re.escape(str(key))}[\"']?\s*=")
 
 
-def did_you_mean(word: str, choices: set[str] | list[str]) -> str:
-    close = difflib.get_close_matches(word, sorted(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 class Builder:
     """The validating second pass: plain TOML data -> Scenario (both variants)."""
 
@@ -234,7 +233,7 @@ class Builder:
             )
         params, choices = self._params()
         sessions, groups = self._sessions(params)
-        steps = self._steps(data.get("step"), sessions, groups, ("step",))
+        steps = self._steps(data.get("step"), sessions, groups, ("step",))  # retry loops not yet unrolled
         checks = self._checks(data.get("check", []), ("check",))
         setup = self._sql_list(data.get("setup", []), "setup")
         main = Scenario(
@@ -247,14 +246,14 @@ class Builder:
             setup_line=self.loc.line_of("setup"),
             teardown=self._sql_list(data.get("teardown", []), "teardown"),
             sessions=sessions,
-            steps=steps,
-            permutations=(tuple(PermutationStep(s.name) for s in steps),),
+            steps=self._loops(steps),
             checks=checks,
             params=tuple(params.items()),
             param_choices=tuple(choices.items()),
             topic=self._topic(),
             tags=self._tags(),
         )
+        main = replace(main, permutations=(tuple(PermutationStep(s.name) for s in main.steps),))
         self._check_variables(main)
         if "load" in data:
             from pgrace.formats.load_toml import build_load
@@ -262,7 +261,7 @@ class Builder:
             main = replace(main, load=build_load(self, data["load"], None, main, None))
         if other_name not in data:
             return main
-        other = self._other_variant(main, other_name, data[other_name], sessions, groups)
+        other = self._other_variant(replace(main, steps=steps), other_name, data[other_name], sessions, groups)
         self._check_variables(other)
         override = data[other_name].get("load")
         if "load" in data or override is not None:
@@ -471,6 +470,7 @@ class Builder:
                         line=self.loc.line_of(*where),
                         sleep=sleep,
                         crash=crash,
+                        retry=self._retry(item["retry"], where) if "retry" in item else None,
                     )
                 )
         return tuple(steps)
@@ -487,7 +487,7 @@ class Builder:
             raise self.loc.error(f"a step does one thing: it has {' and '.join(given)}", *where, given[1])
         if "sql" in item:
             return self._str(item["sql"], *where, "sql", what="step sql"), None, None
-        for key in ("capture", "expect"):
+        for key in ("capture", "expect", "retry"):
             if key in item:
                 raise self.loc.error(f"a {given[0]} step sends no SQL: it has no {key}", *where, key)
         if "sleep" in item:
@@ -503,6 +503,77 @@ class Builder:
             *where,
             "crash",
         )
+
+    def _retry(self, raw: Any, where: KeyPath) -> Retry:
+        """``retry = { on = [...], from = "STEP", max = N }``, its ``from`` not yet resolved (see :meth:`_loops`)."""
+        line = self.loc.line_of(*where, "retry")
+
+        def bad(message: str) -> ScenarioError:
+            return ScenarioError(f"retry: {message}", self.source, line)
+
+        if not isinstance(raw, dict):
+            raise bad(f"a table, e.g. {RETRY_FORM}")
+        for key in raw:
+            if key not in RETRY_KEYS:
+                raise bad(f"unknown key {key!r}{did_you_mean(key, RETRY_KEYS)}; the form is {RETRY_FORM}")
+        codes = raw.get("on")
+        codes = [codes] if isinstance(codes, str) else codes
+        if not isinstance(codes, list) or not codes:
+            raise bad('on lists the SQLSTATEs to retry on, e.g. on = ["40001", "40P01"]')
+        for code in codes:
+            if not isinstance(code, str) or not SQLSTATE.fullmatch(code):
+                raise bad(f'{code!r} is not an SQLSTATE (5 characters of 0-9 and A-Z, such as "40001")')
+        start = raw.get("from")
+        if not isinstance(start, str) or not start:
+            raise bad('from names the loop\'s first step, e.g. from = "begin" (this step itself: from = its name)')
+        count = raw.get("max")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RETRIES:
+            raise bad(f"max is how many times to run the loop again, a whole number from 1 to {MAX_RETRIES}")
+        return Retry(tuple(dict.fromkeys(codes)), start, count, line)
+
+    def _loops(self, steps: list[Step] | tuple[Step, ...]) -> tuple[Step, ...]:
+        """Resolve each retry's ``from`` in its own session, refuse overlapping loops, and unroll them.
+
+        ``from`` names a step of the same session, this one or an earlier one (a group
+        step's base name means the member's own). Errors are told at the retry key's line.
+        """
+        resolved = list(steps)
+        taken: dict[str, str] = {}  # a step in a loop -> that loop's last step
+        for index, step in enumerate(resolved):
+            retry = step.retry
+            if retry is None:
+                continue
+
+            def named(s: Step, start: str = retry.start) -> bool:
+                return s.name == start or base_name(s.name) == start
+
+            own = [i for i in range(index + 1) if resolved[i].session == step.session]
+            first = next((i for i in own if named(resolved[i])), None)
+            if first is None:
+                elsewhere = [s for s in resolved if named(s)]
+                if any(s.session == step.session for s in elsewhere):
+                    why = f"comes after {step.name!r}: a loop runs from an earlier step of the session through this one"
+                elif elsewhere:
+                    why = (
+                        f"is a step of session {elsewhere[0].session!r}: a loop repeats steps of its own session"
+                        f" ({step.session!r})"
+                    )
+                else:
+                    known = {resolved[i].name for i in own} | {base_name(resolved[i].name) for i in own}
+                    why = f"is no step of session {step.session!r}{did_you_mean(retry.start, known)}"
+                raise ScenarioError(f"retry: from {retry.start!r} {why}", self.source, retry.line)
+            for i in own:
+                if i >= first and resolved[i].name in taken:
+                    raise ScenarioError(
+                        f"retry: the loop {resolved[first].name} ... {step.name} shares step {resolved[i].name!r}"
+                        f" with the loop that ends at {taken[resolved[i].name]!r}; a session's loops must not overlap",
+                        self.source,
+                        retry.line,
+                    )
+                if i >= first:
+                    taken[resolved[i].name] = step.name
+            resolved[index] = replace(step, retry=replace(retry, start=resolved[first].name))
+        return with_retries(resolved)
 
     def _duration(self, raw: Any, where: KeyPath) -> float:
         match = DURATION.match(raw) if isinstance(raw, str) else None
@@ -817,7 +888,7 @@ class Builder:
         changes = [f"step {base}: {', '.join(sorted(change))} changed" for base, change in overrides.items()]
         if isinstance(raw.get("step"), list):
             changes.append(f"its own list of {len(steps)} steps")
-        bases = {_base_name(s.name) for s in main.steps} | {s.name for s in main.steps}
+        bases = {base_name(s.name) for s in main.steps} | {s.name for s in main.steps}
         for base, change in overrides.items():
             where = (variant, "step", base)
             if base not in bases:
@@ -829,15 +900,15 @@ class Builder:
                 raise self.loc.error(f"[{variant}.step.{base}] must be a table", *where)
             self._check_keys(change, OVERRIDE_KEYS, where, "step key")
             for i, step in enumerate(steps):
-                if step.name != base and _base_name(step.name) != base:
+                if step.name != base and base_name(step.name) != base:
                     continue
                 fields: dict[str, Any] = {}
                 kind = "sleep" if step.sleep is not None else "crash" if step.crash is not None else "sql"
                 for key in ACTIONS:
                     if key in change and key != kind:
                         raise self.loc.error(f"step {base!r} is a {kind} step: it cannot change its {key}", *where, key)
-                if kind != "sql" and ("capture" in change or "expect" in change):
-                    raise self.loc.error(f"a {kind} step sends no SQL: it has no capture or expect", *where)
+                if kind != "sql" and ("capture" in change or "expect" in change or "retry" in change):
+                    raise self.loc.error(f"a {kind} step sends no SQL: it has no capture, expect or retry", *where)
                 if "sql" in change:
                     fields["sql"] = self._str(change["sql"], *where, "sql")
                     fields["line"] = self.loc.line_of(*where)  # its errors are the override's, not the base step's
@@ -850,6 +921,8 @@ class Builder:
                     fields["capture"] = self._capture(change["capture"], where)
                 if "expect" in change:
                     fields["expect"] = self._expect(change["expect"], [s.name for s in sessions], (*where, "expect"))
+                if "retry" in change:
+                    fields["retry"] = self._retry(change["retry"], where)
                 steps[i] = replace(step, **fields)
         steps = self._dropped(steps, raw.get("drop"), variant, changes)
         steps = self._inserted(steps, raw.get("insert"), variant, sessions, groups, changes)
@@ -861,8 +934,8 @@ class Builder:
             changes=tuple(changes),
             title=self._str(raw.get("title", main.title), variant, "title"),
             narrative=self._str(raw.get("narrative", main.narrative), variant, "narrative").strip(),
-            steps=tuple(steps),
-            permutations=(tuple(PermutationStep(s.name) for s in steps),),
+            steps=(unrolled := self._loops(steps)),
+            permutations=(tuple(PermutationStep(s.name) for s in unrolled),),
             checks=checks,
             setup=setup,
         )
@@ -874,9 +947,9 @@ class Builder:
         if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
             raise self.loc.error(f'{variant}.drop is a list of step names, e.g. ["bob-read"]', variant, "drop")
         for name in raw:
-            kept = [s for s in steps if s.name != name and _base_name(s.name) != name]
+            kept = [s for s in steps if s.name != name and base_name(s.name) != name]
             if len(kept) == len(steps):
-                known = {s.name for s in steps} | {_base_name(s.name) for s in steps}
+                known = {s.name for s in steps} | {base_name(s.name) for s in steps}
                 raise self.loc.error(
                     f"{variant}.drop names no step {name!r}{did_you_mean(name, known)}", variant, "drop"
                 )
@@ -917,9 +990,9 @@ class Builder:
             bare.append({k: v for k, v in item.items() if k not in ANCHORS})
         made = self._steps(bare, sessions, groups, (variant, "insert"))
         for index, ((side, anchor), item) in enumerate(zip(anchors, bare, strict=True)):
-            at = [i for i, s in enumerate(steps) if s.name == anchor or _base_name(s.name) == anchor]
+            at = [i for i, s in enumerate(steps) if s.name == anchor or base_name(s.name) == anchor]
             if not at:
-                known = {s.name for s in steps} | {_base_name(s.name) for s in steps}
+                known = {s.name for s in steps} | {base_name(s.name) for s in steps}
                 raise self.loc.error(
                     f"[[{variant}.insert]] goes {side} {anchor!r}, which is no step{did_you_mean(anchor, known)}",
                     variant,
@@ -927,7 +1000,7 @@ class Builder:
                     index,
                     side,
                 )
-            new = [s for s in made if s.name == item["name"] or _base_name(s.name) == item["name"]]
+            new = [s for s in made if s.name == item["name"] or base_name(s.name) == item["name"]]
             clash = next((s.name for s in new if any(s.name == t.name for t in steps)), None)
             if clash is not None:
                 raise self.loc.error(
@@ -1028,10 +1101,6 @@ class Builder:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return tuple(value)
         raise self.loc.error(f"{path[-1]} must be SQL text or a list of SQL texts", *path)
-
-
-def _base_name(step_name: str) -> str:
-    return step_name.rsplit(".", 1)[0] if "." in step_name else step_name
 
 
 def _choose(raw: str, choices: tuple[str, ...], key: str, source: str) -> str:

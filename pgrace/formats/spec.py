@@ -6,8 +6,8 @@ described in ``ISOLATIONTESTER.md`` of the isolation corpus::
 
     spec        := setup* [teardown] session+ permutation*
     session     := "session" NAME ["setup" SQL] ("step" NAME SQL)+ ["teardown" SQL]
-    permutation := "permutation" (NAME ["(" blocker ("," blocker)* ")"])+
-    blocker     := "*" | NAME | NAME "notices" INTEGER
+    permutation := "permutation" (NAME ["(" marker ("," marker)* ")"])+
+    marker      := "*" | NAME | NAME "notices" INTEGER
 
 The parser is a small hand-written tokenizer plus a recursive-descent reader. Whatever
 the input, it raises only :class:`ScenarioError`, always with a line number.
@@ -16,7 +16,6 @@ the input, it raises only :class:`ScenarioError`, always with a line number.
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -24,8 +23,9 @@ from typing import Literal
 
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
-from pgrace.model import Blocker, PermutationStep, Scenario, Session, Step
-from pgrace.render.escape import control_in_name
+from pgrace.model import CompletionMarker, PermutationStep, Scenario, Session, Step
+from pgrace.orders import Interleavings
+from pgrace.text import control_in_name
 
 KEYWORDS = frozenset({"notices", "permutation", "session", "setup", "step", "teardown"})
 SPACE = " \t\r\f"  # skipped between tokens, and trimmed at both ends of an SQL block
@@ -148,8 +148,8 @@ class _SessionDef:
 
 
 @dataclass
-class _BlockerDef:
-    blocker: Blocker
+class _MarkerDef:
+    marker: CompletionMarker
     line: int
 
 
@@ -157,7 +157,7 @@ class _BlockerDef:
 class _PStepDef:
     name: str
     line: int
-    blockers: list[_BlockerDef] = field(default_factory=list)
+    markers: list[_MarkerDef] = field(default_factory=list)
 
 
 @dataclass
@@ -251,10 +251,10 @@ class _Parser:
             pstep = _PStepDef(token.text, token.line)
             if self.at("punct", "("):
                 self.advance()
-                pstep.blockers.append(self.blocker())
+                pstep.markers.append(self.marker())
                 while self.at("punct", ","):
                     self.advance()
-                    pstep.blockers.append(self.blocker())
+                    pstep.markers.append(self.marker())
                 if not self.at("punct", ")"):
                     raise self.fail('"," or ")"')
                 self.advance()
@@ -263,19 +263,19 @@ class _Parser:
             raise self.fail('a step name after "permutation"')
         return steps
 
-    def blocker(self) -> _BlockerDef:
+    def marker(self) -> _MarkerDef:
         token = self.peek()
         if self.at("punct", "*"):
             self.advance()
-            return _BlockerDef(Blocker(None), token.line)
+            return _MarkerDef(CompletionMarker(None), token.line)
         name = self.expect("name", 'a step name or "*" in the marker').text
         if not self.at("keyword", "notices"):
-            return _BlockerDef(Blocker(name), token.line)
+            return _MarkerDef(CompletionMarker(name), token.line)
         self.advance()
         number = self.expect("integer", 'a number after "notices"')
         if len(number.text.lstrip("0")) > MAX_INTEGER_DIGITS:
             raise ScenarioError(f"notice count {number.text} is out of range", self.path, number.line)
-        return _BlockerDef(Blocker(name, int(number.text)), token.line)
+        return _MarkerDef(CompletionMarker(name, int(number.text)), token.line)
 
 
 # -- checks ------------------------------------------------------------------------------
@@ -316,18 +316,18 @@ def _check(spec: _SpecDef, path: str) -> None:
                 raise ScenarioError(message, path, pstep.line)
         in_permutation = {pstep.name for pstep in permutation}
         for pstep in permutation:
-            for marker in pstep.blockers:
-                _check_blocker(marker, pstep, steps, in_permutation, path)
+            for marker in pstep.markers:
+                _check_marker(marker, pstep, steps, in_permutation, path)
 
 
-def _check_blocker(
-    marker: _BlockerDef,
+def _check_marker(
+    marker: _MarkerDef,
     pstep: _PStepDef,
     steps: dict[str, Step],
     in_permutation: set[str],
     path: str,
 ) -> None:
-    name = marker.blocker.step
+    name = marker.marker.step
     if name is None:
         return
     if name not in in_permutation:
@@ -347,45 +347,18 @@ def _check_blocker(
 
 def permutation_count(lengths: Sequence[int]) -> int:
     """How many interleavings keep each sequence in order: (Σn)! / Πn!."""
-    count, total = 1, 0
-    for length in lengths:
-        total += length
-        count *= math.comb(total, length)
-    return count
+    return Interleavings.count(lengths)
 
 
 def interleavings(sequences: Sequence[Sequence[str]]) -> Iterator[tuple[str, ...]]:
-    """Every interleaving of ``sequences``, each kept in order, in isolationtester's order.
-
-    isolationtester recurses depth first, trying the sessions in declaration order at
-    each position. That is the lexicographic order of the sequence of session indexes,
-    so this walks the distinct permutations of that multiset with the classic
-    "next permutation" step (iteratively: no recursion limit however long the spec).
-    """
-    order = [index for index, seq in enumerate(sequences) for _ in seq]
-    while True:
-        next_item = [0] * len(sequences)
-        picked: list[str] = []
-        for index in order:
-            picked.append(sequences[index][next_item[index]])
-            next_item[index] += 1
-        yield tuple(picked)
-        # Advance ``order`` to the next permutation, lexicographically.
-        pivot = len(order) - 2
-        while pivot >= 0 and order[pivot] >= order[pivot + 1]:
-            pivot -= 1
-        if pivot < 0:
-            return
-        swap = len(order) - 1
-        while order[swap] <= order[pivot]:
-            swap -= 1
-        order[pivot], order[swap] = order[swap], order[pivot]
-        order[pivot + 1 :] = reversed(order[pivot + 1 :])
+    """Every interleaving of ``sequences``, each kept in order, in isolationtester's order (:class:`Interleavings`)."""
+    return iter(Interleavings(sequences))
 
 
 def _auto_permutations(spec: _SpecDef, path: str) -> tuple[tuple[PermutationStep, ...], ...]:
     names = [[step.name for step in session.steps] for session in spec.sessions]
-    count = permutation_count([len(n) for n in names])
+    schedule = Interleavings(names)
+    count = schedule.size
     if count > MAX_AUTO_PERMUTATIONS:
         message = (
             f"the spec has no permutation lines and its steps interleave in {count} "
@@ -393,7 +366,7 @@ def _auto_permutations(spec: _SpecDef, path: str) -> tuple[tuple[PermutationStep
         )
         raise ScenarioError(message, path, spec.sessions[0].line)
     pstep = {name: PermutationStep(name) for session in names for name in session}
-    return tuple(tuple(pstep[n] for n in order) for order in interleavings(names))
+    return tuple(tuple(pstep[n] for n in order) for order in schedule)
 
 
 # -- public entry points -----------------------------------------------------------------
@@ -406,7 +379,7 @@ def parse_spec(text: str, path: str) -> Scenario:
     _check(spec, path)
     if spec.permutations:
         permutations = tuple(
-            tuple(PermutationStep(p.name, tuple(m.blocker for m in p.blockers)) for p in permutation)
+            tuple(PermutationStep(p.name, tuple(m.marker for m in p.markers)) for p in permutation)
             for permutation in spec.permutations
         )
     else:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from pgrace.cases import CaseResult, differs_across_servers
 from pgrace.errors import ScenarioError
-from pgrace.regression import CaseResult, differs_across_servers
-from pgrace.render.escape import visible
 from pgrace.servers import ServerInfo
+from pgrace.text import visible
+
+if TYPE_CHECKING:
+    from pgrace.results import Checked
 
 
 def render_results(results: Sequence[CaseResult], with_server: bool = False) -> str:
@@ -49,3 +53,15 @@ def render_matrix(results: Sequence[CaseResult], servers: Sequence[ServerInfo]) 
 def _header(server: ServerInfo) -> str:
     """The server's name with its version, which a connection string alone does not show."""
     return server.label if server.version in server.label else f"PostgreSQL {server.version} at {server.label}"
+
+
+def render_total(checked: Checked, update: bool = False) -> str:
+    """``12 checks: 11 passed, 1 failed``, the files not run, and (``update``) the golden timelines written."""
+    results, failed = checked.results, checked.failed
+    total = f"{len(results)} checks: {len(results) - failed} passed, {failed} failed"
+    if checked.invalid:
+        total += f"; {len(checked.invalid)} invalid file{'s' if len(checked.invalid) != 1 else ''} not run"
+    if update:
+        updated = sum(1 for r in results if r.updated)
+        total += f"; {updated} golden timeline{'s' if updated != 1 else ''} written"
+    return total

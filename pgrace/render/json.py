@@ -1,4 +1,4 @@
-"""The machine-readable timeline: a documented, stable JSON contract (see the README).
+"""The machine-readable timeline: a documented, stable JSON contract (docs/reference/json.md).
 
 Times are milliseconds since the run started; they live here, never in the text output.
 """
@@ -6,36 +6,13 @@ Times are milliseconds since the run started; they live here, never in the text 
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, time, timedelta
-from decimal import Decimal
 from typing import Any
-from uuid import UUID
 
-from pgrace.render.escape import json_safe
-from pgrace.timeline import AdvisoryKey, Outcome, Release, RowLock, Run, StepRun, Wait
+from pgrace.text import json_safe
+from pgrace.timeline import AdvisoryKey, HeldLock, Outcome, Release, Run, StepRun, Wait
+from pgrace.values import to_json_value
 
 SCHEMA_VERSION = 1
-
-
-def to_json_value(value: Any) -> Any:
-    """Python values from the server as JSON values; exact decimals stay numbers when whole."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, (datetime, date, time)):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [to_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    return str(value)
 
 
 def run_to_dict(run: Run) -> dict[str, Any]:
@@ -95,6 +72,9 @@ def _step(run: StepRun) -> dict[str, Any]:
         "session": run.session,
         "sql": run.sql,
         "status": run.status,
+        "retry_loop": run.loop,
+        "attempt": run.attempt,
+        "retried": run.retried,
         "waited": run.waited,
         "blocked_by": run.blocked_by,
         "waited_on": [_wait(w) for w in run.waits],
@@ -169,7 +149,7 @@ def _advisory(key: AdvisoryKey | None) -> dict[str, Any] | None:
     return {"keys": list(key.keys), "shared": key.shared, "level": key.level}
 
 
-def _lock(lock: RowLock) -> dict[str, Any]:
+def _lock(lock: HeldLock) -> dict[str, Any]:
     return {
         "table": lock.row.table if lock.row else (lock.table or None),
         "key": {k: to_json_value(v) for k, v in lock.row.key} if lock.row else None,

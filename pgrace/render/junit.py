@@ -10,9 +10,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
+from pgrace.cases import CaseResult
 from pgrace.errors import ScenarioError
-from pgrace.regression import CaseResult
-from pgrace.render.escape import visible
+from pgrace.text import visible
 
 
 def render_junit(results: Sequence[CaseResult], invalid: Sequence[ScenarioError] = ()) -> str:

@@ -14,9 +14,9 @@ from xml.sax.saxutils import escape as xml_escape
 
 from tabulate import tabulate
 
-from pgrace.pgbench import ClientRun, LoadResult
+from pgrace.pgbench.results import ClientRun, LoadResult
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR
-from pgrace.render.escape import json_safe, visible
+from pgrace.text import json_safe, visible
 
 COLOURS = {"bug": ERROR_COLOUR, "fix": OK_COLOUR}
 
@@ -91,7 +91,7 @@ def render_load_text(results: list[LoadResult]) -> str:
 
 
 def render_load_json(results: list[LoadResult]) -> str:
-    """The issue's JSON: one object, or with --compare a list of one per variant."""
+    """The load's JSON: one object, or with --compare a list of one per variant."""
     data = [r.to_json() for r in results]
     return json_safe(json.dumps(data[0] if len(data) == 1 else data, indent=2, ensure_ascii=False)) + "\n"
 
@@ -178,13 +178,3 @@ def render_load_html(results: list[LoadResult]) -> str:
         "pre{font:13px/1.4 'DejaVu Sans Mono',Menlo,monospace}svg{max-width:100%;height:auto}</style>\n"
         "</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
     )
-
-
-def render_load(results: list[LoadResult], fmt: str) -> str:
-    if fmt == "json":
-        return render_load_json(results)
-    if fmt == "svg":
-        return render_load_svg(results)
-    if fmt == "html":
-        return render_load_html(results)
-    return render_load_text(results)

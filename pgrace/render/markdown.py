@@ -9,23 +9,12 @@ GitHub would otherwise take for a column border, even inside code.
 from __future__ import annotations
 
 from pgrace.model import Scenario
-from pgrace.render.common import (
-    Entry,
-    StepSummary,
-    describe_wait,
-    lock_label,
-    locks_heading,
-    one_line,
-    outcome_lines,
-    same_sessions,
-    session_colours,
-    step_summaries,
-    story_facts,
-    timeline_sections,
-    variant_flag,
-    verdict_line,
-)
-from pgrace.render.escape import without_controls
+from pgrace.render.columns import StepSummary, same_sessions, step_summaries
+from pgrace.render.common import one_line, session_colours
+from pgrace.render.sections import Entry, timeline_sections
+from pgrace.render.story import story_facts, variant_flag, verdict_line
+from pgrace.render.wording import describe_wait, lock_label, locks_heading, outcome_lines
+from pgrace.text import without_controls
 from pgrace.timeline import CheckQueried, Run
 
 SPECIAL = "\\`*_[]<>|#"

@@ -15,17 +15,11 @@ from __future__ import annotations
 import json
 import textwrap
 
-from pgrace.render.common import (
-    Entry,
-    one_line,
-    session_colours,
-    shorten,
-    timeline_sections,
-    verdict_line,
-    wait_phrase,
-    wait_points_at,
-)
-from pgrace.render.escape import without_controls
+from pgrace.render.common import one_line, session_colours, shorten
+from pgrace.render.sections import Entry, timeline_sections
+from pgrace.render.story import verdict_line
+from pgrace.render.wording import wait_phrase, wait_points_at
+from pgrace.text import without_controls
 from pgrace.timeline import Run
 
 MAX_MESSAGE = 90

@@ -1,7 +1,7 @@
 """Outcome tables: explore's classes, sweep's grid, matrix's lock tables; text, markdown, HTML, JSON.
 
 Pure functions of the data the drivers return; they print nothing and run nothing.
-Scenario and server text goes through :mod:`pgrace.render.escape` at each entry. The
+Scenario and server text goes through :mod:`pgrace.text` at each entry. The
 HTML page is self-contained: each class (or grid cell) opens its example's timeline,
 rendered beforehand by the caller and passed in as text.
 """
@@ -19,11 +19,11 @@ from tabulate import tabulate
 from pgrace.model import Scenario
 from pgrace.outcomes import verdict_of
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
-from pgrace.render.escape import json_safe, visible, without_controls
+from pgrace.text import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
     from pgrace.explore import Exploration
-    from pgrace.matrix import Cell, Matrix, MatrixTable
+    from pgrace.matrix import Matrix, MatrixTable, ModePair
     from pgrace.outcomes import OutcomeClass
     from pgrace.sweep import Sweep
 
@@ -46,6 +46,7 @@ def example_text(scenario: Scenario, example: Sequence[str]) -> str:
 def _space_line(exploration: Exploration) -> str:
     space = exploration.space
     noun = "interleaving" if space == 1 else "interleavings"
+    said: list[str] = []
     if exploration.reduced and exploration.covers_all:
         runs = exploration.run_count
         text = f"all {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
@@ -56,7 +57,12 @@ def _space_line(exploration: Exploration) -> str:
     else:
         text = f"{exploration.explored} of {space} {noun}"
         if exploration.seed is not None:
-            text += f" (seed {exploration.seed})"
+            said.append(f"seed {exploration.seed}")
+    if exploration.repeats:
+        again = "repeats another" if exploration.repeats == 1 else "repeat others"
+        said.append(f"{exploration.repeats} {again}: they differ only where unsent retry steps stood")
+    if said:
+        text += f" ({'; '.join(said)})"
     k, n = exploration.shard
     if n > 1:
         text += f", shard {k}/{n}"
@@ -174,7 +180,7 @@ def _abbreviation(mode: str) -> str:
     return "".join(word[0] for word in mode.split())
 
 
-def _matrix_cell(cell: Cell) -> str:
+def _matrix_cell(cell: ModePair) -> str:
     return ("blocks" if cell.blocks else "·") + ("" if cell.agrees else " ≠doc")
 
 

@@ -17,43 +17,39 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import sys
 import textwrap
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TextIO
 
 import click
 
 from pgrace.model import Scenario, Step
-from pgrace.render.common import (
-    SESSION_COLOURS,
+from pgrace.render.common import SESSION_COLOURS, one_line, sql_lines
+from pgrace.render.screen import TICK, Keys, Screen
+from pgrace.render.story import story_facts, variant_flag, verdict_line
+from pgrace.render.text import Style
+from pgrace.render.wording import (
     cancel_text,
     describe_wait,
     lock_label,
     lost_text,
-    one_line,
     outcome_lines,
     release_phrase,
     serialization_text,
-    sql_lines,
-    story_facts,
-    variant_flag,
-    verdict_line,
     wait_phrase,
 )
-from pgrace.render.escape import without_controls
-from pgrace.render.text import Style
+from pgrace.text import without_controls
 from pgrace.timeline import (
     CheckQueried,
     Event,
+    HeldLock,
     LockKinds,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
-    RowLock,
     Run,
     SessionLost,
     StepCancelled,
@@ -65,8 +61,6 @@ from pgrace.timeline import (
 from pgrace.variables import FACTS, find
 
 GUTTER = 6
-TICK = 0.1  # seconds between status-line redraws while pausing
-CLEAR_LINE = "\r\x1b[2K"
 
 
 class Presenter:
@@ -109,41 +103,23 @@ class Presenter:
         self.waiting: dict[int, tuple[str, tuple[Wait, ...], float]] = {}  # seq -> session, waits, since
         self.waited_s: dict[int, float] = {}
         self.prompt = ""
-        self.status_shown = False
         self.started = False
         self.last_locks: object = ()
-        self.predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen, shown with a 40001
-        self._saved_mode: list[Any] | None = None
-        self._key_fd: int | None = None
+        self.predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen, shown with a 40001
+        self.screen = Screen(self.out, tty=self.tty, colour=self.colour, width=self.width, status=self.status_text)
+        self.keyboard = Keys(self.keys, cbreak=step_by_step)
 
     # -- terminal ----------------------------------------------------------------------
 
     def __enter__(self) -> Presenter:
-        try:
-            fd = self.keys.fileno()
-        except (AttributeError, OSError, ValueError):
-            fd = None
-        self._key_fd = fd
-        if fd is not None and self.step_by_step and os.isatty(fd):
-            try:
-                import termios
-                import tty
-
-                self._saved_mode = termios.tcgetattr(fd)
-                tty.setcbreak(fd)
-            except (ImportError, OSError):
-                self._saved_mode = None
+        self.keyboard.__enter__()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        self._clear_status()
-        if self._saved_mode is not None and self._key_fd is not None:
-            import termios
-
-            termios.tcsetattr(self._key_fd, termios.TCSADRAIN, self._saved_mode)
-            self._saved_mode = None
+        self.screen.clear_status()
+        self.keyboard.__exit__(kind, value, traceback)
         self.out.flush()
 
     # -- the runner's callbacks --------------------------------------------------------
@@ -215,42 +191,42 @@ class Presenter:
 
     def on_idle(self) -> None:
         """The runner is waiting on the server: keep the wait counter moving."""
-        self._draw_status()
+        self.screen.draw_status()
 
     # -- the end -----------------------------------------------------------------------
 
     def finish(self, run: Run) -> None:
         """The verdict, what went wrong (or what the cure did), and the other variant."""
         run = without_controls(run)
-        self._clear_status()
+        self.screen.clear_status()
         scenario = run.scenario
-        self._rule("What went wrong" if scenario.variant == "bug" else "What the cure did")
+        self.screen.rule("What went wrong" if scenario.variant == "bug" else "What the cure did")
         verdict = f"verdict: {verdict_line(run)}"  # the text timeline's words
-        self._write(self._style(f"  {verdict}", fg="green" if run.ok else "red", bold=True))
+        self.screen.write(self.screen.style(f"  {verdict}", fg="green" if run.ok else "red", bold=True))
         for check in (c for c in run.checks if not c.ok):
-            self._write(
-                self._style(f"    ✘ {check.description}: expected {check.expected}, got {check.actual}", fg="red")
+            self.screen.write(
+                self.screen.style(f"    ✘ {check.description}: expected {check.expected}, got {check.actual}", fg="red")
             )
         for fact in story_facts(run):
-            self._wrap_write(f"• {fact}", indent="  ")
+            self.screen.wrap_write(f"• {fact}", indent="  ")
         for seq, seconds in self.waited_s.items():
             launched = self.launched[seq]
-            self._wrap_write(f"• {launched.session} sat blocked for {seconds:.1f} s of this talk", indent="  ")
+            self.screen.wrap_write(f"• {launched.session} sat blocked for {seconds:.1f} s of this talk", indent="  ")
         for event in (e for e in run.events if isinstance(e, CheckQueried)):
             got = "; ".join(outcome_lines(event.outcome)) or "→ nothing"
-            self._wrap_write(f"• final state: {one_line(event.sql)}  {got}", indent="  ")
+            self.screen.wrap_write(f"• final state: {one_line(event.sql)}  {got}", indent="  ")
         if scenario.narrative:
-            self._write("")
-            self._wrap_write(" ".join(scenario.narrative.split()), indent="  ")
+            self.screen.write("")
+            self.screen.wrap_write(" ".join(scenario.narrative.split()), indent="  ")
         other = self.counterpart
         if other is not None:
             command = f"pgrace run {scenario.name} {variant_flag(other.variant)}"
             heading = "How the cure fixes it" if other.variant == "fix" else "Without the cure"
-            self._rule(f"{heading}: {command}")
-            self._wrap_write(other.title, indent="  ", bold=True)
+            self.screen.rule(f"{heading}: {command}")
+            self.screen.wrap_write(other.title, indent="  ", bold=True)
             if other.narrative:
-                self._wrap_write(" ".join(other.narrative.split()), indent="  ")
-        self._write("")
+                self.screen.wrap_write(" ".join(other.narrative.split()), indent="  ")
+        self.screen.write("")
         self.out.flush()
 
     # -- drawing -----------------------------------------------------------------------
@@ -258,21 +234,21 @@ class Presenter:
     def _header(self) -> None:
         scenario = self.scenario
         bar = "━" * (self.width - 1)
-        self._write(self._style(bar, bold=True))
-        self._write(self._style(f"  {scenario.name.upper()}  ·  {scenario.variant}", bold=True))
-        self._wrap_write(scenario.title, indent="  ", bold=True)
-        self._write(self._style(bar, bold=True))
+        self.screen.write(self.screen.style(bar, bold=True))
+        self.screen.write(self.screen.style(f"  {scenario.name.upper()}  ·  {scenario.variant}", bold=True))
+        self.screen.wrap_write(scenario.title, indent="  ", bold=True)
+        self.screen.write(self.screen.style(bar, bold=True))
         if scenario.narrative:
             for paragraph in scenario.narrative.split("\n\n"):
                 if paragraph.strip():
-                    self._wrap_write(" ".join(paragraph.split()), indent="  ")
-        self._write("")
+                    self.screen.wrap_write(" ".join(paragraph.split()), indent="  ")
+        self.screen.write("")
         heads = "".join(self._paint(name.ljust(self.lane), name, bold=True) for name in self.sessions)
         rules = "".join(
             self._paint(("━" * min(len(name) + 4, self.lane - 2)).ljust(self.lane), name) for name in self.sessions
         )
-        self._write(" " * GUTTER + heads)
-        self._write(" " * GUTTER + rules)
+        self.screen.write(" " * GUTTER + heads)
+        self.screen.write(" " * GUTTER + rules)
 
     def _lane_print(
         self,
@@ -290,53 +266,29 @@ class Presenter:
         indent = " " * (self.lane * index)
         width = max(16, self.lane - 2)
         wrapped = [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="  ") or [""]]
-        self._clear_status()
+        self.screen.clear_status()
         for i, line in enumerate(wrapped):
             prefix = f"{number:>4}  " if i == 0 and number else " " * GUTTER
             if alarm and self.colour:
-                text = self._style(f" {line} ", fg="yellow", bold=True, reverse=True)
+                text = self.screen.style(f" {line} ", fg="yellow", bold=True, reverse=True)
             elif error and (line.startswith(("✗", "⌛")) or not line.startswith("→")):
-                text = self._style(line, fg="red", bold=True)
+                text = self.screen.style(line, fg="red", bold=True)
             elif resumed and i == 0:
-                text = self._style(line, fg="yellow", bold=True)
+                text = self.screen.style(line, fg="yellow", bold=True)
             elif dim:
-                text = self._style(line, dim=True)
+                text = self.screen.style(line, dim=True)
             elif line.startswith("→"):
-                text = self._style(line, bold=True)
+                text = self.screen.style(line, bold=True)
             else:
                 text = self._paint(line, session, bold=bold or not line.startswith("»"))
-            self._write(prefix + indent + text, status=False)
-        self._draw_status()
+            self.screen.write(prefix + indent + text, status=False)
+        self.screen.draw_status()
 
     def _full_print(self, text: str, dim: bool = False) -> None:
-        self._clear_status()
+        self.screen.clear_status()
         for line in textwrap.wrap(text, self.width - GUTTER - 1, subsequent_indent="  ") or [""]:
-            self._write(" " * GUTTER + (self._style(line, dim=True) if dim else line), status=False)
-        self._draw_status()
-
-    def _rule(self, title: str) -> None:
-        self._write("")
-        head = f"━━ {title} "
-        self._write(self._style(head + "━" * max(0, self.width - 1 - len(head)), bold=True))
-
-    def _wrap_write(self, text: str, indent: str = "", bold: bool = False) -> None:
-        """Wrap to the screen; bullets (``•``) hang, paragraphs do not."""
-        hanging = indent + "  " if text.startswith("•") else indent
-        for line in textwrap.wrap(text, self.width - 1, initial_indent=indent, subsequent_indent=hanging) or [""]:
-            self._write(self._style(line, bold=True) if bold else line)
-
-    def _write(self, line: str, status: bool = True) -> None:
-        if not self.colour:
-            line = line.rstrip()
-        if status:
-            self._clear_status()
-        self.out.write(line + "\n")
-        if status:
-            self._draw_status()
-        self.out.flush()
-
-    def _style(self, text: str, **styles: Any) -> str:
-        return click.style(text, **styles) if self.colour else text
+            self.screen.write(" " * GUTTER + (self.screen.style(line, dim=True) if dim else line), status=False)
+        self.screen.draw_status()
 
     def _paint(self, text: str, session: str, bold: bool = False) -> str:
         if not self.colour or session not in self.sessions:
@@ -357,24 +309,6 @@ class Presenter:
             parts.append(self.prompt)
         return "   │   ".join(parts)
 
-    def _draw_status(self) -> None:
-        if not self.tty:
-            return
-        text = self.status_text()
-        if not text:
-            self._clear_status()
-            return
-        text = text[: self.width - 1]
-        styled = self._style(text.ljust(self.width - 1), reverse=True, bold=True)
-        self.out.write(CLEAR_LINE + styled)
-        self.out.flush()
-        self.status_shown = True
-
-    def _clear_status(self) -> None:
-        if self.tty and self.status_shown:
-            self.out.write(CLEAR_LINE)
-            self.status_shown = False
-
     # -- pauses ------------------------------------------------------------------------
 
     def _pause(self, seconds: float) -> None:
@@ -382,44 +316,24 @@ class Presenter:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(TICK, left))
-            self._draw_status()
+            self.screen.draw_status()
 
     def _wait_for_key(self, prompt: str) -> None:
         self.prompt = prompt
         try:
             if not self.tty:
-                self._write(f"      [{prompt}]")
-            if self._key_fd is None:
-                self._handle(self.keys.readline())
-                return
-            while True:
-                self._draw_status()
-                ready, _, _ = select.select([self._key_fd], [], [], TICK)
-                if not ready:
-                    continue
-                if self._saved_mode is not None:
-                    data = os.read(self._key_fd, 64).decode(errors="replace")
-                    if any(c in data for c in "qQ"):
-                        self._stop_presenting()
-                        return
-                    if any(c in data for c in "\r\n "):
-                        return
-                else:
-                    self._handle(self.keys.readline())
-                    return
+                self.screen.write(f"      [{prompt}]")
+            if self.keyboard.wait(self.screen.draw_status):
+                self._stop_presenting()
         finally:
             self.prompt = ""
-            self._draw_status()
-
-    def _handle(self, line: str) -> None:
-        if line.strip().lower() in ("q", "quit"):
-            self._stop_presenting()
+            self.screen.draw_status()
 
     def _stop_presenting(self) -> None:
         """``q``: the audience has seen enough; the run goes on to its end (its verdict, its exit code)."""
         self.step_by_step = False
         self.pace = None
-        self._write("      (q: the rest of the run plays without stopping)")
+        self.screen.write("      (q: the rest of the run plays without stopping)")
 
 
 def bound_values(written: str, sent: str) -> str:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from pgrace.render.escape import visible
+from pgrace.text import visible
 
 CLEAR = "\r\x1b[K"  # back to the line's start, erase to its end
 

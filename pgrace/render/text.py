@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import click
 from tabulate import tabulate
 
-from pgrace.render.common import (
-    SESSION_COLOURS,
+from pgrace.render.common import SESSION_COLOURS, wrap_cell
+from pgrace.render.story import setup_failure, verdict_words
+from pgrace.render.wording import (
     cancel_text,
     describe_wait,
     locks_heading,
@@ -22,21 +23,18 @@ from pgrace.render.common import (
     plural,
     release_phrase,
     serialization_text,
-    setup_failure,
     shown_locks,
     steps_waited,
-    verdict_words,
-    wrap_cell,
 )
-from pgrace.render.escape import without_controls
+from pgrace.text import without_controls
 from pgrace.timeline import (
     CheckQueried,
     CheckResult,
+    HeldLock,
     LocksObserved,
     NoticeReceived,
     NotifyReceived,
     PermutationStarted,
-    RowLock,
     Run,
     SessionLost,
     StepCancelled,
@@ -96,10 +94,20 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
     """Fold the events into table rows, one table per permutation."""
     tables: list[tuple[str, list[Row]]] = []
     launched: dict[int, StepLaunched] = {}
-    paused: set[int] = set()  # sleep steps, shown when they start
+    paused: set[int] = set()  # sleep steps, shown when they start; a long step, when others act during it
+    unshown: dict[int, StepLaunched] = {}  # launched, no row yet (it has neither waited nor finished)
     rows: list[Row] = []
-    last_locks: tuple[RowLock, ...] | None = ()
-    predicate: tuple[RowLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
+
+    def show_running(besides: int | None = None, session: str | None = None) -> None:
+        """Steps still running when another session's step ends get their row first: where they started."""
+        for seq in sorted(unshown):
+            if seq != besides and unshown[seq].session != session:
+                step = unshown.pop(seq)
+                rows.append(Row(str(seq), step.session, _sql_lines(run, step)))
+                paused.add(seq)
+
+    last_locks: tuple[HeldLock, ...] | None = ()
+    predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen: what a 40001 is explained by
     many = len(run.scenario.permutations) > 1
     for event in run.events:
         if isinstance(event, PermutationStarted):
@@ -113,16 +121,23 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             if run.scenario.step(event.step).sleep is not None:  # its row when it starts: others act during it
                 rows.append(Row(str(event.seq), event.session, _sql_lines(run, event)))
                 paused.add(event.seq)
-        elif isinstance(event, StepFinished) and event.seq in paused:
+            else:
+                unshown[event.seq] = event
+        elif isinstance(event, StepFinished) and event.seq in paused and not event.after_wait:
             if lines := outcome_lines(event.outcome):
                 rows.append(Row("", launched[event.seq].session, lines))
         elif isinstance(event, StepWaiting):
             step = launched[event.seq]
-            lines = _sql_lines(run, step) + [describe_wait(w) for w in event.waits]
+            shown_already = event.seq in paused
+            unshown.pop(event.seq, None)
+            lines = [] if shown_already else _sql_lines(run, step)
+            lines += [describe_wait(w) for w in event.waits]
             if event.by_marker:
                 lines.append("… reported later (completion marker)")
-            rows.append(Row(str(event.seq), step.session, lines))
+            rows.append(Row("" if shown_already else str(event.seq), step.session, lines))
         elif isinstance(event, StepFinished):
+            show_running(besides=event.seq)
+            unshown.pop(event.seq, None)
             step = launched[event.seq]
             lines = [_released(event, launched)] if event.after_wait else _sql_lines(run, step)
             lines += outcome_lines(event.outcome)
@@ -130,14 +145,18 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
                 lines.append(serialization_text(predicate))
             rows.append(Row("" if event.after_wait else str(event.seq), step.session, lines))
         elif isinstance(event, StepCancelled):
+            show_running(besides=event.seq)
             step = launched[event.seq]
             text = f"⌛ {step.step} cancelled after {event.after_s:g} s ({cancel_text(event)})"
             rows.append(Row("", step.session, [text]))
         elif isinstance(event, SessionLost):
+            show_running(session=event.session)
             rows.append(Row("", event.session, [lost_text(event)]))
         elif isinstance(event, NoticeReceived):
+            show_running(session=event.session)
             rows.append(Row("", event.session, [f"{event.severity}: {event.message}"]))
         elif isinstance(event, NotifyReceived):
+            show_running(session=event.session)
             rows.append(Row("", event.session, [f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}']))
         elif isinstance(event, LocksObserved):
             predicate = tuple(lock for lock in event.other_locks if lock.kind == "predicate")
@@ -165,7 +184,7 @@ def _released(event: StepFinished, launched: dict[int, StepLaunched]) -> str:
     return f"↳ step {event.seq} {phrase}; waited {plural(waited, 'step')}"
 
 
-def _lock_lines(event: LocksObserved, shown: tuple[RowLock, ...] | None) -> list[str]:
+def _lock_lines(event: LocksObserved, shown: tuple[HeldLock, ...] | None) -> list[str]:
     if shown is None:
         return ["unknown (no pgrowlocks)"]
     lines = [lock.label() for lock in shown] or ["none"]

@@ -2,13 +2,17 @@
 
 testcontainers is an optional extra, imported only when a ``docker:IMAGE`` server is
 asked for; without it, or without a reachable Docker engine, the error says what to do.
+Each container carries a label of its own (``org.pgrace.container``), so a start that
+fails or is interrupted before testcontainers hands the container back still removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
+import uuid
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +20,12 @@ from typing import Any
 import psycopg
 
 from pgrace.errors import ServerUnavailable
-from pgrace.servers import ServerInfo
+from pgrace.servers.info import ServerInfo
+from pgrace.servers.interrupts import deferred_interrupts
+from pgrace.servers.processes import refuse_if_forbidden
+
+#: The label on every container pgrace starts; its value is unique to one start.
+LABEL = "org.pgrace.container"
 
 
 def docker_available() -> str | None:
@@ -47,19 +56,58 @@ def docker_available() -> str | None:
     return None
 
 
+def _postgres_container() -> Any:
+    """testcontainers' PostgresContainer class, wherever this version keeps it.
+
+    4.15 moved it to ``testcontainers.community.postgres`` and made the old module warn
+    when imported; versions before have only the old one.
+    """
+    try:
+        from testcontainers.community.postgres import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            PostgresContainer,
+        )
+    except ImportError:
+        from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    # Versions before 4.1 print their progress to stderr (a handler on each module's logger): a
+    # failed start must still be one line there.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("testcontainers"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    return PostgresContainer
+
+
+def _remove_labelled(value: str) -> None:
+    """Remove the container of one start, whether or not testcontainers got to hold it."""
+    import docker
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        client = docker.from_env()
+        try:
+            for container in client.containers.list(all=True, filters={"label": f"{LABEL}={value}"}):
+                container.remove(force=True, v=True)
+        finally:
+            client.close()
+
+
 @contextlib.contextmanager
 def docker_server(image: str) -> Iterator[ServerInfo]:
-    """Start ``image`` (e.g. ``postgres:17``), yield it, and remove the container."""
+    """Start ``image`` (e.g. ``postgres:17``), yield it, and remove the container, however the block ends."""
     problem = docker_available()
     if problem is not None:
         raise ServerUnavailable(f"cannot start docker:{image}: {problem}")
-    from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    container: Any = PostgresContainer(image, driver=None)
+    refuse_if_forbidden(f"docker:{image}")
+    mark = uuid.uuid4().hex
+    container: Any = _postgres_container()(image, driver=None).with_kwargs(labels={LABEL: mark})
     try:
         container.start()
-    except Exception as exc:
-        raise ServerUnavailable(f"cannot start docker:{image}: {exc}") from exc
+    except BaseException as exc:  # a timeout, an engine error, Ctrl-C or SIGTERM while it waits
+        with deferred_interrupts():
+            _remove_labelled(mark)
+        if isinstance(exc, Exception):
+            first = (str(exc).splitlines() or [exc.__class__.__name__])[0]
+            raise ServerUnavailable(f"cannot start docker:{image}: {first}") from exc
+        raise
     try:
         dsn = container.get_connection_url()
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -67,4 +115,5 @@ def docker_server(image: str) -> Iterator[ServerInfo]:
         version = str(row[0]) if row else "unknown"
         yield ServerInfo(dsn=dsn, version=version, label=f"docker:{image} PostgreSQL {version}")
     finally:
-        container.stop()
+        with deferred_interrupts():
+            container.stop()

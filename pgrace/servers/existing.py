@@ -10,7 +10,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.errors import ScenarioError, ServerUnavailable
-from pgrace.servers import ServerInfo, connstring_problem, describe_dsn, remember_secrets, scrub_secrets
+from pgrace.servers.info import ServerInfo
+from pgrace.servers.secrets import connstring_problem, describe_dsn, remember_secrets, scrub_secrets
 
 __all__ = ["existing_server"]
 

@@ -72,3 +72,14 @@ def dies_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]
                 os._exit(1)
 
     return setup
+
+
+#: Set by the test suite's fast tier (``make test-fast``): this process and its children may not
+#: start a PostgreSQL, so a test that needs one but is not marked ``server`` fails instead.
+NO_SERVER_ENV_VAR = "PGRACE_NO_SERVER"
+
+
+def refuse_if_forbidden(what: str) -> None:
+    """Raise before starting ``what`` when `NO_SERVER_ENV_VAR` forbids starting servers."""
+    if os.environ.get(NO_SERVER_ENV_VAR):
+        raise RuntimeError(f"{NO_SERVER_ENV_VAR} is set: this process may not start {what}")

@@ -1,0 +1,105 @@
+"""from-log's speed and memory on a big server log: at least 50 MB/s, at most 128 MiB, whatever the size.
+
+Generates a stderr log of SIZE (default 1 GB) in a temporary directory: a busy server's
+lines (log_statement = all from 200 backends, durations, connections) with the real
+deadlock of examples/from-log/deadlock.log spliced in every 100 MB. Then runs
+``pgrace from-log --list`` and ``from_log`` writing the last incident's scenario in a
+child process, and reports its throughput and peak RSS. The log is deleted afterwards.
+
+    python bench/bench_from_log.py [SIZE_MB]
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "from-log" / "deadlock.log"
+MIN_MB_S = 50.0
+MAX_RSS_MIB = 128.0
+
+CHILD = """
+import sys, time
+from pgrace.fromlog import from_log
+started = time.perf_counter()
+found = from_log([sys.argv[1]], list_only=True)
+listed = time.perf_counter() - started
+started = time.perf_counter()
+written = from_log([sys.argv[1]], incident=len(found.incidents), verify=False)
+wrote = time.perf_counter() - started
+print(len(found.incidents), found.lines, listed, wrote, len(written.written.text))
+"""
+
+
+def busy_block(seed: int) -> str:
+    """About 1 MB of a busy server's log: statements of 200 backends, durations, connections."""
+    lines = []
+    for n in range(6000):
+        pid = 10000 + (seed * 7 + n) % 200
+        vxid = f"{pid % 97}/{seed * 6000 + n}"
+        stamp = f"2026-12-01 10:{(seed // 60) % 60:02d}:{seed % 60:02d}.{n % 1000:03d} UTC"
+        kind = n % 10
+        if kind < 6:
+            msg = (
+                f"LOG:  statement: UPDATE orders SET status = 'shipped', updated_at = now() WHERE id = {n * 13 + seed}"
+            )
+        elif kind < 8:
+            msg = f"LOG:  statement: SELECT id, status FROM orders WHERE customer_id = {n % 5000} ORDER BY id LIMIT 20"
+        elif kind == 8:
+            msg = f"LOG:  duration: {n % 97}.{n % 1000:03d} ms"
+        else:
+            msg = "LOG:  connection authorized: user=app database=shop application_name=web"
+        lines.append(f"{stamp} [{pid}] web {vxid} {0 if n % 3 else 700 + n} {msg}\n")
+    return "".join(lines)
+
+
+def generate(path: Path, size: int) -> int:
+    """Write the log; return how many incidents it holds."""
+    incident = "".join(EXAMPLE.read_text().splitlines(keepends=True)[5:])  # the incident's lines
+    written = incidents = 0
+    with path.open("w") as f:
+        seed = 0
+        while written < size:
+            block = busy_block(seed % 64)
+            f.write(block)
+            written += len(block)
+            seed += 1
+            if written // (100 << 20) > incidents:
+                f.write(incident)
+                written += len(incident)
+                incidents += 1
+    return incidents
+
+
+def main() -> None:
+    size = int(sys.argv[1]) << 20 if len(sys.argv) > 1 else 1 << 30
+    with tempfile.TemporaryDirectory(prefix="pgrace-bench-from-log-") as tmp:
+        log = Path(tmp) / "postgresql.log"
+        started = time.perf_counter()
+        expected = generate(log, size)
+        actual = log.stat().st_size
+        print(f"generated {actual / 1e6:,.0f} MB with {expected} deadlocks in {time.perf_counter() - started:.1f} s")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(log)], env=env, check=True, capture_output=True, text=True
+        ).stdout.split()
+        peak_mib = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+        found, lines, listed, wrote = int(out[0]), int(out[1]), float(out[2]), float(out[3])
+        mb_s = actual / 1e6 / listed
+        print(f"--list: {found} incidents in {lines:,} lines, {listed:.2f} s: {mb_s:,.0f} MB/s (floor {MIN_MB_S:.0f})")
+        print(f"writing the last incident's scenario: {wrote:.2f} s ({actual / 1e6 / wrote:,.0f} MB/s)")
+        print(f"peak RSS of the child: {peak_mib:.0f} MiB (ceiling {MAX_RSS_MIB:.0f})")
+    ok = found == expected and mb_s >= MIN_MB_S and peak_mib <= MAX_RSS_MIB
+    print("ok" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

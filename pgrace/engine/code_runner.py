@@ -1,0 +1,235 @@
+"""Run the application's code: one set of connections on one database, the sessions run as often as asked.
+
+Connections are opened by :func:`pgrace.scratch.connect`, as a scenario's; setup, the final
+query, teardown and the reset between runs are control SQL (:class:`~pgrace.engine.control.ControlSql`,
+bounded by the step timeout and cancellable), and a setup that fails is
+:class:`~pgrace.errors.SetupFailed`, as a scenario's. Bad input is a
+:class:`~pgrace.errors.CodeError` naming the function's ``file:line``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from pgrace import scratch
+from pgrace.engine.code_scheduler import Chooser, CodeOrder
+from pgrace.engine.control import ControlSql
+from pgrace.engine.runner import setup_failed
+from pgrace.engine.sqlerrors import first_line
+from pgrace.engine.steps import Recorder, StepBook
+from pgrace.engine.threads import (
+    Gate,
+    SessionCode,
+    ThreadSession,
+    TracedConnection,
+    TracedCursor,
+    TracedServerCursor,
+    connections_guarded,
+    where_defined,
+)
+from pgrace.errors import CodeError, RunAborted, ScenarioFailed, StepsStuck
+from pgrace.locks import LockInspector
+from pgrace.model import FinalCheck, PermutationStep, Scenario, Session, Step
+from pgrace.scratch import schema_reset_sql
+from pgrace.servers import ServerInfo
+from pgrace.timeline import CheckQueried, PermutationStarted, Run, SetupRan
+
+CODE_SCHEMA = "pgrace_code"
+
+
+class CodeRunner:
+    """One set of connections on one database; runs the sessions as many times as asked."""
+
+    def __init__(
+        self,
+        name: str,
+        sessions: Mapping[str, SessionCode],
+        dsn: str,
+        *,
+        setup: str | None,
+        final: str | None,
+        teardown: str | None,
+        step_timeout: float,
+        server: ServerInfo,
+        expect: Sequence[Sequence[Any]] | None = None,
+        observer_dsn: str | None = None,
+    ) -> None:
+        self.name = name
+        self.code = dict(sessions)
+        self.dsn = dsn
+        self.observer_dsn = observer_dsn or dsn  # pgrace's own watcher: out of the sessions' reach
+        self.setup = setup
+        self.final = final
+        self.expect = expect
+        self.teardown = teardown
+        self.step_timeout = step_timeout
+        self.server = server
+        self.cond = threading.Condition()
+        self.stack = contextlib.ExitStack()
+        self.sessions: dict[str, ThreadSession] = {}
+        self.has_row_locks = True
+        self.sql = ControlSql(step_timeout, timeout_name="the step timeout")
+
+    def __enter__(self) -> CodeRunner:
+        try:
+            self.control = self._connect("control connection")
+            for name in self.code:
+                self.sessions[name] = ThreadSession(name, self._connect(name, traced=True), self.step_timeout)
+            self.observer = self._connect("observer", observer=True)
+            self.observer.execute("SET lock_timeout = '200ms'")
+            self.observer.prepare_threshold = 0  # the same catalog questions at every step: planned once
+            self.inspector = LockInspector(self.observer, {s.pid: name for name, s in self.sessions.items()})
+        except psycopg.Error as exc:
+            self.stack.close()
+            raise RunAborted(f"could not set up pgrace's connections: {first_line(str(exc))}") from None
+        except BaseException:
+            self.stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def _connect(self, who: str, traced: bool = False, observer: bool = False) -> Any:
+        """A connection of the run, where :func:`pgrace.scratch.connect` puts it; a session's is traced."""
+        extra: dict[str, Any] = {}
+        if traced:
+            extra = {"connection_class": TracedConnection, "autocommit": False, "cursor_factory": TracedCursor}
+        conn = scratch.connect(
+            self.observer_dsn if observer else self.dsn,
+            None,
+            observer=observer,
+            application_name=f"pgrace/{self.name}/{who}"[:63],
+            client_encoding="UTF8",
+            **extra,
+        )
+        if isinstance(conn, TracedConnection):
+            conn.server_cursor_factory = TracedServerCursor
+            self.stack.callback(conn.close_for_good)
+        else:
+            self.stack.callback(conn.close)
+        return conn
+
+    # -- one run -------------------------------------------------------------------------
+
+    def run_once(self, chooser: Chooser, observe: bool) -> tuple[Run, list[tuple[str, ...]]]:
+        """Setup, the sessions under ``chooser``'s order, the final query, teardown.
+
+        Returns the run and the options met at each choice (the ready sessions, in order).
+        """
+        locks = observe and self.has_row_locks
+        self.run = Run(Scenario(self.name, self.name, ""), self.server.version, self.server.label, locks)
+        self.recorder = Recorder(self.run, None)
+        book = StepBook(self.recorder, self.inspector, self.step_timeout)
+        self.recorder.add(PermutationStarted(0, (), self.recorder.now()))
+        try:
+            if self.setup:
+                self._setup(self.setup)
+        except ScenarioFailed as failed:
+            failed.run = self.run  # what happened up to the failure, for whoever reports it
+            raise
+        for session in self.sessions.values():
+            session.gate = Gate(session.name, self.cond)
+        order = CodeOrder(
+            self.sessions,
+            self.code,
+            self.cond,
+            book,
+            self.inspector,
+            self.run,
+            step_timeout=self.step_timeout,
+            observe=observe,
+        )
+        try:
+            with connections_guarded():
+                for name, fn in self.code.items():
+                    self.sessions[name].start(fn)
+                met = order.run(chooser)
+        except BaseException:
+            self._stop_all(quiet=True)  # the error that ended the run is the one to report
+            raise
+        self._stop_all()
+        self._check_input()
+        if self.final:
+            outcome = self.sql.execute(self.control.pgconn, self.final)
+            self.recorder.add(CheckQueried(0, outcome, self.recorder.now(), self.final))
+        self._reset()
+        self.run.scenario = self._scenario(order.steps)
+        return self.run, met
+
+    def _stop_all(self, quiet: bool = False) -> None:
+        """Release every parked session (it unwinds), wait for them, and leave the connections idle.
+
+        A thread still running after its statement was cancelled is stuck (``quiet``: left, as a daemon).
+        """
+        with self.cond:
+            for session in self.sessions.values():
+                session.gate.stopping = True
+            self.cond.notify_all()
+        for name, session in self.sessions.items():
+            if not session.join(self.step_timeout) and not quiet:
+                raise StepsStuck(f"session {name} did not return, even after its statement was cancelled")
+
+    def _check_input(self) -> None:
+        """The session code's mistakes that make the run meaningless: one message each."""
+        for name, session in self.sessions.items():
+            gate = session.gate
+            path, line = where_defined(self.code[name])
+            if gate.intruded is not None:
+                raise CodeError(
+                    f"session {name} opened a connection of its own at {gate.intruded}; pgrace cannot schedule"
+                    " its statements: use the connection pgrace passes to the session",
+                    path,
+                    line,
+                )
+            if gate.steps == 0 and gate.raised is not None:
+                exc = gate.raised
+                raise CodeError(
+                    f"session {name} raised {type(exc).__name__} before its first statement: {exc}", path, line
+                )
+            if gate.steps == 0:
+                raise CodeError(f"session {name} never sent a statement to the database", path, line)
+
+    def _scenario(self, discovered: list[Step]) -> Scenario:
+        first = next(iter(self.code.values()))
+        path, line = where_defined(first)
+        steps = tuple(discovered)
+        sessions = tuple(Session(name, line=where_defined(fn)[1]) for name, fn in self.code.items())
+        checks: tuple[FinalCheck, ...] = ()
+        if self.final:
+            rows = tuple(tuple(r) for r in self.expect) if self.expect is not None else ()
+            checks = (FinalCheck(self.final, self.final, rows),)
+        return Scenario(
+            self.name,
+            f"{', '.join(self.code)} interleaved ({path})",
+            path,
+            variant="code",
+            setup=(self.setup,) if self.setup else (),
+            setup_line=line,
+            sessions=sessions,
+            steps=steps,
+            permutations=(tuple(PermutationStep(s.name) for s in discovered),),
+            checks=checks,
+        )
+
+    # -- pgrace's own SQL ----------------------------------------------------------------
+
+    def _setup(self, text: str) -> None:
+        """The caller's setup, bounded by the step timeout; its failure is the scenario's SetupFailed (exit 1)."""
+        outcome = self.sql.execute(self.control.pgconn, text)
+        self.recorder.add(SetupRan("setup", None, outcome, self.recorder.now()))
+        if outcome.error is not None:
+            path, line = where_defined(next(iter(self.code.values())))
+            raise setup_failed("setup", outcome, path, line)
+
+    def _reset(self) -> None:
+        """Back to an empty schema for the next run: the caller's teardown, else the schema dropped and made again."""
+        if self.teardown:
+            outcome = self.sql.execute(self.control.pgconn, self.teardown)
+            self.recorder.add(SetupRan("teardown", None, outcome, self.recorder.now()))
+        self.sql.execute(self.control.pgconn, schema_reset_sql(CODE_SCHEMA))

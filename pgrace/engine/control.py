@@ -1,0 +1,143 @@
+"""pgrace's own SQL (setup, teardown, final checks, resets): sent, waited for, bounded, cancellable.
+
+Every driver runs its control SQL here: a scenario's runner, a code run, ``pgrace load``
+and ``pgrace matrix``. The SQL is sent asynchronously and waited for with ``select``, so
+Ctrl-C and SIGTERM are answered at once, and a statement still running after the step
+timeout (say a teardown's DROP waiting on a session left inside a transaction, or a setup
+waiting on a lock someone else holds) is cancelled, as a step would be; the error then
+says pgrace cancelled it. PQexec's semantics: only the last result of a block is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import select
+import time
+from collections.abc import Callable, Sequence
+
+import psycopg
+from psycopg import pq
+
+from pgrace.engine.results import result_set
+from pgrace.engine.sqlerrors import first_line, result_error
+from pgrace.errors import RunAborted, StepsStuck
+from pgrace.timeline import Outcome
+
+
+def _aborted(where: str, detail: str) -> Exception:
+    return RunAborted(f"{where} was lost during the run ({detail})")
+
+
+def _stuck(message: str) -> Exception:
+    return StepsStuck(message)
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclasses.dataclass
+class ControlSql:
+    """Runs control SQL on a connection, cutting it at ``step_timeout`` (``timeout_name`` says which knob).
+
+    ``aborted(where, detail)``: the error for a connection lost meanwhile; ``stuck``: for SQL
+    that outlives its cancel; ``idle``: called while waiting (a presenter redraws).
+    """
+
+    step_timeout: float
+    timeout_name: str = "--step-timeout"
+    idle: Callable[[], None] = _nothing
+    aborted: Callable[[str, str], Exception] = _aborted
+    stuck: Callable[[str], Exception] = _stuck
+
+    def execute(self, pgconn: pq.abc.PGconn, text: str, where: str = "pgrace's control connection") -> Outcome:
+        """The last result of ``text`` as an Outcome (an error is data); a lost connection raises ``aborted``."""
+        return self.outcome(*self.result(pgconn, text, where))
+
+    def execute_all(self, batch: Sequence[tuple[pq.abc.PGconn, str, str]]) -> list[Outcome]:
+        """Each ``(pgconn, text, where)`` of ``batch`` (on different connections) at once: one round trip for all.
+
+        Each is bounded by the step timeout from its own send, as :meth:`execute`; the
+        outcomes come in ``batch``'s order.
+        """
+        sent = [self._send(pgconn, text, where) for pgconn, text, where in batch]
+        return [
+            self.outcome(*self._collect(pgconn, text, where, started))
+            for (pgconn, text, where), started in zip(batch, sent, strict=True)
+        ]
+
+    def outcome(self, res: pq.abc.PGresult, cancelled: bool) -> Outcome:
+        """A raw result as an Outcome; an error pgrace cancelled at the timeout says so."""
+        if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
+            error = result_error(res)
+            if cancelled and error.sqlstate == "57014":
+                why = f"pgrace cancelled it after {self.timeout_name} {self.step_timeout:g} s"
+                error = dataclasses.replace(
+                    error,
+                    detail=f"{why}; {error.detail}" if error.detail else why,
+                    text=f"{error.text}DETAIL:  {why}\n",
+                )
+            return Outcome(error=error)
+        if res.status == pq.ExecStatus.TUPLES_OK:
+            return Outcome((result_set(res),))
+        return Outcome(commands=((res.command_status or b"").decode(),))
+
+    def result(
+        self, pgconn: pq.abc.PGconn, text: str, where: str = "pgrace's control connection"
+    ) -> tuple[pq.abc.PGresult, bool]:
+        """The last raw result of ``text``, and whether pgrace cancelled it at the timeout."""
+        return self._collect(pgconn, text, where, self._send(pgconn, text, where))
+
+    def _send(self, pgconn: pq.abc.PGconn, text: str, where: str) -> float:
+        """Send ``text``; when it was sent (its timeout counts from there)."""
+        try:
+            pgconn.send_query(text.encode())
+            while pgconn.flush():
+                select.select([], [pgconn.socket], [], 0.1)
+        except psycopg.OperationalError as exc:
+            raise self.aborted(where, first_line(str(exc))) from None
+        return time.perf_counter()
+
+    def _collect(self, pgconn: pq.abc.PGconn, text: str, where: str, started: float) -> tuple[pq.abc.PGresult, bool]:
+        try:
+            cancelled = self._await_idle(pgconn, text, started)
+        except psycopg.OperationalError as exc:
+            raise self.aborted(where, first_line(str(exc))) from None
+        res: pq.abc.PGresult | None = None
+        while (latest := pgconn.get_result()) is not None:
+            res = latest
+            if latest.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+                break  # as PQexec: COPY ... STDIN/STDOUT has nobody to talk to here
+        if pgconn.status == pq.ConnStatus.BAD or res is None:
+            server_said = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) if res is not None else None
+            detail = server_said.decode("utf-8", "replace") if server_said else pgconn.get_error_message()
+            raise self.aborted(where, first_line(detail))
+        return res, cancelled
+
+    def _await_idle(self, pgconn: pq.abc.PGconn, text: str, started: float) -> bool:
+        """Wait until the connection's results are all in; cancel once at the step timeout.
+
+        Returns whether pgrace cancelled the statement. A statement that outlives its
+        cancel by twice the timeout again leaves the connection unusable: that ends the run.
+        """
+        cancelled = False
+        while pgconn.is_busy():
+            readable, _, _ = select.select([pgconn.socket], [], [], 0.05)
+            if readable:
+                pgconn.consume_input()
+                continue
+            self.idle()
+            elapsed = time.perf_counter() - started
+            if not cancelled and elapsed >= self.step_timeout:
+                pgconn.get_cancel().cancel()
+                cancelled = True
+            elif cancelled and elapsed >= 3 * self.step_timeout:
+                raise self.stuck(f"SQL did not finish even after it was cancelled: {first_line(text)}")
+        return cancelled
+
+    def check(self, pgconn: pq.abc.PGconn, text: str, where: str = "pgrace's control connection") -> Outcome:
+        """As :meth:`execute`, for SQL that must succeed: its error raises RunAborted with the server's words."""
+        outcome = self.execute(pgconn, text, where)
+        if outcome.error is not None:
+            raise RunAborted(f"{where}: {outcome.error.severity}:  {outcome.error.message}")
+        return outcome

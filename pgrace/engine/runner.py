@@ -1,0 +1,376 @@
+"""Run a scenario's steps in their fixed interleaving and record what happened.
+
+One connection per session, one *control* connection for setup, teardown and final
+checks (as isolationtester), and one *observer* connection that watches: the lock-wait
+probe, ``pg_locks`` and ``pgrowlocks``. The order of the steps is the
+:class:`~pgrace.engine.scheduler.Scheduler`'s (see ``shared/pg-isolation/ISOLATIONTESTER.md``).
+
+A session whose connection is lost (its backend terminated) is recorded once, as
+:class:`~pgrace.timeline.SessionLost`, and its later steps are not sent; the others go on.
+Losing the control or observer connection ends the run (:class:`~pgrace.errors.RunAborted`).
+
+The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from pgrace import scratch, variables
+from pgrace.engine.control import ControlSql
+from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.options import RunOptions
+from pgrace.engine.retries import attempted
+from pgrace.engine.schedule import Permutations
+from pgrace.engine.scheduler import Scheduler, uses_facts
+from pgrace.engine.sqlerrors import first_line
+from pgrace.engine.steps import Recorder, StepBook
+from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
+from pgrace.locks import LockInspector
+from pgrace.model import PermutationStep, Scenario
+from pgrace.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
+from pgrace.variables import substitute
+
+# The pg_regress environment that upstream isolation specs assume.
+SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
+
+
+def run_scenario(
+    scenario: Scenario,
+    dsn: str,
+    *,
+    server_version: str = "",
+    server_label: str = "",
+    row_locks_available: bool = True,
+    options: RunOptions | None = None,
+    schema: str | None = None,
+    observer_dsn: str | None = None,
+) -> Run:
+    """Run every permutation of ``scenario`` in the database at ``dsn``; return the record.
+
+    ``observer_dsn``: where pgrace's observer connects instead of ``dsn`` (the superuser, when
+    the scenario runs as a role of its own: see :class:`pgrace.scratch.ScratchDatabase`).
+    """
+    options = options or RunOptions()
+    run = Run(
+        scenario,
+        server_version,
+        server_label,
+        row_locks_available and options.track_row_locks,
+        lock_kinds=options.lock_kinds,
+    )
+    try:
+        with Runner(scenario, dsn, run, options, schema, observer_dsn) as runner:
+            runner.run_all()
+    except ScenarioFailed as failed:
+        failed.run = run  # what happened up to the failure, for whoever reports it
+        raise
+    return run
+
+
+class Runner:
+    """A scenario's connections and permutations. Use as a context manager so every connection is closed."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        dsn: str,
+        run: Run,
+        options: RunOptions,
+        schema: str | None = None,
+        observer_dsn: str | None = None,
+    ) -> None:
+        self.schema = schema  # a scratch schema in the user's database: watch only its tables
+        self.scenario = scenario
+        self.dsn = dsn
+        self.observer_dsn = observer_dsn or dsn
+        self.run = run
+        self.options = options
+        self.recorder = Recorder(run, options.on_event)
+        self.stack = ExitStack()
+        self.sessions: dict[str, LibpqSession] = {}
+        self.params = variables.param_values(scenario)
+
+    # -- connections ------------------------------------------------------------------
+
+    def __enter__(self) -> Runner:
+        self.stack.__enter__()
+        try:
+            self.control, *conns, self.observer = self._connect_all()
+            for session, conn in zip(self.scenario.sessions, conns, strict=True):
+                self.sessions[session.name] = LibpqSession(session.name, conn, self.recorder)
+            self.observer.execute("SET lock_timeout = '200ms'")
+            self.observer.prepare_threshold = 0  # it asks the same catalog questions after every step: plan them once
+            self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
+        except psycopg.Error as exc:  # e.g. a connection ended by someone else while it was being set up
+            self.stack.__exit__(None, None, None)
+            raise RunAborted(f"could not set up pgrace's connections: {first_line(str(exc))}") from None
+        except BaseException:
+            self.stack.__exit__(None, None, None)
+            raise
+        self.book = StepBook(self.recorder, self.inspector, self.options.step_timeout)
+        self.scheduler = Scheduler(
+            self.scenario, self.run, self.options, self.sessions, self.inspector, self.book, self.control, self._aborted
+        )
+        self.sql = ControlSql(self.options.step_timeout, idle=self.scheduler.idle, aborted=self._aborted)
+        self.sql.stuck = self.scheduler.stuck
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.__exit__(None, None, None)
+
+    def _connect_all(self) -> list[psycopg.Connection[Any]]:
+        """The control connection, one per session, the observer: opened at once (each is a round trip
+        or three and a backend's start), closed with the runner. The first failure, in that order, is raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        wanted = [
+            (f"{prefix}/control connection", True, False),
+            *((f"{prefix}/{session.name}", True, False) for session in self.scenario.sessions),
+            (f"pgrace/{self.scenario.name}/observer", False, True),
+        ]
+        with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="pgrace connect") as pool:
+            futures = [pool.submit(self._open, *args) for args in wanted]
+        opened = []
+        failure: BaseException | None = None
+        for future in futures:
+            if (exc := future.exception()) is not None:
+                failure = failure or exc
+                continue
+            conn = future.result()
+            self.stack.callback(conn.close)
+            opened.append(conn)
+        if failure is not None:
+            raise failure
+        return opened
+
+    def _connect(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
+        conn = self._open(application_name, tester, observer)
+        self.stack.callback(conn.close)
+        return conn
+
+    def _open(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
+        """``tester``: a connection isolationtester would open (control or session).
+
+        pg_regress sets PGTZ, PGDATESTYLE and intervalstyle in the environment, so they
+        apply to the control connection too: setup SQL must read timestamps the way the
+        sessions do (classroom-scheduling inserts its rows in setup). Where the connection
+        lands (the scratch schema, in schema mode) is :func:`pgrace.scratch.connect`'s to decide.
+        """
+        options = SPEC_SESSION_OPTIONS if tester and self.scenario.format == "spec" else ""
+        try:
+            conn: psycopg.Connection[Any] = scratch.connect(
+                self.observer_dsn if observer else self.dsn,
+                self.schema,
+                options=options,
+                observer=observer,
+                application_name=application_name[:63],
+                client_encoding="UTF8",
+            )
+        except psycopg.Error as exc:
+            raise RunAborted(f"could not connect a session: {first_line(str(exc))}") from None
+        return conn
+
+    def _aborted(self, connection: str, detail: str) -> RunAborted:
+        """Say whether the server died or only one of pgrace's own connections: one fresh connection decides."""
+        try:
+            with psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=2, application_name=f"pgrace/{self.scenario.name}/probe"
+            ):
+                pass
+        except psycopg.Error:
+            return RunAborted(f"the server went away during the run ({detail})")
+        return RunAborted(f"{connection} was lost during the run ({detail})")
+
+    def _reconnect(self, session: LibpqSession) -> None:
+        """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        session.attach(self._connect(f"{prefix}/{session.name}", tester=True))
+        self.inspector.set_sessions({s.pid: s.name for s in self.sessions.values()})
+
+    # -- the schedule ------------------------------------------------------------------
+
+    def run_all(self) -> None:
+        try:
+            schedule = Permutations(self.scenario)
+            for index, permutation in enumerate(schedule):
+                self._run_permutation(index, permutation, last=index == schedule.size - 1)
+        except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
+            raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
+
+    def run_one(self, index: int, permutation: tuple[PermutationStep, ...]) -> None:
+        """Run one permutation on these connections (explore's reduction picks each after the last)."""
+        try:
+            self._run_permutation(index, permutation, last=False)
+        except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
+            raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
+
+    def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...], last: bool) -> None:
+        scheduler = self.scheduler
+        self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
+        scheduler.permutation = permutation
+        scheduler.unlaunched = 0
+        self.book.new_permutation()
+        for session in self.sessions.values():
+            session.attempts = {}
+            if session.lost is not None:  # every permutation starts with all sessions connected
+                self._reconnect(session)
+        for setup in self.scenario.setup:
+            self._exec_setup(self.control.pgconn, self._with_params(setup), None)
+        for declared in self.scenario.sessions:
+            if declared.setup is not None:
+                self._exec_setup(self.sessions[declared.name].pgconn, self._with_params(declared.setup), declared.name)
+        deferred: list[PermutationStep] = []
+        for position, entry in enumerate(permutation):
+            scheduler.unlaunched = position
+            if self.options.defer_busy_sessions:
+                deferred.append(entry)
+                self._launch_ready(deferred)
+                continue
+            step = self.scenario.step(entry.step)
+            session = self.sessions[step.session]
+            if session.busy:
+                scheduler.wait_for_session(session)
+            scheduler.unlaunched = position + 1
+            if attempted(step, session):
+                scheduler.launch_entry(step, entry)
+        while deferred:  # only held steps are left: wait for a blocked session, as without deferral
+            session = self.sessions[self.scenario.step(deferred[0].step).session]
+            if not session.busy and scheduler.waiting:  # held for a capture that a blocked step will make
+                session = self.sessions[scheduler.waiting[0].step.session]
+            scheduler.wait_for_session(session)
+            self._launch_ready(deferred)
+        scheduler.finish_permutation()
+        if self.options.checks_each_permutation or last:
+            self._run_checks()
+        if self.options.reset_sessions and all(d.teardown is None for d in self.scenario.sessions):
+            self._reset_sessions()
+            return
+        for declared in self.scenario.sessions:
+            session = self.sessions[declared.name]
+            if declared.teardown is not None and session.lost is None:
+                self._exec_teardown(session.pgconn, self._with_params(declared.teardown), declared.name)
+            if self.options.reset_sessions and session.lost is None:
+                for text in self._reset_sql(session):
+                    self._exec_teardown(session.pgconn, text, session.name)
+        for teardown in self.scenario.teardown:
+            self._exec_teardown(self.control.pgconn, self._with_params(teardown), None)
+
+    def _reset_sql(self, session: LibpqSession) -> tuple[str, ...]:
+        """Leave nothing of one permutation to the next: an open transaction, advisory locks, settings.
+
+        ``DISCARD ALL`` keeps what the connection was opened with (its application_name and
+        options), as a fresh connection would have them.
+        """
+        if session.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return ("ROLLBACK", "DISCARD ALL")
+        return ("DISCARD ALL",)
+
+    def _reset_sessions(self) -> None:
+        """Every session's reset and the scenario's first teardown, on all connections at once.
+
+        The same statements and events as one after the other: the open transactions are
+        rolled back first (the teardown must not wait on their locks), then every session's
+        ``DISCARD ALL`` goes with the teardown. A round trip each instead of one per statement.
+        """
+        pending = {s.name: list(self._reset_sql(s)) for s in self.sessions.values() if s.lost is None}
+        done: dict[str, list[Outcome]] = {name: [] for name in pending}
+        teardowns = [self._with_params(t) for t in self.scenario.teardown]
+        control: list[Outcome] = []
+        while any(pending.values()):
+            batch = [(name, texts.pop(0)) for name, texts in pending.items() if texts]
+            jobs = [(self.sessions[name].pgconn, text, self._where(name)) for name, text in batch]
+            last = not any(pending.values())
+            if last and teardowns:  # the sessions hold no locks now: the teardown goes along
+                jobs.append((self.control.pgconn, teardowns[0], self._where(None)))
+            outcomes = self.sql.execute_all(jobs)
+            for (name, _), outcome in zip(batch, outcomes, strict=False):
+                done[name].append(outcome)
+            control.extend(outcomes[len(batch) :])
+        for name, outcomes in done.items():
+            for outcome in outcomes:
+                self.recorder.add(SetupRan("teardown", name, outcome, self.recorder.now()))
+        for outcome in control:
+            self.recorder.add(SetupRan("teardown", None, outcome, self.recorder.now()))
+        for teardown in teardowns[len(control) :]:
+            self._exec_teardown(self.control.pgconn, teardown, None)
+
+    def _launch_ready(self, deferred: list[PermutationStep]) -> None:
+        """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
+
+        A session runs one statement at a time: a step whose session is still blocked waits
+        in ``deferred`` (with the session's later steps) while other sessions' steps go
+        ahead, and is launched as soon as its session is free again. A step that uses a
+        variable (``:session.name``) that a held or still blocked step captures waits for it
+        as well: it runs after the step that captures it, with the captured value.
+        """
+
+        def blocked_captures() -> set[str]:
+            return {
+                f"{s.name}.{variable}"
+                for s in self.sessions.values()
+                if s.active
+                for variable, _ in s.active.step.capture
+            }
+
+        position = 0
+        held: set[str] = set()
+        held_variables = blocked_captures()  # whoever uses these waits too
+        while position < len(deferred):
+            step = self.scenario.step(deferred[position].step)
+            busy = step.session in held or self.sessions[step.session].busy
+            if busy or (held_variables and any(use.key in held_variables for use in variables.find(step.sql))):
+                held.add(step.session)
+                held_variables.update(f"{step.session}.{variable}" for variable, _ in step.capture)
+                position += 1
+                continue
+            entry = deferred.pop(position)
+            if not attempted(step, self.sessions[step.session]):
+                continue  # an attempt nobody needs: its place in the interleaving stays empty
+            self.scheduler.launch_entry(step, entry)
+            position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
+
+    # -- setup, teardown, checks --------------------------------------------------------
+
+    def _with_params(self, text: str) -> str:
+        """A pgrace file's setup or teardown with its parameters filled in (a spec has none).
+
+        Done by the callers, not by the executor: checks arrive already substituted with captured
+        values too, and pgrace's own ROLLBACK and DISCARD ALL need no scan.
+        """
+        return substitute(text, self.params) if self.scenario.format == "pgrace" else text
+
+    def _where(self, session: str | None) -> str:
+        """The control connection (``session`` None) or a session's setup losing its connection ends the run."""
+        return f"session {session}'s connection" if session else "pgrace's control connection"
+
+    def _exec_setup(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
+        outcome = self.sql.execute(pgconn, text, self._where(session))
+        self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
+        if outcome.error is not None:  # the run so far goes with the error: isolationtester prints it
+            where = f"setup of session {session}" if session else "setup"
+            raise setup_failed(where, outcome, self.scenario.source, self.scenario.setup_line)
+
+    def _exec_teardown(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
+        outcome = self.sql.execute(pgconn, text, self._where(session))
+        self.recorder.add(SetupRan("teardown", session, outcome, self.recorder.now()))
+
+    def _run_checks(self) -> None:
+        for index, check in enumerate(self.scenario.checks):
+            text = shown = substitute(check.sql, self.scheduler.values(None), self.control)
+            outcome = self.sql.execute(self.control.pgconn, text)
+            if uses_facts(check.sql):
+                shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
+            self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
+
+
+def setup_failed(where: str, outcome: Any, source: str, line: int | None) -> SetupFailed:
+    """A setup's error as every driver tells it: the server's words, and whether pgrace cancelled it."""
+    error = outcome.error
+    cancelled = f" ({error.detail})" if error.detail and error.detail.startswith("pgrace cancelled") else ""
+    return SetupFailed(f"{where} failed: {error.severity}:  {error.message}{cancelled}", source, line)

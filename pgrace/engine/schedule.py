@@ -1,0 +1,102 @@
+"""The orders a run follows: one abstraction for a fixed permutation, explore's space, and code's choice tree.
+
+A :class:`~pgrace.orders.Schedule` is an iterable of *orders*, each one run after the other,
+and knows how many there are when that can be told before running (``size``):
+
+* :class:`~pgrace.orders.Interleavings`: every interleaving of fixed sequences (a spec without
+  permutation lines);
+* :class:`Permutations`: a scenario's own permutations (its file's order, or its spec's list);
+* :class:`pgrace.explore.Space`: every interleaving of a scenario's steps, numbered without
+  listing them (an order is a tuple of step names);
+* :class:`ChoiceTree`: the application's code, whose statements are known only by running it:
+  an order is a :class:`Choices`, which picks among the ready sessions at each choice and
+  records what it met; the tree's next order changes the last choice that has an untried
+  alternative (depth first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from pgrace.errors import CodeError
+from pgrace.model import PermutationStep, Scenario
+from pgrace.orders import Interleavings, Schedule
+
+__all__ = ["ChoiceTree", "Choices", "Interleavings", "NamedOrder", "Permutations", "Schedule"]
+
+
+class Permutations:
+    """A scenario's permutations, as written (or its file's order)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.permutations = scenario.permutations
+
+    @property
+    def size(self) -> int:
+        return len(self.permutations)
+
+    def __iter__(self) -> Iterator[tuple[PermutationStep, ...]]:
+        return iter(self.permutations)
+
+
+class Choices:
+    """One order of the code's statements: follow ``prefix`` (indices into the ready sessions), then the first.
+
+    ``taken`` and ``met`` record every choice made and the sessions ready at each.
+    """
+
+    def __init__(self, prefix: Sequence[int] = ()) -> None:
+        self.prefix = tuple(prefix)
+        self.taken: list[int] = []
+        self.met: list[tuple[str, ...]] = []
+
+    def __call__(self, ready: list[str]) -> str:
+        k = self.prefix[len(self.taken)] if len(self.taken) < len(self.prefix) else 0
+        k = min(k, len(ready) - 1)
+        self.taken.append(k)
+        self.met.append(tuple(ready))
+        return ready[k]
+
+
+class ChoiceTree:
+    """Every order of the sessions' statements, discovered depth first (a blocked session is no choice)."""
+
+    size = None
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.explored = 0
+        self.complete = True  # False: stopped at ``limit`` with schedules left
+
+    def __iter__(self) -> Iterator[Choices]:
+        prefix: list[int] = []
+        while True:
+            choices = Choices(prefix)
+            yield choices
+            self.explored += 1
+            taken = choices.taken
+            while taken and taken[-1] + 1 >= len(choices.met[len(taken) - 1]):
+                taken.pop()
+            if not taken:
+                return
+            if self.explored >= self.limit:
+                self.complete = False
+                return
+            prefix = [*taken[:-1], taken[-1] + 1]
+
+
+class NamedOrder:
+    """Sessions in ``order``; a session not ready (blocked, finished) is skipped until it is; then the first ready."""
+
+    def __init__(self, order: Sequence[str] | None, names: Sequence[str]) -> None:
+        self.pending = list(order or ())
+        unknown = [n for n in self.pending if n not in names]
+        if unknown:
+            raise CodeError(f"order names {unknown[0]!r}, which is not a session (sessions: {', '.join(names)})")
+
+    def __call__(self, ready: list[str]) -> str:
+        for i, name in enumerate(self.pending):
+            if name in ready:
+                del self.pending[i]
+                return name
+        return ready[0]

@@ -1,0 +1,75 @@
+"""What the scheduler needs of a session, whatever carries its statements.
+
+As psycopg keeps its protocol (``psycopg/generators.py``) apart from how it waits
+(``psycopg/waiting.py``), the one :class:`~pgrace.engine.scheduler.Scheduler` is written
+over this protocol, and each transport brings its own way to wait
+(:mod:`pgrace.engine.waiting`):
+
+* :class:`pgrace.engine.libpq.LibpqSession`: a scenario's session, a raw libpq connection
+  the scheduler sends each step on and selects on;
+* :class:`pgrace.engine.threads.ThreadSession`: the application's code, a thread parked at
+  each statement until the scheduler lets it go, waited for on a condition.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from psycopg import pq
+
+if TYPE_CHECKING:
+    from pgrace.engine.steps import Active, Recorder
+    from pgrace.locks import LockInspector
+    from pgrace.timeline import Outcome, SessionLost, SqlError
+    from pgrace.variables import Value
+
+
+class Session(Protocol):
+    """One session of a run: its step, its backend, a way to send, collect and cancel a statement."""
+
+    name: str
+    active: Active | None  # its step not reported yet
+    last_seq: int  # its latest step
+    notices: int  # notices received so far (completion markers count them)
+    variables: dict[str, Value]  # what its steps captured
+    attempts: dict[str, int]  # a retry loop -> the attempt of it to run now
+    lost: SessionLost | None  # its connection is gone: its later steps are not sent
+    ended: SessionLost | None  # the server ended it while idle
+
+    @property
+    def pid(self) -> int:
+        """The backend's pid: what the observer asks ``pg_locks`` and ``pg_blocking_pids`` about."""
+        ...
+
+    @property
+    def busy(self) -> bool:
+        """A step of it has not been reported yet."""
+        ...
+
+    def transaction_status(self) -> pq.TransactionStatus:
+        """libpq's view of the session's transaction (before and after a step: did it end one?)."""
+        ...
+
+    def send(self, text: str, active: Active) -> Outcome | None:
+        """Let the step's statement go; its outcome at once when it cannot be sent."""
+        ...
+
+    def collect(self, active: Active) -> tuple[Outcome, str | None]:
+        """The finished statement's outcome, and a deadlock's DETAIL when it was the victim."""
+        ...
+
+    def ended_status(self, active: Active) -> tuple[bool, pq.TransactionStatus]:
+        """Whether the step ended the session, and the transaction state it left."""
+        ...
+
+    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+        """After the step's report: what the server sent since (notifications)."""
+        ...
+
+    def cancel(self) -> None:
+        """Ask the server to cancel the running statement; nothing when the session has died meanwhile."""
+        ...
+
+    def lose(self, active: Active, received: SqlError | None, libpq: str) -> SqlError:
+        """The session's connection is gone: why, noted once."""
+        ...

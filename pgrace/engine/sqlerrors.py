@@ -1,0 +1,51 @@
+"""The one conversion of a server's error report (psycopg's :class:`~psycopg.errors.Diagnostic`) to a SqlError.
+
+A step's result arrives as a raw ``PGresult`` (scenario steps, control SQL) or as the
+exception psycopg raised (the application's code): both carry a ``Diagnostic``, and both
+become the same :class:`~pgrace.timeline.SqlError`, so a timeline does not depend on the
+transport that ran its steps.
+"""
+
+from __future__ import annotations
+
+from psycopg import pq
+from psycopg.errors import Diagnostic, Error
+
+from pgrace.timeline import SqlError
+
+
+def sql_error(diag: Diagnostic, fallback: str, text: str = "") -> SqlError:
+    """``fallback``: the message when the report has none (one libpq built itself has no fields)."""
+    return SqlError(
+        diag.sqlstate or "XX000",
+        diag.message_primary or fallback,
+        diag.severity_nonlocalized or "ERROR",
+        diag.message_detail or None,
+        text=text,
+    )
+
+
+def result_error(res: pq.abc.PGresult) -> SqlError:
+    """A failed result's error, with libpq's whole message as ``text`` (isolationtester prints it)."""
+    return sql_error(Diagnostic(res), first_line(res.get_error_message()), raw_message(res.error_message))
+
+
+def exception_error(exc: Error) -> SqlError:
+    """The error psycopg raised for a statement (its message's first line when the server sent no fields)."""
+    said = str(exc).strip()
+    return sql_error(exc.diag, first_line(said) if said else type(exc).__name__)
+
+
+def raw_message(message: bytes) -> str:
+    """libpq's message exactly as PQerrorMessage gives it (psycopg's own accessors tidy it up)."""
+    return message.decode("utf-8", "replace")
+
+
+def field(res: pq.abc.PGresult, code: pq.DiagnosticField) -> str:
+    value = res.error_field(code)
+    return value.decode("utf-8", "replace") if value is not None else ""
+
+
+def first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text.strip()

@@ -1,0 +1,200 @@
+"""The steps' book: the one place a step's launch, wait, cancel and end become timeline events.
+
+Both schedulers (scenario steps over libpq, the application's code over threads) keep
+their steps here: :class:`StepBook` numbers launches, records them, tells the
+:class:`~pgrace.releases.ReleaseTracker` every launch, wait and completion, attributes a
+wait's end, and observes the locks after a step. What differs between the two is only how
+a session's statement is sent and waited for (:mod:`pgrace.engine.session`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from psycopg import pq
+
+from pgrace.locks import LockSnapshot
+from pgrace.model import PermutationStep, Step
+from pgrace.releases import ReleaseTracker
+from pgrace.timeline import (
+    Event,
+    FootprintObserved,
+    Holder,
+    LocksObserved,
+    Outcome,
+    Release,
+    Run,
+    SessionLost,
+    SqlError,
+    StepCancelled,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+    Wait,
+)
+
+if TYPE_CHECKING:
+    from pgrace.engine.session import Session
+    from pgrace.locks import LockInspector
+
+
+Graph = tuple[tuple[str, tuple[str, ...]], ...]  # who waits for whom, by session name
+
+
+@dataclass
+class Launched:
+    """A launched step, as the book keeps it whatever its transport: when it was sent, what was told of it."""
+
+    seq: int
+    sent: float
+    tx_before: pq.TransactionStatus = field(default=pq.TransactionStatus.IDLE, kw_only=True)  # when it was sent
+    waiting_reported: bool = field(default=False, kw_only=True)
+    cancelled: bool = field(default=False, kw_only=True)
+
+
+@dataclass
+class Active(Launched):
+    """A launched step whose completion has not been reported yet (a scenario's, or the code's statement)."""
+
+    step: Step
+    entry: PermutationStep
+    notice_targets: dict[str, int] = field(default_factory=dict)
+    outcome: Outcome | None = None
+    lost: SessionLost | None = None  # the session's connection was found gone during this step
+    seen_after: int = 0  # the step last done when its wait was last read
+
+
+class Recorder:
+    """Appends events to the run, stamping them, and forwards them to a live listener."""
+
+    def __init__(self, run: Run, listener: Callable[[Event], None] | None) -> None:
+        self.run = run
+        self.listener = listener
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        return (time.perf_counter() - self.start) * 1000.0
+
+    def add(self, event: Event) -> None:
+        self.run.events.append(event)
+        if self.listener is not None:
+            self.listener(event)
+
+
+class StepBook:
+    """Launch numbers, the release tracker, and the step events of one run."""
+
+    def __init__(self, recorder: Recorder, inspector: LockInspector, step_timeout: float) -> None:
+        self.recorder = recorder
+        self.inspector = inspector
+        self.step_timeout = step_timeout
+        self.seq = 0
+        self.releases = ReleaseTracker()
+
+    def new_permutation(self) -> None:
+        """Waits and completions never cross permutations (nor runs of code)."""
+        self.releases = ReleaseTracker()
+
+    def launch(self, step: str, session: str, shown: str) -> int:
+        """The next launch's number, its StepLaunched recorded and the tracker told."""
+        self.seq += 1
+        self.recorder.add(StepLaunched(self.seq, step, session, shown, self.recorder.now()))
+        self.releases.launched(self.seq, session)
+        return self.seq
+
+    def waiting(
+        self,
+        step: Launched,
+        waits: tuple[Wait, ...],
+        detected: float,
+        markers: Iterable[str] = (),
+        by_marker: bool = False,
+    ) -> None:
+        """``detected``: when the wait was seen, taken before describing it (the latency is detection's alone)."""
+        step.waiting_reported = True
+        self.releases.waiting(step.seq, waits, markers)
+        self.recorder.add(StepWaiting(step.seq, waits, detected, by_marker=by_marker))
+
+    def cut(
+        self,
+        step: Launched,
+        session: Session,
+        elapsed: float,
+        holders: Callable[[Graph], tuple[Holder, ...]],
+        stuck: Callable[[], Exception],
+    ) -> bool:
+        """pgrace's own cancel, once, when a step has run ``elapsed`` past the step timeout; True when it cancels now.
+
+        The cancel is recorded with who blocked whom at that moment (``holders``: what each
+        blocker was doing). A step still running three timeouts on is stuck: ``stuck()`` is raised.
+        """
+        if step.cancelled or elapsed < self.step_timeout:
+            if step.cancelled and elapsed > 3 * self.step_timeout:
+                raise stuck()
+            return False
+        graph = self.inspector.blocking_graph()
+        named = holders(graph)
+        step.cancelled = True
+        self.recorder.add(StepCancelled(step.seq, self.step_timeout, graph, self.recorder.now(), named))
+        session.cancel()
+        return True
+
+    def completed(
+        self,
+        seq: int,
+        before: pq.TransactionStatus,
+        after: pq.TransactionStatus,
+        error: SqlError | None,
+        lost: bool,
+    ) -> None:
+        """The step is over: did it end its transaction, or its session? (What releasing others depends on.)"""
+        self.releases.completed(seq, before, after, error, lost)
+
+    def release(
+        self,
+        step: Launched,
+        error: SqlError | None,
+        *,
+        lost: bool,
+        settle: Callable[[Iterable[str]], None],
+        gone: Callable[[Iterable[str]], set[str]],
+    ) -> Release:
+        """What ended a step's wait (see :class:`~pgrace.releases.ReleaseTracker`)."""
+        return self.releases.attribute(
+            step.seq, error, cancelled_by_pgrace=step.cancelled, lost=lost, settle=settle, gone=gone
+        )
+
+    def finished(self, seq: int, outcome: Outcome, after_wait: bool = False, release: Release | None = None) -> None:
+        self.recorder.add(StepFinished(seq, outcome, self.recorder.now(), after_wait=after_wait, release=release))
+
+    def observe_footprints(self, live: dict[int, tuple[str, bool]]) -> None:
+        """Every lock the sessions (pid: name, busy) hold, and who keeps a snapshot: which steps commute."""
+        entries: dict[int, set[str]] = {pid: set() for pid in live}
+        for pid, entry in self.inspector.observer.execute(FOOTPRINT_QUERY, {"pids": list(live)}).fetchall():
+            entries[pid].add(entry)
+        held = tuple((name, busy, frozenset(entries[pid])) for pid, (name, busy) in live.items())
+        self.recorder.add(FootprintObserved(self.seq, held, self.recorder.now()))
+
+    def observe_locks(self, seq: int, row_locks: bool) -> None:
+        """The locks held after step ``seq`` (``row_locks``: pgrowlocks is there to read rows)."""
+        snapshot = self.inspector.row_locks() if row_locks else LockSnapshot(None, ())
+        others = self.inspector.other_locks()
+        self.recorder.add(LocksObserved(seq, snapshot.locks, self.recorder.now(), snapshot.skipped, others))
+
+
+FOOTPRINT_QUERY = """
+SELECT l.pid, format('%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s', l.locktype, l.database,
+       CASE WHEN l.relation IS NULL THEN NULL WHEN c.oid IS NULL THEN '?'
+            ELSE format('%%I.%%I', n.nspname, c.relname) END,
+       l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, CASE WHEN l.granted THEN 't' ELSE 'f' END)
+FROM pg_locks l
+LEFT JOIN pg_class c ON c.oid = l.relation
+LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE l.pid = ANY(%(pids)s) AND l.locktype <> 'transactionid'
+UNION ALL
+SELECT pid, 'snapshot' FROM pg_stat_activity
+WHERE pid = ANY(%(pids)s) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%%'
+"""

@@ -1,0 +1,464 @@
+"""The thread transport: the application's code runs in a thread per session, parked at each statement.
+
+Each *session* is a callable that receives a psycopg 3 connection pgrace opened and tagged.
+The connection is a :class:`TracedConnection`: every statement it is about to send (each
+``execute``, ``executemany``, COPY start, ``commit`` and ``rollback``, the BEGIN,
+SAVEPOINT and COMMIT of ``conn.transaction()``, a named cursor's DECLARE, FETCH and
+CLOSE) is handed to the scheduler, and the session's thread waits at its :class:`Gate`
+until the scheduler lets it go. So the scheduler owns the order, one statement at a time,
+and nothing depends on timing. A step's note is its caller's ``file:line``: the first
+frame outside psycopg, SQLAlchemy and pgrace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import psycopg
+from psycopg import pq, sql
+
+from pgrace.engine.results import result_set
+from pgrace.engine.sqlerrors import exception_error
+from pgrace.errors import CodeError
+from pgrace.timeline import Outcome, SessionLost, SqlError
+
+if TYPE_CHECKING:
+    from pgrace.engine.steps import Active, Recorder
+    from pgrace.locks import LockInspector
+    from pgrace.variables import Value
+
+SessionCode = Callable[[Any], object]
+_SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib")
+
+# -- the session's side: a connection that asks before it sends -------------------------------
+
+
+class Stop(BaseException):
+    """Unwinds a session's thread when the run ends early (not an Exception: code rarely catches it)."""
+
+
+@dataclass
+class Request:
+    sql: str
+    where: str  # file:line of the caller, as shown
+    line: int | None
+
+
+@dataclass
+class Gate:
+    """One session's meeting point with the scheduler; every field is guarded by the scheduler's condition."""
+
+    name: str
+    cond: threading.Condition
+    thread: threading.Thread | None = None
+    state: Literal["python", "ready", "running", "done"] = "python"
+    since: float = 0.0  # when it entered its state
+    request: Request | None = None
+    permitted: bool = False
+    stopping: bool = False
+    in_step: bool = False  # only touched by the session's own thread
+    finished: tuple[Outcome, pq.TransactionStatus] | None = None  # a step's result not reported yet
+    step_error: BaseException | None = None  # the exception the last step raised in the session
+    raised: BaseException | None = None  # what the callable raised
+    steps: int = 0
+    intruded: str | None = None  # where it opened a connection of its own
+    end_location: Request | None = None  # the implicit rollback's place
+    reported: bool = False  # its escaped exception is in the timeline
+
+
+GATES: dict[int, Gate] = {}  # thread ident -> the gate of the session running there
+
+
+class TracedCursor(psycopg.Cursor[Any]):
+    """A cursor whose statements are steps."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = cast(TracedConnection, self.connection)
+        return conn._step(
+            _describe(self, query, params), self, lambda: super(TracedCursor, self).execute(query, params, **kwargs)
+        )
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        conn = cast(TracedConnection, self.connection)
+        seq = list(params_seq)
+        shown = f"{_describe(self, query, None)} -- ×{len(seq)}"
+        conn._step(shown, self, lambda: super(TracedCursor, self).executemany(query, seq, **kwargs))
+
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = cast(TracedConnection, self.connection)
+        conn._label = _describe(self, statement, params)  # the COPY's start is the step (its data is not)
+        return super().copy(statement, params, **kwargs)
+
+
+class TracedServerCursor(psycopg.ServerCursor[Any]):
+    """A named (server-side) cursor: its DECLARE and each FETCH are steps."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        conn = cast(TracedConnection, self.connection)
+        conn._label = f"DECLARE {self.name} CURSOR FOR {_describe(self, query, params)}"
+        return super().execute(query, params, **kwargs)
+
+
+class TracedConnection(psycopg.Connection[Any]):
+    """pgrace's connection for a session: each statement waits for the scheduler's permission.
+
+    Outside a session thread (pgrace's own setup, a connection lent to SQLAlchemy being
+    initialised) it is an ordinary connection.
+    """
+
+    _label: str | None = None
+    _untracked: bool = False
+    _lent: bool = False  # in a session's hands: close() is pgrace's to do
+    pgrace_engine: Any = None  # the SQLAlchemy engine made for it (see pgrace.code_sqlalchemy)
+
+    def _gate(self) -> Gate | None:
+        gate = GATES.get(threading.get_ident())
+        return None if gate is None or self._untracked or gate.in_step else gate
+
+    def _step(self, label: str, cursor: psycopg.Cursor[Any] | None, call: Callable[[], Any]) -> Any:
+        gate = self._gate()
+        if gate is None:
+            return call()
+        gate.in_step = True
+        try:
+            _ask(gate, label)
+            try:
+                result = call()
+            except psycopg.Error as exc:
+                gate.step_error = exc
+                _finish(gate, Outcome(error=exception_error(exc)), self)
+                raise
+            except BaseException as exc:
+                gate.step_error = exc
+                _finish(gate, Outcome(error=SqlError("XX000", f"{type(exc).__name__}: {exc}")), self)
+                raise
+            _finish(gate, _outcome(cursor, label), self)
+            return result
+        finally:
+            gate.in_step = False
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        gate = self._gate()
+        name = getattr(gen, "__name__", "")
+        if gate is None or name in ("copy_to", "copy_end", "copy_from"):
+            return super().wait(gen, interval, timeout)
+        label, self._label = self._label or _GEN_LABELS.get(name, name or "psycopg"), None
+        return self._step(label, None, lambda: super(TracedConnection, self).wait(gen, interval, timeout))
+
+    def commit(self) -> None:
+        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+            with self.untracked():  # psycopg sends nothing: not a step
+                return super().commit()
+        self._step("COMMIT", None, super().commit)
+
+    def rollback(self) -> None:
+        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+            with self.untracked():  # e.g. a pool's reset of an idle connection: nothing sent
+                return super().rollback()
+        self._step("ROLLBACK", None, super().rollback)
+
+    def close(self) -> None:
+        if not self._lent:  # a session closing (or SQLAlchemy disposing) pgrace's connection: kept open
+            super().close()
+
+    def close_for_good(self) -> None:
+        self._lent = False
+        super().close()
+
+    @contextlib.contextmanager
+    def untracked(self) -> Iterator[None]:
+        """Statements sent here are pgrace's or a library's own set-up, not the application's steps."""
+        was, self._untracked = self._untracked, True
+        try:
+            yield
+        finally:
+            self._untracked = was  # nested (a rollback inside a library's set-up): still untracked after
+
+
+_GEN_LABELS = {
+    "_enter_gen": "BEGIN (conn.transaction())",
+    "_exit_gen": "COMMIT (end of conn.transaction())",
+    "_fetch_gen": "FETCH (server-side cursor)",
+    "_scroll_gen": "MOVE (server-side cursor)",
+    "_close_gen": "CLOSE (server-side cursor)",
+}
+
+
+def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: Any, params: Any) -> str:
+    """The statement as the server runs it, values in place (psycopg's client-side quoting), for people."""
+    try:
+        text = query.as_string(cursor.connection) if isinstance(query, sql.Composable) else query
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if params is not None:
+            return psycopg.ClientCursor(cursor.connection).mogrify(text, params)
+        return str(text)
+    except Exception:  # a value psycopg cannot quote as text: show the statement as written
+        return str(query)
+
+
+def _caller() -> tuple[str, int | None]:
+    """The first frame outside psycopg, SQLAlchemy and pgrace: the application's line."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.split(".")[0] not in _SKIPPED_MODULES:
+            return shown_path(frame.f_code.co_filename), frame.f_lineno
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?", None
+
+
+def shown_path(path: str) -> str:
+    """Relative to the working directory when under it: the text timeline must not depend on the machine."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def _ask(gate: Gate, label: str) -> None:
+    """In the session's thread: park at a statement until the scheduler lets it go."""
+    if gate.end_location is not None:
+        request = dataclasses.replace(gate.end_location, sql=label)
+    else:
+        path, line = _caller()
+        request = Request(label, f"{path}:{line}", line)
+    with gate.cond:
+        gate.request, gate.state, gate.since = request, "ready", time.perf_counter()
+        gate.cond.notify_all()
+        while not gate.permitted and not gate.stopping:
+            gate.cond.wait()
+        if gate.stopping:
+            raise Stop
+        gate.permitted = False
+
+
+def _finish(gate: Gate, outcome: Outcome, conn: TracedConnection) -> None:
+    after = pq.TransactionStatus(conn.pgconn.transaction_status)
+    with gate.cond:
+        gate.finished = (outcome, after)
+        gate.state, gate.since = "python", time.perf_counter()
+        gate.cond.notify_all()
+
+
+def _outcome(cursor: psycopg.Cursor[Any] | None, label: str) -> Outcome:
+    res = cursor.pgresult if cursor is not None else None
+    if res is None:  # commit, rollback, a transaction block's or a server-side cursor's statement
+        return Outcome(commands=(label.split(" ")[0],))
+    command = (res.command_status or b"").decode()
+    if res.status == pq.ExecStatus.TUPLES_OK:
+        return Outcome((result_set(res),))
+    return Outcome(commands=(command,))
+
+
+# -- connections opened behind pgrace's back ----------------------------------------------------
+
+_GUARD_LOCK = threading.Lock()
+_GUARD_DEPTH = 0
+_ORIGINAL_CONNECT: Any = None
+
+
+def _guarded_connect(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    gate = GATES.get(threading.get_ident())
+    if gate is not None:
+        path, line = _caller()
+        with gate.cond:
+            gate.intruded = gate.intruded or f"{path}:{line}"
+        raise CodeError(
+            f"session {gate.name} opened a connection of its own; use the connection pgrace passes it", path, line
+        )
+    return _ORIGINAL_CONNECT.__func__(cls, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def connections_guarded() -> Iterator[None]:
+    """While sessions run, psycopg.connect from a session's thread is refused (and remembered)."""
+    global _GUARD_DEPTH, _ORIGINAL_CONNECT
+    with _GUARD_LOCK:
+        if _GUARD_DEPTH == 0:
+            _ORIGINAL_CONNECT = psycopg.Connection.__dict__["connect"]
+            psycopg.Connection.connect = classmethod(_guarded_connect)  # type: ignore[method-assign,assignment]
+            psycopg.connect = psycopg.Connection.connect
+        _GUARD_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _GUARD_LOCK:
+            _GUARD_DEPTH -= 1
+            if _GUARD_DEPTH == 0:
+                psycopg.Connection.connect = _ORIGINAL_CONNECT  # type: ignore[method-assign]
+                psycopg.connect = psycopg.Connection.connect
+
+
+def raised_at(exc: BaseException) -> tuple[str, int | None]:
+    """The innermost frame of the traceback in the application's code."""
+    found: tuple[str, int | None] = ("?", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module.split(".")[0] not in _SKIPPED_MODULES:
+            found = (shown_path(tb.tb_frame.f_code.co_filename), tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+def _underlying(fn: Any) -> Any:
+    """The function a session callable runs: through ``functools.partial``, decorators and bound methods."""
+    seen = 0
+    while seen < 100:  # a partial of a partial of ...; never a loop forever
+        seen += 1
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        elif inspect.ismethod(fn):
+            fn = fn.__func__
+        elif not inspect.isfunction(fn) and not inspect.isbuiltin(fn) and callable(fn):
+            fn = type(fn).__call__
+            break
+        else:
+            break
+    return fn
+
+
+def display_name(fn: Any) -> str:
+    """A session callable's name: its function's, or its class's for an object with ``__call__``."""
+    target = _underlying(fn)
+    if getattr(target, "__name__", "") == "__call__":
+        return str(target.__qualname__.rsplit(".", 1)[0])
+    return str(getattr(target, "__name__", ""))
+
+
+def where_defined(fn: Any) -> tuple[str, int | None]:
+    """Where a session's code is, as ``path`` and line; its name when the source cannot be found (never a repr,
+    which carries a memory address that changes every run)."""
+    target = _underlying(fn)
+    try:
+        path = inspect.getsourcefile(target) or inspect.getfile(target)
+        _, line = inspect.getsourcelines(target)
+    except (TypeError, OSError):
+        return str(getattr(target, "__qualname__", type(target).__qualname__)), None
+    return shown_path(path), line
+
+
+class ThreadSession:
+    """A code session as the scheduler sees it (:class:`~pgrace.engine.session.Session`): its connection and gate."""
+
+    lost: SessionLost | None = None  # pgrace never loses a code session's connection on purpose
+    ended: SessionLost | None = None
+
+    def __init__(self, name: str, conn: TracedConnection, step_timeout: float = 10.0) -> None:
+        self.name = name
+        self.conn = conn
+        self.pid = conn.pgconn.backend_pid
+        self.step_timeout = step_timeout
+        self._cancel = conn.pgconn.get_cancel()  # made here: a thread inside execute holds the connection
+        self.gate = Gate(name, threading.Condition())  # each run gives it a new one, on the scheduler's condition
+        self.active: Active | None = None
+        self.last_seq = 0
+        self.notices = 0
+        self.variables: dict[str, Value] = {}
+        self.attempts: dict[str, int] = {}
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None
+
+    def transaction_status(self) -> pq.TransactionStatus:
+        return pq.TransactionStatus(self.conn.pgconn.transaction_status)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(psycopg.Error):  # the statement may have ended meanwhile
+            self._cancel.cancel()
+
+    def send(self, text: str, active: Active) -> Outcome | None:
+        """Let the thread parked at this statement go."""
+        gate = self.gate
+        with gate.cond:
+            gate.state, gate.since, gate.request = "running", time.perf_counter(), None
+            gate.permitted = True
+            gate.cond.notify_all()
+        return None
+
+    def collect(self, active: Active) -> tuple[Outcome, str | None]:
+        """The statement's outcome as its thread saw it; pgrace's cancel says so."""
+        with self.gate.cond:
+            assert self.gate.finished is not None
+            outcome, _ = self.gate.finished
+        if active.cancelled and outcome.error is not None and outcome.error.sqlstate == "57014":
+            why = f"pgrace cancelled it after the step timeout {self.step_timeout:g} s"
+            outcome = dataclasses.replace(outcome, error=dataclasses.replace(outcome.error, detail=why))
+        return outcome, None
+
+    def ended_status(self, active: Active) -> tuple[bool, pq.TransactionStatus]:
+        with self.gate.cond:
+            assert self.gate.finished is not None
+            return False, self.gate.finished[1]
+
+    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+        """The step is reported: its thread's answer is taken (the connection is the thread's, not read here)."""
+        with self.gate.cond:
+            self.gate.finished = None
+
+    def lose(self, active: Active, received: SqlError | None, libpq: str) -> SqlError:
+        raise AssertionError("a code session's connection is never sent on by the scheduler")
+
+    def start(self, fn: SessionCode) -> None:
+        """Run ``fn`` on the connection in a thread of its own; it parks at its first statement."""
+        gate, conn = self.gate, self.conn
+
+        def main() -> None:
+            GATES[threading.get_ident()] = gate
+            try:
+                try:
+                    fn(conn)
+                except Stop:
+                    return
+                except BaseException as exc:
+                    gate.raised = exc
+                if not gate.stopping and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                    # what a pool or a context manager does with a transaction left open: roll it back
+                    gate.end_location = Request("ROLLBACK", f"(end of {gate.name})", None)
+                    with contextlib.suppress(Exception, Stop):
+                        conn.rollback()
+            finally:
+                GATES.pop(threading.get_ident(), None)
+                with gate.cond:
+                    gate.state, gate.since = "done", time.perf_counter()
+                    gate.cond.notify_all()
+
+        conn._lent = True
+        gate.since = time.perf_counter()
+        gate.thread = threading.Thread(target=main, name=f"pgrace session {gate.name}", daemon=True)
+        gate.thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread (already told to stop); cancel a statement it is inside. False: it is stuck.
+
+        The connection is left idle for the next run.
+        """
+        thread = self.gate.thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():  # inside a statement: cancel it, then give it one more chance
+            self.cancel()
+            thread.join(timeout)
+        if thread.is_alive():
+            return False
+        self.conn._lent = False
+        if self.conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                self.conn.rollback()
+        return True

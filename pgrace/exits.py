@@ -1,0 +1,44 @@
+"""How the process ends: SIGTERM as an exception, the exit code of an interrupt, the one line for a bug.
+
+:mod:`pgrace.errors` holds the error classes only; what the entry point and the CLI do with
+them when they reach the top lives here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import TYPE_CHECKING
+
+from pgrace.errors import EXIT_SIGINT, EXIT_SIGTERM, Terminated
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """The SIGTERM handler: raise :class:`Terminated`."""
+    raise Terminated()
+
+
+def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM: the shell's 128 + signal number."""
+    return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+
+
+def report_internal_error(exc: BaseException) -> None:
+    """A bug in pgrace: one line on stderr naming the exception; the whole traceback with PGRACE_DEBUG=1."""
+    from pgrace.servers import scrub_secrets
+    from pgrace.text import visible
+
+    def safe(text: str) -> str:  # a libpq message in it may quote a DSN; server text may hold ESC
+        return visible(scrub_secrets(text))
+
+    debug = bool(os.environ.get("PGRACE_DEBUG"))
+    if debug:
+        sys.stderr.write(safe("".join(traceback.format_exception(exc))))
+    first = str(exc).strip().splitlines()
+    detail = f": {first[0]}" if first else ""
+    hint = "" if debug else " (set PGRACE_DEBUG=1 to see the traceback)"
+    print(safe(f"pgrace: internal error, please report it: {type(exc).__name__}{detail}{hint}"), file=sys.stderr)

@@ -1,0 +1,142 @@
+"""``log_line_prefix``: compiled into a matcher for the stderr format, or detected from the lines.
+
+A prefix is a template (``%m [%p] %a %v %x ``); every line PostgreSQL writes in the stderr
+format is that template expanded, then ``SEVERITY:  message``. The severity word is the
+anchor that tells where a lazily matched field (``%a``, ``%u``, ``%d``) ends.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["COMMON_PREFIXES", "SEVERITIES", "Prefix", "detect_prefix"]
+
+#: The words a stderr line's message starts with: the primary severities and the
+#: secondary fields PostgreSQL writes as lines of their own.
+SEVERITIES = (
+    "LOG",
+    "ERROR",
+    "FATAL",
+    "PANIC",
+    "WARNING",
+    "NOTICE",
+    "INFO",
+    "DEBUG1",
+    "DEBUG2",
+    "DEBUG3",
+    "DEBUG4",
+    "DEBUG5",
+    "DETAIL",
+    "HINT",
+    "CONTEXT",
+    "STATEMENT",
+    "QUERY",
+    "LOCATION",
+)
+
+#: What each escape looks like in a line. Free-text fields match lazily, up to what follows.
+_ESCAPES = {
+    "m": r"(?P<m>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}(?: [A-Za-z0-9+:-]+)?)",
+    "t": r"(?P<t>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Za-z0-9+:-]+)?)",
+    "n": r"(?P<n>\d+\.\d+)",
+    "p": r"(?P<p>\d+)",
+    "P": r"(?:\d*)",
+    "a": r"(?P<a>.*?)",
+    "u": r"(?P<u>.*?)",
+    "d": r"(?P<d>.*?)",
+    "r": r"(?:.*?)",
+    "h": r"(?:.*?)",
+    "b": r"(?:.*?)",
+    "i": r"(?:.*?)",
+    "e": r"(?:[0-9A-Z]{5})",
+    "c": r"(?:[0-9a-f]+\.[0-9a-f]+)",
+    "l": r"(?:\d+)",
+    "s": r"(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Za-z0-9+:-]+)?)",
+    "v": r"(?P<v>\d+/\d+|)",
+    "x": r"(?P<x>\d+)",
+    "Q": r"(?:-?\d+)",
+}
+
+#: Shapes seen in the wild, most specific first: PostgreSQL's default since 10, Debian's,
+#: the one pgrace's guide recommends, pgBadger's two, and Amazon RDS's.
+COMMON_PREFIXES = (
+    "%m [%p] %a %v %x ",
+    "%m [%p] %u@%d %a %v %x ",
+    "%m [%p] %q%u@%d ",
+    "%t [%p]: [%l-1] user=%u,db=%d,app=%a,client=%h ",
+    "%t [%p]: user=%u,db=%d,app=%a,client=%h ",
+    "%m [%p] %q[user=%u,db=%d,app=%a] ",
+    "%t:%r:%u@%d:[%p]:",
+    "%m [%p] ",
+    "%m ",
+    "",
+)
+
+_SEVERITY = "(?P<sev>" + "|".join(SEVERITIES) + "):  "
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A compiled ``log_line_prefix``: ``match(line)`` gives the fields and where the message starts."""
+
+    template: str
+    pattern: re.Pattern[str]
+    fields: frozenset[str]
+
+    @classmethod
+    def compile(cls, template: str) -> Prefix:
+        """Compile a prefix; an escape PostgreSQL does not know is matched literally, as it prints it."""
+        parts: list[str] = []
+        fields: set[str] = set()
+        optional = False
+        i = 0
+        while i < len(template):
+            ch = template[i]
+            if ch == "%" and i + 1 < len(template):
+                # A padding width (%-10a) changes the spacing: matched as any run of spaces.
+                j = i + 1
+                while j < len(template) and (template[j].isdigit() or template[j] == "-"):
+                    j += 1
+                esc = template[j] if j < len(template) else ""
+                padded = j > i + 1
+                if esc == "%":
+                    parts.append("%")
+                elif esc == "q":
+                    parts.append("(?:")  # the rest is only printed by session processes
+                    optional = True
+                elif esc in _ESCAPES:
+                    group = _ESCAPES[esc]
+                    if esc in fields:  # a field given twice: its second copy is not captured
+                        group = re.sub(r"\(\?P<\w+>", "(?:", group)
+                    elif "(?P<" in group:
+                        fields.add(esc)
+                    parts.append(r" *" + group + r" *" if padded else group)
+                else:
+                    parts.append(re.escape(template[i : j + 1]))
+                i = j + 1
+                continue
+            parts.append(re.escape(ch))
+            i += 1
+        body = "".join(parts) + (")?" if optional else "")
+        return cls(template, re.compile(body + _SEVERITY), frozenset(fields))
+
+    def match(self, line: str) -> re.Match[str] | None:
+        return self.pattern.match(line)
+
+
+def detect_prefix(lines: list[str]) -> tuple[Prefix, int] | None:
+    """The common prefix that matches most of ``lines`` (ties: the more specific), and how many it matched.
+
+    None when none matches even half of the lines that look like log lines (a timestamp or
+    a severity near the start): the caller asks for ``--prefix``.
+    """
+    candidates = [Prefix.compile(t) for t in COMMON_PREFIXES]
+    best: tuple[Prefix, int] | None = None
+    for prefix in candidates:
+        hits = sum(1 for line in lines if prefix.match(line))
+        if hits and (best is None or hits > best[1]):
+            best = (prefix, hits)
+    if best is None or best[1] * 2 < len(lines):
+        return None
+    return best

@@ -1,0 +1,76 @@
+"""``pgrace list`` and ``pgrace show``: the shipped scenarios by topic, and one scenario's story and steps."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import TYPE_CHECKING
+
+from pgrace.text import visible, without_controls
+
+if TYPE_CHECKING:
+    from pgrace.catalog import Entry
+    from pgrace.model import Scenario
+    from pgrace.render.views import View
+
+
+def list_text(chosen: list[Entry], view: View | None = None) -> str:
+    """By topic, one line a scenario, then the tags to filter them by."""
+    from pgrace import catalog
+
+    lines = []
+    for number, (group, members) in enumerate(catalog.by_topic(chosen)):
+        lines.append(visible(("\n" if number else "") + group))
+        for entry in members:
+            lines.append(visible(f"  {entry.name:<28} {entry.title}  [{entry.variants_label}]"))
+    shown = sorted({tag for entry in chosen for tag in entry.tags})
+    if shown:
+        wrapped = textwrap.wrap(
+            ", ".join(shown),
+            width=100,
+            initial_indent="  ",
+            subsequent_indent="  ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+        lines.append(visible("\ntags (pgrace list --tag TAG):\n" + "\n".join(wrapped)))
+    return "".join(line + "\n" for line in lines)
+
+
+def list_json(chosen: list[Entry], view: View | None = None) -> str:
+    return json.dumps([entry.to_dict() for entry in chosen], indent=2, ensure_ascii=False) + "\n"
+
+
+def render_show(loaded: Scenario, variant: Scenario) -> str:
+    """``variant`` of the file ``loaded`` (its first variant) told without running it."""
+    from pgrace import catalog
+
+    chosen = without_controls(variant)
+    lines = [f"{chosen.name} ({chosen.variant}): {chosen.title}", f"source: {chosen.source}"]
+    if chosen.topic or chosen.tags:
+        lines.append(
+            f"topic: {chosen.topic or catalog.OTHER_TOPIC}"
+            + (f"; tags: {', '.join(chosen.tags)}" if chosen.tags else "")
+        )
+    if chosen.narrative:
+        lines += ["", chosen.narrative]
+    lines.append("")
+    if chosen.changes:  # only the variant built over the file's first one has any
+        lines.append(f"what the {chosen.variant} changes in the {loaded.variant}:")
+        lines += [f"  {change}" for change in chosen.changes]
+        lines.append("")
+    lines.append(f"sessions: {', '.join(chosen.session_names)}")
+    for index, permutation in enumerate(chosen.permutations):
+        if len(chosen.permutations) > 1:
+            lines.append(f"\npermutation {index + 1}: {' '.join(p.step for p in permutation)}")
+            continue
+        for number, entry in enumerate(permutation, 1):
+            step = chosen.step(entry.step)
+            lines.append(f"{number:>3}. {step.session:<10} {' '.join(step.sql.split())}")
+            if step.note:
+                lines.append(f"     {'':<10} » {step.note}")
+    lines += [f"check: {check.description}" for check in chosen.checks]
+    if chosen.other:
+        flag = "--fix" if chosen.other.variant == "fix" else "--bug"
+        lines.append(f"\nother variant: {flag}: {chosen.other.title}")
+    return "".join(line + "\n" for line in lines)

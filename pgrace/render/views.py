@@ -1,0 +1,208 @@
+"""The formats of :mod:`pgrace.render.formats`: each takes a result and a :class:`View`.
+
+Most only hand the result to its renderer; the example timelines of an exploration or a
+sweep's page are drawn here, as text, from the runs the driver replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pgrace.matrix import Matrix
+    from pgrace.model import Scenario
+    from pgrace.pgbench import LoadResult
+    from pgrace.render.text import Style
+    from pgrace.results import Explored, Swept
+    from pgrace.timeline import Run
+
+
+@dataclass(frozen=True)
+class View:
+    """What a format may use besides the result: the text style, and the run's other variant."""
+
+    style: Style | None = None
+    counterpart: Scenario | None = None
+
+
+def _timeline(run: Run) -> str:
+    from pgrace.render.text import Style, render_text
+
+    return render_text(run, Style(colour=False, width=120))
+
+
+# -- one run --------------------------------------------------------------------------------
+
+
+def run_text(run: Run, view: View) -> str:
+    from pgrace.render.text import Style, render_text
+
+    return render_text(run, view.style or Style())
+
+
+def run_json(run: Run, view: View) -> str:
+    from pgrace.render.json import render_json
+
+    return render_json(run)
+
+
+def run_isolation(run: Run, view: View) -> str:
+    from pgrace.render.isolation import render_isolation
+
+    return render_isolation(run)
+
+
+def run_html(run: Run, view: View) -> str:
+    from pgrace.render.html import render_html
+
+    return render_html(run, view.counterpart)
+
+
+def run_svg(run: Run, view: View) -> str:
+    from pgrace.render.svg import render_svg
+
+    return render_svg(run)
+
+
+def run_mermaid(run: Run, view: View) -> str:
+    from pgrace.render.mermaid import render_mermaid
+
+    return render_mermaid(run)
+
+
+def run_markdown(run: Run, view: View) -> str:
+    from pgrace.render.markdown import render_markdown
+
+    return render_markdown(run, counterpart=view.counterpart)
+
+
+# -- the bug and the fix side by side -------------------------------------------------------
+
+
+def compare_text(runs: list[Run], view: View) -> str:
+    from pgrace.render.compare import render_text_compare
+    from pgrace.render.text import Style
+
+    return render_text_compare(runs, view.style or Style())
+
+
+def compare_html(runs: list[Run], view: View) -> str:
+    from pgrace.render.html import render_html_compare
+
+    return render_html_compare(runs)
+
+
+def compare_svg(runs: list[Run], view: View) -> str:
+    from pgrace.render.svg import render_svg_compare
+
+    return render_svg_compare(runs)
+
+
+def compare_markdown(runs: list[Run], view: View) -> str:
+    from pgrace.render.markdown import render_markdown_compare
+
+    return render_markdown_compare(runs)
+
+
+# -- explore, sweep, matrix -----------------------------------------------------------------
+
+
+def explore_text(found: Explored, view: View) -> str:
+    from pgrace.render.outcomes import render_exploration_text
+
+    return render_exploration_text(found.exploration, found.scenario)
+
+
+def explore_json(found: Explored, view: View) -> str:
+    from pgrace.render.outcomes import render_exploration_json
+
+    return render_exploration_json(found.exploration)
+
+
+def explore_markdown(found: Explored, view: View) -> str:
+    from pgrace.render.outcomes import render_exploration_markdown
+
+    return render_exploration_markdown(found.exploration, found.scenario)
+
+
+def explore_html(found: Explored, view: View) -> str:
+    from pgrace.render.outcomes import render_exploration_html
+
+    timelines = {n: _timeline(run) for n, run in found.examples.items()}
+    return render_exploration_html(found.exploration, found.scenario, timelines)
+
+
+def sweep_text(swept: Swept, view: View) -> str:
+    from pgrace.render.outcomes import render_sweep_text
+
+    return render_sweep_text(swept.sweeps)
+
+
+def sweep_json(swept: Swept, view: View) -> str:
+    from pgrace.render.outcomes import render_sweep_json
+
+    return render_sweep_json(swept.sweeps)
+
+
+def sweep_markdown(swept: Swept, view: View) -> str:
+    from pgrace.render.outcomes import render_sweep_markdown
+
+    return render_sweep_markdown(swept.sweeps)
+
+
+def sweep_html(swept: Swept, view: View) -> str:
+    from pgrace.render.outcomes import render_sweep_html
+
+    return render_sweep_html(swept.sweeps, {key: _timeline(run) for key, run in swept.examples.items()})
+
+
+def matrix_text(matrix: Matrix, view: View) -> str:
+    from pgrace.render.outcomes import render_matrix_text
+
+    return render_matrix_text(matrix)
+
+
+def matrix_json(matrix: Matrix, view: View) -> str:
+    from pgrace.render.outcomes import render_matrix_json
+
+    return render_matrix_json(matrix)
+
+
+def matrix_markdown(matrix: Matrix, view: View) -> str:
+    from pgrace.render.outcomes import render_matrix_markdown
+
+    return render_matrix_markdown(matrix)
+
+
+def matrix_html(matrix: Matrix, view: View) -> str:
+    from pgrace.render.outcomes import render_matrix_html
+
+    return render_matrix_html(matrix)
+
+
+# -- load -----------------------------------------------------------------------------------
+
+
+def load_text(results: list[LoadResult], view: View) -> str:
+    from pgrace.render.load import render_load_text
+
+    return render_load_text(results)
+
+
+def load_json(results: list[LoadResult], view: View) -> str:
+    from pgrace.render.load import render_load_json
+
+    return render_load_json(results)
+
+
+def load_svg(results: list[LoadResult], view: View) -> str:
+    from pgrace.render.load import render_load_svg
+
+    return render_load_svg(results)
+
+
+def load_html(results: list[LoadResult], view: View) -> str:
+    from pgrace.render.load import render_load_html
+
+    return render_load_html(results)

@@ -1,0 +1,163 @@
+"""One scratch database for many runs in a row, reset only when a run left something behind."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from pgrace.errors import RunAborted
+from pgrace.scratch.connections import observer_conninfo
+from pgrace.scratch.databases import _connect, _create, _drop
+from pgrace.scratch.names import _END_SESSIONS_DEADLINE_S
+from pgrace.scratch.run import ScratchDatabase, scratch_database
+from pgrace.servers import ServerInfo, deferred_interrupts, scrub_secrets
+
+_USER_OBJECTS = " UNION ALL ".join(
+    [
+        f"SELECT '{catalog}', count(*) FROM pg_catalog.{catalog} WHERE oid >= 16384"
+        for catalog in (
+            "pg_class",
+            "pg_proc",
+            "pg_type",
+            "pg_operator",
+            "pg_cast",
+            "pg_extension",
+            "pg_event_trigger",
+            "pg_publication",
+            "pg_collation",
+            "pg_conversion",
+            "pg_ts_config",
+            "pg_foreign_server",
+            "pg_largeobject_metadata",
+            "pg_policy",
+            "pg_statistic_ext",
+        )
+    ]
+    + [
+        "SELECT 'pg_namespace', count(*) FROM pg_catalog.pg_namespace WHERE oid >= 16384"
+        " AND nspname !~ '^pg_(toast_)?temp_'",
+        "SELECT 'pg_prepared_xacts', count(*) FROM pg_catalog.pg_prepared_xacts WHERE database = current_database()",
+        "SELECT 'pg_db_role_setting', count(*) FROM pg_catalog.pg_db_role_setting s"
+        " JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase WHERE d.datname = current_database()",
+    ]
+)
+
+
+_ROLE_SETTINGS = (
+    "SELECT count(*) FROM pg_catalog.pg_db_role_setting s JOIN pg_catalog.pg_roles r ON r.oid = s.setrole"
+    " WHERE r.rolname = current_user"
+)
+
+
+def _admin_dsn(database: ScratchDatabase) -> str:
+    """The superuser's conninfo in the scratch database (the scenario's own when there is no run role)."""
+    return database.admin_dsn if database.admin_dsn is not None else database.dsn
+
+
+@dataclass
+class ReusableScratch:
+    """One scratch database for many runs in a row (``pgrace check``), reset only when needed.
+
+    pg_regress runs every isolation spec in the same ``isolation_regression`` database and
+    relies on each spec's teardown to clean up; dropping and creating a database per spec
+    costs more than most specs. :meth:`reset_if_dirty` recreates the database (same name)
+    only when a run left user objects, a prepared transaction or a setting behind.
+    """
+
+    server: ServerInfo
+    database: ScratchDatabase
+    clean: tuple[tuple[str, int], ...] = ()
+    resets: int = 0
+    _conn: psycopg.Connection[TupleRow] | None = field(default=None, repr=False)
+
+    def fingerprint(self) -> tuple[tuple[str, int], ...]:
+        """What the database holds, once the last run's sessions have gone (their locks with them).
+
+        One connection serves every check (a connection costs as much as a small spec).
+        """
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.database.dsn, autocommit=True)
+        conn = self._conn
+        deadline = time.monotonic() + _END_SESSIONS_DEADLINE_S
+        others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        while (row := conn.execute(others).fetchone()) and row[0] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        found = [(str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall()]
+        if self.database.role is not None:  # ALTER ROLE CURRENT_USER SET would reach the next spec's sessions
+            row = conn.execute(_ROLE_SETTINGS).fetchone()
+            found.append(("role settings", int(row[0]) if row else 0))
+        return tuple(found)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def reset_if_dirty(self) -> bool:
+        """After a run: True when the database had to be dropped and created again."""
+        if self.fingerprint() == self.clean:
+            return False
+        self.close()  # DROP DATABASE would end it anyway
+        name = self.database.name
+        admin = _connect(self.server)
+        try:
+            with deferred_interrupts():
+                admin = _drop(admin, self.server, name, _admin_dsn(self.database), admin.info.server_version)
+                _create(admin, self.server, name, owner=self.database.role)
+                if self.database.role is not None:
+                    admin.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(sql.Identifier(self.database.role)))
+        finally:
+            admin.close()
+        self.resets += 1
+        return True
+
+
+@contextlib.contextmanager
+def scratch_database_with_schema(server: ServerInfo, hint: str, schema: str) -> Iterator[ScratchDatabase]:
+    """A scratch database whose sessions work in ``schema``, first on their search_path.
+
+    Run after run on one database (explore, code runs): :func:`schema_reset_sql` undoes what
+    a run made, without a new database.
+    """
+    with scratch_database(server, hint) as db:
+        try:
+            with psycopg.connect(db.dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
+                        sql.Identifier(db.name), sql.Identifier(schema)
+                    )
+                )
+        except psycopg.OperationalError as exc:  # the server stopped between CREATE DATABASE and here
+            detail = scrub_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc), server.dsn)
+            raise RunAborted(f"the server went away during the run ({detail})") from exc
+        if db.observer_dsn is None:
+            yield db
+        else:
+            yield dataclasses.replace(db, observer_dsn=observer_conninfo(db.observer_dsn, schema))
+
+
+def schema_reset_sql(schema: str) -> str:
+    """The working schema of :func:`scratch_database_with_schema` dropped and made again, empty."""
+    return sql.SQL("DROP SCHEMA {0} CASCADE; CREATE SCHEMA {0}").format(sql.Identifier(schema)).as_string(None)
+
+
+@contextlib.contextmanager
+def reusable_scratch_database(
+    server: ServerInfo, hint: str, database_name: str | None = None
+) -> Iterator[ReusableScratch]:
+    """A :class:`ReusableScratch` (no pgrowlocks: its users print no row locks); always dropped at the end."""
+    with scratch_database(server, hint, database_name=database_name, with_pgrowlocks=False) as db:
+        scratch = ReusableScratch(server, db)
+        try:
+            scratch.clean = scratch.fingerprint()
+            yield scratch
+        finally:
+            scratch.close()

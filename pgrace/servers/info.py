@@ -1,0 +1,28 @@
+"""What a server is to everything downstream: a conninfo to an admin database and a safe label."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """A reachable server, described once so nobody has to re-derive it."""
+
+    dsn: str
+    """libpq conninfo of an admin database on the server; may contain a password."""
+    version: str
+    """``server_version`` as the server reports it, e.g. ``"18.1"``."""
+    label: str
+    """Human description without any password, safe for logs and reports."""
+    bindir: str | None = None
+    """The bin directory of the server's own installation (pgbench lives there), when pgrace started it."""
+    fresh: bool = False
+    """pgrace started it for this process from its clean template: no killed run can have left anything on it."""
+    notes: tuple[str, ...] = ()
+    """What pgrace had to mend to start it (a damaged cache entry rebuilt), one line each, for the user."""
+    scenario_role: bool = False
+    """Each run's SQL runs as a role pgrace creates for it, without superuser (servers pgrace starts itself).
+
+    False: it runs as the DSN's own role (a user's server, or ``--superuser``).
+    """

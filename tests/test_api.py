@@ -1,0 +1,171 @@
+"""Every command is a library function: a Python caller reaches what the CLI does, and gets what it draws.
+
+Each test calls ``pgrace.<command>`` without the CLI and renders the result through the
+format table, then checks it is what the command prints: the command is that call plus
+the rendering, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import pgrace
+from pgrace import catalog
+from pgrace.cli import main
+from pgrace.errors import OptionError, ScenarioError
+from pgrace.render import formats
+from pgrace.render.text import Style
+from pgrace.render.views import View
+from pgrace.servers import BACKENDS, ServerInfo
+
+LOST_UPDATE_P4 = "examples/hermitage/lost-update-p4.toml"
+COMMANDS = ["check", "clean", "compare", "explore", "load", "matrix", "run", "sweep"]
+
+
+def cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code in (0, 1), result.output
+    return result.stdout
+
+
+def test_the_commands_and_load_scenario_are_the_packages_functions() -> None:
+    assert set(COMMANDS) | {"load_scenario"} <= set(pgrace.__all__)
+    for name in [*COMMANDS, "load_scenario"]:
+        function = getattr(pgrace, name)
+        assert callable(function) and function.__doc__, name
+        assert function.__module__ == "pgrace.api", name
+
+
+def test_importing_a_drivers_module_leaves_the_function_of_its_name() -> None:
+    import pgrace.explore
+    import pgrace.matrix
+    import pgrace.sweep
+    from pgrace.explore import Space  # the module is still there for its own names
+
+    assert Space.__module__ == "pgrace.explore"
+    assert (pgrace.explore.__module__, pgrace.sweep.__module__, pgrace.matrix.__module__) == ("pgrace.api",) * 3
+
+
+def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:
+    scenario = pgrace.load_scenario("lost-update")
+    assert (scenario.name, scenario.variants) == ("lost-update", ("bug", "fix"))
+    done = pgrace.load(scenario, compare=True, emit=tmp_path)  # nothing runs, no server
+    assert done.results == [] and {"lost-update.bug.pgbench.sql", "lost-update.fix.pgbench.sql"} <= {
+        p.name for p in done.emitted
+    }
+
+
+def test_load_checks_its_options_as_the_command_does() -> None:
+    scenario = pgrace.load_scenario("lost-update")
+    with pytest.raises(ScenarioError, match="client counts from 1 to 1000"):
+        pgrace.load(scenario, clients="0,2")
+    with pytest.raises(ScenarioError, match="exclude each other"):
+        pgrace.load(scenario, duration=3, transactions=10)
+
+
+def test_compare_returns_the_bug_then_the_fix_as_run_compare_draws_them(pgrace_server: ServerInfo) -> None:
+    runs = pgrace.compare(pgrace.load_scenario("lost-update"), dsn=pgrace_server.dsn)  # the server as --dsn names it
+    assert [r.scenario.variant for r in runs] == ["bug", "fix"]
+    drawn = formats.render("compare", "text", runs, View(Style(colour=False, width=120)))
+    assert drawn == cli("run", "lost-update", "--compare", "--width", "120", "--dsn", pgrace_server.dsn)
+
+
+def test_compare_of_a_scenario_with_one_variant_is_invalid_input() -> None:
+    with pytest.raises(ScenarioError, match="one variant only"):
+        pgrace.compare(pgrace.load_scenario("crash-mid-transaction"), dsn="host=/nowhere")
+
+
+def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server: ServerInfo) -> None:
+    scenario = pgrace.load_scenario("lost-update")
+    found = pgrace.explore(scenario, dsn=pgrace_server.dsn, examples=[1])
+    assert found.exploration.explored == found.exploration.space and list(found.examples) == [1]
+    assert formats.render("explore", "json", found) == cli(
+        "explore", "lost-update", "-f", "json", "--dsn", pgrace_server.dsn
+    )
+    timeline = formats.render("run", "text", found.examples[1], View(Style(colour=False, width=120)))
+    assert timeline == cli("explore", "lost-update", "--show", "1", "--dsn", pgrace_server.dsn)
+
+
+def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_path: Path) -> None:
+    scenario = pgrace.load_scenario("lost-update")
+    whole = pgrace.explore(scenario, server=pgrace_server)
+    shards = []
+    for k in (1, 2):
+        part = pgrace.explore(scenario, server=pgrace_server, shard=(k, 2))
+        shards.append(tmp_path / f"{k}.json")
+        shards[-1].write_text(formats.render("explore", "json", part), encoding="utf-8")
+    merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards)
+    assert merged.exploration.to_dict() == whole.exploration.to_dict()
+
+
+def test_sweep_returns_one_grid_per_scenario(pgrace_server: ServerInfo) -> None:
+    levels = ["read-committed", "serializable"]
+    swept = pgrace.sweep([LOST_UPDATE_P4], {"level": levels}, server=pgrace_server)
+    [grid] = swept.sweeps
+    assert [cell.params for cell in grid.cells] == [{"level": level} for level in levels]
+    assert [cell.verdict for cell in grid.cells] == ["occurs", "prevented by 40001"]
+    args = ["sweep", LOST_UPDATE_P4, "-p", "level=read-committed,serializable", "-f", "json"]
+    assert json.loads(formats.render("sweep", "json", swept)) == json.loads(cli(*args, "--dsn", pgrace_server.dsn))
+
+
+def test_matrix_measures_what_the_command_prints(pgrace_server: ServerInfo) -> None:
+    measured = pgrace.matrix(server=pgrace_server)
+    assert not measured.row.disagreements and not measured.table.disagreements
+    assert formats.render("matrix", "json", measured) == cli("matrix", "-f", "json", "--dsn", pgrace_server.dsn)
+
+
+def test_check_runs_files_on_each_server_and_reports_each_result(pgrace_server: ServerInfo, tmp_path: Path) -> None:
+    shipped = catalog.shipped_dir()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n", encoding="utf-8")
+    seen: list[str] = []
+    invalid: list[str] = []
+    checked = pgrace.check(
+        [str(shipped / "lost-update.toml"), str(bad)],
+        servers=[pgrace_server.dsn],
+        on_result=lambda result: seen.append(result.case.name),
+        on_invalid=lambda error: invalid.append(str(error.file)),
+    )
+    assert seen == ["lost-update (bug)", "lost-update (fix)"] and checked.failed == 0
+    assert invalid == [str(bad)] and [s.version for s in checked.servers] == [pgrace_server.version]
+
+
+def test_clean_says_what_it_removed(pgrace_server: ServerInfo) -> None:
+    cleaned = pgrace.clean(pgrace_server.dsn)
+    assert cleaned.skipped == []
+    assert cli("clean", "--dsn", pgrace_server.dsn).endswith(f" leftovers removed from {cleaned.server}\n")
+
+
+def test_list_filtering_is_the_catalogues_and_its_errors_name_the_option() -> None:
+    assert {e.name for e in catalog.select(["deadlock"])} == {e.name for e in catalog.entries() if "deadlock" in e.tags}
+    with pytest.raises(OptionError) as caught:
+        catalog.select(["deadlok"])
+    assert caught.value.option == "--tag" and "did you mean" in caught.value.message
+    result = CliRunner().invoke(main, ["list", "--tag", "deadlok"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("pgrace: list: Invalid value for --tag: no shipped scenario has tag 'deadlok'")
+
+
+def test_every_format_in_the_table_is_a_function_and_each_format_option_reads_the_table() -> None:
+    import importlib
+
+    for (kind, name), where in formats.FORMATS.items():
+        module, _, function = where.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), (kind, name)
+    for command, kind in [("run", "run"), ("matrix", "matrix"), ("sweep", "sweep"), ("load", "load"), ("list", "list")]:
+        [option] = [p for p in main.commands[command].params if p.name == "fmt"]
+        assert isinstance(option.type, click.Choice)
+        assert tuple(option.type.choices) == formats.names(kind), command
+
+
+def test_every_server_backend_in_the_table_is_a_function() -> None:
+    import importlib
+
+    for prefix, where in BACKENDS.items():
+        module, _, function = where.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), prefix

@@ -1,0 +1,31 @@
+"""pgrace's modules and packages import each other without a cycle, lazy imports included.
+
+A function-level import only postpones a cycle to the moment the function runs, so the
+graph is read from every import in each module's AST (tools/import_graph.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tools.import_graph import build, collapse, cycles, unit_of
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    assert cycles(build()) == []
+
+
+def test_no_package_imports_itself_back_through_others() -> None:
+    assert cycles(collapse(build(), unit_of)) == []
+
+
+def test_a_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("def f():\n    from pkg.high import g\n    return g\n")
+    (package / "high.py").write_text("from pkg import low\n")
+    (package / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import high\n")
+    graph = build(tmp_path, "pkg")
+    assert cycles(graph) == [["pkg.high", "pkg.low"]]
+    assert "pkg.high" not in graph["pkg.typed"]  # an import for the type checker never runs
