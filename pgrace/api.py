@@ -239,6 +239,8 @@ def explore(
         if reduced:  # the runs still to come are learnt as it goes: say the ones known
             if done == 0:
                 watch.start(label, 0, "runs")
+            elif total == done:  # the search is over: the total is known at last
+                watch.start(label, total, "runs")
             watch.update(done, f"at least {total - done:,} more" if total > done else "")
             return
         if done == 0:
