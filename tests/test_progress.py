@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pgrace import cli
 from pgrace.cli import main
+from pgrace.render import progress as progress_module
 from pgrace.render.progress import CLEAR, Progress, duration
 from pgrace.servers import ServerInfo
 
@@ -136,7 +136,7 @@ def test_on_a_terminal_progress_is_drawn_on_stderr_and_stdout_is_unchanged(
     args = _commands(pgrace_server)[which]
     plain = CliRunner().invoke(main, [*args, "-f", "json"] if which != 3 else args)
     terminal = Terminal()
-    monkeypatch.setattr(cli, "_progress", lambda: Progress(terminal, width=200))
+    monkeypatch.setattr(progress_module, "Progress", lambda stream: Progress(terminal, width=200))
     shown = CliRunner().invoke(main, [*args, "-f", "json"] if which != 3 else args)
     assert shown.exit_code == plain.exit_code, shown.output
     if which != 3:  # the JSON is the same, and nothing of the progress reached it

@@ -1,0 +1,27 @@
+"""Tidying a server: ``pgrace clean`` removes what killed runs left behind."""
+
+from __future__ import annotations
+
+import click
+
+from pgrace.cli.base import EXIT_CODES_HELP, main, say
+from pgrace.text import visible
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.option(
+    "--dsn", envvar="PGRACE_DSN", show_envvar=True, required=True, help="The server to clean (libpq URI or conninfo)."
+)
+def clean(dsn: str) -> None:
+    """Remove scratch databases and schemas that killed pgrace runs left on a server."""
+    from pgrace import api
+
+    cleaned = api.clean(dsn)
+    for name in cleaned.removed:
+        click.echo(f"removed {name}")
+    for path in cleaned.work_dirs:
+        click.echo(visible(f"removed {path} (a killed pgrace load's work directory)"))
+    for note in cleaned.skipped:
+        say(note)
+    removed = len(cleaned.removed)
+    click.echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {cleaned.server}")

@@ -1,0 +1,63 @@
+"""From an incident to a scenario: ``pgrace from-log`` reads a server log's deadlock or lock wait."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from pgrace.cli.base import EXIT_CODES_HELP, emit, main, output_option
+from pgrace.files import refuse_overwriting_inputs
+
+
+@main.command("from-log", epilog=EXIT_CODES_HELP)
+@click.argument("logfiles", metavar="LOGFILE...", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--dsn", "incident_dsn", help="The incident's database, read only: the tables' DDL and rows.")
+@click.option("--prefix", metavar="LINE_PREFIX", help="The server's log_line_prefix (default: detected).")
+@click.option("--incident", "number", type=click.IntRange(min=1), metavar="N", help="Write the Nth incident.")
+@click.option("--list", "list_only", is_flag=True, help="List the incidents found, write nothing.")
+@click.option("--no-verify", is_flag=True, help="Write the scenario without running it.")
+@click.option(
+    "--server",
+    "server_target",
+    metavar="SERVER",
+    help="Where to verify: 'embedded' (default), a connection string, a bin directory or docker:IMAGE.",
+)
+@output_option
+def from_log_command(
+    logfiles: tuple[str, ...],
+    incident_dsn: str | None,
+    prefix: str | None,
+    number: int | None,
+    list_only: bool,
+    no_verify: bool,
+    server_target: str | None,
+    output: str | None,
+) -> None:
+    """Turn a server log's deadlock or long lock wait into a scenario that reproduces it.
+
+    Reads stderr logs (with their log_line_prefix), csvlog and jsonlog; writes the scenario
+    to stdout or -o FILE and says on stderr what the log did not say and whether the
+    scenario, run in a scratch database, brought the incident back (exit 1 if not).
+    """
+    from pgrace.fromlog import from_log
+    from pgrace.fromlog.report import incident_list, report_lines
+
+    refuse_overwriting_inputs(output, logfiles)
+    result = from_log(
+        list(logfiles),
+        prefix=prefix,
+        dsn=incident_dsn,
+        incident=number,
+        list_only=list_only,
+        verify=not no_verify,
+        server_target=server_target,
+    )
+    if list_only:
+        click.echo("\n".join(incident_list(result)))
+        return
+    for line in report_lines(result):
+        click.echo(line, err=True)
+    assert result.written is not None
+    emit(result.written.text + "\n", output)
+    sys.exit(0 if result.verified is None or result.verified.reproduced else 1)

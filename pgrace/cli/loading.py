@@ -1,0 +1,136 @@
+"""Under load: ``pgrace load`` runs a scenario's [load] transaction with pgbench."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from pgrace.cli.base import (
+    EXIT_CODES_HELP,
+    bug_option,
+    draw,
+    dsn_option,
+    emit,
+    fix_option,
+    format_option,
+    main,
+    output_option,
+    param_option,
+    parse_params,
+    pick_variant,
+    progress_line,
+    say,
+    scenario_argument,
+    server_option,
+)
+from pgrace.files import refuse_overwriting_inputs
+
+if TYPE_CHECKING:
+    from pgrace.pgbench import ClientRun, LoadResult
+    from pgrace.render.progress import Progress
+
+
+@main.command(
+    epilog=EXIT_CODES_HELP.replace(
+        "  2    invalid input",
+        "  1    (load) an invariant was violated, or pgbench could not run the transaction\n  2    invalid input",
+    ).replace(
+        "  3    no server could be had",
+        "  3    no server (or no pgbench) could be had",
+    )
+)
+@scenario_argument
+@fix_option
+@bug_option
+@param_option
+@click.option("--compare", is_flag=True, help="Run the bug and the fix; one table and one plot.")
+@click.option(
+    "--clients", "-c", "clients", default="1,2,4,8", show_default=True, help="Client counts, one pgbench run each."
+)
+@click.option(
+    "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
+)
+@click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
+@format_option("load", "Output format: svg is the plot, html the table and the plot in one page.")
+@output_option
+@dsn_option
+@server_option
+@click.option(
+    "--pgbench", "pgbench_path", metavar="PATH", help="The pgbench to run (default: the server's own, or PATH)."
+)
+@click.option(
+    "--emit",
+    "emit_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Write the pgbench script and the setup and check SQL to DIR, and run nothing.",
+)
+def load(
+    scenario: str,
+    fix: bool,
+    bug: bool,
+    params: tuple[str, ...],
+    compare: bool,
+    clients: str,
+    duration: str | None,
+    transactions: str | None,
+    fmt: str,
+    output: str | None,
+    dsn: str | None,
+    server_target: str | None,
+    pgbench_path: str | None,
+    emit_dir: Path | None,
+) -> None:
+    """Run the scenario's [load] transaction with pgbench at each client count; count what went wrong.
+
+    Per client count: transactions per second, latency p50/p95/p99, failures and retries,
+    the most clients waiting on a lock at once (and on what), and every invariant of the
+    [load] section that did not hold. Each count starts from a fresh scratch database.
+    """
+    from pgrace import api, catalog
+
+    loaded = catalog.load(scenario, parse_params(params))
+    refuse_overwriting_inputs(output, [loaded.source])
+    if compare and (fix or bug):
+        raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
+    progress = progress_line()  # on a terminal: each client count's figures, and the counts done so far
+    try:
+        done = api.load(
+            loaded if compare else pick_variant(loaded, fix, bug),
+            compare=compare,
+            clients=clients,
+            duration=duration,
+            transactions=transactions,
+            pgbench=pgbench_path,
+            emit=emit_dir,
+            dsn=server_target or dsn,
+            monitor=progress,
+            on_measured=lambda result, run: _measured(progress, result, run),
+            on_note=say,
+        )
+    except KeyboardInterrupt as exc:
+        partial = getattr(exc, "loaded", None)
+        if partial is not None and partial.results:
+            with suppress(Exception):
+                emit(draw("load", fmt, partial.results), output)
+        raise
+    for path in done.emitted:
+        click.echo(str(path))
+    if emit_dir is None:
+        emit(draw("load", fmt, done.results), output)
+        sys.exit(0 if done.ok else 1)
+
+
+def _measured(progress: Progress, result: LoadResult, run: ClientRun) -> None:
+    """On a terminal, a client count's figures as soon as they are known."""
+    if progress.live:
+        progress.note(
+            f"{result.scenario} {result.variant}: {run.clients} clients, {run.tps:.1f} tps, "
+            f"p95 {run.latency_ms['p95']} ms, {run.lock_waiters_max} waiting at most, "
+            f"{len(run.violations)} violations"
+        )
+    progress.update(progress.done + 1)

@@ -1,0 +1,343 @@
+"""Proving a scenario right or wrong: ``pgrace check``, ``explore``, ``sweep`` and ``matrix``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+import click
+
+from pgrace.cli.base import (
+    EXIT_CODES_HELP,
+    bug_option,
+    database_name_option,
+    draw,
+    dsn_option,
+    either,
+    emit,
+    fix_option,
+    format_option,
+    jobs_option,
+    main,
+    max_option,
+    output_option,
+    param_option,
+    parse_params,
+    pick_variant,
+    progress_line,
+    say,
+    scenario_argument,
+    seed_option,
+    server_option,
+    step_timeout_option,
+    superuser_option,
+    writable,
+    write_output,
+)
+from pgrace.errors import EXIT_INVALID
+from pgrace.files import refuse_overwriting_inputs
+from pgrace.render import formats
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("paths", metavar="[PATH]...", nargs=-1, type=click.Path(path_type=str))
+@click.option(
+    "--server",
+    "servers",
+    multiple=True,
+    metavar="SERVER",
+    help="Run on this server; repeat for a side-by-side matrix. 'embedded', a connection string, "
+    "a PostgreSQL bin directory (e.g. /usr/lib/postgresql/15/bin) or docker:IMAGE.",
+)
+@dsn_option
+@click.option(
+    "--golden", is_flag=True, help="Also compare each text timeline with NAME.VARIANT.out beside the scenario."
+)
+@click.option("--update", is_flag=True, help="(Re)write the golden timelines instead of comparing them.")
+@click.option(
+    "--junit",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    callback=writable,
+    help="Write JUnit XML to FILE.",
+)
+@click.option(
+    "--expected",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="For a single .spec: compare with FILE (and FILE_N alternatives) instead of NAME.out.",
+)
+@step_timeout_option
+@database_name_option
+@click.option("--quiet", "-q", is_flag=True, help="Print failures and the total only.")
+@click.option(
+    "--explore",
+    "explore_all",
+    is_flag=True,
+    help="Judge every interleaving: a bug must occur in one, a fix must hold in all.",
+)
+@max_option("With --explore: a seeded sample of N")
+@seed_option
+@jobs_option("With --explore: processes")
+@superuser_option
+def check(
+    paths: tuple[str, ...],
+    servers: tuple[str, ...],
+    dsn: str | None,
+    golden: bool,
+    update: bool,
+    junit: Path | None,
+    expected: Path | None,
+    step_timeout: float,
+    database_name: str | None,
+    quiet: bool,
+    explore_all: bool,
+    limit: int | None,
+    seed: int,
+    jobs: int,
+    superuser: bool,
+) -> None:
+    """Run scenario files as regression checks: every expectation must hold.
+
+    PATHs are scenario files (.toml) and isolation specs (.spec), or directories to search
+    (default: scenarios/ if there is one here, else the shipped scenarios). Each variant of
+    a scenario is one case; a spec's isolationtester output must match NAME.out (or
+    ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, a bug
+    passes when some interleaving reproduces it and a fix (or a scenario with one variant)
+    when every interleaving satisfies its final checks. Exit code 1: a case
+    failed; 2: a file could not be read (it is reported, the others still run).
+    """
+    from pgrace import api
+    from pgrace.render.check import CheckStream, render_summary
+
+    targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
+    with progress_line() as progress:
+        stream = CheckStream(lambda text: click.echo(text, nl=False), progress, quiet, with_server=len(targets) > 1)
+        checked = api.check(
+            paths,
+            servers=targets or [None],
+            superuser=superuser,
+            golden=golden,
+            update=update,
+            expected=expected,
+            junit=junit,
+            step_timeout=step_timeout,
+            database_name=database_name,
+            explore=explore_all,
+            limit=limit,
+            seed=seed,
+            jobs=jobs,
+            monitor=progress,
+            on_invalid=stream.invalid,
+            on_result=stream.result,
+            on_note=say,
+        )
+    click.echo(render_summary(checked, update), nl=False)
+    if junit is not None:
+        from pgrace.render.junit import render_junit
+
+        write_output(junit, render_junit(checked.results, checked.invalid))
+    sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@scenario_argument
+@fix_option
+@bug_option
+@param_option
+@max_option("Explore a seeded sample of N")
+@click.option("--seed", type=int, metavar="S", help="Seed of the --max sample (default 0).")
+@click.option("--shard", metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge).")
+@jobs_option("Processes at once")
+@click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
+@click.option(
+    "--no-reduce",
+    is_flag=True,
+    help="Run every interleaving, not one of each set of equivalent ones (-j, --shard and --max always do).",
+)
+@click.option(
+    "--merge",
+    "merge_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="FILE",
+    help="Merge the JSON results of shards (repeat) instead of running.",
+)
+@format_option("run", f"Output format: {either(formats.names('explore'))} for the classes; any format for --show N.")
+@server_option
+@dsn_option
+@step_timeout_option
+@output_option
+@superuser_option
+def explore(
+    scenario: str,
+    fix: bool,
+    bug: bool,
+    params: tuple[str, ...],
+    limit: int | None,
+    seed: int | None,
+    shard: str | None,
+    jobs: int,
+    show: int | None,
+    no_reduce: bool,
+    merge_files: tuple[str, ...],
+    fmt: str,
+    server_target: str | None,
+    dsn: str | None,
+    step_timeout: float,
+    output: str | None,
+    superuser: bool,
+) -> None:
+    """Run every interleaving of a scenario's steps and print the classes of outcomes.
+
+    Each session keeps its own order; the scenario's setup and teardown run around each
+    interleaving. Interleavings are grouped by what the final checks saw and which
+    SQLSTATEs the steps raised, each class with its count and its simplest example.
+    """
+    from pgrace import api, catalog
+    from pgrace.render.playback import style_of
+
+    chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)
+    refuse_overwriting_inputs(output, [chosen.source, *merge_files])
+    drawn = formats.names("explore")
+    if show is None and fmt not in drawn:
+        raise click.UsageError(f"explore prints --format {', '.join(drawn)}; --show N prints any format")
+    examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
+    if show is None and fmt == "html":  # the page shows every class's example
+        examples = "all"
+    with progress_line() as progress:
+        found = api.explore(
+            chosen,
+            dsn=server_target or dsn,
+            superuser=superuser,
+            limit=limit,
+            seed=seed,
+            shard=parse_shard(shard),
+            jobs=jobs,
+            step_timeout=step_timeout,
+            examples=examples,
+            merge=merge_files,
+            monitor=progress,
+            on_note=say,
+            reduce=not no_reduce,
+        )
+    if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
+        emit(draw("explore", fmt if fmt in drawn else "text", found), output)
+        return
+    if show > len(classes := found.exploration.classes):
+        raise click.BadParameter(
+            f"there {'is' if len(classes) == 1 else 'are'} {len(classes)} classes", param_hint="--show"
+        )
+    if show in found.replayed_differently:
+        click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
+    emit(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@format_option("matrix")
+@server_option
+@dsn_option
+@step_timeout_option
+@output_option
+@superuser_option
+def matrix(
+    fmt: str, server_target: str | None, dsn: str | None, step_timeout: float, output: str | None, superuser: bool
+) -> None:
+    """Measure the row-lock and table-lock conflict tables on the server, against the manual's.
+
+    Each cell is two real sessions: one holds a lock, the other requests one; the server
+    says whether it blocks. Exit status 1 when a cell differs from PostgreSQL's documented
+    tables (Explicit Locking, tables 13.2 and 13.3).
+    """
+    from pgrace import api
+
+    measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=say)
+    emit(draw("matrix", fmt, measured), output)
+    sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
+
+
+def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
+    params: dict[str, list[str]] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not all(v.strip() for v in value.split(",")):
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param")
+        params[name] = [v.strip() for v in value.split(",")]
+    return params
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("scenarios", metavar="SCENARIO...", nargs=-1, required=True)
+@fix_option
+@bug_option
+@click.option(
+    "--param",
+    "-p",
+    "params",
+    multiple=True,
+    metavar="NAME=V1,V2",
+    help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
+)
+@click.option("--explore", "explore_cells", is_flag=True, help="Explore every interleaving of each combination.")
+@max_option("With --explore: a seeded sample of N")
+@seed_option
+@jobs_option("With --explore: processes")
+@format_option("sweep")
+@server_option
+@dsn_option
+@step_timeout_option
+@output_option
+@superuser_option
+def sweep(
+    scenarios: tuple[str, ...],
+    fix: bool,
+    bug: bool,
+    params: tuple[str, ...],
+    explore_cells: bool,
+    limit: int | None,
+    seed: int,
+    jobs: int,
+    fmt: str,
+    server_target: str | None,
+    dsn: str | None,
+    step_timeout: float,
+    output: str | None,
+    superuser: bool,
+) -> None:
+    """Run scenarios under every combination of parameter values; print the grid of outcomes.
+
+    A bug variant's cell says whether the anomaly its final checks describe "occurs" or is
+    "prevented" (by 40001, by blocking, or by neither); a fix's, whether its checks hold.
+    """
+    from pgrace import api
+
+    if fix and bug:
+        raise click.UsageError("--fix and --bug exclude each other")
+    with progress_line() as progress:
+        swept = api.sweep(
+            scenarios,
+            sweep_params(params),
+            variant="fix" if fix else "bug" if bug else None,
+            explore=explore_cells,
+            limit=limit,
+            seed=seed,
+            jobs=jobs,
+            step_timeout=step_timeout,
+            examples=fmt == "html",
+            output=output,
+            dsn=server_target or dsn,
+            superuser=superuser,
+            monitor=progress,
+            on_note=say,
+        )
+    emit(draw("sweep", fmt, swept), output)
+
+
+def parse_shard(value: str | None) -> tuple[int, int]:
+    """``--shard K/N``; none given: the one shard there is."""
+    if value is None:
+        return (1, 1)
+    k, sep, n = value.partition("/")
+    if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
+        raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
+    return int(k), int(n)
