@@ -306,6 +306,7 @@ class Exploration:
     seed: int | None
     classes: list[OutcomeClass] = field(default_factory=list)
     shard: tuple[int, int] = (1, 1)
+    runs: int | None = None  # executions actually run (None: one per interleaving explored)
     complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
@@ -322,6 +323,20 @@ class Exploration:
 
         return render_text(self.replay(cls))
 
+    @property
+    def run_count(self) -> int:
+        return self.explored if self.runs is None else self.runs
+
+    @property
+    def covers_all(self) -> bool:
+        """Every interleaving covered, by a run or by an equivalent one."""
+        return self.complete and self.explored == self.space
+
+    @property
+    def reduced(self) -> bool:
+        """Whether equivalent interleavings were run once (the classes count runs, not interleavings)."""
+        return self.run_count != self.explored
+
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (docs/reference/json.md)."""
         return {
@@ -329,6 +344,8 @@ class Exploration:
             "variant": self.variant,
             "space": self.space,
             "explored": self.explored,
+            "runs": self.run_count,
+            "complete": self.covers_all,
             "repeats": self.repeats,
             "seed": self.seed,
             "classes": [c.to_dict(self.variant) for c in self.classes],
@@ -349,6 +366,8 @@ def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
             whole_number(data["explored"], "explored"),
             data["seed"],
             classes,
+            runs=whole_number(data["runs"], "runs") if "runs" in data else None,
+            complete=bool(data.get("complete", True)),
             repeats=whole_number(data.get("repeats", 0), "repeats"),
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -371,13 +390,15 @@ def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
                 f"cannot merge explorations of different runs: {first.scenario} ({first.variant}, seed {first.seed})"
                 f" and {part.scenario} ({part.variant}, seed {part.seed})"
             )
+    explored = sum(p.explored for p in parts)
     return Exploration(
         first.scenario,
         first.variant,
         first.space,
-        sum(p.explored for p in parts),
+        explored,
         first.seed,
         merge_classes(p.classes for p in parts),
+        runs=sum(p.run_count for p in parts),
         repeats=sum(p.repeats for p in parts),
     )
 
@@ -485,6 +506,7 @@ def explore(
     jobs: int = 1,
     step_timeout: float = 10.0,
     on_progress: Callable[[int, int], None] | None = None,
+    reduce: bool = True,
 ) -> Exploration:
     """Run the chosen interleavings of one variant and group them into outcome classes.
 
@@ -492,6 +514,10 @@ def explore(
     (per batch in one process; per round of ``jobs`` parts with ``-j``). The interleavings
     are numbered up front and turned into orders a part at a time, and their outcomes are
     counted into classes as each part ends: memory stays bounded by a part, not the sample.
+
+    ``reduce`` (the whole space, one process, no shard): run one interleaving of each set
+    of equivalent ones (see :mod:`pgrace.reduce`); a class then counts runs, and
+    ``on_progress`` gets the runs so far and those known to be left.
     """
     check_jobs(jobs)
     check_sample(limit)
@@ -499,6 +525,17 @@ def explore(
     k, n = shard
     if not 1 <= k <= n:
         raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
+    if reduce and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1:
+        from pgrace.reduce import opaque_orders
+
+        if space.size > WHOLE_SPACE_LIMIT and (least := opaque_orders(scenario)) > WHOLE_SPACE_LIMIT:
+            raise ScenarioError(
+                f"{space.size:,} interleavings are too many to run them all, even reduced (at least {least:,} runs:"
+                " steps outside a transaction, or that read the clock, touch every other); explore a sample with"
+                " --max N [--seed S]",
+                scenario.source,
+            )
+        return _explore_reduced(scenario, server, space, step_timeout, on_progress)
     if limit is None and space.size > WHOLE_SPACE_LIMIT:
         raise ScenarioError(
             f"{space.size:,} interleavings are too many to run them all; explore a sample with --max N [--seed S]",
@@ -546,6 +583,35 @@ def explore(
         ordered(classes.values()),
         shard,
         repeats=repeats,
+    )
+
+
+def _explore_reduced(
+    scenario: Scenario,
+    server: ServerInfo,
+    space: Space,
+    step_timeout: float,
+    on_progress: Callable[[int, int], None] | None,
+) -> Exploration:
+    from pgrace.reduce import explore_reduced
+
+    classes: dict[str, OutcomeClass] = {}
+
+    def count(one: Observed) -> None:
+        add_observed(classes, one, space.preference(one.launched), scenario)
+
+    if on_progress is not None:
+        on_progress(0, 1)
+    runs, complete = explore_reduced(scenario, server, step_timeout, count, on_progress, WHOLE_SPACE_LIMIT)
+    return Exploration(
+        scenario.name,
+        scenario.variant,
+        space.size,
+        space.size if complete else runs,
+        None,
+        ordered(classes.values()),
+        runs=runs,
+        complete=complete,
     )
 
 

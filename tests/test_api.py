@@ -93,7 +93,7 @@ def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server:
 
 def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     scenario = pgrace.load_scenario("lost-update")
-    whole = pgrace.explore(scenario, server=pgrace_server)
+    whole = pgrace.explore(scenario, server=pgrace_server, reduce=False)
     shards = []
     for k in (1, 2):
         part = pgrace.explore(scenario, server=pgrace_server, shard=(k, 2))

@@ -203,6 +203,13 @@ class Runner:
         except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
             raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
 
+    def run_one(self, index: int, permutation: tuple[PermutationStep, ...]) -> None:
+        """Run one permutation on these connections (explore's reduction picks each after the last)."""
+        try:
+            self._run_permutation(index, permutation, last=False)
+        except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
+            raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
+
     def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...], last: bool) -> None:
         scheduler = self.scheduler
         self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
