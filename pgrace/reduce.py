@@ -125,7 +125,7 @@ ENDS = re.compile(r"\b(COMMIT|END|ABORT|ROLLBACK)(?!\s+TO\b)(\s+(WORK|TRANSACTIO
 def opaque_orders(scenario: Scenario) -> int:
     """A lower bound of the runs a reduced search needs: the orders of the steps known opaque before
     running (their text, or a statement outside a transaction block), which all depend on each other."""
-    from pgrace.explore import Space, _multinomial
+    from pgrace.space import Space, multinomial
 
     counts = []
     for chain in Space(scenario).chains:
@@ -138,7 +138,7 @@ def opaque_orders(scenario: Scenario) -> int:
                 opaque += 1
             in_block = (in_block or begins) and not ENDS.search(step.sql)
         counts.append(opaque)
-    return _multinomial(counts)
+    return multinomial(counts)
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ _CHAINS: dict[int, dict[str, list[str]]] = {}
 
 
 def _chains(scenario: Scenario) -> dict[str, list[str]]:
-    from pgrace.explore import Space
+    from pgrace.space import Space
 
     key = id(scenario)
     if key not in _CHAINS:
@@ -377,7 +377,7 @@ class Search:
         execute: Callable[[tuple[str, ...]], Trace],
         on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        from pgrace.explore import Space
+        from pgrace.space import Space
 
         self.scenario = scenario
         self.space = Space(scenario)
@@ -523,9 +523,9 @@ def executor(
     scenario: Scenario, server: ServerInfo, step_timeout: float
 ) -> Iterator[Callable[[tuple[str, ...]], Trace]]:
     """Runs one interleaving at a time on one set of connections, in one scratch database."""
-    from pgrace.explore import EXPLORE_SCHEMA, Space, prepared
     from pgrace.runner import Runner, RunOptions
     from pgrace.scratch import scratch_database_with_schema
+    from pgrace.space import EXPLORE_SCHEMA, Space, prepared
 
     runnable = dataclasses.replace(prepared(scenario), permutations=())
     options = RunOptions(

@@ -45,9 +45,9 @@ def test_importing_a_drivers_module_leaves_the_function_of_its_name() -> None:
     import pgrace.explore
     import pgrace.matrix
     import pgrace.sweep
-    from pgrace.explore import Space  # the module is still there for its own names
+    from pgrace.explore import Exploration  # the module is still there for its own names
 
-    assert Space.__module__ == "pgrace.explore"
+    assert Exploration.__module__ == "pgrace.explore"
     assert (pgrace.explore.__module__, pgrace.sweep.__module__, pgrace.matrix.__module__) == ("pgrace.api",) * 3
 
 

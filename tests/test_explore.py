@@ -19,12 +19,13 @@ from helpers import steps_scenario
 from pgrace import catalog, regression
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.explore import Space, choose, explore, merge_explorations
+from pgrace.explore import explore, merge_explorations
 from pgrace.model import FinalCheck, PermutationStep, Scenario
 from pgrace.outcomes import classify, split_run
 from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
+from pgrace.space import Space, choose
 from pgrace.timeline import StepCancelled
 
 HERE = Path(__file__).parent
