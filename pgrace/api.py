@@ -211,11 +211,13 @@ def explore(
     merge: Sequence[str | Path] = (),
     monitor: Monitor | None = None,
     on_note: Note | None = None,
+    reduce: bool = True,
 ) -> Explored:
     """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
 
     ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
     fully observed run. ``merge``: the JSON files of shards, merged instead of running.
+    ``reduce``: one run of each set of equivalent interleavings (the whole space, one process, no shard).
     """
     # Names from the module: the package's own ``pgrace.explore`` is this function.
     from pgrace.explore import Space, load_explorations, merge_explorations, replay, same_class
@@ -231,7 +233,16 @@ def explore(
     watch = monitor or _Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
+    reduced = reduce and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1
+
     def explored(done: int, total: int) -> None:
+        if reduced:  # the runs still to come are learnt as it goes: say the ones known
+            if done == 0:
+                watch.start(label, 0, "runs")
+            elif total == done:  # the search is over: the total is known at last
+                watch.start(label, total, "runs")
+            watch.update(done, f"at least {total - done:,} more" if total > done else "")
+            return
         if done == 0:
             _long(watch, label, total, jobs)
             watch.start(label, total, "interleavings")
@@ -248,6 +259,7 @@ def explore(
                 jobs=jobs,
                 step_timeout=step_timeout,
                 on_progress=explored,
+                reduce=reduce,
             )
         finally:
             watch.close()

@@ -161,6 +161,8 @@ def run_explore_case(
         case.scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout, on_progress=on_progress
     )
     explored = f"{found.explored} of {found.space}" if found.explored < found.space else f"{found.space}"
+    if found.reduced:  # a class counts runs, one per set of equivalent interleavings
+        explored = f"{found.run_count} runs over all {found.space}" if found.covers_all else f"{found.run_count} runs"
     problems = []
     if case.paired and case.scenario.variant == "bug":
         if not any(c.ok for c in found.classes):

@@ -366,6 +366,21 @@ class LocksObserved:
 
 
 @dataclass(frozen=True)
+class FootprintObserved:
+    """What every session held just after step ``after_seq`` was launched and settled, for explore's reduction.
+
+    ``held`` is one ``(session, busy, entries)`` per connected session; an entry is
+    ``locktype|database|relation|classid|objid|objsubid|virtualxid|mode|granted``, and
+    ``snapshot`` when the idle session keeps a transaction snapshot (REPEATABLE READ or
+    SERIALIZABLE after its first statement, or an open cursor).
+    """
+
+    after_seq: int
+    held: tuple[tuple[str, bool, frozenset[str]], ...]
+    t: float
+
+
+@dataclass(frozen=True)
 class CheckQueried:
     """A final-state check query ran; its rows are compared by :mod:`pgrace.checks`."""
 
@@ -386,6 +401,7 @@ Event = (
     | NoticeReceived
     | NotifyReceived
     | LocksObserved
+    | FootprintObserved
     | CheckQueried
 )
 

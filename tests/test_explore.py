@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -18,12 +19,13 @@ from helpers import steps_scenario
 from pgrace import catalog, regression
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.explore import Space, choose, explore, merge_explorations
+from pgrace.explore import explore, merge_explorations
 from pgrace.model import FinalCheck, PermutationStep, Scenario
 from pgrace.outcomes import classify, split_run
 from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
+from pgrace.space import Space, choose
 from pgrace.timeline import StepCancelled
 
 HERE = Path(__file__).parent
@@ -73,7 +75,7 @@ def test_a_sample_is_seeded_and_shards_partition_it() -> None:
 
 def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo) -> None:
     scenario = catalog.load("lost-update")
-    found = explore(scenario, pgrace_server)
+    found = explore(scenario, pgrace_server, reduce=False)
     assert (found.space, found.explored, found.seed) == (70, 70, None)
     by_balance = {c.final[0][0][0]: c for c in found.classes}
     assert set(by_balance) == {400, 300}
@@ -87,7 +89,7 @@ def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo)
 
 
 def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_server: ServerInfo) -> None:
-    found = explore(catalog.load("lost-update").variant_named("fix"), pgrace_server)
+    found = explore(catalog.load("lost-update").variant_named("fix"), pgrace_server, reduce=False)
     assert len(found.classes) == 1
     only = found.classes[0]
     assert (only.count, only.final, only.ok) == (70, (((300,),),), True)
@@ -107,12 +109,14 @@ def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: S
 
 def test_jobs_run_in_separate_processes_with_the_same_result(pgrace_server: ServerInfo) -> None:
     scenario = catalog.load("lost-update")
-    assert explore(scenario, pgrace_server, jobs=2).to_dict() == explore(scenario, pgrace_server).to_dict()
+    assert (
+        explore(scenario, pgrace_server, jobs=2).to_dict() == explore(scenario, pgrace_server, reduce=False).to_dict()
+    )
 
 
 def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> None:
     scenario = catalog.load(str(HERE / "specs" / "row-queue.spec"))
-    found = explore(scenario, pgrace_server)
+    found = explore(scenario, pgrace_server, reduce=False)
     assert found.space == math.factorial(6) // 8 == 90
     assert sum(c.count for c in found.classes) == 90
     assert [c.errors for c in found.classes] == [()]
@@ -153,10 +157,12 @@ def test_check_explore_fails_a_cure_that_locks_one_read_naming_class_and_example
     junit = tmp_path / "junit.xml"
     result = cli.invoke(main, ["check", "--explore", str(HALF_CURE), "--dsn", pgrace_server.dsn, "--junit", str(junit)])
     assert result.exit_code == 1, result.output
-    assert "class 1 of 2 (48 of 70 interleavings): final (400) · fails: the balance is 300" in result.output
-    assert "example: bob: BEGIN → bob-read → alice: BEGIN" in result.output
+    assert re.search(
+        r"class 1 of 2 \(\d+ of \d+ runs over all 70 interleavings\): final \(400\) · fails", result.output
+    )
+    assert "example: alice: BEGIN → alice-read → alice-write → bob: BEGIN" in result.output
     xml = junit.read_text()
-    assert 'failures="1"' in xml and "class 1 of 2" in xml and "example: bob: BEGIN" in xml
+    assert 'failures="1"' in xml and "class 1 of 2" in xml and "example: alice: BEGIN" in xml
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -165,7 +171,7 @@ def test_check_explore_fails_a_cure_that_locks_one_read_naming_class_and_example
 def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     cli = CliRunner()
     dsn = ["--dsn", pgrace_server.dsn]
-    text = cli.invoke(main, ["explore", "lost-update", *dsn])
+    text = cli.invoke(main, ["explore", "lost-update", "--no-reduce", *dsn])
     assert text.exit_code == 0, text.output
     assert text.output.startswith("lost-update (bug): all 70 interleavings: 2 outcome classes\n")
     # A bug variant's checks describe the bug: where they hold, the bug happened (and is the bad news).
@@ -173,8 +179,9 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
     assert "does not reproduce         0  final (300) · no bug: «the balance is 400" in text.output
     assert "holds" not in text.output and "FAILS" not in text.output
 
-    whole = json.loads(cli.invoke(main, ["explore", "lost-update", "-f", "json", *dsn]).output)
-    assert set(whole) == {"scenario", "variant", "space", "explored", "repeats", "seed", "classes"}
+    whole = json.loads(cli.invoke(main, ["explore", "lost-update", "--no-reduce", "-f", "json", *dsn]).output)
+    assert set(whole) == {"scenario", "variant", "space", "explored", "runs", "complete", "repeats", "seed", "classes"}
+    assert (whole["space"], whole["explored"], whole["runs"], whole["complete"]) == (70, 70, 70, True)
     assert [(c["ok"], c["reproduces"]) for c in whole["classes"]] == [(True, True), (False, False)]
     assert set(whole["classes"][0]) == {
         "ok",
@@ -305,7 +312,7 @@ def test_nothing_of_one_interleaving_reaches_the_next_session_state_included(pgr
     )
     check = FinalCheck("who got the lock", "SELECT string_agg(who, ',') FROM t WHERE got", (("a",),))
     scenario = Scenario(**{**scenario.__dict__, "setup": ("CREATE TABLE t (who text, got bool)",), "checks": (check,)})
-    found = explore(scenario, pgrace_server)
+    found = explore(scenario, pgrace_server, reduce=False)
     assert sorted((c.final, c.count) for c in found.classes) == [(((("a",),),), 1), (((("b",),),), 1)]
 
 

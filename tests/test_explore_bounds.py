@@ -23,8 +23,8 @@ from helpers import steps_scenario
 from pgrace import bounds, catalog
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.explore import Space, choose
 from pgrace.servers import ServerInfo
+from pgrace.space import Space, choose
 
 FANOUT = Path(__file__).resolve().parents[1] / "scenarios" / "skip-locked-fanout.toml"
 

@@ -74,7 +74,7 @@ def test_sweep_command_explores_and_prints_the_json_contract(pgrace_server: Serv
     assert data["params"] == {"level": ["repeatable-read", "serializable"]}
     assert [c["params"] for c in data["cells"]] == [{"level": "repeatable-read"}, {"level": "serializable"}]
     repeatable, serializable = data["cells"]
-    assert sum(c["count"] for c in repeatable["classes"]) == 70
+    assert 0 < sum(c["count"] for c in repeatable["classes"]) <= 70  # runs of the reduced search, of 70
     assert any(c["ok"] for c in repeatable["classes"])  # write skew occurs in some interleaving
     assert not any(c["ok"] for c in serializable["classes"])  # and in none under SERIALIZABLE
 

@@ -98,22 +98,26 @@ def _in_log(server: LoggingServer, text: str) -> None:
     raise AssertionError(f"the log never said {text!r}")
 
 
-def deadlock(server: LoggingServer) -> None:
-    """alice and bob transfer in opposite orders: bob closes the cycle and is the victim (alice checks late)."""
+def deadlock(server: LoggingServer, names: tuple[str, str] = ("alice", "bob"), tail: str = "") -> None:
+    """alice and bob transfer in opposite orders: bob closes the cycle and is the victim (alice checks late).
+
+    ``names`` are their application_names and ``tail`` is SQL text (a comment, say) ending each
+    update: what any client can put in a server's log.
+    """
     with (
-        psycopg.connect(server.shop, application_name="alice") as alice,
-        psycopg.connect(server.shop, application_name="bob") as bob,
+        psycopg.connect(server.shop, application_name=names[0]) as alice,
+        psycopg.connect(server.shop, application_name=names[1]) as bob,
         psycopg.connect(server.server.dsn, autocommit=True) as admin,
     ):
         alice.execute("SET deadlock_timeout = '10s'")
         alice.commit()
-        alice.execute("UPDATE accounts SET balance = balance - 100 WHERE id = 1")
-        bob.execute("UPDATE accounts SET balance = balance - 50 WHERE id = 2")
+        alice.execute(f"UPDATE accounts SET balance = balance - 100 WHERE id = 1{tail}".encode())
+        bob.execute(f"UPDATE accounts SET balance = balance - 50 WHERE id = 2{tail}".encode())
         done: list[BaseException] = []
 
         def credit() -> None:
             try:
-                alice.execute("UPDATE accounts SET balance = balance + 100 WHERE id = 2")
+                alice.execute(f"UPDATE accounts SET balance = balance + 100 WHERE id = 2{tail}".encode())
                 alice.commit()
             except BaseException as exc:
                 done.append(exc)
@@ -122,7 +126,7 @@ def deadlock(server: LoggingServer) -> None:
         worker.start()
         _blocked(admin, alice.info.backend_pid)
         try:
-            bob.execute("UPDATE accounts SET balance = balance + 50 WHERE id = 1")
+            bob.execute(f"UPDATE accounts SET balance = balance + 50 WHERE id = 1{tail}".encode())
             raise AssertionError("bob was not the deadlock's victim")
         except psycopg.errors.DeadlockDetected:
             bob.rollback()
@@ -146,3 +150,38 @@ def lock_wait(server: LoggingServer) -> None:
         _in_log(server, "still waiting for")
         report.commit()
         worker.join()
+
+
+def cycle(server: LoggingServer, names: tuple[str, ...] = ("ann", "ben", "cid")) -> None:
+    """Each session updates its own account, then the next one's: the last closes the cycle and is the victim."""
+    assert 2 <= len(names) <= 3  # the shop has three accounts
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(psycopg.connect(server.shop, application_name=n)) for n in names]
+        admin = stack.enter_context(psycopg.connect(server.server.dsn, autocommit=True))
+        for conn in conns[:-1]:  # the others check for deadlocks long after the last one does
+            conn.execute("SET deadlock_timeout = '10s'")
+            conn.commit()
+        for i, conn in enumerate(conns):
+            conn.execute(f"UPDATE accounts SET balance = balance - 1 WHERE id = {i + 1}".encode())
+        failed: list[BaseException] = []
+
+        def next_one(i: int) -> None:
+            try:
+                conns[i].execute(
+                    f"UPDATE accounts SET balance = balance + 1 WHERE id = {(i + 1) % len(conns) + 1}".encode()
+                )
+                conns[i].commit()
+            except BaseException as exc:
+                failed.append(exc)
+
+        workers = [threading.Thread(target=next_one, args=(i,)) for i in range(len(conns) - 1)]
+        for i, worker in enumerate(workers):
+            worker.start()
+            _blocked(admin, conns[i].info.backend_pid)
+        try:
+            next_one(len(conns) - 1)
+        finally:
+            for worker in workers:
+                worker.join()
+        assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.DeadlockDetected), failed
+        conns[-1].rollback()

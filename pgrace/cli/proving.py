@@ -151,6 +151,11 @@ def check(
 @jobs_option("Processes at once")
 @click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
 @click.option(
+    "--no-reduce",
+    is_flag=True,
+    help="Run every interleaving, not one of each set of equivalent ones (-j, --shard and --max always do).",
+)
+@click.option(
     "--merge",
     "merge_files",
     multiple=True,
@@ -174,6 +179,7 @@ def explore(
     shard: str | None,
     jobs: int,
     show: int | None,
+    no_reduce: bool,
     merge_files: tuple[str, ...],
     fmt: str,
     server_target: str | None,
@@ -213,6 +219,7 @@ def explore(
             merge=merge_files,
             monitor=progress,
             on_note=say,
+            reduce=not no_reduce,
         )
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
         emit(draw("explore", fmt if fmt in drawn else "text", found), output)

@@ -26,3 +26,4 @@ class RunOptions:
     defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead
     reset_sessions: bool = False  # after each permutation: roll back, DISCARD ALL (advisory locks, SETs, temps)
     describe_waits: bool = True  # False: record that a step waited, not on what (explore only classifies)
+    footprints: bool = False  # record what every session holds after each step (explore's reduction)

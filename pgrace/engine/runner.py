@@ -203,6 +203,13 @@ class Runner:
         except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
             raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
 
+    def run_one(self, index: int, permutation: tuple[PermutationStep, ...]) -> None:
+        """Run one permutation on these connections (explore's reduction picks each after the last)."""
+        try:
+            self._run_permutation(index, permutation, last=False)
+        except psycopg.OperationalError as exc:  # the observer's queries raise; sessions' errors are data
+            raise self._aborted("pgrace's observer connection", first_line(str(exc))) from None
+
     def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...], last: bool) -> None:
         scheduler = self.scheduler
         self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
@@ -221,17 +228,24 @@ class Runner:
         deferred: list[PermutationStep] = []
         for position, entry in enumerate(permutation):
             scheduler.unlaunched = position
-            if self.options.defer_busy_sessions:
+            step = self.scenario.step(entry.step)
+            session = self.sessions[step.session]
+            # A loop's next attempt, while the attempt before still waits for a lock: whether it
+            # is needed is not known yet, and the other sessions' later steps (which may release
+            # that lock, or close a deadlock) go on meanwhile, as they would without the loop.
+            undecided = step.attempt > 1 and session.busy
+            held = any(self.scenario.step(d.step).session == step.session for d in deferred)
+            if self.options.defer_busy_sessions or undecided or held:
                 deferred.append(entry)
                 self._launch_ready(deferred)
                 continue
-            step = self.scenario.step(entry.step)
-            session = self.sessions[step.session]
             if session.busy:
                 scheduler.wait_for_session(session)
             scheduler.unlaunched = position + 1
             if attempted(step, session):
                 scheduler.launch_entry(step, entry)
+            if deferred:
+                self._launch_ready(deferred)
         while deferred:  # only held steps are left: wait for a blocked session, as without deferral
             session = self.sessions[self.scenario.step(deferred[0].step).session]
             if not session.busy and scheduler.waiting:  # held for a capture that a blocked step will make

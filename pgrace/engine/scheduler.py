@@ -328,5 +328,8 @@ class Scheduler:
         self.book.waiting(active, waits, detected, markers, by_marker=by_marker)
 
     def observe_locks(self, seq: int) -> None:
+        if self.options.footprints:
+            live = {s.pid: (s.name, s.busy) for s in self.sessions.values() if s.lost is None and s.ended is None}
+            self.book.observe_footprints(live)
         if self.options.track_row_locks:
             self.book.observe_locks(seq, self.run.row_locks_available)

@@ -76,6 +76,7 @@ def from_log(
     chosen = found.incidents[number - 1]
     result.chosen = number
     result.written = write_scenario(chosen, dsn)
+    _check_parses(result.written, chosen)
     if verify:
         from pgrace.fromlog.verify import verify as run_verify
 
@@ -88,3 +89,17 @@ def from_log(
             with open_server(server_target) as opened:
                 result.verified, result.written = run_verify(chosen, result.written, source, opened, dsn)
     return result
+
+
+def _check_parses(written: Written, incident: Incident) -> None:
+    """The file written must read back as a scenario; if the log's text broke it, say so, exit 2, write nothing."""
+    from pgrace.formats.scenario_toml import parse_toml_scenario
+
+    try:
+        parse_toml_scenario(written.text, "<written>")
+    except ScenarioError as exc:
+        raise ScenarioError(
+            f"the scenario written for this incident does not read back ({exc}): a bug in pgrace, please report it",
+            incident.file,
+            incident.line,
+        ) from None

@@ -282,14 +282,19 @@ def _recover(incident: Incident, fmt: LogFormat, records: list[Record], index: i
 
 
 def _name(incident: Incident, apps: dict[int, str]) -> None:
-    taken: set[str] = set()
-    for pid in incident.pids:
-        app = apps.get(pid, "")
-        name = app if _NAME.match(app) and app not in taken else f"pid{pid}"
+    """Each process's session name: its application_name when that is a usable, unique name, else ``pid<N>``.
+
+    Anyone can set application_name, to another process's ``pid<N>`` too: a fallback name
+    is never given up, and an application_name that takes one, or another's, is refused.
+    """
+    fallbacks = {f"pid{pid}" for pid in incident.pids}
+    wanted = [apps.get(pid, "") for pid in incident.pids]
+    for pid, app in zip(incident.pids, wanted, strict=True):
+        usable = _NAME.match(app) and app not in fallbacks and wanted.count(app) == 1
+        name = app if usable else f"pid{pid}"
         if app and name != app:
             incident.unsaid.append(f"pid {pid}'s application_name {app!r} is not a session name pgrace can use")
         incident.names[pid] = name
-        taken.add(name)
 
 
 def _pooled(incident: Incident, records: list[Record], index: int) -> None:

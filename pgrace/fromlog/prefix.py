@@ -35,20 +35,23 @@ SEVERITIES = (
     "LOCATION",
 )
 
-#: What each escape looks like in a line. Free-text fields match lazily, up to what follows.
+#: What each escape looks like in a line. Free-text fields match lazily, up to what follows, and
+#: no longer than PostgreSQL writes them: names are at most NAMEDATALEN - 1 = 63 bytes, a host
+#: name 255. Unbounded, a line that matches nowhere (a long statement full of spaces and '@'
+#: against ``%u@%d %a``) makes the lazy fields backtrack cubically: minutes for 20 kB.
 _ESCAPES = {
     "m": r"(?P<m>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}(?: [A-Za-z0-9+:-]+)?)",
     "t": r"(?P<t>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Za-z0-9+:-]+)?)",
     "n": r"(?P<n>\d+\.\d+)",
     "p": r"(?P<p>\d+)",
     "P": r"(?:\d*)",
-    "a": r"(?P<a>.*?)",
-    "u": r"(?P<u>.*?)",
-    "d": r"(?P<d>.*?)",
-    "r": r"(?:.*?)",
-    "h": r"(?:.*?)",
-    "b": r"(?:.*?)",
-    "i": r"(?:.*?)",
+    "a": r"(?P<a>.{0,63}?)",
+    "u": r"(?P<u>.{0,63}?)",
+    "d": r"(?P<d>.{0,63}?)",
+    "r": r"(?:.{0,300}?)",
+    "h": r"(?:.{0,300}?)",
+    "b": r"(?:.{0,63}?)",
+    "i": r"(?:.{0,63}?)",
     "e": r"(?:[0-9A-Z]{5})",
     "c": r"(?:[0-9a-f]+\.[0-9a-f]+)",
     "l": r"(?:\d+)",

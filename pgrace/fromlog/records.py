@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 from pgrace.errors import ScenarioError
@@ -28,6 +30,8 @@ AHEAD = 1 << 20
 #: Phrases PostgreSQL writes (untranslated, lc_messages C or English) when an incident happens.
 MARKERS = (b"deadlock detected", b"still waiting for")
 _SECONDARY = frozenset({"DETAIL", "HINT", "CONTEXT", "STATEMENT", "QUERY", "LOCATION"})
+#: How gzip, xz and zstd files start: logs rotated and compressed by logrotate.
+_COMPRESSED = (b"\x1f\x8b", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
 _CSV_COLUMNS = 23  # csvlog has had at least these since PostgreSQL 13 (application_name is the 23rd)
 
 
@@ -99,12 +103,18 @@ def open_log(path: str, given_prefix: str | None) -> LogFormat:
     :class:`ScenarioError` naming the file and, where there is one, the line.
     """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            # A pipe or a device (/dev/zero) may never end, and a log is read twice: a scan,
+            # then the stretches around its incidents.
+            raise ScenarioError("not a regular file: a log is read from a file", path)
         with open(path, "rb") as f:
             head = f.read(64 << 10)
     except OSError as exc:
         raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
     if not head:
         raise ScenarioError("empty file: no server log to read", path)
+    if head.startswith(_COMPRESSED):
+        raise ScenarioError("a compressed file, not a server log: decompress it first (zcat, xzcat, zstdcat)", path)
     if b"\0" in head:
         nul = head.index(b"\0")
         raise ScenarioError("a binary file, not a server log (a NUL byte)", path, head.count(b"\n", 0, nul) + 1)
@@ -153,10 +163,12 @@ def scan(path: str) -> Scanned:
     offset = 0
     carry = b""
     with open(path, "rb") as f:
-        while True:
-            block = f.read(CHUNK)
+        left = os.fstat(f.fileno()).st_size  # a live server's log grows: read what it held when opened
+        while left > 0:
+            block = f.read(min(CHUNK, left))
             if not block:
                 break
+            left -= len(block)
             chunk = carry + block if carry else block
             end = chunk.rfind(b"\n") + 1
             if end == 0 and len(chunk) < 4 * CHUNK:
@@ -334,6 +346,19 @@ def _csv_records(text: str, first_line: int) -> tuple[list[Record], int]:
     return records, skipped
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _json_text(value: object) -> str | None:
+    """A jsonlog field as text: None when absent or not a string or number (the file is not the server's).
+
+    JSON can spell a lone surrogate (``\\ud800``), which no UTF-8 file holds: it is U+FFFD.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    return _SURROGATE.sub("\ufffd", str(value))
+
+
 def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
     records: list[Record] = []
     skipped = 0
@@ -345,26 +370,27 @@ def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
         except ValueError:
             skipped += 1
             continue
-        if not isinstance(obj, dict) or "message" not in obj:
+        if not isinstance(obj, dict) or (message := _json_text(obj.get("message"))) is None:
             skipped += 1
             continue
+        pid = obj.get("pid")
         records.append(
             Record(
                 first_line + n,
-                str(obj.get("error_severity", "")),
-                str(obj["message"]),
-                pid=obj["pid"] if isinstance(obj.get("pid"), int) else None,
-                app=obj.get("application_name"),
-                vxid=obj.get("vxid"),
-                xid=str(obj["txid"]) if "txid" in obj else None,
-                database=obj.get("dbname"),
-                user=obj.get("user"),
-                time=obj.get("timestamp"),
-                sqlstate=obj.get("state_code"),
-                detail=str(obj.get("detail", "")),
-                hint=str(obj.get("hint", "")),
-                context=str(obj.get("context", "")),
-                statement=str(obj.get("statement", "")),
+                _json_text(obj.get("error_severity")) or "",
+                message,
+                pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                app=_json_text(obj.get("application_name")),
+                vxid=_json_text(obj.get("vxid")),
+                xid=_json_text(obj.get("txid")),
+                database=_json_text(obj.get("dbname")),
+                user=_json_text(obj.get("user")),
+                time=_json_text(obj.get("timestamp")),
+                sqlstate=_json_text(obj.get("state_code")),
+                detail=_json_text(obj.get("detail")) or "",
+                hint=_json_text(obj.get("hint")) or "",
+                context=_json_text(obj.get("context")) or "",
+                statement=_json_text(obj.get("statement")) or "",
             )
         )
     return records, skipped

@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Touch", "analyse", "lock_statement"]
+__all__ = ["Touch", "analyse", "lock_statement", "quoted"]
+
+
+def quoted(name: str) -> str:
+    """An identifier as SQL text: a table or column name from the log may hold anything ``"a; DROP …"`` does."""
+    from pglast.stream import maybe_double_quote_name
+
+    return str(maybe_double_quote_name(name))
 
 
 @dataclass
@@ -148,4 +155,4 @@ def lock_statement(sql: str) -> str | None:
     if touch.table is None or touch.kind not in ("UpdateStmt", "DeleteStmt", "SelectStmt"):
         return None
     where = f" WHERE {touch.where}" if touch.where else ""
-    return f"SELECT 1 FROM {touch.table}{where} FOR UPDATE"
+    return f"SELECT 1 FROM {quoted(touch.table)}{where} FOR UPDATE"

@@ -59,8 +59,9 @@ def verify(
         return Verified(True, run=run), written
     if incident.kind != "deadlock":
         return Verified(False, failures, run=run), written
-    from pgrace.explore import explore, prepared
+    from pgrace.explore import explore
     from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.space import prepared
 
     # Which orders deadlock does not depend on who is chosen: every session checks soon, so
     # no interleaving waits out the others' long pins.

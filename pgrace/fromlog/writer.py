@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.fromlog.incidents import Incident, Wait
-from pgrace.fromlog.sqlinfo import analyse, lock_statement
-from pgrace.text import visible
+from pgrace.fromlog.sqlinfo import analyse, lock_statement, quoted
+from pgrace.text import has_control, json_safe, visible
 
 __all__ = ["Planned", "Written", "write_scenario"]
 
@@ -29,6 +29,7 @@ _GUESSED = "-- TODO: guessed from the statements; give --dsn to copy the real ta
 _MADE_UP_NOTE = "-- TODO: the values the log does not show are made up"
 _MADE_UP: dict[str, Any] = {"int": 0, "numeric": 0, "text": ""}
 _BEGAN = "inferred: the transaction began"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 _TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
 
 
@@ -137,12 +138,28 @@ def _waiting_step(steps: list[Planned], wait: Wait, names: dict[int, str]) -> in
 def _finish(incident: Incident, steps: list[Planned]) -> None:
     """End every transaction: the victim's rolls back, the others commit (inferred unless logged)."""
     names = incident.names
-    for pid in incident.pids:
+    for pid in _end_order(incident):
         own = [s for s in steps if s.pid == pid]
         if not own or _word(own[-1].sql) in _ENDS or not any(_word(s.sql) in ("BEGIN", "START") for s in own):
             continue
         end = "ROLLBACK" if pid == incident.victim else "COMMIT"
         steps.append(Planned(names[pid], end, inferred=True, pid=pid, note=f"inferred: the transaction's {end}"))
+
+
+def _end_order(incident: Incident) -> list[int]:
+    """The order the transactions can end in: the victim first, then each one whose holders have ended.
+
+    In a cycle of three, the victim's rollback frees only the process that waited for it;
+    the one waiting for that process goes on when that process commits, and so on.
+    """
+    waits = {w.waiter: w.holders for w in incident.waits}
+    order: list[int] = [incident.victim] if incident.victim in incident.pids else []
+    left = [p for p in incident.pids if p not in order]
+    while left:
+        free = next((p for p in left if all(h in order for h in waits.get(p, []))), left[0])
+        order.append(free)
+        left.remove(free)
+    return order
 
 
 def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[str, list[str]]]:
@@ -166,9 +183,13 @@ def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[
             if wait.waiter == incident.victim:
                 expect.update(error="40P01", deadlock=sorted(names.values()))
                 victim_step = step.name
+                expect["released_by"] = "deadlock"
             else:
                 expect["error"] = False
-            expect["released_by"] = "deadlock"
+                # Only the victim's rollback is the deadlock's doing: a process waiting for another
+                # survivor goes on when that one's transaction ends.
+                survivor = [h for h in wait.holders if h != incident.victim]
+                expect["released_by"] = names[survivor[0]] if survivor else "deadlock"
         else:
             enders = [s for s in steps[at + 1 :] if s.pid in wait.holders and _word(s.sql) in _ENDS]
             if enders:
@@ -184,16 +205,20 @@ def _toml(value: Any) -> str:
     if isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
+        # A TOML basic string: JSON's escapes are TOML's. json_safe escapes what json.dumps leaves raw:
+        # DEL, which TOML forbids, and C1 and bidi, which a terminal showing the file would act on.
+        return json_safe(json.dumps(value, ensure_ascii=False))
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+        # A column's name is the log's text too ("a b" = 1): bare only when TOML allows it.
+        keys = (k if _BARE_KEY.match(k) else _toml(k) for k in value)
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in zip(keys, value.values(), strict=True)) + " }"
     raise TypeError(type(value))
 
 
 def _multiline(text: str) -> str:
-    if "'''" not in text and not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text):
+    if "'''" not in text and not has_control(text):
         return "'''\n" + text.rstrip("\n") + "\n'''"
     return _toml(text)
 
@@ -217,15 +242,15 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
     notes = []
     for table, cols in tables.items():
         key_cols = list(keys.get(table, [{}])[0]) if keys.get(table) else []
-        pk = f",\n  PRIMARY KEY ({', '.join(key_cols)})" if key_cols else ""
-        body = ",\n  ".join(f"{c} {t}" for c, t in cols.items())
-        sql.append(f"{_GUESSED}\nCREATE TABLE {table} (\n  {body}{pk}\n);")
+        pk = f",\n  PRIMARY KEY ({', '.join(quoted(c) for c in key_cols)})" if key_cols else ""
+        body = ",\n  ".join(f"{quoted(c)} {t}" for c, t in cols.items())
+        sql.append(f"{_GUESSED}\nCREATE TABLE {quoted(table)} (\n  {body}{pk}\n);")
         rows = []
         for key in keys.get(table, []):
             values = [key.get(c, _MADE_UP.get(t)) for c, t in cols.items()]
             rows.append("(" + ", ".join(_sql_literal(v) for v in values) + ")")
         if rows:
-            sql.append(f"{_MADE_UP_NOTE}\nINSERT INTO {table} VALUES {', '.join(rows)};")
+            sql.append(f"{_MADE_UP_NOTE}\nINSERT INTO {quoted(table)} VALUES {', '.join(rows)};")
         notes.append(f"the table {table} is guessed from the statements (its columns, types and rows): give --dsn")
     if not tables:
         sql.append("-- TODO: the log names no table pgrace could read: create the tables the statements need")

@@ -47,7 +47,12 @@ def _space_line(exploration: Exploration) -> str:
     space = exploration.space
     noun = "interleaving" if space == 1 else "interleavings"
     said: list[str] = []
-    if exploration.explored == space:
+    if exploration.reduced and exploration.covers_all:
+        runs = exploration.run_count
+        text = f"all {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
+    elif exploration.reduced:
+        text = f"{exploration.run_count:,} runs of {space:,} {noun}, not all covered"
+    elif exploration.explored == space:
         text = f"all {space} {noun}"
     else:
         text = f"{exploration.explored} of {space} {noun}"

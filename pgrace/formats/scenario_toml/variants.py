@@ -131,6 +131,15 @@ class VariantEditor:
                 raise self.loc.error(
                     f"{variant}.drop names no step {name!r}{did_you_mean(name, known)}", variant, "drop"
                 )
+            gone = {s.name for s in steps} - {s.name for s in kept}
+            for step in kept:  # the loop's first step dropped, its last kept: say so here, not at the retry
+                if step.retry is not None and any(step.retry.start in (g, base_name(g)) for g in gone):
+                    raise self.loc.error(
+                        f"{variant}.drop removes {name!r}, where the retry loop of {step.name!r} starts:"
+                        f" drop {step.name!r} too, or give it a retry of its own in [{variant}.step.{step.name}]",
+                        variant,
+                        "drop",
+                    )
             steps = kept
             changes.append(f"step {name} dropped")
         if not steps:

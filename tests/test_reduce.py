@@ -1,0 +1,121 @@
+"""Explore's partial-order reduction: fewer runs, the same outcome classes as running every interleaving.
+
+The reduction is only worth having if it is sound: every test here that compares compares
+the reduced search's classes with the exhaustive search's (``reduce=False``), on shipped
+scenarios and on ones made to be hard (foreign keys, SKIP LOCKED and NOWAIT, SERIALIZABLE,
+sequences, advisory locks, DDL). ``bench/bench_reduce.py`` compares every shipped scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pgrace import catalog
+from pgrace.cli import main
+from pgrace.explore import explore
+from pgrace.model import Step
+from pgrace.reduce import nature_of
+from pgrace.servers import ServerInfo
+
+HERE = Path(__file__).parent / "explore"
+
+SHIPPED = [
+    "lost-update",
+    "write-skew",
+    "deadlock-transfer",
+    "upsert-race",
+    "phantom-count",
+    "repeatable-read-lost-update",
+    "batch-claim",
+    "nowait",
+    "lock-strengths",
+    "duplicate-enqueue",
+    "head-of-line-blocking",
+    "offset-overlock",
+]
+HARD = ["fk-check", "serializable-three"]  # the slower ones are in bench/bench_reduce.py
+
+
+def _classes(found: object) -> list[str]:
+    return sorted(c.key for c in found.classes)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_reduced_classes_are_the_exhaustive_classes_on_shipped_scenarios(pgrace_server: ServerInfo, name: str) -> None:
+    loaded = catalog.load(name)
+    for variant in loaded.variants:
+        scenario = loaded.variant_named(variant)
+        reduced = explore(scenario, pgrace_server)
+        every = explore(scenario, pgrace_server, reduce=False)
+        assert _classes(reduced) == _classes(every), variant
+        assert reduced.covers_all and reduced.run_count <= every.run_count == every.space
+        assert sum(c.count for c in reduced.classes) == reduced.run_count
+
+
+@pytest.mark.parametrize("name", [*HARD, "half-cure"])
+def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_server: ServerInfo, name: str) -> None:
+    path = HERE / "hard" / f"{name}.toml" if name in HARD else HERE / f"{name}.toml"
+    scenario = catalog.load(str(path))
+    reduced = explore(scenario, pgrace_server)
+    every = explore(scenario, pgrace_server, reduce=False)
+    assert _classes(reduced) == _classes(every)
+    assert reduced.covers_all
+
+
+def test_two_independent_lost_updates_are_covered_completely_in_few_runs(pgrace_server: ServerInfo) -> None:
+    """Four sessions of four steps: 63,063,000 interleavings, no sample; each pair's outcome beside the other's."""
+    scenario = catalog.load(str(HERE / "two-lost-updates.toml"))
+    started = time.perf_counter()
+    found = explore(scenario, pgrace_server)
+    assert time.perf_counter() - started < 120
+    assert (found.space, found.explored, found.covers_all) == (63_063_000, 63_063_000, True)
+    assert found.run_count <= 2_000
+    assert {c.final[0][0] for c in found.classes} == {(300, 300), (300, 400), (400, 300), (400, 400)}
+
+
+def test_three_withdrawals_take_a_tenth_of_the_runs(pgrace_server: ServerInfo) -> None:
+    """Three sessions of four steps (34,650 interleavings; bench_reduce compares them with every one)."""
+    scenario = catalog.load(str(HERE / "three-withdrawals.toml"))
+    found = explore(scenario, pgrace_server)
+    assert found.space == 34_650 and found.covers_all
+    assert found.run_count <= 3_465
+    assert {c.final[0][0][0] for c in found.classes} == {200, 300, 400}
+
+
+def test_the_json_says_runs_and_whether_the_space_is_covered(pgrace_server: ServerInfo) -> None:
+    result = CliRunner().invoke(main, ["explore", "lost-update", "-f", "json", "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert (found["space"], found["explored"], found["complete"]) == (70, 70, True)
+    assert found["runs"] < 70 and sum(c["count"] for c in found["classes"]) == found["runs"]
+    text = CliRunner().invoke(main, ["explore", "lost-update", "--dsn", pgrace_server.dsn]).output
+    assert text.startswith(f"lost-update (bug): all 70 interleavings, {found['runs']} runs: 2 outcome classes")
+
+
+@pytest.mark.parametrize(
+    ("sql", "opaque", "local"),
+    [
+        ("UPDATE t SET v = 1", False, False),
+        ("SELECT * FROM t FOR UPDATE SKIP LOCKED", False, False),
+        ("SET lock_timeout = '1s'", False, True),
+        ("COMMIT", False, False),
+        ("ALTER TABLE t ADD COLUMN c int", True, False),
+        ("CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'", True, False),
+        ("SELECT now()", True, False),
+        ("SELECT * FROM pg_locks", True, False),
+        ("SELECT pg_advisory_xact_lock(1)", False, False),
+        ("PREPARE TRANSACTION 'x'", True, False),
+        ("SELECT xmin FROM t", True, False),
+        ("DO $$ BEGIN END $$", True, False),
+        ("SELEC oops", True, False),
+    ],
+)
+def test_what_a_steps_text_says_before_it_runs(sql: str, opaque: bool, local: bool) -> None:
+    scenario = catalog.load("lost-update")
+    nature = nature_of(Step("s", "alice", sql), scenario)
+    assert (nature.opaque, nature.local) == (opaque, local)
