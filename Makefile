@@ -23,11 +23,12 @@ test: install lint docs ## Lint, type-check, build the docs and run the test sui
 test-fast: install ## The tests that need no server, corpus, browser or Docker and are quick (no PostgreSQL is started)
 	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow"
 
-lint: install ## ruff (lint and format check), mypy --strict, and no import cycle
+lint: install ## ruff (lint and format check), mypy --strict, no import cycle, the layers contract
 	$(BIN)/ruff check pgrace tests bench tools
 	$(BIN)/ruff format --check pgrace tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m tools.import_graph
+	$(BIN)/lint-imports
 
 docs: install ## Build the documentation site into site/ (mkdocs build --strict, offline)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

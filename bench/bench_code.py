@@ -1,6 +1,6 @@
 """explore_code against pgrace explore: the two-withdrawal example, side by side in one run.
 
-The issue's bound: exploring the application's two ``withdraw()`` calls (pgrace.code,
+The issue's bound: exploring the application's two ``withdraw()`` calls (pgrace.drivers.code,
 examples/code/withdraw_psycopg.py) costs no more than 3× exploring the same statements
 written as a scenario file (bench/code/two-withdrawals.toml) with ``pgrace explore``.
 Both include their scratch database; they alternate, REPEAT times, on one embedded server;
@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from pgrace import catalog
-from pgrace.code import explore_code
-from pgrace.explore import explore
+from pgrace.drivers.code import explore_code
+from pgrace.drivers.explore import explore
+from pgrace.formats import catalog
 from pgrace.servers import open_server
 
 HERE = Path(__file__).resolve().parent

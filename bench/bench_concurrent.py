@@ -30,9 +30,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgrace import catalog
+from pgrace.drivers.speccheck import compare_output, expected_files
+from pgrace.formats import catalog
 from pgrace.servers import ServerInfo, open_server
-from pgrace.speccheck import compare_output, expected_files
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation" / "specs"
 # Two sessions each: sixteen runs stay within the server's 100 connections.

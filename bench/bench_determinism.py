@@ -15,7 +15,8 @@ import sys
 import time
 from collections import Counter
 
-from pgrace import api, catalog
+from pgrace import api
+from pgrace.formats import catalog
 from pgrace.render.text import render_text
 from pgrace.servers import open_server
 

@@ -26,7 +26,7 @@ MAX_RSS_MIB = 128.0
 
 CHILD = """
 import sys, time
-from pgrace.fromlog import from_log
+from pgrace.drivers.fromlog import from_log
 started = time.perf_counter()
 found = from_log([sys.argv[1]], list_only=True)
 listed = time.perf_counter() - started

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from pgrace import catalog
-from pgrace.explore import Space, explore
+from pgrace.drivers.explore import Space, explore
+from pgrace.formats import catalog
 from pgrace.servers import open_server
 
 ROOT = Path(__file__).resolve().parent.parent

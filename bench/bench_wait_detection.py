@@ -14,8 +14,8 @@ import sys
 import time
 
 from pgrace import api
+from pgrace.engine.runner import RunOptions
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.runner import RunOptions
 from pgrace.servers import open_server
 
 ROUND = """

@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
+from pgrace.drivers.speccheck import prepare_check, run_check
+from pgrace.engine.runner import RunOptions
 from pgrace.errors import PgraceError
-from pgrace.runner import RunOptions
+from pgrace.model.timeline import Run, StepFinished, StepLaunched, StepWaiting
 from pgrace.servers import open_server
-from pgrace.speccheck import prepare_check, run_check
-from pgrace.timeline import Run, StepFinished, StepLaunched, StepWaiting
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = REPO.parent / "shared" / "pg-isolation"

@@ -51,13 +51,13 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgrace import catalog
+from pgrace.drivers.speccheck import unified_diff
+from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import PgraceError
+from pgrace.formats import catalog
 from pgrace.render.isolation import render_isolation
-from pgrace.runner import RunOptions, run_scenario
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, open_server
-from pgrace.speccheck import unified_diff
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = REPO.parent / "shared" / "pg-isolation"

@@ -15,7 +15,6 @@ Ctrl-C half-way through importing it).
 
 from __future__ import annotations
 
-import sys
 
 __version__ = "0.1.0"
 """pgrace's version: the one place it is written (the build reads it from here)."""
@@ -27,35 +26,35 @@ if TYPE_CHECKING:
     from typing import Any
 
     from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, run, sweep
-    from pgrace.code import TracedConnection, explore_code, run_code
+    from pgrace.drivers.code import TracedConnection, explore_code, run_code
+    from pgrace.drivers.explore import Exploration
+    from pgrace.engine.runner import RunOptions
     from pgrace.errors import CodeError, PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
-    from pgrace.explore import Exploration
-    from pgrace.model import Scenario, Session, Step
-    from pgrace.outcomes import OutcomeClass
-    from pgrace.runner import RunOptions
+    from pgrace.model.outcomes import OutcomeClass
+    from pgrace.model.scenario import Scenario, Session, Step
+    from pgrace.model.timeline import CheckResult, Run, StepRun
     from pgrace.servers import ServerInfo, open_server
-    from pgrace.timeline import CheckResult, Run, StepRun
 
 _HOMES = {
-    "CheckResult": "pgrace.timeline",
+    "CheckResult": "pgrace.model.timeline",
     "CodeError": "pgrace.errors",
-    "Exploration": "pgrace.explore",
-    "OutcomeClass": "pgrace.outcomes",
-    "TracedConnection": "pgrace.code",
-    "explore_code": "pgrace.code",
-    "run_code": "pgrace.code",
+    "Exploration": "pgrace.drivers.explore",
+    "OutcomeClass": "pgrace.model.outcomes",
+    "TracedConnection": "pgrace.drivers.code",
+    "explore_code": "pgrace.drivers.code",
+    "run_code": "pgrace.drivers.code",
     "PgraceError": "pgrace.errors",
-    "Run": "pgrace.timeline",
+    "Run": "pgrace.model.timeline",
     "RunAborted": "pgrace.errors",
-    "RunOptions": "pgrace.runner",
-    "Scenario": "pgrace.model",
+    "RunOptions": "pgrace.engine.runner",
+    "Scenario": "pgrace.model.scenario",
     "ScenarioError": "pgrace.errors",
     "ServerInfo": "pgrace.servers",
     "ServerUnavailable": "pgrace.errors",
-    "Session": "pgrace.model",
+    "Session": "pgrace.model.scenario",
     "SetupFailed": "pgrace.errors",
-    "Step": "pgrace.model",
-    "StepRun": "pgrace.timeline",
+    "Step": "pgrace.model.scenario",
+    "StepRun": "pgrace.model.timeline",
     "open_server": "pgrace.servers",
     **dict.fromkeys(
         ("check", "clean", "compare", "explore", "load", "load_scenario", "matrix", "run", "sweep"), "pgrace.api"
@@ -104,19 +103,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
-
-
-class _Package(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
-    """Keeps ``pgrace.explore``, ``pgrace.sweep`` and ``pgrace.matrix`` the library's functions.
-
-    The drivers' modules have the commands' names; importing one would otherwise bind the
-    module over the function (``from pgrace.explore import ...`` reaches the module still).
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _HOMES and isinstance(value, type(sys)):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

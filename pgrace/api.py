@@ -16,22 +16,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
-from pgrace import bounds, catalog
+from pgrace import bounds
+from pgrace.drivers.one_run import run_in_scratch
 from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs
-from pgrace.model import Scenario
-from pgrace.one_run import run_in_scratch
-from pgrace.results import Checked, Cleaned, Explored, Loaded, Swept
+from pgrace.formats import catalog
+from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Swept
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import Run
 from pgrace.scratch import sweep_leftovers
 from pgrace.servers import ServerInfo
 from pgrace.text import visible
-from pgrace.timeline import Run
 
 if TYPE_CHECKING:
-    from pgrace.matrix import Matrix
-    from pgrace.pgbench import ClientRun, LoadResult
-    from pgrace.regression import CaseResult
+    from pgrace.drivers.check import CaseResult
+    from pgrace.drivers.load import ClientRun, LoadResult
+    from pgrace.drivers.matrix import Matrix
 
 
 def run(
@@ -149,7 +150,7 @@ def _serving(server: ServerInfo | None, dsn: str | None, superuser: bool, on_not
 
 def teardown_failures(result: Run) -> list[str]:
     """Teardown errors (a teardown cancelled at the step timeout, say): isolationtester reports them, not fatal."""
-    from pgrace.timeline import SetupRan
+    from pgrace.model.timeline import SetupRan
 
     notes = []
     for event in result.events:
@@ -219,9 +220,9 @@ def explore(
     fully observed run. ``merge``: the JSON files of shards, merged instead of running.
     ``reduce``: one run of each set of equivalent interleavings (the whole space, one process, no shard).
     """
-    # Names from the module: the package's own ``pgrace.explore`` is this function.
-    from pgrace.explore import Space, load_explorations, merge_explorations, replay, same_class
-    from pgrace.explore import explore as explore_space
+    # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
+    from pgrace.drivers.explore import Space, load_explorations, merge_explorations, replay, same_class
+    from pgrace.drivers.explore import explore as explore_space
 
     space = Space(scenario)
     if merge:
@@ -297,9 +298,12 @@ def sweep(
     ``examples``: each class's example replayed as a run. ``output``: a file the caller
     will write, refused before anything runs when it is one of the scenario files.
     """
-    from pgrace.explore import replay
-    from pgrace.sweep import interleavings, variants  # from the module: the package's ``pgrace.sweep`` is this
-    from pgrace.sweep import sweep as sweep_grid
+    from pgrace.drivers.explore import replay
+    from pgrace.drivers.sweep import (  # from the module: the package's ``pgrace.drivers.sweep`` is this
+        interleavings,
+        variants,
+    )
+    from pgrace.drivers.sweep import sweep as sweep_grid
 
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
@@ -358,7 +362,7 @@ def matrix(
     on_note: Note | None = None,
 ) -> Matrix:
     """Measure the row-lock and table-lock conflict tables on a server, next to the manual's."""
-    from pgrace.matrix import measure
+    from pgrace.drivers.matrix import measure
 
     with _serving(server, dsn, superuser, on_note) as opened:
         return measure(opened, step_timeout=step_timeout)
@@ -393,7 +397,7 @@ def check(
     a file the caller will write, refused when it is one of the inputs. Specs share one
     scratch database per server, reset only when a spec leaves objects.
     """
-    from pgrace import regression
+    from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
     from pgrace.servers import booting_server
 
@@ -485,7 +489,7 @@ def load(
     check SQL are written to that folder and nothing runs. Ctrl-C (or SIGTERM) re-raises
     with what was measured so far as the exception's ``loaded``.
     """
-    from pgrace import pgbench as engine
+    from pgrace.drivers import load as engine
 
     counts = _client_counts(clients)
     seconds = _whole(duration, "-T/--time")
@@ -525,7 +529,7 @@ def load(
 
 def clean(dsn: str) -> Cleaned:
     """Remove the scratch databases and schemas killed pgrace runs left on a server, and their work folders."""
-    from pgrace.pgbench import sweep_work_dirs
+    from pgrace.drivers.load import sweep_work_dirs
 
     with pgrace.servers.open_server(dsn) as server:
         swept = sweep_leftovers(server)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.timeline import Run
+    from pgrace.model.timeline import Run
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -5,10 +5,10 @@ Fixtures:
 * ``pgrace_server`` (session): a :class:`~pgrace.servers.ServerInfo`; the embedded
   PostgreSQL unless ``--pgrace-dsn`` or ``PGRACE_DSN`` names another server.
 * ``pgrace_run`` (function): ``pgrace_run(scenario, variant=None, params=None)`` runs a
-  scenario (a shipped name, a path, or a :class:`~pgrace.model.Scenario`) on that
-  server and returns the :class:`~pgrace.timeline.Run` to assert on.
+  scenario (a shipped name, a path, or a :class:`~pgrace.model.scenario.Scenario`) on that
+  server and returns the :class:`~pgrace.model.timeline.Run` to assert on.
 * ``pgrace_code`` (function): the application's own functions interleaved on that server
-  (:mod:`pgrace.code`): ``pgrace_code.run(sessions, ...)``, ``pgrace_code.explore(sessions, ...)``,
+  (:mod:`pgrace.drivers.code`): ``pgrace_code.run(sessions, ...)``, ``pgrace_code.explore(sessions, ...)``,
   and ``pgrace_code.assert_every(found, predicate)``, which fails the test with the text
   timeline of the simplest interleaving whose outcome does not satisfy ``predicate``.
 """
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import Run
 from pgrace.servers import ServerInfo, open_server
-from pgrace.timeline import Run
 
 if TYPE_CHECKING:
-    from pgrace.explore import Exploration
-    from pgrace.outcomes import OutcomeClass
+    from pgrace.drivers.explore import Exploration
+    from pgrace.model.outcomes import OutcomeClass
 
 RunScenario = Callable[..., Run]
 
@@ -53,8 +53,9 @@ def pgrace_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
 @pytest.fixture
 def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
     """Run a scenario in a scratch database of ``pgrace_server`` and return its record."""
-    from pgrace import api, catalog
-    from pgrace.runner import RunOptions
+    from pgrace import api
+    from pgrace.engine.runner import RunOptions
+    from pgrace.formats import catalog
 
     def run(
         scenario: Scenario | str | Path,
@@ -78,12 +79,12 @@ class PgraceCode:
         self.server = server
 
     def run(self, sessions: dict[str, Callable[[Any], object]], **options: Any) -> Run:
-        from pgrace.code import run_code
+        from pgrace.drivers.code import run_code
 
         return run_code(sessions, server=self.server, **options)
 
     def explore(self, sessions: dict[str, Callable[[Any], object]], **options: Any) -> Exploration:
-        from pgrace.code import explore_code
+        from pgrace.drivers.code import explore_code
 
         return explore_code(sessions, server=self.server, **options)
 

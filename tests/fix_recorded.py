@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pgrace.timeline import Run
+from pgrace.model.timeline import Run
 from tools.record_runs import RECORDED, load_run
 
 Recorded = Callable[[str, str], Run]

@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 import pgrace
-from pgrace import catalog
 from pgrace.cli import main
 from pgrace.errors import OptionError, ScenarioError
+from pgrace.formats import catalog
 from pgrace.render import formats
 from pgrace.render.text import Style
 from pgrace.render.views import View
@@ -41,14 +41,13 @@ def test_the_commands_and_load_scenario_are_the_packages_functions() -> None:
         assert function.__module__ == "pgrace.api", name
 
 
-def test_importing_a_drivers_module_leaves_the_function_of_its_name() -> None:
-    import pgrace.explore
-    import pgrace.matrix
-    import pgrace.sweep
-    from pgrace.explore import Exploration  # the module is still there for its own names
+def test_the_drivers_modules_live_apart_from_the_functions_of_their_names() -> None:
+    import pgrace.drivers.explore
+    import pgrace.drivers.matrix
+    import pgrace.drivers.sweep
 
-    assert Exploration.__module__ == "pgrace.explore"
     assert (pgrace.explore.__module__, pgrace.sweep.__module__, pgrace.matrix.__module__) == ("pgrace.api",) * 3
+    assert pgrace.drivers.explore.Exploration.__module__ == "pgrace.drivers.explore"
 
 
 def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from pgrace import catalog
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
+from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
 
 STORY = """

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pgrace import catalog
 from pgrace.cli import main
+from pgrace.formats import catalog
 from pgrace.servers import ServerInfo
 
 

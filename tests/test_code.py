@@ -1,4 +1,4 @@
-"""Interleaving the application's own Python (pgrace.code): the issue-14 acceptance, on a real server."""
+"""Interleaving the application's own Python (pgrace.drivers.code): the issue-14 acceptance, on a real server."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from documentation import page
 
 import pgrace
 import pgrace.engine.threads
-from pgrace.code import explore_code, run_code
+from pgrace.drivers.code import explore_code, run_code
 from pgrace.engine.scheduler import Scheduler
 from pgrace.errors import CodeError, PgraceError, SetupFailed
-from pgrace.model import RowRef
+from pgrace.model.scenario import RowRef
+from pgrace.model.timeline import Run
 from pgrace.pytest_plugin import PgraceCode
 from pgrace.render.json import render_json
 from pgrace.render.text import render_text
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = "CREATE TABLE accounts (id int PRIMARY KEY, balance int); INSERT INTO accounts VALUES (1, 500)"
@@ -79,8 +79,8 @@ def test_select_for_update_makes_every_interleaving_end_at_300(pgrace_server: Se
 
 def test_the_same_classes_as_pgrace_explore_of_the_scenario_file(pgrace_server: ServerInfo) -> None:
     """explore_code's outcome keys are pgrace explore's (the shipped lost-update scenario, same SQL)."""
-    from pgrace import catalog
-    from pgrace.explore import explore
+    from pgrace.drivers.explore import explore
+    from pgrace.formats import catalog
 
     scenario = catalog.load("lost-update")
     from_file = {tuple(tuple(r) for r in c.final[0]) for c in explore(scenario, pgrace_server).classes}
@@ -412,7 +412,7 @@ def test_the_fixture_explores_and_a_failure_shows_the_failing_timeline(
 def test_import_pgrace_stays_cheap() -> None:
     """The code API is in pgrace.__all__, but importing pgrace loads neither it nor psycopg."""
     assert {"run_code", "explore_code", "CodeError"} <= set(pgrace.__all__)
-    probe = "import sys, pgrace; print(sorted(m for m in ('psycopg', 'pgrace.code', 'sqlalchemy') if m in sys.modules))"
+    probe = "import sys, pgrace; print(sorted(m for m in ('psycopg', 'pgrace.drivers.code', 'sqlalchemy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 from fix_recorded import Recorded
 
+from pgrace.model.timeline import Run
 from pgrace.render.compare import render_text_compare
 from pgrace.render.markdown import render_markdown_compare
 from pgrace.render.text import Style
-from pgrace.timeline import Run
 
 
 @pytest.fixture

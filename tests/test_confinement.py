@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from corpus import SPECS, needs_corpus
 from documentation import page
 
-from pgrace import catalog
 from pgrace.cli import main
-from pgrace.confinement import confine_scenario, refusal
 from pgrace.errors import ScenarioError
+from pgrace.formats import catalog
+from pgrace.scratch.confinement import confine_scenario, refusal
 from pgrace.servers import ServerInfo
 
 SERVERS_PAGE = page("reference/servers.md")

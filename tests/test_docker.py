@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from pgrace import api, catalog
+from pgrace import api
 from pgrace.errors import ServerUnavailable
+from pgrace.formats import catalog
 from pgrace.servers import open_server
 
 needs_docker = pytest.mark.docker

@@ -17,13 +17,13 @@ import pytest
 from helpers import by_name, finished_at
 
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import Run
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
 from pgrace.render.text import Style, render_text
 from pgrace.render.wording import lost_text
-from pgrace.timeline import Run
 
 
 def scenario_text(text: str) -> Scenario:

@@ -16,17 +16,18 @@ import pytest
 from click.testing import CliRunner
 from helpers import steps_scenario
 
-from pgrace import catalog, regression
 from pgrace.cli import main
+from pgrace.drivers import check as regression
+from pgrace.drivers.explore import explore, merge_explorations
+from pgrace.drivers.space import Space, choose
+from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import ScenarioError
-from pgrace.explore import explore, merge_explorations
-from pgrace.model import FinalCheck, PermutationStep, Scenario
-from pgrace.outcomes import classify, split_run
-from pgrace.runner import RunOptions, run_scenario
+from pgrace.formats import catalog
+from pgrace.model.outcomes import classify, split_run
+from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario
+from pgrace.model.timeline import StepCancelled
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
-from pgrace.space import Space, choose
-from pgrace.timeline import StepCancelled
 
 HERE = Path(__file__).parent
 HALF_CURE = HERE / "explore" / "half-cure.toml"
@@ -318,7 +319,7 @@ def test_nothing_of_one_interleaving_reaches_the_next_session_state_included(pgr
 
 def test_a_57014_class_is_not_called_a_step_timeout() -> None:
     """57014 is any canceled query: ddl-lock-queue's statement_timeout is not pgrace's --step-timeout."""
-    from pgrace.outcomes import OutcomeClass, summarize
+    from pgrace.model.outcomes import OutcomeClass, summarize
 
     scenario = catalog.load("ddl-lock-queue")
     summary = summarize(OutcomeClass(False, 1, ("57014",), (), (), 0, ()), scenario)

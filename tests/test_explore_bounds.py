@@ -20,11 +20,12 @@ import pytest
 from click.testing import CliRunner
 from helpers import steps_scenario
 
-from pgrace import bounds, catalog
+from pgrace import bounds
 from pgrace.cli import main
+from pgrace.drivers.space import Space, choose
 from pgrace.errors import ScenarioError
+from pgrace.formats import catalog
 from pgrace.servers import ServerInfo
-from pgrace.space import Space, choose
 
 FANOUT = Path(__file__).resolve().parents[1] / "scenarios" / "skip-locked-fanout.toml"
 
@@ -91,8 +92,8 @@ def test_24_sessions_of_3_steps_are_counted_and_numbered_at_once() -> None:
     out = python(
         """
         import time
-        from pgrace import catalog
-        from pgrace.explore import Space
+        from pgrace.formats import catalog
+        from pgrace.drivers.explore import Space
         started = time.perf_counter()
         space = Space(catalog.load("skip-locked-fanout", {"workers": "24"}))
         last = space.size - 1
@@ -145,7 +146,7 @@ def test_sessions_tied_by_captures_in_too_many_joint_positions_are_refused_at_on
         """
         import time
         from pgrace.errors import ScenarioError
-        from pgrace.model import PermutationStep, Scenario, Session, Step
+        from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
         steps = []
         for s in range(12):
             use = f":s{s - 1}.v" if s else "1"
@@ -153,7 +154,7 @@ def test_sessions_tied_by_captures_in_too_many_joint_positions_are_refused_at_on
                       Step(f"s{s}c", f"s{s}", "SELECT 3")]
         scenario = Scenario(name="t", title="t", source="tied.toml", sessions=tuple(Session(f"s{s}") for s in range(12)),
                             steps=tuple(steps), permutations=(tuple(PermutationStep(s.name) for s in steps),))
-        from pgrace.explore import Space
+        from pgrace.drivers.explore import Space
         started = time.perf_counter()
         try:
             Space(scenario).size
@@ -220,7 +221,7 @@ def test_a_sweep_of_too_many_combinations_is_refused_before_anything_loads() -> 
 
 def test_the_library_refuses_the_same_bounds() -> None:
     with pytest.raises(ScenarioError, match="too many for one sweep"):
-        from pgrace.sweep import variants
+        from pgrace.drivers.sweep import variants
 
         variants("skip-locked-fanout", {"workers": [str(n) for n in range(2, 39)], "x": ["1"] * 37})
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import tools.incidents as real
 from pgrace.cli import main
-from pgrace.fromlog import from_log
+from pgrace.drivers.fromlog import from_log
 
 CASES = [
     ("18", "stderr", "all", "%m [%p] %a %v %x "),
@@ -158,8 +158,8 @@ def test_log_text_never_reaches_the_terminal_raw(recorded: dict[str, Path], tmp_
 @pytest.mark.server
 def test_an_order_that_does_not_deadlock_is_explored_until_one_does(tmp_path: Path) -> None:
     """The same steps run one transaction after the other cannot deadlock: exploring finds an order that does."""
-    from pgrace.fromlog.verify import verify
-    from pgrace.fromlog.writer import write_scenario
+    from pgrace.drivers.fromlog.verify import verify
+    from pgrace.drivers.fromlog.writer import write_scenario
 
     with real.logging_server("18", statements="none") as logging:
         real.deadlock(logging)

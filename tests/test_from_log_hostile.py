@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 import tools.incidents as real
 from pgrace.cli import main
+from pgrace.drivers.fromlog import from_log
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.fromlog import from_log
 from pgrace.text import has_control
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "from-log" / "deadlock.log"

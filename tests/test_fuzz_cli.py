@@ -19,8 +19,8 @@ from fuzzing import SPEC_PIECES, SPEC_SEEDS, TOML_PIECES, TOML_SEEDS, fuzz_setti
 from hypothesis import currently_in_test_context, event, given
 from hypothesis import strategies as st
 
-from pgrace import catalog
 from pgrace.cli import FORMATS, main
+from pgrace.formats import catalog
 from pgrace.servers import ServerInfo
 
 pytestmark = pytest.mark.slow

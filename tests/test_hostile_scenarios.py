@@ -26,12 +26,12 @@ from pgrace import api
 from pgrace.cli import main
 from pgrace.errors import SetupFailed
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import CheckQueried, SetupRan
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.text import render_text
 from pgrace.servers import ServerInfo, open_server
 from pgrace.servers.embedded import CACHE_ENV_VAR
-from pgrace.timeline import CheckQueried, SetupRan
 
 pytestmark = pytest.mark.server
 

@@ -23,8 +23,10 @@ import pytest
 from click.testing import CliRunner
 from fix_recorded import Recorded
 
-from pgrace import catalog
 from pgrace.cli import main
+from pgrace.engine.runner import RunOptions
+from pgrace.formats import catalog
+from pgrace.model.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.compare import render_text_compare
 from pgrace.render.html import render_html, render_html_compare
@@ -35,10 +37,8 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.presenter import Presenter
 from pgrace.render.svg import render_svg, render_svg_compare
 from pgrace.render.text import Style, render_text
-from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
 from pgrace.text import visible, without_controls
-from pgrace.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
 
 HOSTILE = Path(__file__).parent / "hostile" / "hostile.toml"
 

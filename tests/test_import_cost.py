@@ -19,8 +19,8 @@ NOT_AT_IMPORT = (
     "tabulate",
     "decimal",
     "pgrace.api",
-    "pgrace.runner",
-    "pgrace.locks",
+    "pgrace.engine.runner",
+    "pgrace.engine.observe.locks",
     "pgrace.scratch",
     "pgrace.servers",
     "pgrace.render.text",
@@ -40,7 +40,7 @@ NOT_FOR_JSON = (
     "pgrace.render.mermaid",
     "pgrace.render.markdown",
     "pgrace.render.isolation",
-    "pgrace.regression",
+    "pgrace.drivers.check",
 )
 
 

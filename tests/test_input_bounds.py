@@ -14,10 +14,9 @@ import pytest
 from click.testing import CliRunner
 from documentation import page
 
-from pgrace import catalog
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats import limits
+from pgrace.formats import catalog, limits
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.formats.spec import parse_spec
 

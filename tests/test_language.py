@@ -9,15 +9,15 @@ import pytest
 from click.testing import CliRunner
 from helpers import by_name, finished_at, launched_at, toml_scenario
 
-from pgrace.catalog import shipped_names
-from pgrace.checks import evaluate
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
+from pgrace.formats.catalog import shipped_names
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.model import Scenario
+from pgrace.model.checks import evaluate
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import Release, SessionLost, StepFinished, StepRun
 from pgrace.pytest_plugin import RunScenario
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Release, SessionLost, StepFinished, StepRun
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
 scenario = functools.partial(toml_scenario, setup=SETUP, name="lang")
@@ -216,7 +216,7 @@ def test_check_without_a_path_runs_the_shipped_scenarios_when_there_is_no_scenar
 
 
 def parse_scenario(name: str) -> Scenario:
-    from pgrace.catalog import load
+    from pgrace.formats.catalog import load
 
     return load(name)
 

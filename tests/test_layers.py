@@ -29,3 +29,33 @@ def test_a_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     graph = build(tmp_path, "pkg")
     assert cycles(graph) == [["pkg.high", "pkg.low"]]
     assert "pkg.high" not in graph["pkg.typed"]  # an import for the type checker never runs
+
+
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 300
+
+
+def test_no_module_is_too_long_to_read_nor_any_class() -> None:
+    """A module is read whole; past these sizes it holds more than one idea (cut it at its seams)."""
+    import ast
+
+    too_long = []
+    for path in sorted(Path(__file__).parent.parent.joinpath("pgrace").rglob("*.py")):
+        text = path.read_text()
+        if (lines := text.count("\n")) > MAX_MODULE_LINES:
+            too_long.append(f"{path.name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and (size := (node.end_lineno or 0) - node.lineno + 1) > MAX_CLASS_LINES:
+                too_long.append(f"{path.name}: class {node.name} {size} lines")
+    assert too_long == []
+
+
+def test_the_layers_contract_holds() -> None:
+    """import-linter's layers (pyproject.toml): cli over api over drivers over render over engine, and so down."""
+    import subprocess
+    import sys
+
+    lint = Path(sys.executable).parent / "lint-imports"
+    done = subprocess.run([str(lint)], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "1 kept, 0 broken" in done.stdout

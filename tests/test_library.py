@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from pgrace import api, catalog
-from pgrace.explore import explore
+from pgrace import api
+from pgrace.drivers.explore import explore
+from pgrace.formats import catalog
 from pgrace.render.json import run_to_dict
 from pgrace.servers import ServerInfo
 

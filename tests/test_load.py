@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from documentation import page
 from procs import wait_gone
 
-from pgrace import catalog
 from pgrace.cli import main
+from pgrace.drivers.load import LoadOptions, NoPgbench, pgbench_script, run_load
 from pgrace.errors import ScenarioError
+from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.pgbench import LoadOptions, NoPgbench, pgbench_script, run_load
 from pgrace.render.load import render_load_json, render_load_svg, render_load_text
 from pgrace.servers import ServerInfo
 
@@ -296,7 +296,7 @@ def test_serialization_failures_are_retried_and_counted(pgrace_server: ServerInf
 def test_the_emitted_files_run_with_bare_pgbench(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from pgrace.pgbench import emit, find_pgbench
+    from pgrace.drivers.load import emit, find_pgbench
     from pgrace.scratch import scratch_database
 
     scenario = catalog.load("lost-update").other

@@ -115,7 +115,7 @@ def test_pgbench_dies_with_a_sigkilled_pgrace_and_clean_removes_its_work_directo
 
 
 def test_the_sweep_takes_no_work_directory_of_a_live_process_or_of_another_user(tmp_path: Path) -> None:
-    from pgrace.pgbench import sweep_work_dirs
+    from pgrace.drivers.load import sweep_work_dirs
 
     base = Path(tempfile.gettempdir())
     live = base / f"pgrace-load-{os.getppid()}-live"

@@ -26,9 +26,9 @@ from click.testing import CliRunner
 from procs import wait_gone
 
 from pgrace.cli import main
+from pgrace.drivers.load import LoadOptions, emit, pgbench_script, run_load
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.pgbench import LoadOptions, emit, pgbench_script, run_load
 from pgrace.servers import ServerInfo, open_server
 
 SCENARIO = """\
@@ -193,7 +193,7 @@ def test_file_text_in_pgraces_own_comment_lines_cannot_start_a_line(pgrace_serve
 
 
 def test_pgbench_gets_a_thread_per_core_not_per_client() -> None:
-    from pgrace.pgbench import pgbench_argv, threads_for
+    from pgrace.drivers.load import pgbench_argv, threads_for
 
     cores = len(os.sched_getaffinity(0))
     argv = pgbench_argv("pgbench", 18, "load.sql", 1000, LoadOptions(), "/w", "dbname=x")
@@ -223,7 +223,7 @@ def _threads(pid: int) -> int:
 
 def test_a_high_client_count_runs_on_as_many_threads_as_cores(pgrace_server: ServerInfo) -> None:
     """40 clients, each holding a row lock for 20 ms: pgbench runs them on the machine's cores."""
-    from pgrace import catalog
+    from pgrace.formats import catalog
 
     scenario = catalog.load("head-of-line-blocking")
     seen: list[int] = []

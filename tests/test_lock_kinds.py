@@ -12,8 +12,10 @@ import pytest
 from helpers import by_name, toml_scenario
 
 from pgrace import api
-from pgrace.locks import CONFLICTS, advisory_keys, advisory_level_in
-from pgrace.model import LOCK_MODES
+from pgrace.engine.observe.locks import CONFLICTS, advisory_keys, advisory_level_in
+from pgrace.engine.runner import RunOptions
+from pgrace.model.scenario import LOCK_MODES
+from pgrace.model.timeline import AdvisoryKey, Run, WaitLink
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
@@ -21,9 +23,7 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
 from pgrace.render.wording import describe_wait, serialization_text
-from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
-from pgrace.timeline import AdvisoryKey, Run, WaitLink
 
 scenario = functools.partial(toml_scenario, name="locks")
 

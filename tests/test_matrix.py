@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from fix_servers import PG15, needs_pg15
 
 from pgrace.cli import main
-from pgrace.matrix import (
+from pgrace.drivers.matrix import (
     DOCUMENTED_ROW_CONFLICTS,
     DOCUMENTED_TABLE_CONFLICTS,
     ROW_OPERATIONS,
@@ -20,7 +20,7 @@ from pgrace.matrix import (
 from pgrace.servers import ServerInfo, open_server
 
 # The manual's tables, written out cell by cell (rows: requested, as in the manual; "X": conflict),
-# independently of pgrace.matrix's encoding, which is checked against them too.
+# independently of pgrace.drivers.matrix's encoding, which is checked against them too.
 MANUAL_TABLE_13_2 = {  # requested: AS RS RE SUE S SRE E AE (held)
     "ACCESS SHARE": "       X",
     "ROW SHARE": "      XX",

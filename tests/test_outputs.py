@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from pgrace.catalog import shipped_dir
 from pgrace.cli import main
+from pgrace.formats.catalog import shipped_dir
 from pgrace.servers import ServerInfo
 
 

@@ -14,13 +14,14 @@ import xml.etree.ElementTree as ET
 import pytest
 from fix_recorded import RECORDED, Recorded
 
-from pgrace import api, catalog
+from pgrace import api
+from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.model.timeline import Run
 from pgrace.render.common import PALETTE
 from pgrace.render.html import render_html
 from pgrace.render.svg import render_svg
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Run
 
 SVG = "{http://www.w3.org/2000/svg}"
 

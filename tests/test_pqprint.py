@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 from corpus import CORPUS, needs_corpus
 
+from pgrace.model.timeline import ResultSet
 from pgrace.render.isolation import pqprint
-from pgrace.timeline import ResultSet
 
 
 def table(columns: tuple[str, ...], *rows: tuple[str | None, ...]) -> ResultSet:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from pgrace import catalog
+from pgrace.engine.runner import RunOptions
+from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.presenter import Presenter, bound_values
 from pgrace.render.text import Style
-from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
 
 PGRACE = str(Path(sys.executable).with_name("pgrace"))

@@ -11,9 +11,9 @@ import pytest
 from fix_recorded import RECORDED
 
 from pgrace import api
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import Run
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Run
 from tools.record_runs import dump_run, load_run, load_run_text, scenarios
 
 RECORDINGS = scenarios()

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pgrace import catalog
 from pgrace.cli import main
-from pgrace.explore import explore
-from pgrace.model import Step
-from pgrace.reduce import nature_of
+from pgrace.drivers.explore import explore
+from pgrace.drivers.reduce import nature_of
+from pgrace.formats import catalog
+from pgrace.model.scenario import Step
 from pgrace.servers import ServerInfo
 
 HERE = Path(__file__).parent / "explore"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from corpus import CORPUS, needs_corpus
 
-from pgrace.model import PermutationStep, Scenario, Session, Step
-from pgrace.render.isolation import render_isolation
-from pgrace.timeline import (
+from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
+from pgrace.model.timeline import (
     CheckQueried,
     Event,
     LocksObserved,
@@ -24,6 +23,7 @@ from pgrace.timeline import (
     StepWaiting,
     Wait,
 )
+from pgrace.render.isolation import render_isolation
 
 
 def rs(columns: tuple[str, ...], *rows: tuple[str | None, ...]) -> ResultSet:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from pgrace.explore import Exploration
-from pgrace.matrix import Matrix, MatrixTable, ModePair
-from pgrace.model import PermutationStep, Scenario, Session, Step
-from pgrace.outcomes import OutcomeClass
+from pgrace.drivers.explore import Exploration
+from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
+from pgrace.drivers.sweep import GridPoint, Sweep
+from pgrace.model.outcomes import OutcomeClass
+from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.render import outcomes as render
-from pgrace.sweep import GridPoint, Sweep
 
 HOSTILE = "<b>x</b> | \x1b[2J"
 

@@ -17,16 +17,16 @@ from click.testing import CliRunner
 
 from pgrace import api
 from pgrace.cli import main
+from pgrace.drivers.explore import explore, merge_explorations
 from pgrace.errors import ScenarioError
-from pgrace.explore import explore, merge_explorations
 from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
+from pgrace.model.timeline import Run
 from pgrace.render.html import render_html
 from pgrace.render.markdown import render_markdown
 from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import render_text
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Run
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "serializable-retry.toml"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from pgrace import api
+from pgrace.engine.runner import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
-from pgrace.runner import RunOptions
+from pgrace.model.timeline import Run, StepLaunched
 from pgrace.servers import ServerInfo
-from pgrace.timeline import Run, StepLaunched
 
 # Two transfers in opposite orders: w1's second update waits for w2, w2's closes the cycle.
 # Both retry on 40P01; whichever the detector chooses runs again, after the other committed.

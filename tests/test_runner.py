@@ -8,9 +8,9 @@ import functools
 from helpers import by_name, toml_scenario
 
 from pgrace import api
+from pgrace.model.timeline import NoticeReceived, StepCancelled, StepFinished
 from pgrace.pytest_plugin import RunScenario
 from pgrace.servers import ServerInfo
-from pgrace.timeline import NoticeReceived, StepCancelled, StepFinished
 
 scenario = functools.partial(
     toml_scenario, setup="CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"

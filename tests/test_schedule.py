@@ -5,10 +5,10 @@ No server: a schedule is arithmetic on names until a run follows it.
 
 from __future__ import annotations
 
+from pgrace.drivers.explore import Space
 from pgrace.engine.schedule import Choices, ChoiceTree, Interleavings, NamedOrder, Permutations, Schedule
-from pgrace.explore import Space
 from pgrace.formats.spec import parse_spec
-from pgrace.model import PermutationStep, Scenario, Session, Step
+from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 
 
 def two_sessions(steps_each: int) -> Scenario:

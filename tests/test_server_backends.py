@@ -8,8 +8,9 @@ import psycopg
 import pytest
 from fix_servers import PG15, needs_pg15
 
-from pgrace import api, catalog
+from pgrace import api
 from pgrace.errors import ServerUnavailable
+from pgrace.formats import catalog
 from pgrace.servers import open_server
 
 

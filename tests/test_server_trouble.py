@@ -25,9 +25,11 @@ from helpers import by_name, text_of, toml_scenario
 from procs import start_blocked_run, wait_gone
 
 from pgrace import api
+from pgrace.engine.runner import Runner, RunOptions
 from pgrace.errors import RunAborted
 from pgrace.formats.spec import parse_spec
-from pgrace.model import Step
+from pgrace.model.scenario import Step
+from pgrace.model.timeline import Release, Run, StepCancelled, StepRun
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.html import render_html
 from pgrace.render.isolation import render_isolation
@@ -37,10 +39,8 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.presenter import Presenter
 from pgrace.render.svg import render_svg
 from pgrace.render.text import Style
-from pgrace.runner import Runner, RunOptions
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, deferred_interrupts
-from pgrace.timeline import Release, Run, StepCancelled, StepRun
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
 scenario = functools.partial(toml_scenario, setup=SETUP, name="trouble")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pgrace import catalog
+from pgrace.drivers.check import GOLDEN_STYLE
+from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.model.timeline import Run, StepRun
 from pgrace.pytest_plugin import RunScenario
-from pgrace.regression import GOLDEN_STYLE
 from pgrace.render.json import run_to_dict
 from pgrace.render.text import render_text
-from pgrace.timeline import Run, StepRun
 
 SHIPPED = catalog.shipped_names()
 

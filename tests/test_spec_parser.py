@@ -20,7 +20,7 @@ from pgrace.formats.spec import (
     tokenize,
     unused_steps,
 )
-from pgrace.model import CompletionMarker, PermutationStep, Scenario, Session, Step
+from pgrace.model.scenario import CompletionMarker, PermutationStep, Scenario, Session, Step
 
 spec_params = pytest.mark.parametrize(
     "spec_path",

@@ -22,13 +22,7 @@ from click.testing import CliRunner
 from corpus import CORPUS, needs_corpus
 
 from pgrace.cli import main
-from pgrace.errors import ScenarioError, SetupFailed
-from pgrace.model import RowRef
-from pgrace.render.text import Style, render_text
-from pgrace.runner import RunOptions
-from pgrace.scratch import reusable_scratch_database, scratch_database
-from pgrace.servers import ServerInfo, open_server
-from pgrace.speccheck import (
+from pgrace.drivers.speccheck import (
     CheckedFile,
     PreparedCheck,
     alternatives,
@@ -38,7 +32,13 @@ from pgrace.speccheck import (
     prepare_check,
     run_check,
 )
-from pgrace.timeline import StepLaunched, StepWaiting
+from pgrace.engine.runner import RunOptions
+from pgrace.errors import ScenarioError, SetupFailed
+from pgrace.model.scenario import RowRef
+from pgrace.model.timeline import StepLaunched, StepWaiting
+from pgrace.render.text import Style, render_text
+from pgrace.scratch import reusable_scratch_database, scratch_database
+from pgrace.servers import ServerInfo, open_server
 
 SPECS = Path(__file__).parent / "specs"
 OWN_SPECS = sorted(SPECS.glob("*.spec"))

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.outcomes import OutcomeClass
+from pgrace.drivers.sweep import combinations, sweep, variants, verdict
+from pgrace.model.outcomes import OutcomeClass
 from pgrace.servers import ServerInfo
-from pgrace.sweep import combinations, sweep, variants, verdict
 
 HERMITAGE = Path(__file__).parent.parent / "examples" / "hermitage"
 LEVELS = ["read-committed", "repeatable-read", "serializable"]

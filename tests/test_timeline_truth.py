@@ -18,11 +18,13 @@ import pytest
 from click.testing import CliRunner
 from helpers import by_name, text_of, toml_scenario
 
-from pgrace import catalog
 from pgrace.cli import main
+from pgrace.engine.runner import RunOptions
 from pgrace.errors import ScenarioError
+from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.formats.spec import parse_spec
+from pgrace.model.timeline import LocksObserved, Release, StepLaunched
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.common import shorten_sql
 from pgrace.render.isolation import render_isolation
@@ -32,9 +34,7 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.presenter import Presenter
 from pgrace.render.svg import render_svg
 from pgrace.render.text import Style, render_text
-from pgrace.runner import RunOptions
 from pgrace.servers import ServerInfo
-from pgrace.timeline import LocksObserved, Release, StepLaunched
 
 scenario = functools.partial(toml_scenario, setup="CREATE TABLE t (id int PRIMARY KEY, v int);")
 

@@ -23,12 +23,12 @@ from pglast.visitors import Visitor
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgrace import catalog
 from pgrace.cli import main
-from pgrace.confinement import sql_texts
-from pgrace.model import Scenario
+from pgrace.drivers.speccheck import compare_output, expected_files
+from pgrace.formats import catalog
+from pgrace.model.scenario import Scenario
+from pgrace.scratch.confinement import sql_texts
 from pgrace.servers import ServerInfo
-from pgrace.speccheck import compare_output, expected_files
 
 DATABASE = "lookalike"
 ROLE = "stranger"  # not the owner, no CREATEDB: may only create schemas in the database

@@ -12,12 +12,12 @@ from helpers import by_name, toml_scenario
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pgrace.checks import evaluate
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.model.checks import evaluate
+from pgrace.model.timeline import StepRun
+from pgrace.model.variables import Value, compose, find, substitute
 from pgrace.pytest_plugin import RunScenario
-from pgrace.timeline import StepRun
-from pgrace.variables import Value, compose, find, substitute
 
 scenario = functools.partial(toml_scenario, name="vars")
 

@@ -7,10 +7,10 @@ import functools
 import pytest
 from helpers import toml_scenario
 
-from pgrace.checks import evaluate
 from pgrace.errors import ScenarioError
+from pgrace.model.checks import evaluate
+from pgrace.model.timeline import CheckResult
 from pgrace.pytest_plugin import RunScenario
-from pgrace.timeline import CheckResult
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pgrace.fromlog import from_log
+from pgrace.drivers.fromlog import from_log
 from tools import incidents
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """Record real runs as JSON for the renderer tests, and read them back (development tooling).
 
-The renderers are pure functions of a :class:`~pgrace.timeline.Run`; only getting a run needs
+The renderers are pure functions of a :class:`~pgrace.model.timeline.Run`; only getting a run needs
 PostgreSQL. ``python -m tools.record_runs [NAME.VARIANT ...]`` runs every shipped scenario's
 variants, every ``tests/recorded/*.toml`` and ``tests/hostile/hostile.toml`` once on the
 embedded server and writes ``tests/recorded/NAME.VARIANT.json``; the tests load them with
@@ -25,9 +25,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from pgrace import timeline
-from pgrace.model import Scenario
-from pgrace.timeline import Run
+from pgrace.model import timeline
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "recorded"
@@ -167,7 +167,7 @@ def _absolute(source: str) -> str:
 
 def scenarios() -> list[tuple[str, Scenario]]:
     """What is recorded, by the name of its recording: each variant of the shipped and the tests' own scenarios."""
-    from pgrace import catalog
+    from pgrace.formats import catalog
 
     loaded = [catalog.load(name) for name in catalog.shipped_names()]
     loaded += [catalog.load(str(path)) for path in [*sorted(RECORDED.glob("*.toml")), HOSTILE]]

@@ -24,7 +24,7 @@ from pathlib import Path
 from PIL import Image, ImageChops
 from PIL.PngImagePlugin import PngInfo
 
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -143,7 +143,8 @@ DOCS_EXTRA = (("skip-locked-fanout", "bug"),)  # variants pictured besides each 
 def docs_pages(server: ServerInfo) -> dict[str, str]:
     """File name in docs/ -> the HTML it pictures, from fresh runs (on the embedded server:
     its label is part of the page)."""
-    from pgrace import api, catalog
+    from pgrace import api
+    from pgrace.formats import catalog
     from pgrace.render.html import render_html, render_html_compare
 
     pages: dict[str, str] = {}

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import pgrace
-from pgrace.code_sqlalchemy import engine
+from pgrace.drivers.code_sqlalchemy import engine
 
 
 class Base(DeclarativeBase):

@@ -20,6 +20,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from pgrace import __version__, bounds
+from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -28,7 +29,6 @@ from pgrace.errors import (
     PgraceError,
     ScenarioError,
 )
-from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
 from pgrace.render import formats
 from pgrace.text import visible
 
@@ -38,7 +38,7 @@ from pgrace.text import visible
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pgrace.model import Scenario
+    from pgrace.model.scenario import Scenario
     from pgrace.render.progress import Progress
     from pgrace.render.text import Style
     from pgrace.servers import ServerInfo
@@ -239,7 +239,7 @@ def main() -> None:
 
 def complete_scenario(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Shell completion of SCENARIO: the shipped names that fit, then files, as the shell lists them."""
-    from pgrace.catalog import shipped_names
+    from pgrace.formats.catalog import shipped_names
 
     names = [CompletionItem(name) for name in shipped_names() if name.startswith(incomplete)]
     return [*names, CompletionItem(incomplete, type="file")]
@@ -323,7 +323,7 @@ def parse_params(values: tuple[str, ...]) -> dict[str, str]:
 def pick_variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    from pgrace import catalog
+    from pgrace.formats import catalog
 
     return catalog.variant(scenario, "fix" if fix else "bug" if bug else None)
 

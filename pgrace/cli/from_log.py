@@ -40,8 +40,8 @@ def from_log_command(
     to stdout or -o FILE and says on stderr what the log did not say and whether the
     scenario, run in a scratch database, brought the incident back (exit 1 if not).
     """
-    from pgrace.fromlog import from_log
-    from pgrace.fromlog.report import incident_list, report_lines
+    from pgrace.drivers.fromlog import from_log
+    from pgrace.drivers.fromlog.report import incident_list, report_lines
 
     refuse_overwriting_inputs(output, logfiles)
     result = from_log(

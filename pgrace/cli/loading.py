@@ -30,7 +30,7 @@ from pgrace.cli.base import (
 from pgrace.files import refuse_overwriting_inputs
 
 if TYPE_CHECKING:
-    from pgrace.pgbench import ClientRun, LoadResult
+    from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.render.progress import Progress
 
 
@@ -91,7 +91,8 @@ def load(
     the most clients waiting on a lock at once (and on what), and every invariant of the
     [load] section that did not hold. Each count starts from a fresh scratch database.
     """
-    from pgrace import api, catalog
+    from pgrace import api
+    from pgrace.formats import catalog
 
     loaded = catalog.load(scenario, parse_params(params))
     refuse_overwriting_inputs(output, [loaded.source])

@@ -194,7 +194,8 @@ def explore(
     interleaving. Interleavings are grouped by what the final checks saw and which
     SQLSTATEs the steps raised, each class with its count and its simplest example.
     """
-    from pgrace import api, catalog
+    from pgrace import api
+    from pgrace.formats import catalog
     from pgrace.render.playback import style_of
 
     chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)

@@ -43,7 +43,7 @@ from pgrace.render import formats
 @format_option("list")
 def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
     """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
-    from pgrace import catalog
+    from pgrace.formats import catalog
 
     emit(draw("list", fmt, catalog.select(tags, topic)), None)
 
@@ -55,7 +55,7 @@ def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
 @param_option
 def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     """Show a scenario's story and steps without running it."""
-    from pgrace import catalog
+    from pgrace.formats import catalog
     from pgrace.render.listing import render_show
 
     loaded = catalog.load(scenario, parse_params(params))
@@ -122,7 +122,7 @@ def run(
 
     # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
     with booting_server(server_target or dsn, superuser) as server_ready:
-        from pgrace import catalog
+        from pgrace.formats import catalog
 
         loaded = catalog.load(scenario, parse_params(params))
         from pgrace import api
@@ -143,7 +143,7 @@ def run(
         chosen = pick_variant(loaded, fix, bug)
         if not shown.start(chosen, loaded):
             # The engine and the renderer are imported while the run waits for its server and database.
-            import_ahead("pgrace.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
+            import_ahead("pgrace.engine.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
         server = tidied(server_ready())
         with shown.playing():
             result = shown.played(

@@ -19,6 +19,7 @@ import psycopg
 from pgrace import scratch
 from pgrace.engine.code_scheduler import Chooser, CodeOrder
 from pgrace.engine.control import ControlSql
+from pgrace.engine.observe.locks import LockInspector
 from pgrace.engine.runner import setup_failed
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
@@ -33,11 +34,10 @@ from pgrace.engine.threads import (
     where_defined,
 )
 from pgrace.errors import CodeError, RunAborted, ScenarioFailed, StepsStuck
-from pgrace.locks import LockInspector
-from pgrace.model import FinalCheck, PermutationStep, Scenario, Session, Step
+from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario, Session, Step
+from pgrace.model.timeline import CheckQueried, PermutationStarted, Run, SetupRan
 from pgrace.scratch import schema_reset_sql
 from pgrace.servers import ServerInfo
-from pgrace.timeline import CheckQueried, PermutationStarted, Run, SetupRan
 
 CODE_SCHEMA = "pgrace_code"
 

@@ -20,15 +20,15 @@ from pgrace.engine.scheduler import Scheduler
 from pgrace.engine.threads import Gate, ThreadSession, raised_at, where_defined
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S, GateWaiting
 from pgrace.errors import CodeError
-from pgrace.model import PermutationStep, Scenario, Step
-from pgrace.timeline import Outcome, Run, SqlError
+from pgrace.model.scenario import PermutationStep, Scenario, Step
+from pgrace.model.timeline import Outcome, Run, SqlError
 
 if TYPE_CHECKING:
     import threading
 
+    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.steps import StepBook
     from pgrace.engine.threads import SessionCode
-    from pgrace.locks import LockInspector
 
 Chooser = Callable[[list[str]], str]
 

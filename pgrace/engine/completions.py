@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from pgrace.engine.libpq import LibpqSession
 from pgrace.engine.retries import note_attempt
 from pgrace.errors import ScenarioError
-from pgrace.timeline import Release
-from pgrace.variables import Value
+from pgrace.model.timeline import Release
+from pgrace.model.variables import Value
 
 if TYPE_CHECKING:
     from pgrace.engine.scheduler import Scheduler

@@ -21,7 +21,7 @@ from psycopg import pq
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import first_line, result_error
 from pgrace.errors import RunAborted, StepsStuck
-from pgrace.timeline import Outcome
+from pgrace.model.timeline import Outcome
 
 
 def _aborted(where: str, detail: str) -> Exception:

@@ -20,12 +20,12 @@ from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import field as diag_field
 from pgrace.engine.sqlerrors import first_line, raw_message, result_error
 from pgrace.engine.steps import Active
-from pgrace.timeline import NoticeReceived, NotifyReceived, Outcome, ResultSet, SessionLost, SqlError
-from pgrace.variables import Value
+from pgrace.model.timeline import NoticeReceived, NotifyReceived, Outcome, ResultSet, SessionLost, SqlError
+from pgrace.model.variables import Value
 
 if TYPE_CHECKING:
+    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.steps import Recorder
-    from pgrace.locks import LockInspector
 
 
 class LibpqSession:

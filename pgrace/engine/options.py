@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.model import Step
-    from pgrace.timeline import Event, LockKinds
+    from pgrace.model.scenario import Step
+    from pgrace.model.timeline import Event, LockKinds
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pgrace.engine.libpq import LibpqSession, sockets
 from pgrace.engine.sqlerrors import exception_error, first_line
 from pgrace.engine.steps import Active
 from pgrace.errors import PgraceError, RunAborted
-from pgrace.timeline import Outcome, SessionLost, SqlError
+from pgrace.model.timeline import Outcome, SessionLost, SqlError
 
 # A step whose reply comes this soon after another step it released is reported first.
 RELEASER_GRACE_S = 0.05

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from psycopg import pq
 
-from pgrace.timeline import ResultSet
+from pgrace.model.timeline import ResultSet
 
 
 def result_set(res: pq.abc.PGresult) -> ResultSet:

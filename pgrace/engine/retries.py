@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pgrace.engine.libpq import LibpqSession
     from pgrace.engine.session import Session
     from pgrace.engine.steps import Active
-    from pgrace.model import Scenario, Step
+    from pgrace.model.scenario import Scenario, Step
 
 
 def attempted(step: Step, session: LibpqSession) -> bool:

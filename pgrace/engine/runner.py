@@ -6,10 +6,10 @@ probe, ``pg_locks`` and ``pgrowlocks``. The order of the steps is the
 :class:`~pgrace.engine.scheduler.Scheduler`'s (see ``shared/pg-isolation/ISOLATIONTESTER.md``).
 
 A session whose connection is lost (its backend terminated) is recorded once, as
-:class:`~pgrace.timeline.SessionLost`, and its later steps are not sent; the others go on.
+:class:`~pgrace.model.timeline.SessionLost`, and its later steps are not sent; the others go on.
 Losing the control or observer connection ends the run (:class:`~pgrace.errors.RunAborted`).
 
-The runner records events into a :class:`~pgrace.timeline.Run` and never prints.
+The runner records events into a :class:`~pgrace.model.timeline.Run` and never prints.
 """
 
 from __future__ import annotations
@@ -20,20 +20,21 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
-from pgrace import scratch, variables
+from pgrace import scratch
 from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq import LibpqSession
-from pgrace.engine.options import RunOptions
+from pgrace.engine.observe.locks import LockInspector
+from pgrace.engine.options import RunOptions as RunOptions  # its options, where its callers look
 from pgrace.engine.retries import attempted
 from pgrace.engine.schedule import Permutations
 from pgrace.engine.scheduler import Scheduler, uses_facts
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
-from pgrace.locks import LockInspector
-from pgrace.model import PermutationStep, Scenario
-from pgrace.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
-from pgrace.variables import substitute
+from pgrace.model import variables
+from pgrace.model.scenario import PermutationStep, Scenario
+from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
+from pgrace.model.variables import substitute
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
@@ -237,7 +238,7 @@ class Runner:
             held = any(self.scenario.step(d.step).session == step.session for d in deferred)
             if self.options.defer_busy_sessions or undecided or held:
                 deferred.append(entry)
-                self._launch_ready(deferred)
+                launch_ready(self.scheduler, self.sessions, deferred)
                 continue
             if session.busy:
                 scheduler.wait_for_session(session)
@@ -245,13 +246,13 @@ class Runner:
             if attempted(step, session):
                 scheduler.launch_entry(step, entry)
             if deferred:
-                self._launch_ready(deferred)
+                launch_ready(self.scheduler, self.sessions, deferred)
         while deferred:  # only held steps are left: wait for a blocked session, as without deferral
             session = self.sessions[self.scenario.step(deferred[0].step).session]
             if not session.busy and scheduler.waiting:  # held for a capture that a blocked step will make
                 session = self.sessions[scheduler.waiting[0].step.session]
             scheduler.wait_for_session(session)
-            self._launch_ready(deferred)
+            launch_ready(self.scheduler, self.sessions, deferred)
         scheduler.finish_permutation()
         if self.options.checks_each_permutation or last:
             self._run_checks()
@@ -307,41 +308,6 @@ class Runner:
         for teardown in teardowns[len(control) :]:
             self._exec_teardown(self.control.pgconn, teardown, None)
 
-    def _launch_ready(self, deferred: list[PermutationStep]) -> None:
-        """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
-
-        A session runs one statement at a time: a step whose session is still blocked waits
-        in ``deferred`` (with the session's later steps) while other sessions' steps go
-        ahead, and is launched as soon as its session is free again. A step that uses a
-        variable (``:session.name``) that a held or still blocked step captures waits for it
-        as well: it runs after the step that captures it, with the captured value.
-        """
-
-        def blocked_captures() -> set[str]:
-            return {
-                f"{s.name}.{variable}"
-                for s in self.sessions.values()
-                if s.active
-                for variable, _ in s.active.step.capture
-            }
-
-        position = 0
-        held: set[str] = set()
-        held_variables = blocked_captures()  # whoever uses these waits too
-        while position < len(deferred):
-            step = self.scenario.step(deferred[position].step)
-            busy = step.session in held or self.sessions[step.session].busy
-            if busy or (held_variables and any(use.key in held_variables for use in variables.find(step.sql))):
-                held.add(step.session)
-                held_variables.update(f"{step.session}.{variable}" for variable, _ in step.capture)
-                position += 1
-                continue
-            entry = deferred.pop(position)
-            if not attempted(step, self.sessions[step.session]):
-                continue  # an attempt nobody needs: its place in the interleaving stays empty
-            self.scheduler.launch_entry(step, entry)
-            position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
-
     # -- setup, teardown, checks --------------------------------------------------------
 
     def _with_params(self, text: str) -> str:
@@ -374,6 +340,37 @@ class Runner:
             if uses_facts(check.sql):
                 shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
+
+
+def launch_ready(scheduler: Scheduler, sessions: dict[str, LibpqSession], deferred: list[PermutationStep]) -> None:
+    """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
+
+    A session runs one statement at a time: a step whose session is still blocked waits
+    in ``deferred`` (with the session's later steps) while other sessions' steps go
+    ahead, and is launched as soon as its session is free again. A step that uses a
+    variable (``:session.name``) that a held or still blocked step captures waits for it
+    as well: it runs after the step that captures it, with the captured value.
+    """
+
+    def blocked_captures() -> set[str]:
+        return {f"{s.name}.{variable}" for s in sessions.values() if s.active for variable, _ in s.active.step.capture}
+
+    position = 0
+    held: set[str] = set()
+    held_variables = blocked_captures()  # whoever uses these waits too
+    while position < len(deferred):
+        step = scheduler.scenario.step(deferred[position].step)
+        busy = step.session in held or sessions[step.session].busy
+        if busy or (held_variables and any(use.key in held_variables for use in variables.find(step.sql))):
+            held.add(step.session)
+            held_variables.update(f"{step.session}.{variable}" for variable, _ in step.capture)
+            position += 1
+            continue
+        entry = deferred.pop(position)
+        if not attempted(step, sessions[step.session]):
+            continue  # an attempt nobody needs: its place in the interleaving stays empty
+        scheduler.launch_entry(step, entry)
+        position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
 
 
 def setup_failed(where: str, outcome: Any, source: str, line: int | None) -> SetupFailed:

@@ -1,12 +1,12 @@
 """The orders a run follows: one abstraction for a fixed permutation, explore's space, and code's choice tree.
 
-A :class:`~pgrace.orders.Schedule` is an iterable of *orders*, each one run after the other,
+A :class:`~pgrace.model.orders.Schedule` is an iterable of *orders*, each one run after the other,
 and knows how many there are when that can be told before running (``size``):
 
-* :class:`~pgrace.orders.Interleavings`: every interleaving of fixed sequences (a spec without
+* :class:`~pgrace.model.orders.Interleavings`: every interleaving of fixed sequences (a spec without
   permutation lines);
 * :class:`Permutations`: a scenario's own permutations (its file's order, or its spec's list);
-* :class:`pgrace.explore.Space`: every interleaving of a scenario's steps, numbered without
+* :class:`pgrace.drivers.explore.Space`: every interleaving of a scenario's steps, numbered without
   listing them (an order is a tuple of step names);
 * :class:`ChoiceTree`: the application's code, whose statements are known only by running it:
   an order is a :class:`Choices`, which picks among the ready sessions at each choice and
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from pgrace.errors import CodeError
-from pgrace.model import PermutationStep, Scenario
-from pgrace.orders import Interleavings, Schedule
+from pgrace.model.orders import Interleavings, Schedule
+from pgrace.model.scenario import PermutationStep, Scenario
 
 __all__ = ["ChoiceTree", "Choices", "Interleavings", "NamedOrder", "Permutations", "Schedule"]
 

@@ -28,17 +28,17 @@ from pgrace.engine.pauses import Pauses
 from pgrace.engine.steps import Active
 from pgrace.engine.waiting import SocketWaiting, Waiting
 from pgrace.errors import PgraceError, StepsStuck
-from pgrace.model import PermutationStep, Scenario, Step
-from pgrace.timeline import Holder, Outcome, Run, SqlError
-from pgrace.variables import FACTS, Value, find, param_values, substitute
+from pgrace.model.scenario import PermutationStep, Scenario, Step
+from pgrace.model.timeline import Holder, Outcome, Run, SqlError
+from pgrace.model.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
     import psycopg
 
+    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.options import RunOptions
     from pgrace.engine.session import Session
     from pgrace.engine.steps import Recorder, StepBook
-    from pgrace.locks import LockInspector
 
 
 def uses_facts(sql: str) -> bool:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Protocol
 from psycopg import pq
 
 if TYPE_CHECKING:
+    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.steps import Active, Recorder
-    from pgrace.locks import LockInspector
-    from pgrace.timeline import Outcome, SessionLost, SqlError
-    from pgrace.variables import Value
+    from pgrace.model.timeline import Outcome, SessionLost, SqlError
+    from pgrace.model.variables import Value
 
 
 class Session(Protocol):

@@ -2,7 +2,7 @@
 
 A step's result arrives as a raw ``PGresult`` (scenario steps, control SQL) or as the
 exception psycopg raised (the application's code): both carry a ``Diagnostic``, and both
-become the same :class:`~pgrace.timeline.SqlError`, so a timeline does not depend on the
+become the same :class:`~pgrace.model.timeline.SqlError`, so a timeline does not depend on the
 transport that ran its steps.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from psycopg import pq
 from psycopg.errors import Diagnostic, Error
 
-from pgrace.timeline import SqlError
+from pgrace.model.timeline import SqlError
 
 
 def sql_error(diag: Diagnostic, fallback: str, text: str = "") -> SqlError:

@@ -2,7 +2,7 @@
 
 Both schedulers (scenario steps over libpq, the application's code over threads) keep
 their steps here: :class:`StepBook` numbers launches, records them, tells the
-:class:`~pgrace.releases.ReleaseTracker` every launch, wait and completion, attributes a
+:class:`~pgrace.engine.observe.releases.ReleaseTracker` every launch, wait and completion, attributes a
 wait's end, and observes the locks after a step. What differs between the two is only how
 a session's statement is sent and waited for (:mod:`pgrace.engine.session`).
 """
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from psycopg import pq
 
-from pgrace.locks import LockSnapshot
-from pgrace.model import PermutationStep, Step
-from pgrace.releases import ReleaseTracker
-from pgrace.timeline import (
+from pgrace.engine.observe.locks import LockSnapshot
+from pgrace.engine.observe.releases import ReleaseTracker
+from pgrace.model.scenario import PermutationStep, Step
+from pgrace.model.timeline import (
     Event,
     FootprintObserved,
     Holder,
@@ -37,8 +37,8 @@ from pgrace.timeline import (
 )
 
 if TYPE_CHECKING:
+    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.session import Session
-    from pgrace.locks import LockInspector
 
 
 Graph = tuple[tuple[str, tuple[str, ...]], ...]  # who waits for whom, by session name
@@ -162,7 +162,7 @@ class StepBook:
         settle: Callable[[Iterable[str]], None],
         gone: Callable[[Iterable[str]], set[str]],
     ) -> Release:
-        """What ended a step's wait (see :class:`~pgrace.releases.ReleaseTracker`)."""
+        """What ended a step's wait (see :class:`~pgrace.engine.observe.releases.ReleaseTracker`)."""
         return self.releases.attribute(
             step.seq, error, cancelled_by_pgrace=step.cancelled, lost=lost, settle=settle, gone=gone
         )

@@ -30,12 +30,12 @@ from psycopg import pq, sql
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import exception_error
 from pgrace.errors import CodeError
-from pgrace.timeline import Outcome, SessionLost, SqlError
+from pgrace.model.timeline import Outcome, SessionLost, SqlError
 
 if TYPE_CHECKING:
+    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.steps import Active, Recorder
-    from pgrace.locks import LockInspector
-    from pgrace.variables import Value
+    from pgrace.model.variables import Value
 
 SessionCode = Callable[[Any], object]
 _SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib")
@@ -119,7 +119,7 @@ class TracedConnection(psycopg.Connection[Any]):
     _label: str | None = None
     _untracked: bool = False
     _lent: bool = False  # in a session's hands: close() is pgrace's to do
-    pgrace_engine: Any = None  # the SQLAlchemy engine made for it (see pgrace.code_sqlalchemy)
+    pgrace_engine: Any = None  # the SQLAlchemy engine made for it (see pgrace.drivers.code_sqlalchemy)
 
     def _gate(self) -> Gate | None:
         gate = GATES.get(threading.get_ident())

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from pgrace.engine.libpq import LibpqSession
 
 if TYPE_CHECKING:
+    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.threads import ThreadSession
-    from pgrace.locks import LockInspector
 
 # isolationtester's wait loop: select() on the step's socket for this long, then probe.
 ISOLATIONTESTER_SLICE_S = 0.01

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from pgrace.errors import ScenarioError
 from pgrace.formats.names import KeyPath, base_name, did_you_mean
-from pgrace.model import Load, LoadCheck, LoadCommand, Scenario, Step
-from pgrace.variables import NAME, find, meta_command, scan_error
+from pgrace.model.scenario import Load, LoadCheck, LoadCommand, Scenario, Step
+from pgrace.model.variables import NAME, find, meta_command, scan_error
 
 if TYPE_CHECKING:
     from pgrace.formats.scenario_toml.reader import Reader

@@ -23,8 +23,8 @@ from typing import Literal
 
 from pgrace.errors import ScenarioError
 from pgrace.formats import limits
-from pgrace.model import CompletionMarker, PermutationStep, Scenario, Session, Step
-from pgrace.orders import Interleavings
+from pgrace.model.orders import Interleavings
+from pgrace.model.scenario import CompletionMarker, PermutationStep, Scenario, Session, Step
 from pgrace.text import control_in_name
 
 KEYWORDS = frozenset({"notices", "permutation", "session", "setup", "step", "teardown"})

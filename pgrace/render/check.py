@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from pgrace.cases import CaseResult, differs_across_servers
 from pgrace.errors import ScenarioError
+from pgrace.model.cases import CaseResult, differs_across_servers
 from pgrace.servers import ServerInfo
 from pgrace.text import visible
 
 if TYPE_CHECKING:
+    from pgrace.model.results import Checked
     from pgrace.render.progress import Progress
-    from pgrace.results import Checked
 
 
 def render_results(results: Sequence[CaseResult], with_server: bool = False) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pgrace.model.timeline import Run
 from pgrace.render.sections import is_serialization_failure, launches, step_note
 from pgrace.render.wording import describe_wait, outcome_lines, release_phrase, serialization_text
-from pgrace.timeline import Run
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ The rest of the shared vocabulary lies beside it: :mod:`pgrace.render.wording` (
 outcomes, releases and locks in words), :mod:`pgrace.render.sections` (the run folded into
 drawable rows), :mod:`pgrace.render.story` (what happened, in sentences) and
 :mod:`pgrace.render.columns` (steps side by side). All of it is pure: a
-:class:`~pgrace.timeline.Run` in, values out.
+:class:`~pgrace.model.timeline.Run` in, values out.
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ import textwrap
 import click
 from tabulate import tabulate
 
+from pgrace.model.timeline import CheckQueried, Run
 from pgrace.render.columns import StepSummary, rows, same_sessions, step_summaries
 from pgrace.render.common import SESSION_COLOURS, one_line
 from pgrace.render.story import story_facts
 from pgrace.render.text import Style, render_verdict
 from pgrace.render.wording import outcome_lines
 from pgrace.text import without_controls
-from pgrace.timeline import CheckQueried, Run
 
 
 def _cell(summary: StepSummary | None, width: int, session: str | None = None) -> str:

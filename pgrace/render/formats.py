@@ -6,7 +6,7 @@ are read from this table; the modules are imported only when their format is ask
 so that importing the CLI stays cheap (nothing but this table is loaded).
 
 Kinds: ``list`` (the shipped scenarios' catalogue entries), ``run`` (a
-:class:`~pgrace.timeline.Run`), ``compare`` (the bug's and the fix's runs), ``explore``,
+:class:`~pgrace.model.timeline.Run`), ``compare`` (the bug's and the fix's runs), ``explore``,
 ``sweep``, ``matrix`` and ``load`` (what :mod:`pgrace.api`'s functions of those names
 return).
 """

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from html import escape
 
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import CheckQueried, Run
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, WAIT_COLOUR, WAIT_DARK, session_colours
 from pgrace.render.story import story_facts, variant_flag, verdict_line
 from pgrace.render.svg import lane_width_for, timeline_svg
 from pgrace.render.wording import locks_heading, outcome_lines
 from pgrace.text import without_controls
-from pgrace.timeline import CheckQueried, Run
 
 CSS = f"""
 :root {{ color-scheme: light; }}

@@ -9,7 +9,7 @@ are included too, where ``pg_isolation_regress`` would merge them into the resul
 from __future__ import annotations
 
 from pgrace.formats.spec import unused_steps
-from pgrace.timeline import (
+from pgrace.model.timeline import (
     Event,
     NoticeReceived,
     NotifyReceived,

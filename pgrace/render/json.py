@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pgrace.model.timeline import AdvisoryKey, HeldLock, Outcome, Release, Run, StepRun, Wait
+from pgrace.model.values import to_json_value
 from pgrace.text import json_safe
-from pgrace.timeline import AdvisoryKey, HeldLock, Outcome, Release, Run, StepRun, Wait
-from pgrace.values import to_json_value
 
 SCHEMA_VERSION = 1
 

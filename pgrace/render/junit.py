@@ -10,8 +10,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from pgrace.cases import CaseResult
 from pgrace.errors import ScenarioError
+from pgrace.model.cases import CaseResult
 from pgrace.text import visible
 
 

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 from pgrace.text import visible, without_controls
 
 if TYPE_CHECKING:
-    from pgrace.catalog import Entry
-    from pgrace.model import Scenario
+    from pgrace.formats.catalog import Entry
+    from pgrace.model.scenario import Scenario
     from pgrace.render.views import View
 
 
 def list_text(chosen: list[Entry], view: View | None = None) -> str:
     """By topic, one line a scenario, then the tags to filter them by."""
-    from pgrace import catalog
+    from pgrace.formats import catalog
 
     lines = []
     for number, (group, members) in enumerate(catalog.by_topic(chosen)):
@@ -43,7 +43,7 @@ def list_json(chosen: list[Entry], view: View | None = None) -> str:
 
 def render_show(loaded: Scenario, variant: Scenario) -> str:
     """``variant`` of the file ``loaded`` (its first variant) told without running it."""
-    from pgrace import catalog
+    from pgrace.formats import catalog
 
     chosen = without_controls(variant)
     lines = [f"{chosen.name} ({chosen.variant}): {chosen.title}", f"source: {chosen.source}"]

@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 from tabulate import tabulate
 
-from pgrace.pgbench.results import ClientRun, LoadResult
+from pgrace.model.load import ClientRun, LoadResult
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR
 from pgrace.text import json_safe, visible
 

@@ -8,14 +8,14 @@ GitHub would otherwise take for a column border, even inside code.
 
 from __future__ import annotations
 
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
+from pgrace.model.timeline import CheckQueried, Run
 from pgrace.render.columns import StepSummary, same_sessions, step_summaries
 from pgrace.render.common import one_line, session_colours
 from pgrace.render.sections import Entry, timeline_sections
 from pgrace.render.story import story_facts, variant_flag, verdict_line
 from pgrace.render.wording import describe_wait, lock_label, locks_heading, outcome_lines
 from pgrace.text import without_controls
-from pgrace.timeline import CheckQueried, Run
 
 SPECIAL = "\\`*_[]<>|#"
 

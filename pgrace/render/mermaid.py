@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import textwrap
 
+from pgrace.model.timeline import Run
 from pgrace.render.common import one_line, session_colours, shorten
 from pgrace.render.sections import Entry, timeline_sections
 from pgrace.render.story import verdict_line
 from pgrace.render.wording import wait_phrase, wait_points_at
 from pgrace.text import without_controls
-from pgrace.timeline import Run
 
 MAX_MESSAGE = 90
 ENTITIES = {"#": "#35;", ";": "#59;", "<": "#lt;", ">": "#gt;"}  # one pass: no escaping the escapes

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from pgrace.model import Scenario
-from pgrace.outcomes import verdict_of
+from pgrace.model.outcomes import verdict_of
+from pgrace.model.scenario import Scenario
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
 from pgrace.text import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
-    from pgrace.explore import Exploration
-    from pgrace.matrix import Matrix, MatrixTable, ModePair
-    from pgrace.outcomes import OutcomeClass
-    from pgrace.sweep import Sweep
+    from pgrace.drivers.explore import Exploration
+    from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
+    from pgrace.drivers.sweep import Sweep
+    from pgrace.model.outcomes import OutcomeClass
 
 
 def step_label(scenario: Scenario, name: str) -> str:

@@ -22,10 +22,10 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.engine.options import RunOptions
-    from pgrace.model import Scenario
+    from pgrace.model.scenario import Scenario
+    from pgrace.model.timeline import LockKinds, Run
     from pgrace.render.presenter import Presenter
     from pgrace.render.text import Style
-    from pgrace.timeline import LockKinds, Run
 
 
 def style_of(color: bool | None, width: int | None, on_terminal: bool) -> Style:

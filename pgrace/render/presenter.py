@@ -26,23 +26,8 @@ from typing import TextIO
 
 import click
 
-from pgrace.model import Scenario, Step
-from pgrace.render.common import SESSION_COLOURS, one_line, sql_lines
-from pgrace.render.screen import TICK, Keys, Screen
-from pgrace.render.story import story_facts, variant_flag, verdict_line
-from pgrace.render.text import Style
-from pgrace.render.wording import (
-    cancel_text,
-    describe_wait,
-    lock_label,
-    lost_text,
-    outcome_lines,
-    release_phrase,
-    serialization_text,
-    wait_phrase,
-)
-from pgrace.text import without_controls
-from pgrace.timeline import (
+from pgrace.model.scenario import Scenario, Step
+from pgrace.model.timeline import (
     CheckQueried,
     Event,
     HeldLock,
@@ -58,7 +43,22 @@ from pgrace.timeline import (
     StepWaiting,
     Wait,
 )
-from pgrace.variables import FACTS, find
+from pgrace.model.variables import FACTS, find
+from pgrace.render.common import SESSION_COLOURS, one_line, sql_lines
+from pgrace.render.screen import TICK, Keys, Screen
+from pgrace.render.story import story_facts, variant_flag, verdict_line
+from pgrace.render.text import Style
+from pgrace.render.wording import (
+    cancel_text,
+    describe_wait,
+    lock_label,
+    lost_text,
+    outcome_lines,
+    release_phrase,
+    serialization_text,
+    wait_phrase,
+)
+from pgrace.text import without_controls
 
 GUTTER = 6
 

@@ -9,16 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pgrace.render.wording import (
-    cancel_text,
-    lost_text,
-    outcome_lines,
-    release_phrase,
-    serialization_text,
-    shown_locks,
-    steps_waited,
-)
-from pgrace.timeline import (
+from pgrace.model.timeline import (
     HeldLock,
     LocksObserved,
     NoticeReceived,
@@ -33,6 +24,15 @@ from pgrace.timeline import (
     StepLaunched,
     StepWaiting,
     Wait,
+)
+from pgrace.render.wording import (
+    cancel_text,
+    lost_text,
+    outcome_lines,
+    release_phrase,
+    serialization_text,
+    shown_locks,
+    steps_waited,
 )
 
 EntryKind = Literal["step", "resume", "cancel", "notice", "lost"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pgrace.model.timeline import CheckResult, Run
 from pgrace.render.sections import launches
 from pgrace.render.wording import plural, release_phrase, serialization_text, wait_phrase
-from pgrace.timeline import CheckResult, Run
 
 
 def story_facts(run: Run) -> list[str]:

@@ -12,6 +12,21 @@ from dataclasses import dataclass, field
 import click
 from tabulate import tabulate
 
+from pgrace.model.timeline import (
+    CheckQueried,
+    CheckResult,
+    HeldLock,
+    LocksObserved,
+    NoticeReceived,
+    NotifyReceived,
+    PermutationStarted,
+    Run,
+    SessionLost,
+    StepCancelled,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+)
 from pgrace.render.common import SESSION_COLOURS, wrap_cell
 from pgrace.render.story import setup_failure, verdict_words
 from pgrace.render.wording import (
@@ -27,21 +42,6 @@ from pgrace.render.wording import (
     steps_waited,
 )
 from pgrace.text import without_controls
-from pgrace.timeline import (
-    CheckQueried,
-    CheckResult,
-    HeldLock,
-    LocksObserved,
-    NoticeReceived,
-    NotifyReceived,
-    PermutationStarted,
-    Run,
-    SessionLost,
-    StepCancelled,
-    StepFinished,
-    StepLaunched,
-    StepWaiting,
-)
 
 DEFAULT_WIDTH = 120
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.matrix import Matrix
-    from pgrace.model import Scenario
-    from pgrace.pgbench import LoadResult
+    from pgrace.drivers.load import LoadResult
+    from pgrace.drivers.matrix import Matrix
+    from pgrace.model.results import Explored, Swept
+    from pgrace.model.scenario import Scenario
+    from pgrace.model.timeline import Run
     from pgrace.render.text import Style
-    from pgrace.results import Explored, Swept
-    from pgrace.timeline import Run
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pgrace.render.common import MAX_ROWS_SHOWN, QUIET_TAGS, one_line, shorten, shorten_sql
-from pgrace.timeline import (
+from pgrace.model.timeline import (
     HeldLock,
     Holder,
     LocksObserved,
@@ -19,7 +18,8 @@ from pgrace.timeline import (
     Wait,
     WaitLink,
 )
-from pgrace.values import display_cell
+from pgrace.model.values import display_cell
+from pgrace.render.common import MAX_ROWS_SHOWN, QUIET_TAGS, one_line, shorten, shorten_sql
 
 
 def wait_target(wait: Wait) -> str:

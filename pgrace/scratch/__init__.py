@@ -10,7 +10,7 @@ place that decides where SQL runs:
   schema (its ``search_path``, merged with whatever options the caller needs) and checks
   that it did before any scenario SQL is sent;
 * in schema mode, SQL that cannot be confined to the schema is refused before anything
-  is created (:func:`pgrace.confinement.confine_scenario`).
+  is created (:func:`pgrace.scratch.confinement.confine_scenario`).
 
 Liveness is the server's to tell. A scratch object's name carries pgrace's prefix and a
 tag derived from the rest of the name, and a run holds a session-level advisory lock

@@ -12,7 +12,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 from pgrace.errors import RunAborted, ServerUnavailable
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
 from pgrace.scratch.connections import _BACKENDS, observer_conninfo
 from pgrace.scratch.databases import NoCreateDb, _claim_new_name, _connect, _create, _drop, _try_pgrowlocks
 from pgrace.scratch.names import _DROP_LOCK_TIMEOUT, is_scratch_name, scratch_name
@@ -97,7 +97,7 @@ def scratch_database(
         if in_schema:
             if scenario is None:
                 raise ValueError("schema mode needs the scenario, to check its SQL first")
-            from pgrace.confinement import confine_scenario
+            from pgrace.scratch.confinement import confine_scenario
 
             confine_scenario(scenario)
             with _scratch_schema(admin, server, name) as scratch:

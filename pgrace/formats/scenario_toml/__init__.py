@@ -2,7 +2,7 @@
 
 Parsing happens in two passes (as isolationtester's ``check_testspec``): ``tomllib``
 turns text into plain data, then :class:`Builder` checks every key and reference and turns
-it into a :class:`~pgrace.model.Scenario`, raising one :class:`ScenarioError` that names
+it into a :class:`~pgrace.model.scenario.Scenario`, raising one :class:`ScenarioError` that names
 the file and line of the first problem, with a "did you mean" hint where one helps.
 ``tomllib`` keeps no positions, so :class:`Locator` finds lines by scanning the text.
 
@@ -25,7 +25,7 @@ from pgrace.errors import ScenarioError
 from pgrace.formats import limits
 from pgrace.formats.scenario_toml.builder import Builder
 from pgrace.formats.scenario_toml.locator import Locator
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
 
 __all__ = ["Builder", "Locator", "load_toml_scenario", "parse_toml_scenario"]
 

@@ -15,7 +15,7 @@ from pgrace.formats.scenario_toml.reader import NAME, Reader
 from pgrace.formats.scenario_toml.retry import Retries
 from pgrace.formats.scenario_toml.steps import StepReader
 from pgrace.formats.scenario_toml.variants import VariantEditor
-from pgrace.model import PermutationStep, Scenario, Session
+from pgrace.model.scenario import PermutationStep, Scenario, Session
 
 TOP_KEYS = {
     "name",

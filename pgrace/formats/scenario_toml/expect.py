@@ -7,8 +7,8 @@ from typing import Any
 
 from pgrace.formats.names import KeyPath, did_you_mean
 from pgrace.formats.scenario_toml.reader import SQLSTATE, Reader
-from pgrace.model import LOCK_MODES, FinalCheck, LockExpectation, RowRef, StepExpectation, WaitTarget
-from pgrace.timeline import RELEASE_CAUSES
+from pgrace.model.scenario import LOCK_MODES, FinalCheck, LockExpectation, RowRef, StepExpectation, WaitTarget
+from pgrace.model.timeline import RELEASE_CAUSES
 
 EXPECT_KEYS = {
     "waits",

@@ -8,9 +8,9 @@ from pgrace.errors import ScenarioError
 from pgrace.formats.names import did_you_mean
 from pgrace.formats.scenario_toml.locator import Locator
 from pgrace.formats.scenario_toml.reader import Reader
-from pgrace.model import Scenario
+from pgrace.model.scenario import Scenario
+from pgrace.model.variables import FACTS, Use, find, valid_choice
 from pgrace.text import control_in_name
-from pgrace.variables import FACTS, Use, find, valid_choice
 
 PARAM_KEYS = {"default", "choices"}
 BOUNDED_PARAM_KEYS = {"default", "min", "max"}

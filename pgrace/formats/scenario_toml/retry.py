@@ -8,7 +8,7 @@ from typing import Any
 from pgrace.errors import ScenarioError
 from pgrace.formats.names import KeyPath, base_name, did_you_mean
 from pgrace.formats.scenario_toml.reader import SQLSTATE, Reader
-from pgrace.model import MAX_RETRIES, Retry, Step, with_retries
+from pgrace.model.scenario import MAX_RETRIES, Retry, Step, with_retries
 
 RETRY_KEYS = {"on", "from", "max"}
 RETRY_FORM = 'retry = { on = ["40001", "40P01"], from = "STEP", max = N }'

@@ -9,7 +9,7 @@ from pgrace.formats.names import KeyPath, did_you_mean
 from pgrace.formats.scenario_toml.expect import Expectations
 from pgrace.formats.scenario_toml.reader import NAME, Reader
 from pgrace.formats.scenario_toml.retry import Retries
-from pgrace.model import CrashMode, Session, Step
+from pgrace.model.scenario import CrashMode, Session, Step
 
 STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capture", "expect", "retry"}
 ACTIONS = ("sql", "sleep", "crash")  # what a step does: exactly one of them

@@ -14,7 +14,7 @@ from pgrace.formats.scenario_toml.expect import Expectations
 from pgrace.formats.scenario_toml.reader import Reader
 from pgrace.formats.scenario_toml.retry import Retries
 from pgrace.formats.scenario_toml.steps import ACTIONS, StepReader
-from pgrace.model import PermutationStep, Scenario, Session, Step
+from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect", "retry"}
 VARIANT_KEYS = {"title", "narrative", "step", "insert", "drop", "check", "setup", "load"}

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from xml.sax.saxutils import quoteattr
 
+from pgrace.model.timeline import Run
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, session_colours, shorten
 from pgrace.render.sections import timeline_sections
 from pgrace.render.story import verdict_line
 from pgrace.render.svg.draw import draw_section, svg_defs
 from pgrace.render.svg.layout import MUTED, PAD, Canvas, geometry, lane_width_for
 from pgrace.text import without_controls
-from pgrace.timeline import Run
 
 __all__ = ["lane_width_for", "render_svg", "render_svg_compare", "timeline_svg"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape, quoteattr
 
+from pgrace.model.timeline import Run
 from pgrace.render.common import ERROR_COLOUR, WAIT_COLOUR, WAIT_DARK, SessionColour
 from pgrace.render.sections import Entry, Section, WaitSpan
 from pgrace.render.svg.layout import (
@@ -28,7 +29,6 @@ from pgrace.render.svg.layout import (
     wrap_text,
 )
 from pgrace.render.wording import plural, wait_badge, wait_holder, wait_phrase, wait_points_at, wait_target
-from pgrace.timeline import Run
 
 
 def svg_defs(uid: str) -> str:

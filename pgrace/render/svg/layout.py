@@ -9,10 +9,10 @@ import textwrap
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
+from pgrace.model.timeline import Run
 from pgrace.render.common import ERROR_COLOUR, WAIT_DARK, sql_lines
 from pgrace.render.sections import Entry, Section
 from pgrace.render.wording import locks_heading, wait_phrase
-from pgrace.timeline import Run
 
 MONO = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace"
 SANS = "'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif"

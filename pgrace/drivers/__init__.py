@@ -1,0 +1,1 @@
+"""pgrace.drivers: see docs/architecture.md."""

@@ -1,0 +1,182 @@
+"""`pgrace check`: scenario files as regression checks, on one server or several.
+
+A *case* is one thing that passes or fails: one variant of a pgrace scenario (its
+expectations, and with ``golden`` its text timeline against ``NAME.VARIANT.out``), or
+one isolation spec (its isolationtester output against the expected file, as
+``pg_regress`` compares). Cases are prepared (parsed, expected files found) before any
+server starts, so invalid input fails fast with exit code 2.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from pgrace.drivers import speccheck
+from pgrace.drivers.one_run import run_in_scratch
+from pgrace.engine.runner import RunOptions
+from pgrace.errors import ScenarioError, ScenarioFailed
+from pgrace.formats import catalog
+from pgrace.model.cases import Case as Case
+from pgrace.model.cases import CaseResult as CaseResult
+from pgrace.model.cases import differs_across_servers as differs_across_servers
+from pgrace.render.text import Style, render_text
+from pgrace.scratch import ReusableScratch
+from pgrace.servers import ServerInfo
+
+GOLDEN_STYLE = Style(colour=False, width=120, show_server=False)
+
+
+def golden_path(path: Path, variant: str) -> Path:
+    return path.with_name(f"{path.stem}.{variant}.out")
+
+
+def prepare(
+    paths: Sequence[str],
+    golden: bool = False,
+    expected: Path | None = None,
+    invalid: list[ScenarioError] | None = None,
+) -> list[Case]:
+    """Every case under ``paths``, before anything runs.
+
+    An invalid file raises its ScenarioError; with ``invalid`` given, it is added there
+    instead and the other files' cases are still returned (one bad file in a directory of
+    a team's scenarios must not hide how the others behave).
+    """
+    files = catalog.find_files(list(paths))
+    if not files:
+        raise ScenarioError(f"no scenario files (.toml, .spec) under {', '.join(paths)}")
+    if expected is not None and len(files) != 1:
+        raise ScenarioError("--expected needs exactly one spec file")
+    cases: list[Case] = []
+    for path in files:
+        try:
+            cases.extend(_cases_of(path, golden, expected))
+        except ScenarioError as exc:
+            if invalid is None:
+                raise
+            invalid.append(exc)
+    return cases
+
+
+def _cases_of(path: Path, golden: bool, expected: Path | None) -> list[Case]:
+    if path.suffix == ".spec":
+        prepared = speccheck.prepare_check(path, expected)
+        return [Case(path, prepared.scenario, spec=prepared)]
+    scenario = catalog.load(str(path))
+    return [
+        Case(
+            path,
+            scenario.variant_named(variant),
+            golden_path(path, variant) if golden else None,
+            paired=len(scenario.variants) > 1,
+        )
+        for variant in scenario.variants
+    ]
+
+
+def run_case(
+    case: Case,
+    server: ServerInfo,
+    options: RunOptions | None = None,
+    update: bool = False,
+    database_name: str | None = None,
+    scratch: ReusableScratch | None = None,
+) -> CaseResult:
+    """Run one case on one server and judge it (``database_name``: the scratch database's exact name).
+
+    Specs run in ``scratch`` when given: one database for all of them, as pg_regress does.
+    """
+    started = time.perf_counter()
+    try:
+        if case.spec is not None:  # isolationtester prints no row locks: skip reading them
+            spec_options = replace(options or RunOptions(), track_row_locks=False)
+            checked = speccheck.run_check(case.spec, server, spec_options, database_name, scratch)
+            problems = [] if checked.passed else [_first_difference(checked.comparison)]
+            return CaseResult(
+                case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
+            )
+        named = database_name if scratch is None else None  # the specs' shared database holds that name
+        run = run_in_scratch(case.scenario, server, options, database_name=named)
+    except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
+        return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
+    result = CaseResult(case, server, run.ok, 0.0, run=run)
+    for check in run.checks:
+        if not check.ok:
+            where = f"line {check.line}: " if check.line else ""
+            result.problems.append(f"{where}{check.description}: expected {check.expected}, got {check.actual}")
+    if case.golden is not None:
+        _compare_golden(case.golden, render_text(run, GOLDEN_STYLE), result, update)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _compare_golden(path: Path, text: str, result: CaseResult, update: bool) -> None:
+    if update:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            result.updated = True
+        return
+    if not path.is_file():
+        result.ok = False
+        result.problems.append(f"no golden timeline {path} (run with --update to write it)")
+        return
+    comparison = speccheck.compare_output(text, [path], actual_name=f"{path} (this run)")
+    if not comparison.passed:
+        result.ok = False
+        result.problems.append(f"timeline differs from {path}: {_first_difference(comparison)}")
+        result.diff = comparison.diff
+
+
+def _first_difference(comparison: speccheck.Comparison) -> str:
+    difference = comparison.first_difference
+    return difference.describe() if difference is not None else f"differs from {comparison.closest}"
+
+
+def run_explore_case(
+    case: Case,
+    server: ServerInfo,
+    options: RunOptions | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+    jobs: int = 1,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> CaseResult:
+    """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
+
+    A bug (of a bug and a fix) passes when some interleaving reproduces it (its final checks
+    hold there); a fix, or a scenario with one variant, when every interleaving satisfies its
+    final checks. A failure names the class and its example. Specs run as without --explore.
+    ``on_progress(done, total)`` follows the interleavings.
+    """
+    if case.spec is not None:
+        return run_case(case, server, options)
+    from pgrace.drivers.explore import explore
+    from pgrace.render.outcomes import example_text
+
+    started = time.perf_counter()
+    step_timeout = (options or RunOptions()).step_timeout
+    found = explore(
+        case.scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout, on_progress=on_progress
+    )
+    explored = f"{found.explored} of {found.space}" if found.explored < found.space else f"{found.space}"
+    if found.reduced:  # a class counts runs, one per set of equivalent interleavings
+        explored = f"{found.run_count} runs over all {found.space}" if found.covers_all else f"{found.run_count} runs"
+    problems = []
+    if case.paired and case.scenario.variant == "bug":
+        if not any(c.ok for c in found.classes):
+            first = found.classes[0]
+            problems.append(
+                f"no interleaving reproduces the bug ({explored} interleavings, {len(found.classes)} outcome classes); "
+                f"class 1 ({first.count}): {first.summary}; example: {example_text(case.scenario, first.example)}"
+            )
+    else:
+        for number, cls in enumerate(found.classes, 1):
+            if not cls.ok:
+                problems.append(
+                    f"class {number} of {len(found.classes)} ({cls.count} of {explored} interleavings): {cls.summary}; "
+                    f"example: {example_text(case.scenario, cls.example)}"
+                )
+    return CaseResult(case, server, not problems, time.perf_counter() - started, problems)

@@ -1,0 +1,406 @@
+"""``pgrace explore``: run every interleaving of a scenario's steps and group the outcomes.
+
+An *interleaving* is an order of all the scenario's steps that keeps each session's own
+order, and runs a step that uses a variable another session captures after the step that
+captures it. The :class:`Space` counts them and numbers them 0 … size-1 in a fixed order
+(session by session, like counting in a mixed radix), so that a seeded sample
+(``--max N --seed S``) and a shard (``--shard K/N``: every N-th of the chosen numbers)
+are both just sets of numbers, and shards add up to the whole.
+
+Each interleaving is one permutation for the ordinary runner, which runs many of them on
+one set of connections in one scratch database, with the scenario's setup and teardown
+around each, as isolationtester does. The final checks run after every permutation. A
+step whose session is still blocked cannot be sent (one statement at a time per
+connection): it is deferred until its session is free, while the other sessions' steps go
+ahead, so the launch order may differ from the interleaving's own; examples show the
+launch order. Each session is reset after each interleaving (an open transaction rolled
+back, then ``DISCARD ALL``: advisory locks, settings, temporary tables), and
+a scenario without a teardown gets one: the objects its setup made (in a schema of their
+own) are dropped.
+
+``-j N`` runs the chosen interleavings in N processes, each with its own scratch database,
+in rounds of up to 2,000 interleavings per process: a round's end is the progress the
+parent can tell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgrace.bounds import check_jobs, check_sample
+from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, prepared
+from pgrace.engine.runner import RunOptions, run_scenario
+from pgrace.errors import PgraceError, ScenarioError
+from pgrace.model.outcomes import (
+    Observed,
+    OutcomeClass,
+    add_observed,
+    classify,
+    merge_classes,
+    ordered,
+    split_run,
+    whole_number,
+)
+from pgrace.model.scenario import PermutationStep, Scenario, StepExpectation
+from pgrace.model.timeline import Run
+from pgrace.scratch import scratch_database_with_schema
+from pgrace.servers import ServerInfo
+
+__all__ = ["Exploration", "Space", "explore", "merge_explorations"]
+
+WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
+BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
+PART = 2_000  # interleavings per scratch database and per worker's round: about 10 s at ~5 ms each
+
+
+@dataclass
+class Exploration:
+    """The outcome classes of one variant's interleavings (or of a shard or a sample of them)."""
+
+    scenario: str
+    variant: str
+    space: int
+    explored: int
+    seed: int | None
+    classes: list[OutcomeClass] = field(default_factory=list)
+    shard: tuple[int, int] = (1, 1)
+    runs: int | None = None  # executions actually run (None: one per interleaving explored)
+    complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
+    repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
+    replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
+
+    def replay(self, cls: OutcomeClass) -> Run:
+        """The class's example run again, fully observed (waits, rows, holders)."""
+        if self.replayer is None:
+            raise PgraceError("this exploration cannot replay its examples (read back from JSON)")
+        return self.replayer(cls)
+
+    def timeline(self, cls: OutcomeClass) -> str:
+        """The class's example run again, as the text timeline."""
+        from pgrace.render.text import render_text
+
+        return render_text(self.replay(cls))
+
+    @property
+    def run_count(self) -> int:
+        return self.explored if self.runs is None else self.runs
+
+    @property
+    def covers_all(self) -> bool:
+        """Every interleaving covered, by a run or by an equivalent one."""
+        return self.complete and self.explored == self.space
+
+    @property
+    def reduced(self) -> bool:
+        """Whether equivalent interleavings were run once (the classes count runs, not interleavings)."""
+        return self.run_count != self.explored
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON shape (docs/reference/json.md)."""
+        return {
+            "scenario": self.scenario,
+            "variant": self.variant,
+            "space": self.space,
+            "explored": self.explored,
+            "runs": self.run_count,
+            "complete": self.covers_all,
+            "repeats": self.repeats,
+            "seed": self.seed,
+            "classes": [c.to_dict(self.variant) for c in self.classes],
+        }
+
+    @property
+    def all_ok(self) -> bool:
+        return all(c.ok for c in self.classes)
+
+
+def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
+    try:
+        classes = [OutcomeClass.from_dict(c, space.preference(c["example"])) for c in data["classes"]]
+        return Exploration(
+            str(data["scenario"]),
+            str(data["variant"]),
+            whole_number(data["space"], "space"),
+            whole_number(data["explored"], "explored"),
+            data["seed"],
+            classes,
+            runs=whole_number(data["runs"], "runs") if "runs" in data else None,
+            complete=bool(data.get("complete", True)),
+            repeats=whole_number(data.get("repeats", 0), "repeats"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})") from None
+
+
+def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
+    """Shards of one exploration (same scenario, variant, space and seed) added up."""
+    if not parts:
+        raise ScenarioError("nothing to merge")
+    first = parts[0]
+    for part in parts[1:]:
+        if (part.scenario, part.variant, part.space, part.seed) != (
+            first.scenario,
+            first.variant,
+            first.space,
+            first.seed,
+        ):
+            raise ScenarioError(
+                f"cannot merge explorations of different runs: {first.scenario} ({first.variant}, seed {first.seed})"
+                f" and {part.scenario} ({part.variant}, seed {part.seed})"
+            )
+    explored = sum(p.explored for p in parts)
+    return Exploration(
+        first.scenario,
+        first.variant,
+        first.space,
+        explored,
+        first.seed,
+        merge_classes(p.classes for p in parts),
+        runs=sum(p.run_count for p in parts),
+        repeats=sum(p.repeats for p in parts),
+    )
+
+
+def run_interleavings(
+    scenario: Scenario,
+    server: ServerInfo,
+    orders: Sequence[tuple[str, ...]],
+    step_timeout: float = 10.0,
+    on_observed: Callable[[int], None] | None = None,
+) -> list[Observed]:
+    """Run each order as one permutation (in batches on one set of connections); classify each."""
+    runnable = prepared(scenario)
+    options = RunOptions(
+        step_timeout=step_timeout,
+        track_row_locks=False,
+        checks_each_permutation=True,
+        defer_busy_sessions=True,
+        describe_waits=False,
+        reset_sessions=True,
+    )
+    observed: list[Observed] = []
+    space = Space(scenario)
+    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
+        for start in range(0, len(orders), BATCH):
+            batch = orders[start : start + BATCH]
+            perms = tuple(tuple(PermutationStep(name) for name in order) for order in batch)
+            run = run_scenario(
+                dataclasses.replace(runnable, permutations=perms),
+                db.dsn,
+                server_version=server.version,
+                server_label=server.label,
+                row_locks_available=False,
+                options=options,
+                observer_dsn=db.observer_dsn,
+            )
+            for order, one in zip(batch, split_run(run), strict=True):
+                found = classify(one)
+                if (alike := space.canonical(order, set(found.launched))) != tuple(order):
+                    found = dataclasses.replace(found, same_as=space.rank(alike))
+                observed.append(found)
+            if on_observed is not None:
+                on_observed(len(observed))
+    return observed
+
+
+def _run_in_processes(
+    scenario: Scenario, server: ServerInfo, parts: list[list[tuple[str, ...]]], step_timeout: float
+) -> list[Observed]:
+    """One worker process per part, each with its own scratch database (see :mod:`pgrace.drivers.workers`).
+
+    Interrupted, or when a worker fails, every worker drops its database before it exits;
+    what a worker that had to be killed left is swept.
+    """
+    from pgrace.drivers.workers import run_in_processes
+
+    def sweep() -> None:  # a worker that had to be killed left its scratch database
+        from pgrace.scratch import sweep_leftovers
+
+        with suppress(PgraceError):
+            sweep_leftovers(server)
+
+    calls = [(_run_part, (scenario, server, part, step_timeout)) for part in parts if part]
+    return [o for observed in run_in_processes(calls, on_killed=sweep) for o in observed]
+
+
+CONNECTIONS_PER_WORKER = 3  # beside a session's own: the scratch database's, the control and the observer
+
+
+def _check_room(scenario: Scenario, server: ServerInfo, workers: int) -> None:
+    """Refuse (exit 2) more workers than the server has connections for: each would fail on its own."""
+    from pgrace.scratch import connection_room
+
+    each = len(scenario.sessions) + CONNECTIONS_PER_WORKER
+    room = connection_room(server)
+    if workers * each > room.free:
+        raise ScenarioError(
+            f"-j {workers}: {workers} workers need {workers * each} connections ({each} each), and the server has"
+            f" room for {max(0, room.free)} ({room}); lower -j to {max(1, room.free // each)} or raise max_connections",
+            scenario.source,
+        )
+
+
+def _run_part(scenario: Scenario, server: ServerInfo, orders: list[tuple[str, ...]], step_timeout: float) -> Any:
+    """A worker process's share (module level, so it can be pickled)."""
+    return run_interleavings(scenario, server, orders, step_timeout)
+
+
+def explore(
+    scenario: Scenario,
+    server: ServerInfo,
+    *,
+    limit: int | None = None,
+    seed: int | None = None,
+    shard: tuple[int, int] = (1, 1),
+    jobs: int = 1,
+    step_timeout: float = 10.0,
+    on_progress: Callable[[int, int], None] | None = None,
+    reduce: bool = True,
+) -> Exploration:
+    """Run the chosen interleavings of one variant and group them into outcome classes.
+
+    ``on_progress(done, total)`` is called before the first interleaving and as they finish
+    (per batch in one process; per round of ``jobs`` parts with ``-j``). The interleavings
+    are numbered up front and turned into orders a part at a time, and their outcomes are
+    counted into classes as each part ends: memory stays bounded by a part, not the sample.
+
+    ``reduce`` (the whole space, one process, no shard): run one interleaving of each set
+    of equivalent ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and
+    ``on_progress`` gets the runs so far and those known to be left.
+    """
+    check_jobs(jobs)
+    check_sample(limit)
+    space = Space(scenario)
+    k, n = shard
+    if not 1 <= k <= n:
+        raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
+    if reduce and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1:
+        from pgrace.drivers.reduce import opaque_orders
+
+        if space.size > WHOLE_SPACE_LIMIT and (least := opaque_orders(scenario)) > WHOLE_SPACE_LIMIT:
+            raise ScenarioError(
+                f"{space.size:,} interleavings are too many to run them all, even reduced (at least {least:,} runs:"
+                " steps outside a transaction, or that read the clock, touch every other); explore a sample with"
+                " --max N [--seed S]",
+                scenario.source,
+            )
+        return _explore_reduced(scenario, server, space, step_timeout, on_progress)
+    if limit is None and space.size > WHOLE_SPACE_LIMIT:
+        raise ScenarioError(
+            f"{space.size:,} interleavings are too many to run them all; explore a sample with --max N [--seed S]",
+            scenario.source,
+        )
+    indices = choose(space.size, limit, seed, shard)
+    total = len(indices)
+    whole = limit is None or limit >= space.size
+    picked = set() if whole else set(choose(space.size, limit, seed))  # every shard's: a repeat is decided alike
+
+    def report(done: int) -> None:
+        if on_progress is not None:
+            on_progress(done, total)
+
+    workers = jobs if jobs > 1 and total >= 2 else 1
+    if workers > 1:
+        _check_room(scenario, server, workers)
+    report(0)
+    classes: dict[str, OutcomeClass] = {}
+    repeats = 0
+    done = 0
+    for start in range(0, total, PART * workers):
+        orders = [space.unrank(i) for i in indices[start : start + PART * workers]]
+        if workers == 1:
+
+            def so_far(n: int, before: int = done) -> None:
+                report(before + n)
+
+            observed = run_interleavings(scenario, server, orders, step_timeout, on_observed=so_far)
+        else:
+            observed = _run_in_processes(scenario, server, [orders[w::workers] for w in range(workers)], step_timeout)
+        for one in observed:
+            if one.same_as is not None and (whole or one.same_as in picked):  # counted once, as the one it repeats
+                repeats += 1
+                continue
+            add_observed(classes, one, space.preference(one.launched), scenario)
+        done += len(orders)
+        report(done)
+    return Exploration(
+        scenario.name,
+        scenario.variant,
+        space.size,
+        total,
+        seed if limit is not None and limit < space.size else None,
+        ordered(classes.values()),
+        shard,
+        repeats=repeats,
+    )
+
+
+def _explore_reduced(
+    scenario: Scenario,
+    server: ServerInfo,
+    space: Space,
+    step_timeout: float,
+    on_progress: Callable[[int, int], None] | None,
+) -> Exploration:
+    from pgrace.drivers.reduce import explore_reduced
+
+    classes: dict[str, OutcomeClass] = {}
+
+    def count(one: Observed) -> None:
+        add_observed(classes, one, space.preference(one.launched), scenario)
+
+    if on_progress is not None:
+        on_progress(0, 1)
+    runs, complete = explore_reduced(scenario, server, step_timeout, count, on_progress, WHOLE_SPACE_LIMIT)
+    return Exploration(
+        scenario.name,
+        scenario.variant,
+        space.size,
+        space.size if complete else runs,
+        None,
+        ordered(classes.values()),
+        runs=runs,
+        complete=complete,
+    )
+
+
+def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
+    """Parse the JSON of shards (``(name, text)`` pairs) for :func:`merge_explorations`."""
+    parts = []
+    for name, text in texts:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"not JSON: {exc.msg}", name, exc.lineno) from None
+        except ValueError as exc:  # a number of more digits than Python converts
+            raise ScenarioError(f"not an exploration's JSON ({exc})", name) from None
+        if not isinstance(data, dict):
+            raise ScenarioError("not an exploration's JSON (an object expected)", name)
+        parts.append(exploration_from_dict(data, space))
+    return parts
+
+
+def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeout: float = 10.0) -> Run:
+    """Run a class's example again as an ordinary run, fully observed (locks, waits), to show it.
+
+    Step notes and expectations are left out: they tell the file's own order (a retry
+    attempt's note stays: it says which attempt the step is).
+    """
+    from pgrace.drivers.one_run import run_in_scratch
+
+    steps = tuple(
+        dataclasses.replace(s, expect=StepExpectation(), note=s.note if s.attempt > 1 else "") for s in scenario.steps
+    )
+    one = dataclasses.replace(
+        scenario, steps=steps, other=None, permutations=(tuple(PermutationStep(n) for n in cls.example),)
+    )
+    return run_in_scratch(one, server, RunOptions(step_timeout=step_timeout, defer_busy_sessions=True))
+
+
+def same_class(run: Run, cls: OutcomeClass) -> bool:
+    return classify(run).key == cls.key

@@ -1,0 +1,308 @@
+"""Incidents in a server log: deadlocks, and lock waits longer than ``deadlock_timeout``.
+
+PostgreSQL says what it knows in a few messages. With ``log_lock_waits``: "process N
+still waiting for ShareLock on transaction M after 1000.1 ms" with "Process holding the
+lock: X. Wait queue: Y." and the waiter's CONTEXT and STATEMENT. On a deadlock, the
+victim's ERROR with one DETAIL line per edge of the cycle ("Process A waits for … blocked
+by process B.") and each process's statement. With ``log_statement``, every statement, in
+the order the server received them; ``%v`` groups them by transaction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from pgrace.drivers.fromlog.records import LogFormat, Record, Window, scan, window
+
+__all__ = ["Incident", "Step", "Wait", "find_incidents"]
+
+_WAITING = re.compile(r"process (\d+) still waiting for (.+?) after ([\d.]+) ms")
+_HOLDERS = re.compile(r"Process(?:es)? holding the lock: ([\d, ]+)\. Wait queue: ([\d, ]*)\.")
+_EDGE = re.compile(r"Process (\d+) waits for (.+?); blocked by process (\d+)\.")
+_STATEMENT_OF = re.compile(r"Process (\d+): (.*)", re.S)
+_TUPLE = re.compile(r'while (\w+(?: \w+)*?) (?:index )?tuple \((\d+),(\d+)\) in relation "([^"]+)"')
+_RELATION = re.compile(r'relation "([^"]+)"')
+_ENDS = ("COMMIT", "ROLLBACK", "END", "ABORT")
+_BEGINS = ("BEGIN", "START TRANSACTION")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+
+@dataclass
+class Step:
+    """One statement of the reproduction: logged (``line``) or inferred from the report (``why``)."""
+
+    pid: int
+    sql: str
+    line: int | None = None
+    why: str = ""
+    xid: str | None = None  # %x on its line: the transaction's xid before it ran ("0": none yet)
+
+
+@dataclass
+class Wait:
+    """One process waiting for others: what it wanted, where (table, tuple), in which statement."""
+
+    waiter: int
+    holders: list[int]
+    lock: str
+    sql: str = ""
+    table: str | None = None
+    ctid: str | None = None
+    after_ms: float | None = None
+    line: int | None = None
+
+
+@dataclass
+class Incident:
+    """A deadlock or a long lock wait, with everything the log said about its processes."""
+
+    kind: str
+    file: str
+    line: int
+    time: str | None
+    database: str | None
+    pids: list[int]
+    names: dict[int, str]
+    waits: list[Wait]
+    victim: int | None = None
+    steps: list[Step] = field(default_factory=list)
+    logged: bool = False
+    unsaid: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        who = ", ".join(self.names[p] for p in self.pids)
+        tables = sorted({w.table for w in self.waits if w.table})
+        on = f" on {', '.join(tables)}" if tables else ""
+        when = f" at {self.time}" if self.time else ""
+        victim = f" (victim: {self.names[self.victim]})" if self.victim is not None else ""
+        return f"{self.file}:{self.line}: {self.kind} of {who}{on}{when}{victim}"
+
+
+@dataclass
+class Found:
+    """The incidents of the files read, and what could not be read."""
+
+    incidents: list[Incident] = field(default_factory=list)
+    skipped: int = 0
+    lines: int = 0
+    unreadable: list[str] = field(default_factory=list)
+
+
+def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
+    """Every incident of ``paths``, in log order; the line counts and the reports that were cut short."""
+    found = Found()
+    for path, fmt in zip(paths, formats, strict=True):
+        scanned = scan(path)
+        found.lines += scanned.lines
+        waits: list[Incident] = []
+        seen: set[int] = set()
+        current: Window | None = None
+        for hit in scanned.hits:
+            if hit.line in seen:
+                continue
+            if current is None or not current.covers(hit):  # hits close together share one parse
+                current = window(path, fmt, hit)
+                found.skipped += current.skipped
+            for incident, covered in _incidents_at(path, fmt, current.records, hit.line, found.unreadable):
+                seen.update(covered)
+                (waits if incident.kind == "lock wait" else found.incidents).append(incident)
+        # A wait that was one edge of a deadlock is told with the deadlock, not again on its own.
+        in_cycles = {(i.file, w.waiter, w.lock) for i in found.incidents for w in i.waits}
+        found.incidents += [w for w in waits if (w.file, w.waits[0].waiter, w.waits[0].lock) not in in_cycles]
+    found.incidents.sort(key=lambda i: (paths.index(i.file), i.line))
+    return found
+
+
+def _incidents_at(
+    path: str, fmt: LogFormat, records: list[Record], line: int, unreadable: list[str]
+) -> Iterator[tuple[Incident, list[int]]]:
+    at = [i for i, r in enumerate(records) if r.line == line]
+    for index in at:
+        record = records[index]
+        if record.message == "deadlock detected" and record.severity == "ERROR":
+            incident = _deadlock(path, fmt, records, index)
+            if incident is None:
+                unreadable.append(f"{path}:{record.line}: a deadlock report without its cycle (cut short?)")
+                continue
+            yield incident, [record.line]
+        elif record.severity == "LOG" and (m := _WAITING.match(record.message)):
+            holders = _HOLDERS.match(record.detail)
+            if holders is None or record.pid is None:
+                unreadable.append(f"{path}:{record.line}: a lock wait report without its holders (cut short?)")
+                continue
+            wait = _wait_from(record, int(m.group(1)), m.group(2), [int(p) for p in holders.group(1).split(",")])
+            wait.after_ms = float(m.group(3))
+            pids = [wait.waiter, *[p for p in wait.holders if p != wait.waiter]]
+            incident = Incident("lock wait", path, record.line, record.time, record.database, pids, {}, [wait])
+            _recover(incident, fmt, records, index)
+            yield incident, [record.line]
+
+
+def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wait:
+    wait = Wait(waiter, holders, lock, sql=record.statement, line=record.line)
+    if t := _TUPLE.search(record.context):
+        wait.table, wait.ctid = t.group(4), f"({t.group(2)},{t.group(3)})"
+    elif r := _RELATION.search(record.context):
+        wait.table = r.group(1)
+    return wait
+
+
+def _deadlock(path: str, fmt: LogFormat, records: list[Record], index: int) -> Incident | None:
+    record = records[index]
+    edges: list[tuple[int, str, int]] = []
+    statements: dict[int, str] = {}
+    current: int | None = None
+    for part in record.detail.split("\n"):
+        if m := _EDGE.match(part):
+            edges.append((int(m.group(1)), m.group(2), int(m.group(3))))
+        elif (m := _STATEMENT_OF.match(part)) and int(m.group(1)) in {e[0] for e in edges}:
+            current = int(m.group(1))
+            statements[current] = m.group(2)
+        elif current is not None:
+            statements[current] += "\n" + part
+    if len(edges) < 2:
+        return None
+    victim = record.pid if record.pid is not None else edges[0][0]
+    pids = [e[0] for e in edges]
+    waits = []
+    for waiter, lock, holder in edges:
+        wait = Wait(waiter, [holder], lock, sql=statements.get(waiter, ""))
+        if waiter == victim:
+            wait = _wait_from(record, waiter, lock, [holder])
+            wait.sql = wait.sql or statements.get(waiter, "")
+        waits.append(wait)
+    incident = Incident("deadlock", path, record.line, record.time, record.database, pids, {}, waits, victim)
+    # The other waiters' own "still waiting" reports (log_lock_waits) name their tuples.
+    for r in records[:index]:
+        if r.severity == "LOG" and (m := _WAITING.match(r.message)):
+            for wait in waits:
+                if wait.waiter == int(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
+                    told = _wait_from(r, wait.waiter, wait.lock, wait.holders)
+                    wait.table, wait.ctid, wait.line = told.table, told.ctid, told.line
+                    wait.after_ms = float(m.group(3))
+    _recover(incident, fmt, records, index)
+    return incident
+
+
+def _statement(record: Record) -> str | None:
+    """The SQL of a ``log_statement`` line, its parameters put in where the log gave them."""
+    message = record.message
+    if message.startswith("statement: "):
+        return message[11:]
+    if message.startswith("execute ") and ": " in message:
+        sql = message.split(": ", 1)[1]
+        if record.detail.startswith("Parameters: "):
+            values = dict(re.findall(r"\$(\d+) = ('(?:[^']|'')*'|NULL)", record.detail))
+            sql = re.sub(r"\$(\d+)\b", lambda m: values.get(m.group(1), m.group(0)), sql)
+        return sql
+    if message.startswith("duration: ") and "  statement: " in message:
+        return message.split("  statement: ", 1)[1]
+    return None
+
+
+def _first_word(sql: str) -> str:
+    words = sql.lstrip().upper().split(None, 2)
+    two = " ".join(words[:2]).rstrip(";")
+    return two if two in _BEGINS else (words[0].rstrip(";") if words else "")
+
+
+def _recover(incident: Incident, fmt: LogFormat, records: list[Record], index: int) -> None:
+    """Name the sessions, and gather each process's logged statements of the incident's transaction."""
+    pids = set(incident.pids)
+    apps: dict[int, str] = {}
+    vxids: dict[int, str] = {}
+    for r in records[: index + 1]:
+        if r.pid in pids:
+            if r.app and r.app != "[unknown]":
+                apps[r.pid] = r.app
+            if r.vxid and not r.vxid.endswith("/0"):
+                vxids[r.pid] = r.vxid
+    _name(incident, apps)
+    per_pid: dict[int, list[Step]] = {p: [] for p in pids}
+    logged: list[tuple[int, Step]] = []
+    waiting = {w.waiter: w for w in incident.waits}
+    unsaid = incident.unsaid
+    closed: set[int] = set()
+
+    def drop(pid: int) -> None:
+        per_pid[pid].clear()
+        logged[:] = [(p, s) for p, s in logged if p != pid]
+
+    for pos, r in enumerate(records):
+        if r.pid is None or r.pid not in pids or r.pid in closed:
+            continue
+        sql = _statement(r)
+        if sql is None:
+            continue
+        word = _first_word(sql)
+        after = pos > index
+        if re.search(r"\$\d+\b", sql):
+            unsaid.append(f"line {r.line}: the parameters of {incident.names[r.pid]}'s statement were not logged")
+        vx = vxids.get(r.pid)
+        if vx is not None and "v" in fmt.fields:
+            ours = r.vxid == vx
+        else:  # no %v: the transaction is what follows the last BEGIN before the incident
+            ours = True
+            if not after and (word in _BEGINS or word in _ENDS):
+                drop(r.pid)
+                if word in _ENDS:
+                    continue
+        if not ours:
+            if after:
+                if word in _ENDS and per_pid[r.pid]:  # the aborted victim's ROLLBACK has a vxid of its own
+                    per_pid[r.pid].append(Step(r.pid, sql, r.line))
+                    logged.append((r.pid, per_pid[r.pid][-1]))
+                closed.add(r.pid)
+            continue
+        step = Step(r.pid, sql, r.line, xid=r.xid)
+        per_pid[r.pid].append(step)
+        logged.append((r.pid, step))
+        if after and word in _ENDS:
+            closed.add(r.pid)
+    incident.logged = all(
+        any(s.sql.strip() == w.sql.strip() for s in per_pid[p]) for p, w in waiting.items() if w.sql
+    ) and any(per_pid.values())
+    if incident.logged:
+        incident.steps = [s for _, s in logged]
+        for p in incident.pids:
+            first = next(iter(per_pid[p]), None)
+            if first is None or _first_word(first.sql) in _BEGINS:
+                continue
+            if first.xid not in (None, "", "0"):  # it had written already: it held locks the log does not show
+                unsaid.append(
+                    f"{incident.names[p]} had written before its first logged statement (line {first.line} "
+                    f"already had xid {first.xid}): statements before the log began"
+                )
+            elif p not in waiting:
+                unsaid.append(f"{incident.names[p]}'s transaction began before the log's first statement of it")
+    _pooled(incident, records, index)
+
+
+def _name(incident: Incident, apps: dict[int, str]) -> None:
+    """Each process's session name: its application_name when that is a usable, unique name, else ``pid<N>``.
+
+    Anyone can set application_name, to another process's ``pid<N>`` too: a fallback name
+    is never given up, and an application_name that takes one, or another's, is refused.
+    """
+    fallbacks = {f"pid{pid}" for pid in incident.pids}
+    wanted = [apps.get(pid, "") for pid in incident.pids]
+    for pid, app in zip(incident.pids, wanted, strict=True):
+        usable = _NAME.match(app) and app not in fallbacks and wanted.count(app) == 1
+        name = app if usable else f"pid{pid}"
+        if app and name != app:
+            incident.unsaid.append(f"pid {pid}'s application_name {app!r} is not a session name pgrace can use")
+        incident.names[pid] = name
+
+
+def _pooled(incident: Incident, records: list[Record], index: int) -> None:
+    """One pid with several applications or users in the window: a pooler shares the connection."""
+    for pid in incident.pids:
+        seen = {(r.app, r.user, r.database) for r in records[: index + 1] if r.pid == pid}
+        if len(seen) > 1:
+            incident.unsaid.append(
+                f"pid {pid} served several clients ({len(seen)} application/user/database names): "
+                "a pooled connection; its statements may be more than one client's"
+            )

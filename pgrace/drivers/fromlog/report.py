@@ -1,0 +1,49 @@
+"""What ``pgrace from-log`` tells on stderr: the incidents, what the log did not say, the verdict.
+
+Log text is hostile (any client can put ESC in a statement or an application_name): every
+line is made visible before it reaches a terminal.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pgrace.text import visible
+
+if TYPE_CHECKING:
+    from pgrace.drivers.fromlog import FromLog
+
+__all__ = ["incident_list", "report_lines"]
+
+
+def incident_list(result: FromLog) -> list[str]:
+    """One line per incident, numbered as ``--incident`` takes them."""
+    return [visible(f"{n}. {incident.summary}") for n, incident in enumerate(result.incidents, 1)]
+
+
+def report_lines(result: FromLog) -> list[str]:
+    """The stderr report: which incident was written, what the log did not say, and whether it came back."""
+    out = []
+    total = len(result.incidents)
+    if result.chosen is not None:
+        chosen = result.incidents[result.chosen - 1]
+        out.append(f"pgrace: from-log: incident {result.chosen} of {total}: {chosen.summary}")
+    if result.skipped:
+        out.append(f"pgrace: from-log: {result.skipped} line(s) skipped: not log records of the file's format")
+    out += [f"pgrace: from-log: {u}" for u in result.unreadable]
+    if result.written is not None:
+        out.append("pgrace: from-log: what the log did not say:")
+        out += [f"pgrace:   - {u}" for u in result.written.unsaid]
+    verified = result.verified
+    if verified is not None and verified.reproduced:
+        if verified.order is None:
+            out.append("pgrace: from-log: reproduced: the scenario's run showed the incident's waits and outcome:")
+        else:
+            out.append(
+                f"pgrace: from-log: reproduced in another order, found among {verified.explored} interleavings "
+                f"({', '.join(verified.order)}); the file has that order:"
+            )
+        out += [f"pgrace:   ✔ {check.description}" for check in verified.run.checks] if verified.run else []
+    elif verified is not None:
+        out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
+    return [visible(line) for line in out]

@@ -1,0 +1,1 @@
+"""pgrace.engine.observe: see docs/architecture.md."""

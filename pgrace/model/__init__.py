@@ -1,0 +1,1 @@
+"""pgrace.model.scenario: see docs/architecture.md."""

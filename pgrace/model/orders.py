@@ -1,0 +1,77 @@
+"""The orders a run follows, as one protocol, and the plainest of them: every interleaving of fixed sequences.
+
+A :class:`Schedule` is an iterable of *orders*, each one run after the other, and knows how
+many there are when that can be told before running (``size``). Its implementations are
+:class:`Interleavings` (here: an isolation spec without permutation lines runs every one),
+:class:`pgrace.engine.schedule.Permutations` (a scenario's own permutations),
+:class:`pgrace.drivers.explore.Space` (every interleaving of a scenario's steps, numbered) and
+:class:`pgrace.engine.schedule.ChoiceTree` (the application's code, discovered by running it).
+
+This module sits below the parsers and the engine, which both use it: it knows sequences
+of names, not scenarios.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Protocol, TypeVar
+
+Order = TypeVar("Order", covariant=True)
+
+
+class Schedule(Protocol[Order]):
+    """Orders to run, in the enumeration's order; ``size`` None when only running tells."""
+
+    @property
+    def size(self) -> int | None: ...
+
+    def __iter__(self) -> Iterator[Order]: ...
+
+
+class Interleavings:
+    """Every interleaving of ``sequences``, each kept in order, in isolationtester's order.
+
+    isolationtester recurses depth first, trying the sessions in declaration order at
+    each position. That is the lexicographic order of the sequence of session indexes,
+    so this walks the distinct permutations of that multiset with the classic
+    "next permutation" step (iteratively: no recursion limit however long the spec).
+    """
+
+    def __init__(self, sequences: Sequence[Sequence[str]]) -> None:
+        self.sequences = sequences
+
+    @property
+    def size(self) -> int:
+        return self.count([len(sequence) for sequence in self.sequences])
+
+    @staticmethod
+    def count(lengths: Sequence[int]) -> int:
+        """How many interleavings keep sequences of these lengths in order: (Σn)! / Πn!."""
+        count, total = 1, 0
+        for length in lengths:
+            total += length
+            count *= math.comb(total, length)
+        return count
+
+    def __iter__(self) -> Iterator[tuple[str, ...]]:
+        sequences = self.sequences
+        order = [index for index, seq in enumerate(sequences) for _ in seq]
+        while True:
+            next_item = [0] * len(sequences)
+            picked: list[str] = []
+            for index in order:
+                picked.append(sequences[index][next_item[index]])
+                next_item[index] += 1
+            yield tuple(picked)
+            # Advance ``order`` to the next permutation, lexicographically.
+            pivot = len(order) - 2
+            while pivot >= 0 and order[pivot] >= order[pivot + 1]:
+                pivot -= 1
+            if pivot < 0:
+                return
+            swap = len(order) - 1
+            while order[swap] <= order[pivot]:
+                swap -= 1
+            order[pivot], order[swap] = order[swap], order[pivot]
+            order[pivot + 1 :] = reversed(order[pivot + 1 :])

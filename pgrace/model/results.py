@@ -1,0 +1,81 @@
+"""What the library's drivers return beyond a single run, for a caller or a renderer to read.
+
+Kept apart from the drivers so that a renderer names these types without importing the
+runner, and a caller holds everything a format draws in one object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pgrace.drivers.check import CaseResult
+    from pgrace.drivers.explore import Exploration
+    from pgrace.drivers.load import LoadResult
+    from pgrace.drivers.sweep import Sweep
+    from pgrace.errors import ScenarioError
+    from pgrace.model.outcomes import OutcomeClass
+    from pgrace.model.scenario import Scenario
+    from pgrace.model.timeline import Run
+    from pgrace.servers import ServerInfo
+
+
+@dataclass
+class Explored:
+    """An exploration of ``scenario``, and the examples replayed as runs, by class number (from 1)."""
+
+    scenario: Scenario
+    exploration: Exploration
+    examples: dict[int, Run] = field(default_factory=dict)
+    replayed_differently: list[int] = field(default_factory=list)
+    """Classes whose example ended in another class when replayed (a race the schedule does not pin)."""
+
+    @property
+    def classes(self) -> list[OutcomeClass]:
+        return self.exploration.classes
+
+
+@dataclass
+class Swept:
+    """One grid per scenario; with examples, each class's example replayed, by (scenario, cell, class)."""
+
+    sweeps: list[Sweep]
+    examples: dict[tuple[int, int, int], Run] = field(default_factory=dict)
+
+
+@dataclass
+class Checked:
+    """Every case's result on every server, and the files that could not be read."""
+
+    results: list[CaseResult]
+    invalid: list[ScenarioError]
+    servers: list[ServerInfo]
+    updated: int = 0
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.results if not r.ok)
+
+
+@dataclass
+class Loaded:
+    """The variants' measurements under load, or (with ``emit``) the files written instead."""
+
+    results: list[LoadResult] = field(default_factory=list)
+    emitted: list[Path] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(run.violations for result in self.results for run in result.runs)
+
+
+@dataclass
+class Cleaned:
+    """What ``clean`` removed from a server and from the temporary folder, and what it left (and why)."""
+
+    server: str
+    removed: list[str] = field(default_factory=list)
+    work_dirs: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)

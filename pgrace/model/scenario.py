@@ -1,0 +1,361 @@
+"""The one scenario model every front end produces and the runner consumes.
+
+A scenario file (pgrace's TOML) and an isolation ``.spec`` file both become a
+:class:`Scenario`: plain frozen dataclasses, no behaviour beyond small lookups, so the
+runner, the validator and the renderers all agree on what a scenario *is*.
+
+Vocabulary, shared with PostgreSQL's isolationtester:
+
+* a *session* is one connection;
+* a *step* is SQL that one session sends (it may hold several statements);
+* a *permutation* is the order in which steps are launched. A pgrace scenario has one
+  (its steps in file order); a spec may have many.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+Format = Literal["pgrace", "spec"]
+CrashMode = Literal["terminate", "disconnect"]  # backend terminated by the server, or the client's socket closed
+
+
+#: PostgreSQL's eight table-level lock modes, weakest first, as pg_locks names them.
+LOCK_MODES = (
+    "AccessShareLock",
+    "RowShareLock",
+    "RowExclusiveLock",
+    "ShareUpdateExclusiveLock",
+    "ShareLock",
+    "ShareRowExclusiveLock",
+    "ExclusiveLock",
+    "AccessExclusiveLock",
+)
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """A row named by its table and primary key, as a person would name it."""
+
+    table: str
+    key: tuple[tuple[str, Any], ...]
+
+    def key_dict(self) -> dict[str, Any]:
+        return dict(self.key)
+
+    def __str__(self) -> str:
+        return f"{self.table} " + " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in self.key)
+
+
+@dataclass(frozen=True)
+class LockExpectation:
+    """One row lock a session should hold after a step (``mode`` None: any mode)."""
+
+    row: RowRef
+    session: str
+    mode: str | None = None
+
+
+@dataclass(frozen=True)
+class WaitTarget:
+    """A wait on something other than one row, as a scenario expects it.
+
+    ``relation``: a table's lock (``mode``, if given, is the mode the step wants, as
+    pg_locks names it: ``AccessExclusiveLock``); ``advisory``: an advisory lock's key
+    (one bigint or two int4); ``transaction``: the end of ``session``'s transaction;
+    ``unique``: an insert waiting for another transaction that wrote the same key of a
+    unique index (``index``, if given, must be the index or among its candidates).
+    """
+
+    kind: Literal["relation", "advisory", "transaction", "unique"]
+    table: str | None = None
+    mode: str | None = None
+    advisory: tuple[int, ...] = ()
+    session: str | None = None
+    index: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "relation":
+            return f"table {self.table}" + (f" ({self.mode})" if self.mode else "")
+        if self.kind == "advisory":
+            return "advisory lock " + (str(self.advisory[0]) if len(self.advisory) == 1 else str(self.advisory))
+        if self.kind == "transaction":
+            return f"{self.session}'s transaction"
+        return "a unique key" + (f" of {self.index}" if self.index else "")
+
+
+@dataclass(frozen=True)
+class StepExpectation:
+    """What a scenario author pins about one step; every field None means "not checked".
+
+    ``sqlstate`` is an SQLSTATE, or the empty string for "must not fail"; ``message`` a
+    shell-style pattern (``*lock timeout*``) the error's message must match.
+    ``deadlock``: the step is a deadlock's victim (40P01), the cycle made of these
+    sessions (empty: any cycle).
+    ``locks`` is the exact set of row locks held by all sessions after the step.
+    ``released_by`` is a session whose step ended the wait, or a cause
+    (:data:`pgrace.model.timeline.RELEASE_CAUSES`: ``deadlock``, ``lock_timeout`` ...).
+    ``may_fail``: an error of the step is allowed (any SQLSTATE); an error no
+    expectation allows fails the verdict.
+    """
+
+    waits: bool | None = None
+    waits_for: tuple[str, ...] | None = None
+    waits_on: RowRef | WaitTarget | None = None
+    sqlstate: str | None = None
+    rows: tuple[tuple[Any, ...], ...] | None = None
+    locks: tuple[LockExpectation, ...] | None = None
+    released_by: str | None = None
+    may_fail: bool = False
+    message: str | None = None
+    deadlock: tuple[str, ...] | None = None
+
+    def allows_error(self, sqlstate: str) -> bool:
+        """An error with this SQLSTATE is what the author expects (exactly, "may fail", a message, a deadlock)."""
+        return (
+            self.may_fail
+            or self.sqlstate == sqlstate
+            or self.message is not None
+            or (self.deadlock is not None and sqlstate == "40P01")
+        )
+
+    def is_empty(self) -> bool:
+        return self == StepExpectation()
+
+
+#: The most attempts a retry may add: each is a copy of the loop's steps, and explore runs them all.
+MAX_RETRIES = 10
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The application's own retry loop, as a step's ``retry`` key writes it.
+
+    When a step from ``start`` through the step that has this key fails with one of
+    ``on`` (SQLSTATEs), the session rolls back and runs those steps again, at most
+    ``max`` more times. ``start`` is the name of the loop's first step in the session.
+    """
+
+    on: tuple[str, ...]
+    start: str
+    max: int
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """SQL one session sends; ``capture`` maps variable names to result columns.
+
+    A step may be an action instead of SQL (``sql`` then only says what it does, for
+    the timeline): ``sleep`` pauses the schedule that many seconds while waiting steps
+    are still watched; ``crash`` kills the session as a dying worker process would.
+
+    A step in a retry loop names the loop by its last step (``loop``); attempt 2 and
+    later of the loop are steps of their own (``attempt`` > 1), named ``NAME#K``, each
+    after a ``rollback`` step (``LAST#K-rollback``). The runner sends an attempt only
+    when the one before it failed with a listed SQLSTATE (see :func:`with_retries`).
+    """
+
+    name: str
+    session: str
+    sql: str
+    note: str = ""
+    capture: tuple[tuple[str, str], ...] = ()
+    expect: StepExpectation = field(default_factory=StepExpectation)
+    line: int | None = None
+    sleep: float | None = None
+    crash: CrashMode | None = None
+    retry: Retry | None = None  # on the loop's last step, attempt 1: the loop's definition
+    loop: str | None = None  # the last step (attempt 1's name) of the retry loop this step is in
+    attempt: int = 1
+    rollback: bool = False  # the ROLLBACK before attempt ``attempt``, sent only if a transaction is open
+
+
+def attempt_name(name: str, attempt: int) -> str:
+    """``transfer``, ``transfer#2``, ``transfer#3``: '#' is in no name a file can give a step."""
+    return name if attempt == 1 else f"{name}#{attempt}"
+
+
+def with_retries(steps: tuple[Step, ...] | list[Step]) -> tuple[Step, ...]:
+    """The step list with every retry loop's extra attempts, each right after the attempt before it.
+
+    A loop's steps are its session's steps from ``retry.start`` through the step with the
+    ``retry`` key; the caller has checked that ``start`` is such a step and that loops do
+    not overlap. Attempt K (2 ... max + 1) is a ``ROLLBACK`` step and copies of the loop's
+    steps named ``NAME#K``, with their captures and expectations; their note says which attempt they are.
+    """
+    steps = list(steps)
+    loops: dict[str, list[Step]] = {}
+    for index, step in enumerate(steps):
+        if step.retry is None:
+            continue
+        own = [s for s in steps[: index + 1] if s.session == step.session]
+        first = next(i for i, s in enumerate(own) if s.name == step.retry.start)
+        loops[step.name] = own[first:]
+    if not loops:
+        return tuple(steps)
+    member = {s.name: last for last, body in loops.items() for s in body}
+    result: list[Step] = []
+    for step in steps:
+        result.append(replace(step, loop=member.get(step.name)))
+        if step.retry is None:
+            continue
+        for attempt in range(2, step.retry.max + 2):
+            result.append(
+                Step(
+                    name=f"{attempt_name(step.name, attempt)}-rollback",
+                    session=step.session,
+                    sql="ROLLBACK",
+                    note=f"attempt {attempt} begins: attempt {attempt - 1}'s transaction is rolled back",
+                    line=step.retry.line,
+                    loop=step.name,
+                    attempt=attempt,
+                    rollback=True,
+                )
+            )
+            result.extend(
+                replace(
+                    s,
+                    name=(name := attempt_name(s.name, attempt)),
+                    note=f"attempt {attempt} ({name})",
+                    retry=None,
+                    loop=step.name,
+                    attempt=attempt,
+                )
+                for s in loops[step.name]
+            )
+    return tuple(result)
+
+
+@dataclass(frozen=True)
+class CompletionMarker:
+    """An isolationtester completion marker: ``(*)``, ``(step)`` or ``(step notices N)``."""
+
+    step: str | None  # None for "*"
+    notices: int | None = None
+
+    def __str__(self) -> str:
+        if self.step is None:
+            return "*"
+        return self.step if self.notices is None else f"{self.step} notices {self.notices}"
+
+
+@dataclass(frozen=True)
+class PermutationStep:
+    step: str
+    blockers: tuple[CompletionMarker, ...] = ()
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    setup: str | None = None
+    teardown: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class FinalCheck:
+    """A query run on the final state, and the rows it must return."""
+
+    description: str
+    sql: str
+    rows: tuple[tuple[Any, ...], ...]
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadCommand:
+    """One line of a load worker's transaction, as pgbench will run it.
+
+    ``sql``: a statement (pgrace ``:variables`` as written; ``capture`` becomes pgbench's
+    ``\\gset``); ``set``: ``\\set name random(low, high)``; ``sleep``: ``\\sleep``, the simulated work.
+    ``step`` names the scenario step the SQL was taken from, if any.
+    """
+
+    kind: Literal["sql", "set", "sleep"]
+    sql: str = ""
+    capture: tuple[tuple[str, str], ...] = ()
+    name: str = ""
+    low: int = 0
+    high: int = 0
+    seconds: float = 0.0
+    step: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadCheck:
+    """An invariant checked after a load run: ``sql`` returns one row ``(expected, actual[, detail])``."""
+
+    description: str
+    sql: str
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """A scenario's ``[load]`` section: one worker's transaction, run by pgbench's clients."""
+
+    transaction: tuple[LoadCommand, ...]
+    setup: tuple[str, ...] = ()
+    checks: tuple[LoadCheck, ...] = ()
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A complete, validated scenario for one variant ("bug" or "fix") of one file."""
+
+    name: str
+    title: str
+    source: str
+    format: Format = "pgrace"
+    narrative: str = ""
+    variant: str = "bug"
+    setup: tuple[str, ...] = ()
+    setup_line: int | None = None
+    teardown: tuple[str, ...] = ()
+    sessions: tuple[Session, ...] = ()
+    steps: tuple[Step, ...] = ()
+    permutations: tuple[tuple[PermutationStep, ...], ...] = ()
+    checks: tuple[FinalCheck, ...] = ()
+    params: tuple[tuple[str, Any], ...] = ()
+    param_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # params whose :name is one of these SQL words
+    other: Scenario | None = None  # the other variant: the cure of a bug, or the bug a cure avoids
+    load: Load | None = None  # the [load] section, resolved against this variant's steps
+    topic: str = ""  # what the story is about ("job queue", "money"): `pgrace list` groups by it
+    tags: tuple[str, ...] = ()  # words to find it by (`pgrace list --tag skip-locked`)
+    changes: tuple[str, ...] = ()  # what this variant changes in the file's first one, for `pgrace show`
+
+    @property
+    def session_names(self) -> list[str]:
+        return [s.name for s in self.sessions]
+
+    def step(self, name: str) -> Step:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+    def retry_of(self, step: Step) -> Retry | None:
+        """The retry loop ``step`` belongs to (any attempt), or None."""
+        return None if step.loop is None else self.step(step.loop).retry
+
+    @property
+    def application_name_prefix(self) -> str:
+        """isolationtester's harness names sessions ``isolation/<test>/<s>``; specs rely on it."""
+        return "isolation" if self.format == "spec" else "pgrace"
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return (self.variant,) if self.other is None else (self.variant, self.other.variant)
+
+    def variant_named(self, variant: str | None) -> Scenario:
+        """``None`` is the variant the file tells first; KeyError when it has no such one."""
+        if variant is None or variant == self.variant:
+            return self
+        if self.other is not None and self.other.variant == variant:
+            return self.other
+        raise KeyError(variant)
