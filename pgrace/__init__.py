@@ -15,7 +15,6 @@ Ctrl-C half-way through importing it).
 
 from __future__ import annotations
 
-
 __version__ = "0.1.0"
 """pgrace's version: the one place it is written (the build reads it from here)."""
 

@@ -20,7 +20,6 @@ import click
 from click.shell_completion import CompletionItem
 
 from pgrace import __version__, bounds
-from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -29,6 +28,7 @@ from pgrace.errors import (
     PgraceError,
     ScenarioError,
 )
+from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
 from pgrace.render import formats
 from pgrace.text import visible
 
