@@ -2,7 +2,7 @@
 
 The reduction is only worth having if it is sound: every test here that compares compares
 the reduced search's classes with the exhaustive search's (``reduce=False``), on shipped
-scenarios and on ones made to be hard (foreign keys, SKIP LOCKED and NOWAIT, SERIALIZABLE,
+scenarios (every one, both variants) and on ones made to be hard (foreign keys, SKIP LOCKED and NOWAIT, SERIALIZABLE,
 sequences, advisory locks, DDL). ``bench/bench_reduce.py`` compares every shipped scenario.
 """
 
@@ -24,20 +24,7 @@ from pgrace.servers import ServerInfo
 
 HERE = Path(__file__).parent / "explore"
 
-SHIPPED = [
-    "lost-update",
-    "write-skew",
-    "deadlock-transfer",
-    "upsert-race",
-    "phantom-count",
-    "repeatable-read-lost-update",
-    "batch-claim",
-    "nowait",
-    "lock-strengths",
-    "duplicate-enqueue",
-    "head-of-line-blocking",
-    "offset-overlock",
-]
+SHIPPED = catalog.shipped_names()  # every one, both variants: the acceptance of the reduction
 HARD = ["fk-check", "serializable-three"]  # the slower ones are in bench/bench_reduce.py
 
 
@@ -45,6 +32,7 @@ def _classes(found: object) -> list[str]:
     return sorted(c.key for c in found.classes)  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_reduced_classes_are_the_exhaustive_classes_on_shipped_scenarios(pgrace_server: ServerInfo, name: str) -> None:
     loaded = catalog.load(name)
