@@ -10,7 +10,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.errors import ScenarioError, ServerUnavailable
-from pgrace.servers.info import ServerInfo
+from pgrace.servers.info import ServerInfo, server_version
 from pgrace.servers.secrets import connstring_problem, describe_dsn, remember_secrets, scrub_secrets
 
 __all__ = ["existing_server"]
@@ -44,10 +44,7 @@ def existing_server(dsn: str) -> Iterator[ServerInfo]:
         dsn = make_conninfo(dsn, connect_timeout=str(CONNECT_TIMEOUT_S))
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            version = conn.info.parameter_status("server_version")
-            if version is None:
-                row = conn.execute("SHOW server_version").fetchone()
-                version = str(row[0]) if row else "unknown"
+            version = server_version(conn)
             label = scrub_secrets(_label(conn.info), dsn)
     except psycopg.Error as exc:
         detail = " ".join(scrub_secrets(str(exc), dsn).split())

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 @dataclass(frozen=True)
@@ -26,3 +30,12 @@ class ServerInfo:
 
     False: it runs as the DSN's own role (a user's server, or ``--superuser``).
     """
+
+
+def server_version(conn: psycopg.Connection[Any]) -> str:
+    """The server's ``server_version``: libpq has it from the start-up, else SHOW asks (an older server)."""
+    version = conn.info.parameter_status("server_version")
+    if version is None:
+        row = conn.execute("SHOW server_version").fetchone()
+        version = str(row[0]) if row else "unknown"
+    return version

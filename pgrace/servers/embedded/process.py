@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 
 from pgrace.errors import ServerUnavailable
 from pgrace.servers.embedded.binaries import _User
+from pgrace.servers.info import server_version
 from pgrace.servers.processes import PR_SET_PDEATHSIG, libc_prctl, pid_alive
 
 _PORT = 5432
@@ -188,11 +189,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], dsn: str, rundir: str, log_path: 
             continue
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                version = conn.info.parameter_status("server_version")
-                if version is None:
-                    row = conn.execute("SHOW server_version").fetchone()
-                    version = str(row[0]) if row else "unknown"
-                return version
+                return server_version(conn)
         except psycopg.OperationalError as exc:
             last_error = " ".join(str(exc).split())
             if _refuses(exc):
