@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.bounds import check_jobs, check_sample
-from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, prepared
+from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, explore_options, prepared
 from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model.outcomes import (
@@ -175,14 +175,7 @@ def run_interleavings(
 ) -> list[Observed]:
     """Run each order as one permutation (in batches on one set of connections); classify each."""
     runnable = prepared(scenario)
-    options = RunOptions(
-        step_timeout=step_timeout,
-        track_row_locks=False,
-        checks_each_permutation=True,
-        defer_busy_sessions=True,
-        describe_waits=False,
-        reset_sessions=True,
-    )
+    options = explore_options(step_timeout)
     observed: list[Observed] = []
     space = Space(scenario)
     with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:

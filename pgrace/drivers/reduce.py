@@ -523,20 +523,12 @@ def executor(
     scenario: Scenario, server: ServerInfo, step_timeout: float
 ) -> Iterator[Callable[[tuple[str, ...]], Trace]]:
     """Runs one interleaving at a time on one set of connections, in one scratch database."""
-    from pgrace.drivers.space import EXPLORE_SCHEMA, Space, prepared
-    from pgrace.engine.runner import Runner, RunOptions
+    from pgrace.drivers.space import EXPLORE_SCHEMA, Space, explore_options, prepared
+    from pgrace.engine.runner import Runner
     from pgrace.scratch import scratch_database_with_schema
 
     runnable = dataclasses.replace(prepared(scenario), permutations=())
-    options = RunOptions(
-        step_timeout=step_timeout,
-        track_row_locks=False,
-        checks_each_permutation=True,
-        defer_busy_sessions=True,
-        describe_waits=False,
-        reset_sessions=True,
-        footprints=True,
-    )
+    options = explore_options(step_timeout, footprints=True)
     space = Space(scenario)
     natures = {s.name: nature_of(s, scenario) for s in scenario.steps}
     needs = {name: tuple(space.chains[i][k] for i, k in pairs) for name, pairs in space.needs.items()}

@@ -16,6 +16,7 @@ import random
 from collections.abc import Iterator, Sequence
 
 from pgrace.bounds import MAX_TIED_POSITIONS
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.model import variables
 from pgrace.model.outcomes import switches
@@ -264,3 +265,17 @@ def prepared(scenario: Scenario) -> Scenario:
     if not scenario.teardown:
         changed = dataclasses.replace(changed, teardown=(schema_reset_sql(EXPLORE_SCHEMA),))
     return changed
+
+
+def explore_options(step_timeout: float, footprints: bool = False) -> RunOptions:
+    """How each explored interleaving runs: one permutation after another on one set of connections,
+    judged by its final checks alone (no row locks or wait descriptions to pay for)."""
+    return RunOptions(
+        step_timeout=step_timeout,
+        track_row_locks=False,
+        checks_each_permutation=True,
+        defer_busy_sessions=True,
+        describe_waits=False,
+        reset_sessions=True,
+        footprints=footprints,
+    )
