@@ -119,14 +119,33 @@ def timeline_sections(run: Run) -> list[Section]:
         section.entries.append(entry)
         return len(section.entries) - 1
 
+    def step_row(
+        step: StepLaunched,
+        waits: tuple[Wait, ...] = (),
+        by_marker: bool = False,
+        outcome: Outcome | None = None,
+        sireads: tuple[HeldLock, ...] | None = None,
+    ) -> Entry:
+        """A launched step's own row: its SQL, with the scenario's note on the step."""
+        return Entry(
+            "step",
+            step.session,
+            step.seq,
+            step.step,
+            step.sql,
+            step_note(run, step.step),
+            waits=waits,
+            by_marker=by_marker,
+            outcome=outcome,
+            sireads=sireads,
+        )
+
     def show_running(besides: int | None = None, session: str | None = None) -> None:
         """Steps still running when another session's step ends get their row first: where they started."""
         for seq in sorted(unshown):
             if seq != besides and unshown[seq].session != session:
                 step = unshown.pop(seq)
-                paused[seq] = section.entries[
-                    add(Entry("step", step.session, seq, step.step, step.sql, step_note(run, step.step)))
-                ]
+                paused[seq] = section.entries[add(step_row(step))]
 
     for event in run.events:
         if isinstance(event, PermutationStarted):
@@ -138,9 +157,7 @@ def timeline_sections(run: Run) -> list[Section]:
         elif isinstance(event, StepLaunched):
             launched[event.seq] = event
             if run.scenario.step(event.step).sleep is not None:  # its row when it starts: others act during it
-                paused[event.seq] = section.entries[
-                    add(Entry("step", event.session, event.seq, event.step, event.sql, step_note(run, event.step)))
-                ]
+                paused[event.seq] = section.entries[add(step_row(event))]
             else:
                 unshown[event.seq] = event
         elif isinstance(event, StepFinished) and event.seq in paused and not event.after_wait:
@@ -155,18 +172,7 @@ def timeline_sections(run: Run) -> list[Section]:
         elif isinstance(event, StepWaiting):
             unshown.pop(event.seq, None)
             step = launched[event.seq]
-            index = add(
-                Entry(
-                    "step",
-                    step.session,
-                    event.seq,
-                    step.step,
-                    step.sql,
-                    step_note(run, step.step),
-                    waits=event.waits,
-                    by_marker=event.by_marker,
-                )
-            )
+            index = add(step_row(step, waits=event.waits, by_marker=event.by_marker))
             if not event.by_marker:
                 span = WaitSpan(event.seq, step.session, index, None, event.waits)
                 section.spans.append(span)
@@ -196,18 +202,7 @@ def timeline_sections(run: Run) -> list[Section]:
                     resumed.end = index
                     resumed.steps_waited = steps_waited(event.seq, event.release, max(launched))
             else:
-                add(
-                    Entry(
-                        "step",
-                        step.session,
-                        event.seq,
-                        step.step,
-                        step.sql,
-                        step_note(run, step.step),
-                        outcome=event.outcome,
-                        sireads=sireads,
-                    )
-                )
+                add(step_row(step, outcome=event.outcome, sireads=sireads))
         elif isinstance(event, StepCancelled):
             show_running(besides=event.seq)
             step = launched[event.seq]
