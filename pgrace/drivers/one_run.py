@@ -10,7 +10,7 @@ from pgrace.engine.options import RunOptions
 from pgrace.model.checks import evaluate
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
-from pgrace.scratch import scratch_database
+from pgrace.scratch import ScratchDatabase, scratch_database
 from pgrace.servers import ServerInfo
 
 
@@ -28,18 +28,23 @@ def run_in_scratch(
     with scratch_database(
         server, scenario.name, allow_schema=allow_scratch_schema, scenario=scenario, database_name=database_name
     ) as db:
-        # Imported here, not with this module: the CLI imports it in a thread while the database is made.
-        from pgrace.engine.runner import run_scenario
-
-        result = run_scenario(
-            scenario,
-            db.dsn,
-            server_version=server.version,
-            server_label=server.label,
-            row_locks_available=db.has_pgrowlocks,
-            options=options,
-            schema=db.schema,
-            observer_dsn=db.observer_dsn,
-        )
+        result = run_in(scenario, server, db, options)
     result.checks = evaluate(result)
     return result
+
+
+def run_in(scenario: Scenario, server: ServerInfo, db: ScratchDatabase, options: RunOptions | None = None) -> Run:
+    """Run ``scenario`` in ``db``, a scratch database (or schema) of ``server``; its expectations are not evaluated."""
+    # Imported here, not with this module: the CLI imports it in a thread while the database is made.
+    from pgrace.engine.runner import run_scenario
+
+    return run_scenario(
+        scenario,
+        db.dsn,
+        server_version=server.version,
+        server_label=server.label,
+        row_locks_available=db.has_pgrowlocks,
+        options=options,
+        schema=db.schema,
+        observer_dsn=db.observer_dsn,
+    )

@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgrace.engine.runner import RunOptions, run_scenario
+from pgrace.drivers.one_run import run_in
+from pgrace.engine.runner import RunOptions
 from pgrace.errors import ScenarioError, SetupFailed
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
@@ -222,15 +223,7 @@ def run_check(
                 db = scratch.database
             else:
                 db = stack.enter_context(scratch_database(server, prepared.name, database_name=database_name))
-            run = run_scenario(
-                prepared.scenario,
-                db.dsn,
-                server_version=server.version,
-                server_label=server.label,
-                row_locks_available=db.has_pgrowlocks,
-                options=options,
-                observer_dsn=db.observer_dsn,
-            )
+            run = run_in(prepared.scenario, server, db, options)
     except SetupFailed as exc:  # isolationtester prints the run up to the failure: that is the output to compare
         if not isinstance(exc.run, Run):
             raise
