@@ -45,7 +45,7 @@ class Completions:
         """Tell the book the step is over (once): did it end its transaction, or its session?"""
         assert active.outcome is not None
         lost, after = session.ended_status(active)
-        self.scheduler.book.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
+        self.scheduler.book.releases.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
 
     def _settle_finished(self, names: Iterable[str]) -> None:
         """Collect the results that already arrived for these sessions' running steps (a deadlock victim's)."""

@@ -142,17 +142,6 @@ class StepBook:
         session.cancel()
         return True
 
-    def completed(
-        self,
-        seq: int,
-        before: pq.TransactionStatus,
-        after: pq.TransactionStatus,
-        error: SqlError | None,
-        lost: bool,
-    ) -> None:
-        """The step is over: did it end its transaction, or its session? (What releasing others depends on.)"""
-        self.releases.completed(seq, before, after, error, lost)
-
     def release(
         self,
         step: Launched,
