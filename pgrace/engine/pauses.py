@@ -102,6 +102,7 @@ class Pauses:
         ended it (``pg_terminate_backend``), and the order must not depend on load.
         """
         scheduler = self.scheduler
+        graced = False
         for session in sessions:
             other = session.active
             if other is None:
@@ -110,8 +111,10 @@ class Pauses:
             session.consume()
             if session.pgconn.is_busy() or other not in scheduler.waiting:
                 continue
-            if self._ends_within(running, RELEASER_GRACE_S):
-                return  # reported after it, by whoever polls the waiting steps next
+            if not graced:  # one grace for all that ended together, not one each
+                if self._ends_within(running, RELEASER_GRACE_S):
+                    return  # reported after it, by whoever polls the waiting steps next
+                graced = True
             scheduler.done.settle(session, other)
             if other.lost is not None:
                 continue  # collected now, told after the running step (which polls the waiting steps)
