@@ -91,6 +91,28 @@ class Found:
     unreadable: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Stretch:
+    """A window's records, indexed once by line and by process: each incident reads its own, not the whole window."""
+
+    records: list[Record]
+    by_line: dict[int, list[int]] = field(default_factory=dict)
+    by_pid: dict[int, list[int]] = field(default_factory=dict)
+    lock_waits: list[int] = field(default_factory=list)  # the "still waiting" reports
+
+    def __post_init__(self) -> None:
+        for pos, r in enumerate(self.records):
+            self.by_line.setdefault(r.line, []).append(pos)
+            if r.pid is not None:
+                self.by_pid.setdefault(r.pid, []).append(pos)
+            if r.severity == "LOG" and _WAITING.match(r.message):
+                self.lock_waits.append(pos)
+
+    def of(self, pids: set[int]) -> list[int]:
+        """The positions of the records of ``pids``, in log order."""
+        return sorted(pos for pid in pids for pos in self.by_pid.get(pid, ()))
+
+
 def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
     """Every incident of ``paths``, in log order; the line counts and the reports that were cut short."""
     found = Found()
@@ -100,13 +122,15 @@ def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
         waits: list[Incident] = []
         seen: set[int] = set()
         current: Window | None = None
+        stretch = _Stretch([])
         for hit in scanned.hits:
             if hit.line in seen:
                 continue
             if current is None or not current.covers(hit):  # hits close together share one parse
                 current = window(path, fmt, hit)
                 found.skipped += current.skipped
-            for incident, covered in _incidents_at(path, fmt, current.records, hit.line, found.unreadable):
+                stretch = _Stretch(current.records)
+            for incident, covered in _incidents_at(path, fmt, stretch, hit.line, found.unreadable):
                 seen.update(covered)
                 (waits if incident.kind == "lock wait" else found.incidents).append(incident)
         # A wait that was one edge of a deadlock is told with the deadlock, not again on its own.
@@ -117,13 +141,12 @@ def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
 
 
 def _incidents_at(
-    path: str, fmt: LogFormat, records: list[Record], line: int, unreadable: list[str]
+    path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str]
 ) -> Iterator[tuple[Incident, list[int]]]:
-    at = [i for i, r in enumerate(records) if r.line == line]
-    for index in at:
-        record = records[index]
+    for index in stretch.by_line.get(line, []):
+        record = stretch.records[index]
         if record.message == "deadlock detected" and record.severity == "ERROR":
-            incident = _deadlock(path, fmt, records, index)
+            incident = _deadlock(path, fmt, stretch, index)
             if incident is None:
                 unreadable.append(f"{path}:{record.line}: a deadlock report without its cycle (cut short?)")
                 continue
@@ -137,7 +160,7 @@ def _incidents_at(
             wait.after_ms = float(m.group(3))
             pids = [wait.waiter, *[p for p in wait.holders if p != wait.waiter]]
             incident = Incident("lock wait", path, record.line, record.time, record.database, pids, {}, [wait])
-            _recover(incident, fmt, records, index)
+            _recover(incident, fmt, stretch, index)
             yield incident, [record.line]
 
 
@@ -150,8 +173,8 @@ def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wa
     return wait
 
 
-def _deadlock(path: str, fmt: LogFormat, records: list[Record], index: int) -> Incident | None:
-    record = records[index]
+def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incident | None:
+    record = stretch.records[index]
     edges: list[tuple[int, str, int]] = []
     statements: dict[int, str] = {}
     current: int | None = None
@@ -176,14 +199,17 @@ def _deadlock(path: str, fmt: LogFormat, records: list[Record], index: int) -> I
         waits.append(wait)
     incident = Incident("deadlock", path, record.line, record.time, record.database, pids, {}, waits, victim)
     # The other waiters' own "still waiting" reports (log_lock_waits) name their tuples.
-    for r in records[:index]:
-        if r.severity == "LOG" and (m := _WAITING.match(r.message)):
+    for pos in stretch.lock_waits:
+        if pos >= index:
+            break
+        r = stretch.records[pos]
+        if m := _WAITING.match(r.message):
             for wait in waits:
                 if wait.waiter == int(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
                     told = _wait_from(r, wait.waiter, wait.lock, wait.holders)
                     wait.table, wait.ctid, wait.line = told.table, told.ctid, told.line
                     wait.after_ms = float(m.group(3))
-    _recover(incident, fmt, records, index)
+    _recover(incident, fmt, stretch, index)
     return incident
 
 
@@ -209,12 +235,17 @@ def _first_word(sql: str) -> str:
     return two if two in _BEGINS else (words[0].rstrip(";") if words else "")
 
 
-def _recover(incident: Incident, fmt: LogFormat, records: list[Record], index: int) -> None:
+def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) -> None:
     """Name the sessions, and gather each process's logged statements of the incident's transaction."""
+    records = stretch.records
     pids = set(incident.pids)
+    theirs = stretch.of(pids)
     apps: dict[int, str] = {}
     vxids: dict[int, str] = {}
-    for r in records[: index + 1]:
+    for pos in theirs:
+        if pos > index:
+            break
+        r = records[pos]
         if r.pid in pids:
             if r.app and r.app != "[unknown]":
                 apps[r.pid] = r.app
@@ -231,7 +262,8 @@ def _recover(incident: Incident, fmt: LogFormat, records: list[Record], index: i
         per_pid[pid].clear()
         logged[:] = [(p, s) for p, s in logged if p != pid]
 
-    for pos, r in enumerate(records):
+    for pos in theirs:
+        r = records[pos]
         if r.pid is None or r.pid not in pids or r.pid in closed:
             continue
         sql = _statement(r)
@@ -278,7 +310,7 @@ def _recover(incident: Incident, fmt: LogFormat, records: list[Record], index: i
                 )
             elif p not in waiting:
                 unsaid.append(f"{incident.names[p]}'s transaction began before the log's first statement of it")
-    _pooled(incident, records, index)
+    _pooled(incident, stretch, index)
 
 
 def _name(incident: Incident, apps: dict[int, str]) -> None:
@@ -297,10 +329,15 @@ def _name(incident: Incident, apps: dict[int, str]) -> None:
         incident.names[pid] = name
 
 
-def _pooled(incident: Incident, records: list[Record], index: int) -> None:
+def _pooled(incident: Incident, stretch: _Stretch, index: int) -> None:
     """One pid with several applications or users in the window: a pooler shares the connection."""
     for pid in incident.pids:
-        seen = {(r.app, r.user, r.database) for r in records[: index + 1] if r.pid == pid}
+        at = stretch.by_pid.get(pid, [])
+        seen = {
+            (stretch.records[pos].app, stretch.records[pos].user, stretch.records[pos].database)
+            for pos in at
+            if pos <= index
+        }
         if len(seen) > 1:
             incident.unsaid.append(
                 f"pid {pid} served several clients ({len(seen)} application/user/database names): "
