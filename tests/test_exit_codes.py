@@ -411,6 +411,23 @@ def test_2_when_the_output_cannot_be_written(pgrace_server: ServerInfo) -> None:
     assert one_line(result) == "pgrace: /dev/full: cannot write: No space left on device"
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("command", ["list", "show", "run", "check"])
+def test_2_when_stdout_cannot_be_written(command: str, pgrace_server: ServerInfo) -> None:
+    """`pgrace run x > /dev/full`: a full disk is the user's to fix, said as `-o FILE` says it, not a bug (4)."""
+    args = {
+        "list": ["list"],
+        "show": ["show", "nowait"],
+        "run": ["run", "nowait", "--dsn", pgrace_server.dsn],
+        "check": ["check", "scenarios/nowait.toml", "--dsn", pgrace_server.dsn],
+    }
+    with open("/dev/full", "w") as full:
+        child = subprocess.run(
+            [sys.executable, "-m", "pgrace", *args[command]], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    assert (child.returncode, child.stderr) == (2, "pgrace: stdout: cannot write: No space left on device\n")
+
+
 def test_explore_2_for_a_merge_file_that_is_not_utf8(tmp_path: Path) -> None:
     merge = tmp_path / "shard.json"
     merge.write_bytes(b'{"schema": 1, "x": "\xff"}')

@@ -356,7 +356,13 @@ def tidied(server: ServerInfo) -> ServerInfo:
 
 
 def emit(text: str, output: str | None) -> None:
+    """Write to ``output`` or stdout; a stdout that cannot take it (a full disk) is said as ``-o FILE`` says it."""
     if output is not None:
         write_output(output, text)
-    else:
+        return
+    try:
         click.echo(text, nl=False)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise ScenarioError(f"cannot write: {exc.strerror or exc}", "stdout") from None

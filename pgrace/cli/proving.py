@@ -112,7 +112,7 @@ def check(
 
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     with progress_line() as progress:
-        stream = CheckStream(lambda text: click.echo(text, nl=False), progress, quiet, with_server=len(targets) > 1)
+        stream = CheckStream(lambda text: emit(text, None), progress, quiet, with_server=len(targets) > 1)
         checked = api.check(
             paths,
             servers=targets or [None],
@@ -132,7 +132,7 @@ def check(
             on_result=stream.result,
             on_note=say,
         )
-    click.echo(render_summary(checked, update), nl=False)
+    emit(render_summary(checked, update), None)
     if junit is not None:
         from pgrace.render.junit import render_junit
 

@@ -59,7 +59,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     from pgrace.render.listing import render_show
 
     loaded = catalog.load(scenario, parse_params(params))
-    click.echo(render_show(loaded, pick_variant(loaded, fix, bug)), nl=False)
+    emit(render_show(loaded, pick_variant(loaded, fix, bug)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
