@@ -1,0 +1,117 @@
+"""Explore with partial-order reduction: run one interleaving of each class of equivalent ones.
+
+Two steps of different sessions *commute* when running them in either order leaves the
+same state and gives each the same result; interleavings that differ only by swapping
+commuting neighbours are one execution. The search is source-set DPOR with sleep sets
+(Abdulla, Aronis, Jonsson, Sagonas, "Optimal dynamic partial order reduction", POPL 2014,
+algorithm 1; Flanagan and Godefroid 2005) over real runs: each run is one interleaving,
+and what every session held after each step (``pg_locks``, and whether it keeps a
+snapshot) says which of its steps depend on which; the races between dependent steps
+decide which prefixes must be run on with another session's step next.
+
+The dependence relation is deliberately coarse and errs one way only: two steps of
+different sessions are *dependent* when
+
+* either one is *opaque*: a sleep or crash step, SQL that reads the clock, chance, the
+  server's own state (``pg_*`` functions and views but advisory locks, ``txid_*``, system
+  columns), that is not plain DML, a query, a lock, a cursor, a setting or transaction
+  control (DDL, ``DO``, ``CALL``, ``PREPARE TRANSACTION`` ...), that pglast cannot parse,
+  that failed, that ran a transaction of its own (autocommit: its locks are gone before
+  they can be read), that began and ended transactions in one step, that never finished,
+  or that ended a transaction when the scenario defers constraints or triggers, or when
+  the transaction kept a snapshot (REPEATABLE READ, SERIALIZABLE);
+* both run in transactions that keep a snapshot (REPEATABLE READ, SERIALIZABLE:
+  serialization failures are decided by the order of all their steps);
+* one ends a transaction or releases a lock (COMMIT, ROLLBACK, ROLLBACK TO SAVEPOINT,
+  an advisory unlock) and the other takes a snapshot, or touches anything the ending
+  transaction held;
+* they touch a common relation (tables, indexes and sequences alike, by OID), advisory
+  key or object, and one of them more than reads it (any lock stronger than
+  AccessShareLock: a write, FOR UPDATE/SHARE, a foreign key's check, DDL).
+
+What a step touches is every lock its session holds after it, before it and, when it
+waited, while it waited: a transaction's locks only grow until it ends, so earlier
+steps' relations count again (coarse, never short). A step during which a waiting step
+went on carries the waiter's footprint too, and the waiter's session's next step can only
+come after it (the wait's release enables it; a step using another session's capture
+likewise comes after the step that captured it). Rows are not told apart: two sessions
+working on different rows of one table are dependent. The interleavings of a scenario
+whose final checks read system columns or the clock are all run (every step opaque).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from pgrace.drivers.reduce.moves import Move, Trace, dependent, moves_of
+from pgrace.drivers.reduce.nature import Nature, nature_of, opaque_orders
+from pgrace.drivers.reduce.search import Search
+from pgrace.model.outcomes import Observed
+from pgrace.model.scenario import PermutationStep, Scenario
+from pgrace.model.timeline import PermutationStarted, Run
+from pgrace.servers import ServerInfo
+
+__all__ = [
+    "Move",
+    "Nature",
+    "Search",
+    "Trace",
+    "dependent",
+    "executor",
+    "explore_reduced",
+    "moves_of",
+    "nature_of",
+    "opaque_orders",
+]
+
+
+@contextmanager
+def executor(
+    scenario: Scenario, server: ServerInfo, step_timeout: float
+) -> Iterator[Callable[[tuple[str, ...]], Trace]]:
+    """Runs one interleaving at a time on one set of connections, in one scratch database."""
+    from pgrace.drivers.space import EXPLORE_SCHEMA, Space, explore_options, prepared
+    from pgrace.engine.runner import Runner
+    from pgrace.scratch import scratch_database_with_schema
+
+    runnable = dataclasses.replace(prepared(scenario), permutations=())
+    options = explore_options(step_timeout, footprints=True)
+    space = Space(scenario)
+    natures = {s.name: nature_of(s, scenario) for s in scenario.steps}
+    needs = {name: tuple(space.chains[i][k] for i, k in pairs) for name, pairs in space.needs.items()}
+    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
+        run = Run(runnable, server.version, server.label, False)
+        with Runner(runnable, db.dsn, run, options, None, db.observer_dsn) as runner:
+            count = 0
+
+            def execute(order: tuple[str, ...]) -> Trace:
+                nonlocal count
+                del run.events[:]
+                runner.run_one(count, tuple(PermutationStep(name) for name in order))
+                count += 1
+                one = Run(runnable, server.version, server.label, False)
+                one.events = [e for e in run.events]
+                assert one.events and isinstance(one.events[0], PermutationStarted)
+                return moves_of(one, scenario, natures, needs)
+
+            yield execute
+
+
+def explore_reduced(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None = None,
+    max_runs: int | None = None,
+) -> tuple[int, bool]:
+    """Run the reduced search; ``on_observed`` gets each run's outcome. Returns (runs, complete).
+
+    ``on_progress(runs, runs + known to be left)`` after each run.
+    """
+    with executor(scenario, server, step_timeout) as execute:
+        search = Search(scenario, execute, on_progress)
+        complete = search.run(lambda trace: on_observed(trace.observed), max_runs)
+    return search.runs, complete

@@ -1,0 +1,96 @@
+"""What a step's text says about it before it runs: opaque (dependent on everything), local, or plain."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pgrace.model import variables
+from pgrace.model.scenario import Scenario, Step
+
+__all__ = ["CHECK_OPAQUE", "Nature", "nature_of", "opaque_orders"]
+
+# SQL whose effect or result pg_locks does not show, or that differs from run to run.
+OPAQUE_WORDS = re.compile(
+    r"\b(?!pg_advisory_|pg_try_advisory_)(pg_\w+|txid_\w+|now|clock_timestamp|statement_timestamp|"
+    r"transaction_timestamp|timeofday|current_timestamp|current_time|current_date|localtime|localtimestamp|"
+    r"random|random_normal|setseed|gen_random_uuid|uuid_generate_\w+|dblink\w*|lo_\w+|xmin|xmax|cmin|cmax|ctid)\b",
+    re.IGNORECASE,
+)
+CHECK_OPAQUE = re.compile(r"\b(xmin|xmax|cmin|cmax|ctid|txid_\w+|pg_current_xact_id\w*|now|clock_timestamp)\b", re.I)
+PLAIN_STATEMENTS = {
+    "SelectStmt",
+    "InsertStmt",
+    "UpdateStmt",
+    "DeleteStmt",
+    "MergeStmt",
+    "LockStmt",
+    "DeclareCursorStmt",
+    "FetchStmt",
+    "ClosePortalStmt",
+}
+LOCAL_STATEMENTS = {"VariableSetStmt", "VariableShowStmt"}
+# TransactionStmtKind: BEGIN, START, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, ROLLBACK TO (not PREPARE and after)
+TRANSACTION_KINDS = {0, 1, 2, 3, 4, 5, 6}
+
+
+@dataclass(frozen=True)
+class Nature:
+    """What the text of a step says about it before it runs."""
+
+    opaque: bool  # dependent on everything, whatever the server shows
+    local: bool  # only settings: nothing another session can see
+    single_transaction_statement: bool  # one COMMIT, ROLLBACK ... (AND CHAIN may end and begin)
+
+
+def nature_of(step: Step, scenario: Scenario) -> Nature:
+    if step.sleep is not None or step.crash is not None or OPAQUE_WORDS.search(step.sql):
+        return Nature(True, False, False)
+    import pglast
+
+    params = variables.param_values(scenario) if scenario.format == "pgrace" else {}
+    text = step.sql
+    if scenario.format == "pgrace":
+        uses = variables.find(text)
+        values = {**{u.key: variables.Value(None) for u in uses}, **params}
+        try:
+            text = variables.substitute(text, values)
+        except Exception:  # a value pgrace cannot spell without a connection: say nothing, trust nothing
+            return Nature(True, False, False)
+    try:
+        statements = [raw.stmt for raw in pglast.parse_sql(text)]
+    except Exception:  # pglast's ParseError, or anything it cannot take
+        return Nature(True, False, False)
+    kinds = [type(s).__name__ for s in statements]
+    if not statements or all(k in LOCAL_STATEMENTS for k in kinds):
+        return Nature(False, True, False)
+    for statement, kind in zip(statements, kinds, strict=True):
+        if kind == "TransactionStmt":
+            if int(getattr(statement, "kind", -1)) not in TRANSACTION_KINDS:
+                return Nature(True, False, False)
+        elif kind not in PLAIN_STATEMENTS and kind not in LOCAL_STATEMENTS:
+            return Nature(True, False, False)
+    return Nature(False, False, len(statements) == 1 and kinds[0] == "TransactionStmt")
+
+
+BEGINS = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)
+ENDS = re.compile(r"\b(COMMIT|END|ABORT|ROLLBACK)(?!\s+TO\b)(\s+(WORK|TRANSACTION))?\s*;?\s*$", re.IGNORECASE)
+
+
+def opaque_orders(scenario: Scenario) -> int:
+    """A lower bound of the runs a reduced search needs: the orders of the steps known opaque before
+    running (their text, or a statement outside a transaction block), which all depend on each other."""
+    from pgrace.drivers.space import Space, multinomial
+
+    counts = []
+    for chain in Space(scenario).chains:
+        in_block, opaque = False, 0
+        for name in chain:
+            step = scenario.step(name)
+            nature = nature_of(step, scenario)
+            begins = bool(BEGINS.search(step.sql))
+            if nature.opaque or not (in_block or begins or nature.local):
+                opaque += 1
+            in_block = (in_block or begins) and not ENDS.search(step.sql)
+        counts.append(opaque)
+    return multinomial(counts)

@@ -1,0 +1,185 @@
+"""Source-set DPOR with sleep sets over whole real runs, one run at a time (depth first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pgrace.drivers.reduce.moves import Move, Trace, chains, dependent
+from pgrace.model.scenario import Scenario
+
+__all__ = ["Node", "Search"]
+
+
+@dataclass
+class Node:
+    """A prefix of launches: who could go next, who sleeps there, who was and is to be run next."""
+
+    enabled: frozenset[str]
+    sleep: dict[str, Move]  # inherited: their next move is known to commute with what led here
+    explored: list[str] = field(default_factory=list)
+    backtrack: list[str] = field(default_factory=list)
+    next_move: dict[str, Move] = field(default_factory=dict)
+
+    def asleep(self, before: str | None = None) -> dict[str, Move]:
+        """The inherited sleepers, and the sessions explored here before ``before`` (all, when None)."""
+        out = dict(self.sleep)
+        for session in self.explored:
+            if session == before:
+                break
+            if session in self.next_move:
+                out[session] = self.next_move[session]
+        return out
+
+
+class Search:
+    """Source-set DPOR with sleep sets, one whole run at a time (depth first).
+
+    ``execute(order)`` runs one interleaving (a tuple of step names) and returns its trace.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        execute: Callable[[tuple[str, ...]], Trace],
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        from pgrace.drivers.space import Space
+
+        self.scenario = scenario
+        self.space = Space(scenario)
+        self.execute = execute
+        self.on_progress = on_progress
+        self.nodes: dict[tuple[str, ...], Node] = {}
+        self.runs = 0
+        self.diverged = 0
+        self.cut = False  # stopped at max_runs
+        self.chains = chains(scenario)
+
+    def run(self, on_trace: Callable[[Trace], None], max_runs: int | None = None) -> bool:
+        """Explore until no prefix has a session left to try (or ``max_runs``); True when all was covered."""
+        path: tuple[str, ...] = ()
+        request: tuple[tuple[str, ...], int] | None = (self._continue((), None, set()), 0)
+        while request is not None:
+            if max_runs is not None and self.runs >= max_runs:
+                self.cut = True
+                break
+            order, depth = request
+            trace = self.execute(order)
+            self.runs += 1
+            on_trace(trace)
+            if trace.launched[: depth + 1] != order[: depth + 1]:
+                self.diverged += 1  # the server did not do what it did before: no claim about this branch
+            else:
+                path = self._insert(trace, depth)
+            request = self._next(path)
+            if self.on_progress is not None:
+                self.on_progress(self.runs, self.runs + self._left(path) + (request is not None))
+        return self.diverged == 0 and not self.cut
+
+    def _left(self, path: tuple[str, ...]) -> int:
+        """Sessions still to try at the prefixes of the path: a lower bound of the runs to come."""
+        left = 0
+        for pos in range(len(path) + 1):
+            node = self.nodes.get(path[:pos])
+            if node is not None:
+                left += len([s for s in node.backtrack if s not in node.explored and s not in node.sleep])
+        return left
+
+    def _insert(self, trace: Trace, depth: int) -> tuple[str, ...]:
+        """Add a run's launches to the tree from ``depth`` on; detect its races. Returns the path kept."""
+        names = trace.launched
+        kept = len(names)
+        for pos in range(depth, len(names)):
+            prefix = names[:pos]
+            node = self.nodes.get(prefix)
+            if node is None and pos == 0:
+                node = self.nodes[prefix] = Node(trace.enabled[0], {})
+            elif node is None:
+                parent = self.nodes[names[: pos - 1]]
+                before = trace.moves[pos - 1]
+                inherited = parent.asleep(before.session)
+                sleep = {s: m for s, m in inherited.items() if not dependent(m, before)}
+                node = self.nodes[prefix] = Node(trace.enabled[pos], sleep)
+            move = trace.moves[pos]
+            if pos > depth:
+                if move.session in node.asleep(move.session) or move.session in node.explored:
+                    kept = pos  # a sleeping session went on: what follows is covered elsewhere
+                    free = [s for s in sorted(node.enabled) if s not in node.asleep() and s not in node.explored]
+                    if free and not set(free) & set(node.backtrack):
+                        node.backtrack.append(free[0])
+                    break
+                node.explored.append(move.session)
+                node.backtrack.append(move.session)
+            elif move.session not in node.explored:  # the first run's first step
+                node.explored.append(move.session)
+                node.backtrack.append(move.session)
+            node.next_move.setdefault(move.session, move)
+        if kept == len(names):
+            self.nodes.setdefault(names, Node(frozenset(), {}))
+        self._races(trace, depth, kept)
+        return names[: kept + 1] if kept < len(names) else names
+
+    def _races(self, trace: Trace, depth: int, kept: int) -> None:
+        moves = trace.moves[:kept]
+        names = trace.launched
+        n = len(moves)
+        before: list[set[int]] = []  # happens-before: the positions each one comes after
+        direct: list[set[int]] = []
+        for j, move in enumerate(moves):
+            edges = {i for i in range(j) if dependent(moves[i], move)} | set(move.enablers)
+            direct.append(edges)
+            closure: set[int] = set()
+            for i in edges:
+                closure.add(i)
+                closure |= before[i]
+            before.append(closure)
+        for j in range(max(depth, 1), n):
+            move = moves[j]
+            for i in sorted(direct[j]):
+                if moves[i].session == move.session or i in move.enablers or not dependent(moves[i], move):
+                    continue
+                if any(i in before[k] for k in before[j] if k > i):
+                    continue  # not an immediate race: something between orders them
+                later = [k for k in range(i + 1, j) if i not in before[k]] + [j]
+                initials = {moves[k].session for k in later if not (before[k] & set(later))}
+                node = self.nodes[names[:i]]
+                if initials & (set(node.backtrack) | set(node.explored)):
+                    continue
+                possible = sorted(initials & node.enabled)
+                if possible:
+                    node.backtrack.append(possible[0])
+                else:  # none of them could go there: every session that could
+                    node.backtrack.extend(s for s in sorted(node.enabled) if s not in node.backtrack)
+
+    def _next(self, path: tuple[str, ...]) -> tuple[tuple[str, ...], int] | None:
+        """The deepest prefix of the last path with a session left to try: run it next."""
+        for pos in range(len(path), -1, -1):
+            prefix = path[:pos]
+            node = self.nodes.get(prefix)
+            if node is None:
+                continue
+            for session in node.backtrack:
+                if session in node.explored or session in node.sleep:
+                    continue
+                node.explored.append(session)
+                return self._continue(prefix, session, set(node.asleep())), pos
+        return None
+
+    def _continue(self, prefix: tuple[str, ...], first: str | None, avoid: set[str]) -> tuple[str, ...]:
+        """A whole interleaving: the prefix, ``first``'s next step, then the same session while it can."""
+        space = self.space
+        at = [0] * len(space.chains)
+        for name in prefix:
+            at[space.where[name][0]] += 1
+        index_of = {self.scenario.step(chain[0]).session: i for i, chain in enumerate(space.chains)}
+        order = list(prefix)
+        current = index_of[first] if first is not None else None
+        while len(order) < len(space.where):
+            eligible = space._eligible(tuple(at))
+            if current not in eligible:
+                fresh = [i for i in eligible if space.scenario.step(space.chains[i][0]).session not in avoid]
+                current = (fresh or eligible)[0]
+            order.append(space.chains[current][at[current]])
+            at[current] += 1
+        return tuple(order)
