@@ -48,7 +48,7 @@ SELECT 0, 'table',
        ARRAY[format('%%I.%%I', n.nspname, c.relname),
              (SELECT e.nspname FROM pg_catalog.pg_extension x
               JOIN pg_catalog.pg_namespace e ON e.oid = x.extnamespace WHERE x.extname = 'pgrowlocks'),
-             EXISTS (SELECT 1 FROM pg_catalog.pg_locks a  -- the observer's own read would queue behind it
+             EXISTS (SELECT 1 FROM l a  -- the observer's read would queue behind it (another's: lock_timeout)
                      WHERE a.locktype = 'relation' AND a.relation = c.oid AND a.mode = 'AccessExclusiveLock')::text]
        || ARRAY(SELECT a.attname::text FROM pg_catalog.pg_index i
                 CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
@@ -113,7 +113,7 @@ def _rows(
             ).format(name=sql.Literal(name), key=key, table=table, fn=sql.Identifier(schema, "pgrowlocks"))
         )
     try:
-        found = observer.execute(sql.SQL(" UNION ALL ").join(parts), prepare=False).fetchall()
+        found = observer.execute(sql.SQL(" UNION ALL ").join(parts)).fetchall()
     except psycopg.Error:  # a table gone or out of reach: its rows stay unnamed, the reduction stays coarse
         return
     owner = {xid: pid for pid, own in xids.items() for xid in own}
