@@ -31,6 +31,8 @@ RELATION_RUNS = {
     "partitioned": 90,
     "savepoint-undo": 40,
     "no-key": 10,
+    "trigger-counts": 147,
+    "share-locks": 81,
 }
 NOT_FEWER = {"skip-locked-one-queue", "upsert-apart"}  # probes: every row of the table counts
 
