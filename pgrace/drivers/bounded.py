@@ -69,12 +69,12 @@ class Bound:
     @property
     def per_run(self) -> float:
         """PCT: the least chance that one run finds a given depth-D bug, 1/(n·k^(D-1))."""
-        return 1.0 / (self.sessions * self.steps ** (self.limit - 1))
+        return 1.0 / (self.sessions * float(self.steps) ** (self.limit - 1))
 
     @property
     def missed(self) -> float:
         """PCT: the most chance that every draw misses a given depth-D bug, (1-p)^R."""
-        return float((1.0 - self.per_run) ** self.draws)
+        return (1.0 - self.per_run) ** self.draws
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "preemptions":
