@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.bounded import Bound, pct_order
+from pgrace.drivers.bounded import Bound, explore_preemptions, pct_order
 from pgrace.drivers.explore import Exploration, explore
+from pgrace.drivers.reduce import Trace, executor
 from pgrace.drivers.space import Space
 from pgrace.formats import catalog
 from pgrace.model.outcomes import switches
@@ -45,13 +46,37 @@ def test_serial_schedules_miss_the_bug_one_preemption_finds_it_and_two_still_do(
     assert serial.run_count < one.run_count < two.run_count < two.space
 
 
-def test_the_deadlock_is_found_within_two_preemptions(pgrace_server: ServerInfo) -> None:
+def test_the_deadlock_needs_one_preemption_and_is_found_within_two(pgrace_server: ServerInfo) -> None:
+    """Bob's debit comes between Alice's two updates (one preemption); his credit then waits, a free switch."""
     scenario = catalog.load("deadlock-transfer").variant_named("bug")
     serial = explore(scenario, pgrace_server, max_preemptions=0)
-    bounded = explore(scenario, pgrace_server, max_preemptions=2)
     assert not any("40P01" in c.errors for c in serial.classes)
-    deadlocked = [c for c in bounded.classes if "40P01" in c.errors]
-    assert deadlocked and deadlocked[0].ok  # the bug variant's checks describe the deadlock's aftermath
+    for k in (1, 2):
+        deadlocked = [c for c in explore(scenario, pgrace_server, max_preemptions=k).classes if "40P01" in c.errors]
+        assert deadlocked and deadlocked[0].ok, k  # the bug variant's checks describe the deadlock's aftermath
+
+
+@pytest.mark.parametrize("name", ["lost-update", "deadlock-transfer"])
+def test_every_launch_order_within_the_bound_is_run(pgrace_server: ServerInfo, name: str) -> None:
+    """Soundness: each launch order that running every interleaving produced, with at most K
+    preemptions (counted on what the server let go: a waiting session is not preempted), is one
+    of the bounded search's runs."""
+    scenario = catalog.load(name).variant_named("bug")
+    session = {step.name: step.session for step in scenario.steps}
+
+    def preemptions(trace: Trace) -> int:
+        launched = trace.launched
+        return sum(
+            session[launched[i]] != session[launched[i - 1]] and session[launched[i - 1]] in trace.enabled[i]
+            for i in range(1, len(launched))
+        )
+
+    with executor(scenario, pgrace_server, 10.0, footprints=False) as execute:
+        every = {(t := execute(order)).launched: preemptions(t) for order in Space(scenario)}
+    for k in (0, 1, 2):
+        ran: set[tuple[str, ...]] = set()
+        explore_preemptions(scenario, pgrace_server, 10.0, k, lambda one, into=ran: into.add(one.launched))
+        assert {order for order, cost in every.items() if cost <= k} <= ran, k
 
 
 def test_a_bounded_result_says_its_guarantee_and_is_never_complete(pgrace_server: ServerInfo) -> None:
