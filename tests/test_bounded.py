@@ -22,7 +22,7 @@ from pgrace.drivers.explore import Exploration, explore
 from pgrace.drivers.reduce import Trace, executor
 from pgrace.drivers.space import Space
 from pgrace.formats import catalog
-from pgrace.model.outcomes import switches
+from pgrace.model.outcomes import Observed, switches
 from pgrace.render.outcomes import render_exploration_html, render_exploration_markdown, render_exploration_text
 from pgrace.servers import ServerInfo
 
@@ -74,9 +74,9 @@ def test_every_launch_order_within_the_bound_is_run(pgrace_server: ServerInfo, n
     with executor(scenario, pgrace_server, 10.0, footprints=False) as execute:
         every = {(t := execute(order)).launched: preemptions(t) for order in Space(scenario)}
     for k in (0, 1, 2):
-        ran: set[tuple[str, ...]] = set()
-        explore_preemptions(scenario, pgrace_server, 10.0, k, lambda one, into=ran: into.add(one.launched))
-        assert {order for order, cost in every.items() if cost <= k} <= ran, k
+        ran: list[Observed] = []
+        explore_preemptions(scenario, pgrace_server, 10.0, k, ran.append)
+        assert {order for order, cost in every.items() if cost <= k} <= {one.launched for one in ran}, k
 
 
 def test_a_bounded_result_says_its_guarantee_and_is_never_complete(pgrace_server: ServerInfo) -> None:
