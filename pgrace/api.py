@@ -242,8 +242,8 @@ def explore(
     watch = monitor or _Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
-    bounded = max_preemptions is not None and pct is None  # runs learnt as it goes, as the reduced search's
-    reduced = bounded or (
+    preempting = max_preemptions is not None and pct is None  # its runs are learnt as it goes, as reduced ones
+    reduced = preempting or (
         reduce and pct is None and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1
     )
 
