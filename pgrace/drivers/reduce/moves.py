@@ -1,4 +1,4 @@
-"""One run's launches as moves: what each step touched, per ``pg_locks``, and which moves depend on which."""
+"""One run's launches as moves: what each step touched (``pg_locks``, rows), and which moves depend on which."""
 
 from __future__ import annotations
 
