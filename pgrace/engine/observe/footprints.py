@@ -56,7 +56,8 @@ SELECT 0, 'table',
                 WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY k.n)
 FROM (SELECT DISTINCT relation FROM l
       WHERE locktype = 'relation' AND granted AND mode IN ('RowShareLock', 'RowExclusiveLock')) r
-JOIN pg_catalog.pg_class c ON c.oid = r.relation AND c.relkind = 'r'
+JOIN pg_catalog.pg_class c  -- a temporary table is its session's alone, and no other session can read it
+  ON c.oid = r.relation AND c.relkind = 'r' AND c.relpersistence <> 't'
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 """
 
