@@ -324,3 +324,28 @@ def test_a_57014_class_is_not_called_a_step_timeout() -> None:
     scenario = catalog.load("ddl-lock-queue")
     summary = summarize(OutcomeClass(False, 1, ("57014",), (), (), 0, ()), scenario)
     assert "57014 (query canceled" in summary and "step timeout" not in summary
+
+
+def test_sessions_left_in_a_failed_or_open_transaction_start_the_next_interleaving_clean(
+    pgrace_server: ServerInfo,
+) -> None:
+    """Session a ends in a failed transaction holding a session advisory lock, a temp table and a
+    setting; b ends inside an open one. Each interleaving must find none of it: a leftover would
+    fail a step (the temp table exists, the setting is set, the transaction is aborted or still
+    open: now() is not this statement's time) or the setup (the lock is held)."""
+    scenario = steps_scenario(
+        [
+            ("a1", "a", "CREATE TEMP TABLE pad (i int)"),
+            ("a2", "a", "SELECT 1 / (coalesce(current_setting('pgrace_test.mark', true), '') = '')::int"),
+            ("a3", "a", "SELECT pg_advisory_lock(42), set_config('pgrace_test.mark', 'left', false)"),
+            ("a4", "a", "BEGIN"),
+            ("a5", "a", "SELECT 1 / 0"),
+            ("b1", "b", "SELECT 1 / (now() = statement_timestamp())::int"),
+            ("b2", "b", "BEGIN"),
+            ("b3", "b", "SELECT 2"),
+        ]
+    )
+    lock_free = "SELECT 1 / pg_try_advisory_lock(42)::int; SELECT pg_advisory_unlock(42)"
+    scenario = Scenario(**{**scenario.__dict__, "setup": (lock_free,)})
+    found = explore(scenario, pgrace_server, reduce=False)
+    assert [(c.errors, c.count) for c in found.classes] == [(("22012",), 56)]  # a5's division alone, everywhere
