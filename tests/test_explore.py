@@ -349,3 +349,23 @@ def test_sessions_left_in_a_failed_or_open_transaction_start_the_next_interleavi
     scenario = Scenario(**{**scenario.__dict__, "setup": (lock_free,)})
     found = explore(scenario, pgrace_server, reduce=False)
     assert [(c.errors, c.count) for c in found.classes] == [(("22012",), 56)]  # a5's division alone, everywhere
+
+
+def test_explores_working_schema_is_the_run_roles_and_first_on_its_path_pgrowlocks_outside_it(
+    pgrace_server: ServerInfo,
+) -> None:
+    """The teardown drops the working schema with all in it: pgrowlocks must not be made there."""
+    from pgrace.drivers.space import EXPLORE_SCHEMA
+    from pgrace.scratch import scratch_database_with_schema
+
+    with (
+        scratch_database_with_schema(pgrace_server, "schema_owner", EXPLORE_SCHEMA) as db,
+        psycopg.connect(db.dsn, autocommit=True) as conn,
+    ):
+        row = conn.execute(
+            "SELECT current_user, current_schema(),"
+            " (SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = current_schema()),"
+            " (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+            "  WHERE e.extname = 'pgrowlocks')"
+        ).fetchone()
+    assert row == (db.role or row[0], EXPLORE_SCHEMA, row[0], "public" if db.has_pgrowlocks else None)
