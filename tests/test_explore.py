@@ -181,8 +181,11 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
     assert "holds" not in text.output and "FAILS" not in text.output
 
     whole = json.loads(cli.invoke(main, ["explore", "lost-update", "--no-reduce", "-f", "json", *dsn]).output)
-    assert set(whole) == {"scenario", "variant", "space", "explored", "runs", "complete", "repeats", "seed", "classes"}
+    assert set(whole) == {
+        *("scenario", "variant", "space", "explored", "runs", "complete", "guarantee", "repeats", "seed", "classes")
+    }
     assert (whole["space"], whole["explored"], whole["runs"], whole["complete"]) == (70, 70, 70, True)
+    assert whole["guarantee"] == {"kind": "complete"}
     assert [(c["ok"], c["reproduces"]) for c in whole["classes"]] == [(True, True), (False, False)]
     assert set(whole["classes"][0]) == {
         "ok",
