@@ -371,4 +371,5 @@ def test_explores_working_schema_is_the_run_roles_and_first_on_its_path_pgrowloc
             " (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
             "  WHERE e.extname = 'pgrowlocks')"
         ).fetchone()
+    assert row is not None
     assert row == (db.role or row[0], EXPLORE_SCHEMA, row[0], "public" if db.has_pgrowlocks else None)
