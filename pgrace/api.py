@@ -218,7 +218,7 @@ def explore(
 
     ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
     fully observed run. ``merge``: the JSON files of shards, merged instead of running.
-    ``reduce``: one run of each set of equivalent interleavings (the whole space, one process, no shard).
+    ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
     from pgrace.drivers.explore import Space, load_explorations, merge_explorations, replay, same_class
@@ -234,7 +234,7 @@ def explore(
     watch = monitor or _Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
-    reduced = reduce and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1
+    reduced = reduce and (limit is None or limit >= space.size)
 
     def explored(done: int, total: int) -> None:
         if reduced:  # the runs still to come are learnt as it goes: say the ones known

@@ -108,7 +108,7 @@ class Exploration:
             "space": self.space,
             "explored": self.explored,
             "runs": self.run_count,
-            "complete": self.covers_all,
+            "complete": self.covers_all or (self.complete and self.shard[1] > 1 and self.seed is None),
             "repeats": self.repeats,
             "seed": self.seed,
             "classes": [c.to_dict(self.variant) for c in self.classes],
@@ -162,6 +162,7 @@ def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
         first.seed,
         merge_classes(p.classes for p in parts),
         runs=sum(p.run_count for p in parts),
+        complete=all(p.complete for p in parts),
         repeats=sum(p.repeats for p in parts),
     )
 
@@ -209,6 +210,11 @@ def _run_in_processes(
     Interrupted, or when a worker fails, every worker drops its database before it exits;
     what a worker that had to be killed left is swept.
     """
+    calls = [(_run_part, (scenario, server, part, step_timeout)) for part in parts if part]
+    return [o for observed in _in_processes(server, calls) for o in observed]
+
+
+def _in_processes(server: ServerInfo, calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
     from pgrace.drivers.workers import run_in_processes
 
     def sweep() -> None:  # a worker that had to be killed left its scratch database
@@ -217,8 +223,7 @@ def _run_in_processes(
         with suppress(PgraceError):
             sweep_leftovers(server)
 
-    calls = [(_run_part, (scenario, server, part, step_timeout)) for part in parts if part]
-    return [o for observed in run_in_processes(calls, on_killed=sweep) for o in observed]
+    return run_in_processes(calls, on_killed=sweep)
 
 
 CONNECTIONS_PER_WORKER = 3  # beside a session's own: the scratch database's, the control and the observer
@@ -262,9 +267,9 @@ def explore(
     are numbered up front and turned into orders a part at a time, and their outcomes are
     counted into classes as each part ends: memory stays bounded by a part, not the sample.
 
-    ``reduce`` (the whole space, one process, no shard): run one interleaving of each set
-    of equivalent ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and
-    ``on_progress`` gets the runs so far and those known to be left.
+    ``reduce`` (the whole space: no sample): run one interleaving of each set of equivalent
+    ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and ``on_progress``
+    gets the runs so far and those known to be left.
     """
     check_jobs(jobs)
     check_sample(limit)
@@ -272,7 +277,7 @@ def explore(
     k, n = shard
     if not 1 <= k <= n:
         raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
-    if reduce and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1:
+    if reduce and (limit is None or limit >= space.size):
         from pgrace.drivers.reduce import opaque_orders
 
         if space.size > WHOLE_SPACE_LIMIT and (least := opaque_orders(scenario)) > WHOLE_SPACE_LIMIT:
@@ -282,7 +287,7 @@ def explore(
                 " --max N [--seed S]",
                 scenario.source,
             )
-        return _explore_reduced(scenario, server, space, step_timeout, on_progress)
+        return _explore_reduced(scenario, server, space, step_timeout, on_progress, shard, jobs)
     if limit is None and space.size > WHOLE_SPACE_LIMIT:
         raise ScenarioError(
             f"{space.size:,} interleavings are too many to run them all; explore a sample with --max N [--seed S]",
@@ -339,26 +344,60 @@ def _explore_reduced(
     space: Space,
     step_timeout: float,
     on_progress: Callable[[int, int], None] | None,
+    shard: tuple[int, int] = (1, 1),
+    jobs: int = 1,
 ) -> Exploration:
-    from pgrace.drivers.reduce import explore_reduced
+    """The reduced search of the whole space, or of a shard of it, in one process or in ``jobs``.
 
+    A shard is every N-th of the shortest prefixes of the interleavings there are at least
+    N of (:meth:`Space.split`), each searched from where it leaves off
+    (:class:`~pgrace.drivers.reduce.Search` rooted at it); its ``explored`` is the
+    interleavings that begin with its prefixes. Worker processes split a shard's prefixes
+    (made longer when there are fewer than workers) the same way. Equivalent runs under two
+    prefixes are each run (sleep sets do not cross prefixes), so parts take more runs in all.
+    """
+    from pgrace.drivers.reduce import explore_part, explore_roots
+
+    k, n = shard
+    mine = space.split(n)[k - 1 :: n]
+    workers = min(jobs, len(space.split(jobs, mine))) if jobs > 1 and mine else 1
+    roots = space.split(workers, mine)
     classes: dict[str, OutcomeClass] = {}
 
     def count(one: Observed) -> None:
         add_observed(classes, one, space.preference(one.launched), scenario)
 
     if on_progress is not None:
-        on_progress(0, 1)
-    runs, complete = explore_reduced(scenario, server, step_timeout, count, on_progress, WHOLE_SPACE_LIMIT)
+        on_progress(0, max(1, len(roots)))
+    if workers == 1:
+        done = explore_roots(
+            scenario, server, step_timeout, [r for r, _ in roots], count, on_progress, WHOLE_SPACE_LIMIT
+        )
+    else:
+        _check_room(scenario, server, workers)
+        parts = [[r for r, _ in roots[w::workers]] for w in range(workers)]
+        limit = -(-WHOLE_SPACE_LIMIT // workers)
+        results = _in_processes(server, [(explore_part, (scenario, server, step_timeout, p, limit)) for p in parts])
+        done = [(0, True)] * len(roots)
+        for w, (observed, each) in enumerate(results):
+            for one in observed:
+                count(one)
+            for i, result in zip(range(w, len(roots), workers), each, strict=True):
+                done[i] = result
+    runs = sum(r for r, _ in done)
+    if on_progress is not None:
+        on_progress(runs, runs)
+    explored = sum(size if complete else min(r, size) for (_, size), (r, complete) in zip(roots, done, strict=True))
     return Exploration(
         scenario.name,
         scenario.variant,
         space.size,
-        space.size if complete else runs,
+        explored,
         None,
         ordered(classes.values()),
+        shard,
         runs=runs,
-        complete=complete,
+        complete=all(complete for _, complete in done),
     )
 
 

@@ -42,7 +42,7 @@ whose final checks read system columns or the clock are all run (every step opaq
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from pgrace.drivers.reduce.moves import Move, Trace, dependent, moves_of
@@ -60,7 +60,9 @@ __all__ = [
     "Trace",
     "dependent",
     "executor",
+    "explore_part",
     "explore_reduced",
+    "explore_roots",
     "moves_of",
     "nature_of",
     "opaque_orders",
@@ -111,7 +113,50 @@ def explore_reduced(
 
     ``on_progress(runs, runs + known to be left)`` after each run.
     """
+    ((runs, complete),) = explore_roots(scenario, server, step_timeout, [()], on_observed, on_progress, max_runs)
+    return runs, complete
+
+
+def explore_roots(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    roots: Sequence[tuple[str, ...]],
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None = None,
+    max_runs: int | None = None,
+) -> list[tuple[int, bool]]:
+    """The reduced search rooted at each prefix in turn, on one set of connections: (runs, complete) each.
+
+    ``complete``: every interleaving that begins with the root is covered (by a run of this
+    search, or, when the root cannot be launched as it is, by the search of the prefix
+    those interleavings do launch as). ``max_runs`` bounds the runs of all the roots;
+    ``on_progress`` counts them all, each root not begun as one run to come.
+    """
+    done: list[tuple[int, bool]] = []
     with executor(scenario, server, step_timeout) as execute:
-        search = Search(scenario, execute, on_progress)
-        complete = search.run(lambda trace: on_observed(trace.observed), max_runs)
-    return search.runs, complete
+        total = 0
+        for n, root in enumerate(roots):
+            waiting = len(roots) - n - 1
+
+            def progress(runs: int, known: int, before: int = total, waiting: int = waiting) -> None:
+                if on_progress is not None:
+                    on_progress(before + runs, before + known + waiting)
+
+            budget = None if max_runs is None else max_runs - total
+            if budget is not None and budget <= 0:
+                done.append((0, False))
+                continue
+            search = Search(scenario, execute, progress, root)
+            complete = search.run(lambda trace: on_observed(trace.observed), budget)
+            total += search.runs
+            done.append((search.runs, complete))
+    return done
+
+
+def explore_part(
+    scenario: Scenario, server: ServerInfo, step_timeout: float, roots: list[tuple[str, ...]], max_runs: int
+) -> tuple[list[Observed], list[tuple[int, bool]]]:
+    """A worker process's share of a reduced search (module level, so it can be pickled)."""
+    observed: list[Observed] = []
+    return observed, explore_roots(scenario, server, step_timeout, roots, observed.append, None, max_runs)

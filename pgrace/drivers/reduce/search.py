@@ -1,4 +1,10 @@
-"""Source-set DPOR with sleep sets over whole real runs, one run at a time (depth first)."""
+"""Source-set DPOR with sleep sets over whole real runs, one run at a time (depth first).
+
+A search can be rooted at a prefix of launches: it then covers every execution that begins
+with that prefix, as DPOR from the state the prefix leaves (no sleep sets inherited, no
+backtracking inside the prefix). The executions that begin with each of a partition's
+prefixes are all of them: roots are how shards and worker processes split one search.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +42,10 @@ class Search:
     """Source-set DPOR with sleep sets, one whole run at a time (depth first).
 
     ``execute(order)`` runs one interleaving (a tuple of step names) and returns its trace.
+    ``root``: the prefix every run begins with. When the server cannot launch it as it is
+    (a session still blocked when its step's turn comes), no execution begins with it:
+    those interleavings launch as some other prefix does, and the search ends at once,
+    having covered them (``elsewhere``).
     """
 
     def __init__(
@@ -43,6 +53,7 @@ class Search:
         scenario: Scenario,
         execute: Callable[[tuple[str, ...]], Trace],
         on_progress: Callable[[int, int], None] | None = None,
+        root: tuple[str, ...] = (),
     ) -> None:
         from pgrace.drivers.space import Space
 
@@ -55,11 +66,14 @@ class Search:
         self.diverged = 0
         self.cut = False  # stopped at max_runs
         self.chains = chains(scenario)
+        self.root = root
+        self.elsewhere = False  # the root cannot be launched as it is: its interleavings run as others
 
     def run(self, on_trace: Callable[[Trace], None], max_runs: int | None = None) -> bool:
         """Explore until no prefix has a session left to try (or ``max_runs``); True when all was covered."""
         path: tuple[str, ...] = ()
-        request: tuple[tuple[str, ...], int] | None = (self._continue((), None, set()), 0)
+        root = len(self.root)
+        request: tuple[tuple[str, ...], int] | None = (self._continue(self.root, None, set()), root)
         while request is not None:
             if max_runs is not None and self.runs >= max_runs:
                 self.cut = True
@@ -68,7 +82,14 @@ class Search:
             trace = self.execute(order)
             self.runs += 1
             on_trace(trace)
-            if trace.launched[: depth + 1] != order[: depth + 1]:
+            if self.runs == 1 and root and trace.launched[:root] != self.root:
+                if self._cannot_launch(trace):
+                    self.elsewhere = True
+                else:
+                    self.diverged += 1
+                break
+            checked = depth if self.runs == 1 and root else depth + 1  # the root's next step: any that went
+            if trace.launched[:checked] != order[:checked]:
                 self.diverged += 1  # the server did not do what it did before: no claim about this branch
             else:
                 path = self._insert(trace, depth)
@@ -77,10 +98,18 @@ class Search:
                 self.on_progress(self.runs, self.runs + self._left(path) + (request is not None))
         return self.diverged == 0 and not self.cut
 
+    def _cannot_launch(self, trace: Trace) -> bool:
+        """Whether the root's first step not launched as asked for belonged to a session busy at its turn."""
+        launched = trace.launched
+        k = next((k for k, name in enumerate(self.root) if k >= len(launched) or launched[k] != name), 0)
+        if k >= len(launched):
+            return False  # the run ended inside the root (a session lost): claim nothing
+        return self.scenario.step(self.root[k]).session not in trace.enabled[k]
+
     def _left(self, path: tuple[str, ...]) -> int:
         """Sessions still to try at the prefixes of the path: a lower bound of the runs to come."""
         left = 0
-        for pos in range(len(path) + 1):
+        for pos in range(len(self.root), len(path) + 1):
             node = self.nodes.get(path[:pos])
             if node is not None:
                 left += len([s for s in node.backtrack if s not in node.explored and s not in node.sleep])
@@ -93,7 +122,7 @@ class Search:
         for pos in range(depth, len(names)):
             prefix = names[:pos]
             node = self.nodes.get(prefix)
-            if node is None and pos == 0:
+            if node is None and pos == len(self.root):
                 node = self.nodes[prefix] = Node(trace.enabled[0], {})
             elif node is None:
                 parent = self.nodes[names[: pos - 1]]
@@ -143,7 +172,9 @@ class Search:
                     continue  # not an immediate race: something between orders them
                 later = [k for k in range(i + 1, j) if i not in before[k]] + [j]
                 initials = {moves[k].session for k in later if not (before[k] & set(later))}
-                node = self.nodes[names[:i]]
+                node = self.nodes.get(names[:i])
+                if node is None:
+                    continue  # a backtrack point inside the root: those executions begin otherwise
                 if initials & (set(node.backtrack) | set(node.explored)):
                     continue
                 possible = sorted(initials & node.enabled)
@@ -154,7 +185,7 @@ class Search:
 
     def _next(self, path: tuple[str, ...]) -> tuple[tuple[str, ...], int] | None:
         """The deepest prefix of the last path with a session left to try: run it next."""
-        for pos in range(len(path), -1, -1):
+        for pos in range(len(path), len(self.root) - 1, -1):
             prefix = path[:pos]
             node = self.nodes.get(prefix)
             if node is None:
