@@ -55,6 +55,7 @@ __all__ = ["Exploration", "Space", "explore", "merge_explorations"]
 
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
+ROOTS_PER_WORKER = 4  # -j reduced: prefixes per worker, taken as each gets free (the first ones take the most runs)
 PART = 2_000  # interleavings per scratch database and per worker's round: about 10 s at ~5 ms each
 
 
@@ -214,7 +215,11 @@ def _run_in_processes(
     return [o for observed in _in_processes(server, calls) for o in observed]
 
 
-def _in_processes(server: ServerInfo, calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
+def _in_processes(
+    server: ServerInfo,
+    calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    on_wait: Callable[[], None] | None = None,
+) -> list[Any]:
     from pgrace.drivers.workers import run_in_processes
 
     def sweep() -> None:  # a worker that had to be killed left its scratch database
@@ -223,7 +228,7 @@ def _in_processes(server: ServerInfo, calls: Sequence[tuple[Callable[..., Any], 
         with suppress(PgraceError):
             sweep_leftovers(server)
 
-    return run_in_processes(calls, on_killed=sweep)
+    return run_in_processes(calls, on_killed=sweep, on_wait=on_wait)
 
 
 CONNECTIONS_PER_WORKER = 3  # beside a session's own: the scratch database's, the control and the observer
@@ -352,16 +357,17 @@ def _explore_reduced(
     A shard is every N-th of the shortest prefixes of the interleavings there are at least
     N of (:meth:`Space.split`), each searched from where it leaves off
     (:class:`~pgrace.drivers.reduce.Search` rooted at it); its ``explored`` is the
-    interleavings that begin with its prefixes. Worker processes split a shard's prefixes
-    (made longer when there are fewer than workers) the same way. Equivalent runs under two
-    prefixes are each run (sleep sets do not cross prefixes), so parts take more runs in all.
+    interleavings that begin with its prefixes. Worker processes search a shard's prefixes,
+    made longer to be :data:`ROOTS_PER_WORKER` each at least, taking the next as each gets
+    free. A root's search knows what the earlier-numbered roots cover only at its prefix (its
+    sleep set), not what their searches ran: parts take more runs in all than one search.
     """
-    from pgrace.drivers.reduce import explore_part, explore_roots
+    from pgrace.drivers.reduce import explore_roots
 
     k, n = shard
     mine = space.split(n)[k - 1 :: n]
-    workers = min(jobs, len(space.split(jobs, mine))) if jobs > 1 and mine else 1
-    roots = space.split(workers, mine)
+    roots = space.split(ROOTS_PER_WORKER * jobs, mine) if jobs > 1 else mine
+    workers = min(jobs, len(roots))
     classes: dict[str, OutcomeClass] = {}
 
     def count(one: Observed) -> None:
@@ -369,21 +375,13 @@ def _explore_reduced(
 
     if on_progress is not None:
         on_progress(0, max(1, len(roots)))
-    if workers == 1:
+    if workers <= 1:
         done = explore_roots(
             scenario, server, step_timeout, [r for r, _ in roots], count, on_progress, WHOLE_SPACE_LIMIT
         )
     else:
         _check_room(scenario, server, workers)
-        parts = [[r for r, _ in roots[w::workers]] for w in range(workers)]
-        limit = -(-WHOLE_SPACE_LIMIT // workers)
-        results = _in_processes(server, [(explore_part, (scenario, server, step_timeout, p, limit)) for p in parts])
-        done = [(0, True)] * len(roots)
-        for w, (observed, each) in enumerate(results):
-            for one in observed:
-                count(one)
-            for i, result in zip(range(w, len(roots), workers), each, strict=True):
-                done[i] = result
+        done = _reduce_in_processes(scenario, server, step_timeout, [r for r, _ in roots], workers, count, on_progress)
     runs = sum(r for r, _ in done)
     if on_progress is not None:
         on_progress(runs, runs)
@@ -399,6 +397,39 @@ def _explore_reduced(
         runs=runs,
         complete=all(complete for _, complete in done),
     )
+
+
+def _reduce_in_processes(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    roots: list[tuple[str, ...]],
+    workers: int,
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None,
+) -> list[tuple[int, bool]]:
+    """The roots' searches in worker processes, each taking the next root as it gets free: (runs, complete) each."""
+    import os
+    import tempfile
+
+    from pgrace.drivers.reduce import Claims, explore_part
+
+    with tempfile.TemporaryDirectory(prefix="pgrace-explore-") as shared:
+        claims = Claims(os.path.join(shared, "claims"))
+
+        def tell() -> None:
+            if on_progress is not None:
+                taken, made = claims.read()
+                on_progress(made, made + max(1, len(roots) - taken))
+
+        call = (explore_part, (scenario, server, step_timeout, roots, claims, WHOLE_SPACE_LIMIT))
+        results = _in_processes(server, [call] * workers, on_wait=tell)
+    done: dict[int, tuple[int, bool]] = {}
+    for observed, each in results:
+        for one in observed:
+            on_observed(one)
+        done.update(each)
+    return [done.get(i, (0, False)) for i in range(len(roots))]
 
 
 def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:

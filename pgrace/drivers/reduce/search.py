@@ -4,6 +4,10 @@ A search can be rooted at a prefix of launches: it then covers every execution t
 with that prefix, as DPOR from the state the prefix leaves (no sleep sets inherited, no
 backtracking inside the prefix). The executions that begin with each of a partition's
 prefixes are all of them: roots are how shards and worker processes split one search.
+Siblings are taken in number order, as one search would take them depth first: at each
+prefix of the root, a session that could have gone instead and comes first in the
+numbering is searched by another root, so it sleeps here while its next move commutes
+with the root's (that move is read from a run that took it, one run each when none has).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ class Search:
     ``root``: the prefix every run begins with. When the server cannot launch it as it is
     (a session still blocked when its step's turn comes), no execution begins with it:
     those interleavings launch as some other prefix does, and the search ends at once,
-    having covered them (``elsewhere``).
+    having covered them (``elsewhere``). ``known``: the moves seen at prefixes shorter than
+    the root, by (prefix, session), shared by the searches of one partition's roots.
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class Search:
         execute: Callable[[tuple[str, ...]], Trace],
         on_progress: Callable[[int, int], None] | None = None,
         root: tuple[str, ...] = (),
+        known: dict[tuple[tuple[str, ...], str], Move] | None = None,
     ) -> None:
         from pgrace.drivers.space import Space
 
@@ -68,6 +74,8 @@ class Search:
         self.chains = chains(scenario)
         self.root = root
         self.elsewhere = False  # the root cannot be launched as it is: its interleavings run as others
+        self.known = known if known is not None else {}
+        self.root_sleep: dict[str, Move] = {}
 
     def run(self, on_trace: Callable[[Trace], None], max_runs: int | None = None) -> bool:
         """Explore until no prefix has a session left to try (or ``max_runs``); True when all was covered."""
@@ -79,15 +87,19 @@ class Search:
                 self.cut = True
                 break
             order, depth = request
-            trace = self.execute(order)
-            self.runs += 1
-            on_trace(trace)
-            if self.runs == 1 and root and trace.launched[:root] != self.root:
-                if self._cannot_launch(trace):
+            trace = self._execute(order, on_trace)
+            if self.runs == 1 and root:
+                if trace.launched[:root] != self.root:
+                    if self._cannot_launch(trace):
+                        self.elsewhere = True
+                    else:
+                        self.diverged += 1
+                    break
+                sleepers = self._sleepers(trace, on_trace)
+                if sleepers is None:
                     self.elsewhere = True
-                else:
-                    self.diverged += 1
-                break
+                    break
+                self.root_sleep = sleepers
             checked = depth if self.runs == 1 and root else depth + 1  # the root's next step: any that went
             if trace.launched[:checked] != order[:checked]:
                 self.diverged += 1  # the server did not do what it did before: no claim about this branch
@@ -97,6 +109,39 @@ class Search:
             if self.on_progress is not None:
                 self.on_progress(self.runs, self.runs + self._left(path) + (request is not None))
         return self.diverged == 0 and not self.cut
+
+    def _execute(self, order: tuple[str, ...], on_trace: Callable[[Trace], None]) -> Trace:
+        trace = self.execute(order)
+        self.runs += 1
+        on_trace(trace)
+        for k in range(min(len(self.root), len(trace.moves))):
+            self.known.setdefault((trace.launched[:k], trace.moves[k].session), trace.moves[k])
+        return trace
+
+    def _sleepers(self, first: Trace, on_trace: Callable[[Trace], None]) -> dict[str, Move] | None:
+        """Who sleeps at the root: the sessions that could go instead of a root's step, numbered before
+        it (another root's), while their next move commutes with the root's moves after it. None: a
+        sleeper takes a step of the root, so every run of this root is equivalent to another root's."""
+        space = self.space
+        sleep: dict[str, Move] = {}
+        for k, name in enumerate(self.root):
+            prefix = self.root[:k]
+            at = tuple(sum(1 for n in prefix if space.where[n][0] == i) for i in range(len(space.chains)))
+            for i in space._eligible(at):
+                if i >= space.where[name][0]:
+                    break
+                session = self.scenario.step(space.chains[i][0]).session
+                if session not in first.enabled[k]:
+                    continue
+                if (prefix, session) not in self.known:  # a run that takes it there, to read its move
+                    self._execute(self._continue(prefix, session, set()), on_trace)
+                move = self.known.get((prefix, session))
+                if move is not None:  # else it went otherwise: it stays awake (sound, only slower)
+                    sleep[session] = move
+            if first.moves[k].session in sleep:
+                return None
+            sleep = {s: m for s, m in sleep.items() if not dependent(m, first.moves[k])}
+        return sleep
 
     def _cannot_launch(self, trace: Trace) -> bool:
         """Whether the root's first step not launched as asked for belonged to a session busy at its turn."""
@@ -123,7 +168,7 @@ class Search:
             prefix = names[:pos]
             node = self.nodes.get(prefix)
             if node is None and pos == len(self.root):
-                node = self.nodes[prefix] = Node(trace.enabled[0], {})
+                node = self.nodes[prefix] = Node(trace.enabled[pos], dict(self.root_sleep))
             elif node is None:
                 parent = self.nodes[names[: pos - 1]]
                 before = trace.moves[pos - 1]
@@ -131,16 +176,13 @@ class Search:
                 sleep = {s: m for s, m in inherited.items() if not dependent(m, before)}
                 node = self.nodes[prefix] = Node(trace.enabled[pos], sleep)
             move = trace.moves[pos]
-            if pos > depth:
+            if pos > depth or not node.explored:  # (the root's first run may begin with a sleeper)
                 if move.session in node.asleep(move.session) or move.session in node.explored:
                     kept = pos  # a sleeping session went on: what follows is covered elsewhere
                     free = [s for s in sorted(node.enabled) if s not in node.asleep() and s not in node.explored]
                     if free and not set(free) & set(node.backtrack):
                         node.backtrack.append(free[0])
                     break
-                node.explored.append(move.session)
-                node.backtrack.append(move.session)
-            elif move.session not in node.explored:  # the first run's first step
                 node.explored.append(move.session)
                 node.backtrack.append(move.session)
             node.next_move.setdefault(move.session, move)
