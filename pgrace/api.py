@@ -221,7 +221,7 @@ def explore(
     ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
-    from pgrace.drivers.explore import Space, load_explorations, merge_explorations, replay, same_class
+    from pgrace.drivers.explore import Space, load_explorations, merge_explorations, reduces, replay, same_class
     from pgrace.drivers.explore import explore as explore_space
 
     space = Space(scenario)
@@ -234,7 +234,7 @@ def explore(
     watch = monitor or _Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
-    reduced = reduce and (limit is None or limit >= space.size)
+    reduced = reduce and reduces(scenario, space, limit, shard, jobs)
 
     def explored(done: int, total: int) -> None:
         if reduced:  # the runs still to come are learnt as it goes: say the ones known

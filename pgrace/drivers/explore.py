@@ -4,8 +4,10 @@ An *interleaving* is an order of all the scenario's steps that keeps each sessio
 order, and runs a step that uses a variable another session captures after the step that
 captures it. The :class:`Space` counts them and numbers them 0 … size-1 in a fixed order
 (session by session, like counting in a mixed radix), so that a seeded sample
-(``--max N --seed S``) and a shard (``--shard K/N``: every N-th of the chosen numbers)
-are both just sets of numbers, and shards add up to the whole.
+(``--max N --seed S``) and a shard of it or of every interleaving (``--shard K/N``: every
+N-th of the chosen numbers) are both just sets of numbers, and shards add up to the whole.
+The reduced search (the default, see :mod:`pgrace.drivers.reduce`) is split by prefixes
+of the numbering instead (:func:`_explore_reduced`).
 
 Each interleaving is one permutation for the ordinary runner, which runs many of them on
 one set of connections in one scratch database, with the scenario's setup and teardown
@@ -20,7 +22,7 @@ own) are dropped.
 
 ``-j N`` runs the chosen interleavings in N processes, each with its own scratch database,
 in rounds of up to 2,000 interleavings per process: a round's end is the progress the
-parent can tell.
+parent can tell (reduced, workers count their runs in a file the parent reads).
 """
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ def explore(
 
     ``reduce`` (the whole space: no sample): run one interleaving of each set of equivalent
     ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and ``on_progress``
-    gets the runs so far and those known to be left.
+    gets the runs so far and those known to be left (:func:`reduces` says when it applies).
     """
     check_jobs(jobs)
     check_sample(limit)
@@ -282,7 +284,7 @@ def explore(
     k, n = shard
     if not 1 <= k <= n:
         raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
-    if reduce and (limit is None or limit >= space.size):
+    if reduce and reduces(scenario, space, limit, shard, jobs):
         from pgrace.drivers.reduce import opaque_orders
 
         if space.size > WHOLE_SPACE_LIMIT and (least := opaque_orders(scenario)) > WHOLE_SPACE_LIMIT:
@@ -341,6 +343,13 @@ def explore(
         shard,
         repeats=repeats,
     )
+
+
+def reduces(scenario: Scenario, space: Space, limit: int | None, shard: tuple[int, int], jobs: int) -> bool:
+    """Whether explore runs the reduced search: the whole space (no sample), and, split in shards
+    or processes, no retry loop (a step not sent leaves a run that no prefix of the space begins)."""
+    split = shard != (1, 1) or jobs > 1
+    return (limit is None or limit >= space.size) and not (split and any(s.loop for s in scenario.steps))
 
 
 def _explore_reduced(

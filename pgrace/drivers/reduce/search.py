@@ -87,8 +87,9 @@ class Search:
                 self.cut = True
                 break
             order, depth = request
+            first = self.runs == 0
             trace = self._execute(order, on_trace)
-            if self.runs == 1 and root:
+            if first and root:
                 if trace.launched[:root] != self.root:
                     if self._cannot_launch(trace):
                         self.elsewhere = True
@@ -100,7 +101,7 @@ class Search:
                     self.elsewhere = True
                     break
                 self.root_sleep = sleepers
-            checked = depth if self.runs == 1 and root else depth + 1  # the root's next step: any that went
+            checked = depth if first and root else depth + 1  # the root's next step: any that went
             if trace.launched[:checked] != order[:checked]:
                 self.diverged += 1  # the server did not do what it did before: no claim about this branch
             else:
