@@ -213,12 +213,17 @@ def explore(
     monitor: Monitor | None = None,
     on_note: Note | None = None,
     reduce: bool = True,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
 ) -> Explored:
     """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
 
     ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
     fully observed run. ``merge``: the JSON files of shards, merged instead of running.
     ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
+    ``max_preemptions`` K: every schedule with at most K preemptions instead; ``pct`` D: PCT
+    schedules of depth D (``limit`` of them, 100 by default; ``seed``, 0 by default). The
+    exploration's ``guarantee`` says which of these its classes carry.
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
     from pgrace.drivers.explore import Space, load_explorations, merge_explorations, reduces, replay, same_class
@@ -231,10 +236,14 @@ def explore(
         if (merged.scenario, merged.variant) != (scenario.name, scenario.variant):
             raise ScenarioError(f"the files explored {merged.scenario} ({merged.variant}), not this scenario")
         return Explored(scenario, merged)
+    from pgrace.drivers.bounded import check_bounds
+
+    check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
     watch = monitor or _Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
-    reduced = reduce and reduces(scenario, space, limit, shard, jobs)
+    preempting = max_preemptions is not None and pct is None  # its runs are learnt as it goes, as reduced ones
+    reduced = preempting or (reduce and pct is None and reduces(scenario, space, limit, shard, jobs))
 
     def explored(done: int, total: int) -> None:
         if reduced:  # the runs still to come are learnt as it goes: say the ones known
@@ -246,7 +255,7 @@ def explore(
             return
         if done == 0:
             _long(watch, label, total, jobs)
-            watch.start(label, total, "interleavings")
+            watch.start(label, total, "runs" if pct is not None else "interleavings")
         watch.update(done)
 
     with _serving(server, dsn, superuser, on_note) as opened:
@@ -255,12 +264,14 @@ def explore(
                 scenario,
                 opened,
                 limit=limit,
-                seed=(seed if seed is not None else 0) if limit is not None else None,
+                seed=(seed if seed is not None else 0) if limit is not None or pct is not None else None,
                 shard=shard,
                 jobs=jobs,
                 step_timeout=step_timeout,
                 on_progress=explored,
                 reduce=reduce,
+                max_preemptions=max_preemptions,
+                pct=pct,
             )
         finally:
             watch.close()

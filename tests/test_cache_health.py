@@ -172,3 +172,43 @@ def test_a_copy_made_from_another_install_of_the_same_wheel_is_kept(cache: Path)
     os.utime(postgres, (1_000_000_000, 1_000_000_000))
     with embedded_server() as server:
         assert server.notes == ()
+
+
+def _interpreter_for(user: pwd.struct_passwd) -> str | None:
+    """A Python of this version that ``user`` can run: this one, else the system's."""
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        probe = subprocess.run(
+            ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", candidate, "-c",
+             "import sys; print(sys.version_info[:2])"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if probe.returncode == 0 and probe.stdout.strip() == str(sys.version_info[:2]):
+            return candidate
+    return None
+
+
+@pytest.mark.server
+def test_a_second_user_given_roots_cache_is_told_whose_it_is(tmp_path: Path) -> None:
+    """Root's cache is trusted (root could replace anything anyway) but another user cannot write it: say so."""
+    if not AS_ROOT or shutil.which("setpriv") is None:
+        pytest.skip("running as another user needs root and setpriv")
+    nobody = pwd.getpwnam("nobody")
+    python = _interpreter_for(nobody)
+    if python is None:
+        pytest.skip("no Python of this version that user nobody can run")
+    roots = tmp_path / "roots-cache"
+    roots.mkdir(mode=0o755)
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    result = subprocess.run(
+        ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+         python, "-m", "pgrace", "run", "lost-update"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PGRACE_CACHE_DIR": str(roots),
+             "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *site])},
+    )  # fmt: skip
+    assert (result.returncode, result.stderr) == (
+        3,
+        f"pgrace: the server cache {roots} belongs to root, and this user cannot write to it;"
+        " set PGRACE_CACHE_DIR to a directory of your own\n",
+    )
+    assert list(roots.iterdir()) == []

@@ -412,14 +412,17 @@ def test_2_when_the_output_cannot_be_written(pgrace_server: ServerInfo) -> None:
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
-@pytest.mark.parametrize("command", ["list", "show", "run", "check"])
-def test_2_when_stdout_cannot_be_written(command: str, pgrace_server: ServerInfo) -> None:
+@pytest.mark.parametrize("command", ["list", "show", "run", "check", "clean", "from-log --list", "load --emit"])
+def test_2_when_stdout_cannot_be_written(command: str, pgrace_server: ServerInfo, tmp_path: Path) -> None:
     """`pgrace run x > /dev/full`: a full disk is the user's to fix, said as `-o FILE` says it, not a bug (4)."""
     args = {
         "list": ["list"],
         "show": ["show", "nowait"],
         "run": ["run", "nowait", "--dsn", pgrace_server.dsn],
         "check": ["check", "scenarios/nowait.toml", "--dsn", pgrace_server.dsn],
+        "clean": ["clean", "--dsn", pgrace_server.dsn],
+        "from-log --list": ["from-log", "examples/from-log/deadlock.log", "--list"],
+        "load --emit": ["load", "lost-update", "--emit", str(tmp_path / "emitted")],
     }
     with open("/dev/full", "w") as full:
         child = subprocess.run(

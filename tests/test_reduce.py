@@ -25,7 +25,7 @@ from pgrace.servers import ServerInfo
 HERE = Path(__file__).parent / "explore"
 
 SHIPPED = catalog.shipped_names()  # every one, both variants: the acceptance of the reduction
-HARD = ["fk-check", "serializable-three"]  # the slower ones are in bench/bench_reduce.py
+HARD = ["fk-check", "serializable-three", "advisory-and-ddl"]  # the slower ones are in bench/bench_reduce.py
 
 
 def _classes(found: object) -> list[str]:

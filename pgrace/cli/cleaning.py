@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pgrace.cli.base import EXIT_CODES_HELP, main, say
+from pgrace.cli.base import EXIT_CODES_HELP, emit, main, say
 from pgrace.text import visible
 
 
@@ -18,10 +18,10 @@ def clean(dsn: str) -> None:
 
     cleaned = api.clean(dsn)
     for name in cleaned.removed:
-        click.echo(f"removed {name}")
+        emit(f"removed {name}\n", None)
     for path in cleaned.work_dirs:
-        click.echo(visible(f"removed {path} (a killed pgrace load's work directory)"))
+        emit(visible(f"removed {path} (a killed pgrace load's work directory)") + "\n", None)
     for note in cleaned.skipped:
         say(note)
     removed = len(cleaned.removed)
-    click.echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {cleaned.server}")
+    emit(f"{removed} leftover{'s' if removed != 1 else ''} removed from {cleaned.server}\n", None)

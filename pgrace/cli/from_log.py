@@ -54,7 +54,7 @@ def from_log_command(
         server_target=server_target,
     )
     if list_only:
-        click.echo("\n".join(incident_list(result)))
+        emit("\n".join(incident_list(result)) + "\n", None)
         return
     for line in report_lines(result):
         click.echo(line, err=True)

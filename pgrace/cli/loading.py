@@ -120,7 +120,7 @@ def load(
                 emit(draw("load", fmt, partial.results), output)
         raise
     for path in done.emitted:
-        click.echo(str(path))
+        emit(f"{path}\n", None)
     if emit_dir is None:
         emit(draw("load", fmt, done.results), output)
         sys.exit(0 if done.ok else 1)

@@ -145,8 +145,21 @@ def check(
 @fix_option
 @bug_option
 @param_option
-@max_option("Explore a seeded sample of N")
-@click.option("--seed", type=int, metavar="S", help="Seed of the --max sample (default 0).")
+@max_option("Explore a seeded sample of N (with --max-preemptions: at most N runs; with --pct: N schedules)")
+@click.option("--seed", type=int, metavar="S", help="Seed of the --max sample or of --pct (default 0).")
+@click.option(
+    "--max-preemptions",
+    "max_preemptions",
+    type=int,
+    metavar="K",
+    help="Run every schedule with at most K preemptions (switches away from a session that could go on).",
+)
+@click.option(
+    "--pct",
+    type=int,
+    metavar="D",
+    help="Run PCT schedules of depth D (100 unless --max says), stating the chance a depth-D bug was missed.",
+)
 @click.option("--shard", metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge).")
 @jobs_option("Processes at once")
 @click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
@@ -176,6 +189,8 @@ def explore(
     params: tuple[str, ...],
     limit: int | None,
     seed: int | None,
+    max_preemptions: int | None,
+    pct: int | None,
     shard: str | None,
     jobs: int,
     show: int | None,
@@ -221,6 +236,8 @@ def explore(
             monitor=progress,
             on_note=say,
             reduce=not no_reduce,
+            max_preemptions=max_preemptions,
+            pct=pct,
         )
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
         emit(draw("explore", fmt if fmt in drawn else "text", found), output)

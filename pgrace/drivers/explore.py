@@ -32,7 +32,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgrace.bounds import check_jobs, check_sample
 from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, explore_options, prepared
@@ -52,6 +52,9 @@ from pgrace.model.scenario import PermutationStep, Scenario, StepExpectation
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
 from pgrace.servers import ServerInfo
+
+if TYPE_CHECKING:
+    from pgrace.drivers.bounded import Bound
 
 __all__ = ["Exploration", "Space", "explore", "merge_explorations"]
 
@@ -75,6 +78,7 @@ class Exploration:
     runs: int | None = None  # executions actually run (None: one per interleaving explored)
     complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
+    bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
 
     def replay(self, cls: OutcomeClass) -> Run:
@@ -96,7 +100,18 @@ class Exploration:
     @property
     def covers_all(self) -> bool:
         """Every interleaving covered, by a run or by an equivalent one."""
-        return self.complete and self.explored == self.space
+        return self.bound is None and self.complete and self.explored == self.space
+
+    @property
+    def guarantee(self) -> dict[str, Any]:
+        """Which guarantee the classes carry: every interleaving, a bound's, a seeded sample's, or none (a part)."""
+        if self.bound is not None:
+            return self.bound.to_dict()
+        if self.covers_all:
+            return {"kind": "complete"}
+        if self.seed is not None:
+            return {"kind": "sample", "seed": self.seed}
+        return {"kind": "part"}
 
     @property
     def reduced(self) -> bool:
@@ -112,6 +127,7 @@ class Exploration:
             "explored": self.explored,
             "runs": self.run_count,
             "complete": self.covers_all or (self.complete and self.shard[1] > 1 and self.seed is None),
+            "guarantee": self.guarantee,
             "repeats": self.repeats,
             "seed": self.seed,
             "classes": [c.to_dict(self.variant) for c in self.classes],
@@ -123,8 +139,12 @@ class Exploration:
 
 
 def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
+    from pgrace.drivers.bounded import Bound
+
     try:
         classes = [OutcomeClass.from_dict(c, space.preference(c["example"])) for c in data["classes"]]
+        guarantee = data.get("guarantee", {"kind": "complete"})
+        bounded = guarantee["kind"] in ("preemptions", "pct")
         return Exploration(
             str(data["scenario"]),
             str(data["variant"]),
@@ -135,6 +155,7 @@ def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
             runs=whole_number(data["runs"], "runs") if "runs" in data else None,
             complete=bool(data.get("complete", True)),
             repeats=whole_number(data.get("repeats", 0), "repeats"),
+            bound=Bound.from_dict(guarantee, whole_number(data["runs"], "runs")) if bounded else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})") from None
@@ -145,6 +166,8 @@ def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
     if not parts:
         raise ScenarioError("nothing to merge")
     first = parts[0]
+    if any(p.bound is not None for p in parts):
+        raise ScenarioError("cannot merge bounded explorations (--max-preemptions, --pct): they are not shards")
     for part in parts[1:]:
         if (part.scenario, part.variant, part.space, part.seed) != (
             first.scenario,
@@ -266,6 +289,8 @@ def explore(
     step_timeout: float = 10.0,
     on_progress: Callable[[int, int], None] | None = None,
     reduce: bool = True,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
 ) -> Exploration:
     """Run the chosen interleavings of one variant and group them into outcome classes.
 
@@ -277,13 +302,22 @@ def explore(
     ``reduce`` (the whole space: no sample): run one interleaving of each set of equivalent
     ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and ``on_progress``
     gets the runs so far and those known to be left (:func:`reduces` says when it applies).
+
+    ``max_preemptions`` K or ``pct`` D: a bounded search instead (see
+    :mod:`pgrace.drivers.bounded`); ``limit`` caps its runs (PCT: the schedules drawn, 100
+    by default), ``seed`` seeds PCT (0 by default).
     """
+    from pgrace.drivers.bounded import check_bounds
+
     check_jobs(jobs)
     check_sample(limit)
     space = Space(scenario)
     k, n = shard
     if not 1 <= k <= n:
         raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
+    check_bounds(space, max_preemptions, pct, reduce, shard, jobs)
+    if max_preemptions is not None or pct is not None:
+        return _explore_bounded(scenario, server, space, step_timeout, on_progress, max_preemptions, pct, limit, seed)
     if reduce and reduces(scenario, space, limit, shard, jobs):
         from pgrace.drivers.reduce import opaque_orders
 
@@ -439,6 +473,46 @@ def _reduce_in_processes(
             on_observed(one)
         done.update(each)
     return [done.get(i, (0, False)) for i in range(len(roots))]
+
+
+def _explore_bounded(
+    scenario: Scenario,
+    server: ServerInfo,
+    space: Space,
+    step_timeout: float,
+    on_progress: Callable[[int, int], None] | None,
+    max_preemptions: int | None,
+    pct: int | None,
+    limit: int | None,
+    seed: int | None,
+) -> Exploration:
+    """A bounded search; ``explored`` counts its runs (PCT: the schedules drawn, a repeated one run once)."""
+    from pgrace.drivers.bounded import PCT_RUNS, explore_pct, explore_preemptions
+
+    classes: dict[str, OutcomeClass] = {}
+
+    def count(one: Observed) -> None:
+        add_observed(classes, one, space.preference(one.launched), scenario)
+
+    if on_progress is not None:
+        on_progress(0, 1 if pct is None else limit or PCT_RUNS)
+    if max_preemptions is not None:
+        bound = explore_preemptions(scenario, server, step_timeout, max_preemptions, count, on_progress, limit)
+    else:
+        assert pct is not None
+        draws, seeded = limit or PCT_RUNS, seed if seed is not None else 0
+        bound = explore_pct(scenario, server, step_timeout, pct, draws, seeded, count, on_progress)
+    return Exploration(
+        scenario.name,
+        scenario.variant,
+        space.size,
+        bound.draws if bound.kind == "pct" else bound.runs,
+        bound.seed,
+        ordered(classes.values()),
+        runs=bound.runs,
+        complete=False,
+        bound=bound,
+    )
 
 
 def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:

@@ -26,6 +26,7 @@ from pgrace.scratch import schema_reset_sql
 EXPLORE_SCHEMA = "pgrace_explore"
 
 Position = tuple[int, ...]
+MAX_REMEMBERED_WALKS = 100_000  # positions whose branches are kept (a few MB at most)
 
 
 class Space:
@@ -67,6 +68,7 @@ class Space:
         self.tied = tuple(sorted(tied))
         self._slot = {i: t for t, i in enumerate(self.tied)}
         self._tied_counts: dict[Position, int] | None = None
+        self._walks: dict[tuple[Position, int], tuple[tuple[int, int, int], ...]] = {}
 
     @property
     def size(self) -> int:
@@ -110,9 +112,15 @@ class Space:
         self._tied_counts = counts
         return counts
 
-    def _walk(self, at: Position, spread: int) -> list[tuple[int, int, int]]:
+    def _walk(self, at: Position, spread: int) -> tuple[tuple[int, int, int], ...]:
         """From ``at`` (``spread``: its multinomial factor), each session that can go next:
-        (session, interleavings that continue that way, the multinomial factor after it)."""
+        (session, interleavings that continue that way, the multinomial factor after it).
+
+        Remembered: numbering and ranking every interleaving of a run walk the same few
+        positions over and over (a position's ``spread`` follows from it, so it adds no entries).
+        """
+        if (known := self._walks.get((at, spread))) is not None:
+            return known
         counts = self._counts()
         groups = self._groups(at)
         total = sum(groups)
@@ -125,7 +133,10 @@ class Space:
             else:
                 after = spread * (len(self.chains[i]) - at[i]) // total
                 branches.append((i, counts[tied_at] * after, after))
-        return branches
+        found = tuple(branches)
+        if len(self._walks) < MAX_REMEMBERED_WALKS:
+            self._walks[(at, spread)] = found
+        return found
 
     def split(
         self, parts: int, within: list[tuple[tuple[str, ...], int]] | None = None

@@ -47,7 +47,9 @@ def _space_line(exploration: Exploration) -> str:
     space = exploration.space
     noun = "interleaving" if space == 1 else "interleavings"
     said: list[str] = []
-    if exploration.reduced and exploration.covers_all:
+    if exploration.bound is not None:
+        text = exploration.bound.words(space)
+    elif exploration.reduced and exploration.covers_all:
         runs = exploration.run_count
         text = f"all {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
     elif exploration.reduced and exploration.complete and exploration.shard[1] > 1:  # a shard's share, covered

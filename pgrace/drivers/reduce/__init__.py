@@ -71,15 +71,19 @@ __all__ = [
 
 @contextmanager
 def executor(
-    scenario: Scenario, server: ServerInfo, step_timeout: float
+    scenario: Scenario, server: ServerInfo, step_timeout: float, footprints: bool = True
 ) -> Iterator[Callable[[tuple[str, ...]], Trace]]:
-    """Runs one interleaving at a time on one set of connections, in one scratch database."""
+    """Runs one interleaving at a time on one set of connections, in one scratch database.
+
+    Without ``footprints`` nothing is read after each step: every move is opaque, and the
+    trace says only the launch order and who could go when (what the bounded searches need).
+    """
     from pgrace.drivers.space import EXPLORE_SCHEMA, Space, explore_options, prepared
     from pgrace.engine.runner import Runner
     from pgrace.scratch import scratch_database_with_schema
 
     runnable = dataclasses.replace(prepared(scenario), permutations=())
-    options = explore_options(step_timeout, footprints=True)
+    options = explore_options(step_timeout, footprints=footprints)
     space = Space(scenario)
     natures = {s.name: nature_of(s, scenario) for s in scenario.steps}
     needs = {name: tuple(space.chains[i][k] for i, k in pairs) for name, pairs in space.needs.items()}

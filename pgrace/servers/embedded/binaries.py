@@ -101,6 +101,11 @@ def _cache_path(user: _User | None) -> str:
 def _create_cache_dir(path: str, user: _User | None) -> None:
     _makedirs_world_readable(path)
     _check_trusted(path)
+    if not os.access(path, os.W_OK | os.X_OK):  # root's shared cache, seen by another user
+        raise ServerUnavailable(
+            f"the server cache {path} belongs to {_owner(os.stat(path).st_uid)}, and this user cannot write to it; "
+            f"set {CACHE_ENV_VAR} to a directory of your own"
+        )
     if user is not None:
         _check_reachable(path, user)
 
@@ -135,11 +140,15 @@ def _check_trusted(path: str) -> None:
         current = parent
 
 
-def _untrusted(path: str, culprit: str, st: os.stat_result) -> str:
+def _owner(uid: int) -> str:
     try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        owner = f"uid {st.st_uid}"
+        return f"uid {uid}"
+
+
+def _untrusted(path: str, culprit: str, st: os.stat_result) -> str:
+    owner = _owner(st.st_uid)
     why = f"{culprit} belongs to {owner}" if st.st_uid not in (os.geteuid(), 0) else f"{culprit} is writable by others"
     return (
         f"refusing the server cache in {path}: {why}, who could replace the binaries pgrace runs; "

@@ -1,0 +1,275 @@
+"""Beyond complete search: preemption bounding and PCT, for spaces too big even reduced.
+
+Both run real interleavings one at a time on one set of connections (the reduced search's
+executor) and say exactly what their result proves, which is less than "every
+interleaving":
+
+* **Preemption bounding** (iterative context bounding: Musuvathi and Qadeer, PLDI 2007, as
+  in CHESS). A *preemption* is a switch, in the launch order, from session s to another
+  while s could have gone on (its previous step had finished and its next one was free to
+  go); switching away from a session that waits on the server, or has no steps left, is
+  free. Every schedule with at most K preemptions is run: from each run, every other
+  session that could have gone at each position, when the prefix with it has at most K
+  preemptions, is tried once, the rest of its run keeping the current session while it
+  can (no preemption). When the server launched a run in another order than asked (a
+  step waited where it did not before), that branch carries no claim and the result says
+  the bound was not met. Most known concurrency bugs need two or fewer.
+* **PCT** (probabilistic concurrency testing: Burckhardt, Kothari, Musuvathi,
+  Nagarakatte, ASPLOS 2010). With n sessions, k steps and depth D, each run gives the
+  sessions random distinct priorities D … D+n-1 and picks D-1 random change points among
+  the steps 1 … k; the highest-priority session whose next step may go goes, and at the
+  i-th change point the session about to go drops to priority i. A session that is blocked
+  on the server has its steps deferred by the runner while the next-highest goes, which
+  is what PCT's scheduler does. A bug of depth D (D ordering constraints between steps) is
+  found by each run with probability at least 1/(n·k^(D-1)), so R runs all miss it with
+  probability at most (1-p)^R. The draws come from one seeded generator; a draw that
+  repeats an earlier order is counted (it is an independent draw) but not run again.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pgrace.drivers.space import Space
+from pgrace.errors import ScenarioError
+from pgrace.model.outcomes import Observed
+from pgrace.model.scenario import Scenario
+from pgrace.servers import ServerInfo
+
+__all__ = ["PCT_RUNS", "Bound", "check_bounds", "explore_pct", "explore_preemptions", "pct_order"]
+
+PCT_RUNS = 100  # schedules drawn when --max does not say: a depth-2 bug of 2 sessions × 8 steps is missed ≤ 0.2%
+PREEMPTION_RUNS = 100_000  # a bounded search stops here (as a reduced one does): the bound then is not met
+
+Kind = Literal["preemptions", "pct"]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Which guarantee a bounded exploration carries, and what it takes to state it."""
+
+    kind: Kind
+    limit: int  # K (preemptions) or D (depth)
+    sessions: int
+    steps: int
+    runs: int  # executions run
+    draws: int = 0  # pct: schedules drawn (a repeated order is run once)
+    seed: int | None = None
+    diverged: int = 0  # preemptions: runs the server launched in another order than asked
+    cut: bool = False  # preemptions: stopped at the run limit with schedules left
+
+    @property
+    def met(self) -> bool:
+        """Preemptions: every schedule within the bound was run as asked. PCT: always (a probability)."""
+        return self.kind == "pct" or (self.diverged == 0 and not self.cut)
+
+    @property
+    def per_run(self) -> float:
+        """PCT: the least chance that one run finds a given depth-D bug, 1/(n·k^(D-1))."""
+        return 1.0 / (self.sessions * float(self.steps) ** (self.limit - 1))
+
+    @property
+    def missed(self) -> float:
+        """PCT: the most chance that every draw misses a given depth-D bug, (1-p)^R."""
+        return (1.0 - self.per_run) ** self.draws
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind == "preemptions":
+            return {"kind": "preemptions", "bound": self.limit, "met": self.met, "diverged": self.diverged}
+        return {
+            "kind": "pct",
+            "depth": self.limit,
+            "seed": self.seed,
+            "draws": self.draws,
+            "sessions": self.sessions,
+            "steps": self.steps,
+            "per_run": self.per_run,
+            "missed": self.missed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], runs: int) -> Bound:
+        if data["kind"] == "preemptions":
+            met = bool(data["met"])
+            diverged = int(data.get("diverged", 0))
+            return cls("preemptions", int(data["bound"]), 0, 0, runs, diverged=diverged, cut=not met and not diverged)
+        if data["kind"] == "pct":
+            return cls(
+                "pct",
+                int(data["depth"]),
+                int(data["sessions"]),
+                int(data["steps"]),
+                runs,
+                int(data["draws"]),
+                None if data["seed"] is None else int(data["seed"]),
+            )
+        raise ValueError(f"no such guarantee: {data['kind']!r}")
+
+    def words(self, space: int) -> str:
+        """What the result proves, in a sentence's first half (the header line of every format)."""
+        noun = "interleaving" if space == 1 else "interleavings"
+        runs = f"{self.runs:,} run{'s' if self.runs != 1 else ''}"
+        if self.kind == "preemptions":
+            k = f"{self.limit} preemption{'s' if self.limit != 1 else ''}"
+            if self.met:
+                return f"every schedule with at most {k}, {runs} (of {space:,} {noun})"
+            why = []
+            if self.diverged:
+                why.append(f"{self.diverged:,} launched in another order than asked: no claim for those branches")
+            if self.cut:
+                why.append(f"stopped at {self.runs:,} runs with schedules left")
+            return f"NOT every schedule with at most {k}: {runs} of {space:,} {noun} ({'; '.join(why)})"
+        drawn = f"{self.draws:,} run{'s' if self.draws != 1 else ''}"
+        if self.draws != self.runs:
+            drawn += f" ({self.runs:,} distinct, each run once)"
+        return (
+            f"pct depth {self.limit}, seed {self.seed}, {drawn} of {space:,} {noun}: a depth-{self.limit} bug is"
+            f" missed with probability at most {_percent(self.missed)} (each run finds it with probability at least"
+            f" {_percent(self.per_run)})"
+        )
+
+
+def _percent(p: float) -> str:
+    if p == 0 or p >= 0.001:
+        return f"{p:.1%}"
+    return f"{p:.1e}"
+
+
+def check_bounds(
+    space: Space, preemptions: int | None, depth: int | None, reduce: bool, shard: tuple[int, int], jobs: int
+) -> None:
+    """Refuse (exit 2) what a bounded search cannot do or mean."""
+    if preemptions is None and depth is None:
+        return
+    if preemptions is not None and depth is not None:
+        raise ScenarioError("--max-preemptions and --pct are two searches: choose one")
+    option = "--max-preemptions" if preemptions is not None else "--pct"
+    if not reduce:
+        raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
+    if shard != (1, 1) or jobs != 1:
+        raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
+    steps = len(space.where)
+    if preemptions is not None and not 0 <= preemptions < max(steps, 1):
+        raise ScenarioError(
+            f"--max-preemptions {preemptions}: K is 0 or more and below the {steps} steps"
+            " (a schedule of N steps has at most N-1 preemptions)"
+        )
+    if depth is not None and not 1 <= depth <= steps:
+        raise ScenarioError(f"--pct {depth}: the depth D is between 1 and the {steps} steps")
+
+
+def _continuation(space: Space, prefix: tuple[str, ...]) -> tuple[str, ...]:
+    """A whole order: the prefix, then its last session while it can, then the next free one, and so on."""
+    at = [0] * len(space.chains)
+    for name in prefix:
+        at[space.where[name][0]] += 1
+    order = list(prefix)
+    current = space.where[prefix[-1]][0] if prefix else None
+    while len(order) < len(space.where):
+        eligible = space._eligible(tuple(at))
+        if current not in eligible:
+            current = eligible[0]
+        order.append(space.chains[current][at[current]])
+        at[current] += 1
+    return tuple(order)
+
+
+def explore_preemptions(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    bound: int,
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None = None,
+    max_runs: int | None = None,
+) -> Bound:
+    """Run every schedule with at most ``bound`` preemptions (depth first); ``on_observed`` gets each outcome.
+
+    ``on_progress(runs, runs + prefixes queued)`` after each run.
+    """
+    from pgrace.drivers.reduce import executor
+
+    space = Space(scenario)
+    session_of = {name: scenario.step(name).session for name in space.where}
+    chain_of = {scenario.step(chain[0]).session: chain for chain in space.chains}
+    limit = max_runs if max_runs is not None else PREEMPTION_RUNS
+    seen: set[tuple[str, ...]] = set()
+    stack: list[tuple[str, ...]] = [()]
+    runs = diverged = 0
+    with executor(scenario, server, step_timeout, footprints=False) as execute:
+        while stack:
+            if runs >= limit:
+                break
+            prefix = stack.pop()
+            trace = execute(_continuation(space, prefix))
+            runs += 1
+            on_observed(trace.observed)
+            launched = trace.launched
+            if launched[: len(prefix)] != prefix:
+                diverged += 1  # the server did not do as asked: nothing is known of this prefix's branch
+            seen.update(launched[:i] for i in range(len(launched) + 1))
+            cost = 0  # preemptions in launched[:i]
+            for i, name in enumerate(launched):
+                enabled = trace.enabled[i]
+                before = session_of[launched[i - 1]] if i else None
+                done = {s: 0 for s in chain_of}
+                for step in launched[:i]:
+                    done[session_of[step]] += 1
+                for other in sorted(enabled - {session_of[name]}):
+                    preempts = before is not None and other != before and before in enabled
+                    candidate = (*launched[:i], chain_of[other][done[other]])
+                    if cost + preempts <= bound and candidate not in seen:
+                        seen.add(candidate)
+                        stack.append(candidate)
+                cost += before is not None and session_of[name] != before and before in enabled
+            if on_progress is not None:
+                on_progress(runs, runs + len(stack))
+    return Bound("preemptions", bound, len(space.chains), len(space.where), runs, diverged=diverged, cut=bool(stack))
+
+
+def pct_order(space: Space, rng: random.Random, depth: int) -> tuple[str, ...]:
+    """One PCT schedule: random session priorities D … D+n-1, D-1 change points among the k steps."""
+    n, k = len(space.chains), len(space.where)
+    priority = rng.sample(range(depth, depth + n), n)
+    change = {point: i for i, point in enumerate(rng.sample(range(1, k + 1), depth - 1), 1)}
+    at = [0] * n
+    order: list[str] = []
+    for step in range(1, k + 1):
+        eligible = space._eligible(tuple(at))
+        chosen = max(eligible, key=lambda s: priority[s])
+        if step in change:  # the session about to go drops below every other, then the highest goes
+            priority[chosen] = change[step]
+            chosen = max(eligible, key=lambda s: priority[s])
+        order.append(space.chains[chosen][at[chosen]])
+        at[chosen] += 1
+    return tuple(order)
+
+
+def explore_pct(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    depth: int,
+    draws: int,
+    seed: int,
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None = None,
+) -> Bound:
+    """Draw ``draws`` PCT schedules of depth ``depth`` with ``seed``; run each distinct one once."""
+    from pgrace.drivers.reduce import executor
+
+    space = Space(scenario)
+    rng = random.Random(seed)
+    ran: set[tuple[str, ...]] = set()
+    with executor(scenario, server, step_timeout, footprints=False) as execute:
+        for drawn in range(1, draws + 1):
+            order = pct_order(space, rng, depth)
+            if order not in ran:
+                ran.add(order)
+                on_observed(execute(order).observed)
+            if on_progress is not None:
+                on_progress(drawn, draws)
+    return Bound("pct", depth, len(space.chains), len(space.where), len(ran), draws, seed)
