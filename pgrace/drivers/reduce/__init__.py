@@ -167,17 +167,20 @@ def _search_roots(
     on_progress: Callable[[int, int], None],
     on_done: Callable[[int], int | None],
     max_runs: int | None,
+    share: bool = True,
 ) -> dict[int, tuple[int, bool]]:
     """Search the roots ``take()`` hands out (by index, None: no more) until the runs reach ``max_runs``.
 
     ``on_done(runs)`` after each root; it may return the runs all the searches have made so far.
+    ``share``: the moves one root's search saw spare the next ones runs; without, each root's
+    runs are the same whichever went before it (roots taken in any order).
     """
     done: dict[int, tuple[int, bool]] = {}
     known: dict[tuple[tuple[str, ...], str], Move] = {}
     total = 0
     with executor(scenario, server, step_timeout) as execute:
         while (max_runs is None or total < max_runs) and (i := take()) is not None:
-            search = Search(scenario, execute, on_progress, roots[i], known)
+            search = Search(scenario, execute, on_progress, roots[i], known if share else {})
             complete = search.run(
                 lambda trace: on_observed(trace.observed), None if max_runs is None else max_runs - total
             )
@@ -227,6 +230,8 @@ def explore_part(
 
     Module level, so it can be pickled; the runs are counted in ``claims`` as they end (the
     parent's progress), and no root is taken once all the workers' runs reach ``max_runs``.
+    Which worker takes which root is chance: no root's search uses another's moves, so that
+    the runs, and the classes' counts, are the same from one exploration to the next.
     """
     observed: list[Observed] = []
 
@@ -244,5 +249,5 @@ def explore_part(
     def made(runs: int) -> int:
         return claims.read()[1]
 
-    done = _search_roots(scenario, server, step_timeout, roots, take, observe, nothing, made, max_runs)
+    done = _search_roots(scenario, server, step_timeout, roots, take, observe, nothing, made, max_runs, share=False)
     return observed, done
