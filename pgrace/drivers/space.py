@@ -138,6 +138,22 @@ class Space:
             self._walks[(at, spread)] = found
         return found
 
+    def split(
+        self, parts: int, within: list[tuple[tuple[str, ...], int]] | None = None
+    ) -> list[tuple[tuple[str, ...], int]]:
+        """The shortest prefixes of the interleavings (or of ``within``'s, all as long) that there are
+        at least ``parts`` of, in number order, each with how many interleavings begin with it."""
+        whole: list[tuple[tuple[str, ...], int]] = [((), self.size)]
+        found = within if within is not None else whole
+        while len(found) < parts and found and len(found[0][0]) < len(self.where):
+            found = [child for prefix, _ in found for child in self._children(prefix)]
+        return found
+
+    def _children(self, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], int]]:
+        at = tuple(sum(1 for name in prefix if self.where[name][0] == i) for i in range(len(self.chains)))
+        branches = self._walk(at, multinomial(self._groups(at)))
+        return [((*prefix, self.chains[i][at[i]]), below) for i, below, _ in branches]
+
     def __iter__(self) -> Iterator[tuple[str, ...]]:
         """Every interleaving in number order: a :class:`~pgrace.engine.schedule.Schedule` of step names."""
         return (self.unrank(i) for i in range(self.size))
