@@ -369,7 +369,7 @@ def test_losing_pgraces_observer_aborts_the_run_and_says_so(pgrace_server: Serve
     )
     # The observer is the superuser's: a run's own role cannot end it (test_hostile_scenarios), a --superuser run can.
     server = dataclasses.replace(pgrace_server, scenario_role=False)
-    with pytest.raises(RunAborted, match="^pgrace's observer connection was lost during the run"):
+    with pytest.raises(RunAborted, match=r"^pgrace's observer connection was lost during the run"):
         api.run(killer, server=server)
     with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
         assert admin.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'pgrace_trouble%'").fetchone() == (0,)
