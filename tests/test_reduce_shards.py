@@ -97,13 +97,13 @@ def test_shards_and_workers_find_the_classes_on_hard_shapes(pgrace_server: Serve
         assert _keys(merged) == _keys(workers) == _keys(every), scenario.variant
 
 
-
 def test_workers_see_their_own_databases_advisory_locks_only(pgrace_server: ServerInfo) -> None:
     """advisory-lock's checks read pg_locks, which is the server's: two workers' lock 42 must not meet."""
     for scenario in _variants("advisory-lock"):
         one = explore(scenario, pgrace_server, reduce=False)
         workers = explore(scenario, pgrace_server, reduce=False, jobs=2)
         assert _keys(workers) == _keys(one) and len(one.classes) == 1, scenario.variant
+
 
 def test_workers_of_the_reduced_search_cover_two_lost_updates(pgrace_server: ServerInfo) -> None:
     """63,063,000 interleavings: no exhaustive search to compare with, the one-process reduced one instead."""
