@@ -220,13 +220,13 @@ def explore(
 
     ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
     fully observed run. ``merge``: the JSON files of shards, merged instead of running.
-    ``reduce``: one run of each set of equivalent interleavings (the whole space, one process, no shard).
+    ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
     ``max_preemptions`` K: every schedule with at most K preemptions instead; ``pct`` D: PCT
     schedules of depth D (``limit`` of them, 100 by default; ``seed``, 0 by default). The
     exploration's ``guarantee`` says which of these its classes carry.
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
-    from pgrace.drivers.explore import Space, load_explorations, merge_explorations, replay, same_class
+    from pgrace.drivers.explore import Space, load_explorations, merge_explorations, reduces, replay, same_class
     from pgrace.drivers.explore import explore as explore_space
 
     space = Space(scenario)
@@ -243,9 +243,7 @@ def explore(
     label = f"{scenario.name} ({scenario.variant})"
 
     preempting = max_preemptions is not None and pct is None  # its runs are learnt as it goes, as reduced ones
-    reduced = preempting or (
-        reduce and pct is None and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1
-    )
+    reduced = preempting or (reduce and pct is None and reduces(scenario, space, limit, shard, jobs))
 
     def explored(done: int, total: int) -> None:
         if reduced:  # the runs still to come are learnt as it goes: say the ones known

@@ -109,10 +109,10 @@ def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: S
 
 
 def test_jobs_run_in_separate_processes_with_the_same_result(pgrace_server: ServerInfo) -> None:
+    """Every interleaving, in two processes or one (the reduced search split: tests/test_reduce_shards.py)."""
     scenario = catalog.load("lost-update")
-    assert (
-        explore(scenario, pgrace_server, jobs=2).to_dict() == explore(scenario, pgrace_server, reduce=False).to_dict()
-    )
+    every = explore(scenario, pgrace_server, reduce=False).to_dict()
+    assert explore(scenario, pgrace_server, jobs=2, reduce=False).to_dict() == every
 
 
 def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> None:
@@ -201,7 +201,8 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
     files = []
     for k in (1, 2):
         out = tmp_path / f"shard{k}.json"
-        done = cli.invoke(main, ["explore", "lost-update", "--shard", f"{k}/2", "-f", "json", "-o", str(out), *dsn])
+        args = ["explore", "lost-update", "--no-reduce", "--shard", f"{k}/2", "-f", "json", "-o", str(out), *dsn]
+        done = cli.invoke(main, args)
         assert done.exit_code == 0, done.output
         files += ["--merge", str(out)]
     merged = cli.invoke(main, ["explore", "lost-update", "-f", "json", *files])
@@ -327,3 +328,49 @@ def test_a_57014_class_is_not_called_a_step_timeout() -> None:
     scenario = catalog.load("ddl-lock-queue")
     summary = summarize(OutcomeClass(False, 1, ("57014",), (), (), 0, ()), scenario)
     assert "57014 (query canceled" in summary and "step timeout" not in summary
+
+
+def test_sessions_left_in_a_failed_or_open_transaction_start_the_next_interleaving_clean(
+    pgrace_server: ServerInfo,
+) -> None:
+    """Session a ends in a failed transaction holding a session advisory lock, a temp table and a
+    setting; b ends inside an open one. Each interleaving must find none of it: a leftover would
+    fail a step (the temp table exists, the setting is set, the transaction is aborted or still
+    open: now() is not this statement's time) or the setup (the lock is held)."""
+    scenario = steps_scenario(
+        [
+            ("a1", "a", "CREATE TEMP TABLE pad (i int)"),
+            ("a2", "a", "SELECT 1 / (coalesce(current_setting('pgrace_test.mark', true), '') = '')::int"),
+            ("a3", "a", "SELECT pg_advisory_lock(42), set_config('pgrace_test.mark', 'left', false)"),
+            ("a4", "a", "BEGIN"),
+            ("a5", "a", "SELECT 1 / 0"),
+            ("b1", "b", "SELECT 1 / (now() = statement_timestamp())::int"),
+            ("b2", "b", "BEGIN"),
+            ("b3", "b", "SELECT 2"),
+        ]
+    )
+    lock_free = "SELECT 1 / pg_try_advisory_lock(42)::int; SELECT pg_advisory_unlock(42)"
+    scenario = Scenario(**{**scenario.__dict__, "setup": (lock_free,)})
+    found = explore(scenario, pgrace_server, reduce=False)
+    assert [(c.errors, c.count) for c in found.classes] == [(("22012",), 56)]  # a5's division alone, everywhere
+
+
+def test_explores_working_schema_is_the_run_roles_and_first_on_its_path_pgrowlocks_outside_it(
+    pgrace_server: ServerInfo,
+) -> None:
+    """The teardown drops the working schema with all in it: pgrowlocks must not be made there."""
+    from pgrace.drivers.space import EXPLORE_SCHEMA
+    from pgrace.scratch import scratch_database_with_schema
+
+    with (
+        scratch_database_with_schema(pgrace_server, "schema_owner", EXPLORE_SCHEMA) as db,
+        psycopg.connect(db.dsn, autocommit=True) as conn,
+    ):
+        row = conn.execute(
+            "SELECT current_user, current_schema(),"
+            " (SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = current_schema()),"
+            " (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+            "  WHERE e.extname = 'pgrowlocks')"
+        ).fetchone()
+    assert row is not None
+    assert row == (db.role or row[0], EXPLORE_SCHEMA, row[0], "public" if db.has_pgrowlocks else None)

@@ -271,3 +271,65 @@ def test_a_template_the_server_account_could_write_is_built_again_before_use(own
         row = conn.execute("SHOW default_transaction_read_only").fetchone()
     assert row == ("off",)
     assert all(os.lstat(p).st_uid == os.geteuid() for p in [template, *template.rglob("*")])
+
+
+KILL_CONTROL = (
+    "SELECT count(*) AS ended FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+    " WHERE application_name LIKE '%/control connection') AS k"
+)
+
+
+def control_killer(setup: str) -> str:
+    """Session b ends every control connection of the server mid-run, while a is inside a transaction."""
+    return f"""
+setup = {json.dumps(setup)}
+sessions = ["a", "b"]
+[[step]]
+session = "a"
+sql = "BEGIN"
+[[step]]
+name = "kill"
+session = "b"
+sql = {json.dumps(KILL_CONTROL)}
+[[step]]
+session = "a"
+sql = "INSERT INTO t VALUES ('after')"
+[[step]]
+session = "a"
+sql = "COMMIT"
+[[check]]
+description = "the row is there"
+sql = "SELECT count(*) FROM t"
+rows = [[1]]
+"""
+
+
+def test_a_step_that_ends_pgraces_control_connection_does_not_end_the_run(pgrace_run: RunScenario) -> None:
+    """The control connection runs as the scenario's role, so a step can end it: it is opened again for the checks."""
+    run = pgrace_run(parse_toml_scenario(control_killer("CREATE TABLE t (line text)"), "kill-control.toml"))
+    kill = next(s for s in run.step_runs() if s.step == "kill")
+    assert kill.outcome is not None and kill.outcome.last_rows is not None
+    assert kill.outcome.last_rows.text_rows == (("1",),)  # it did end one connection: pgrace's
+    assert list(run.check_outcomes()) == [0]
+    assert run.ok
+
+
+def test_explore_goes_on_when_interleavings_end_the_control_connection(pgrace_server: ServerInfo) -> None:
+    scenario = parse_toml_scenario(control_killer("CREATE TABLE t (line text)"), "kill-control.toml")
+    exploration = api.explore(scenario, server=pgrace_server, reduce=False).exploration
+    assert exploration.covers_all and exploration.explored == 4
+    assert [c.ok for c in exploration.classes] == [True]
+
+
+def test_a_setup_whose_settings_would_go_with_it_stops_the_run_saying_why(
+    tmp_path: Path, pgrace_server: ServerInfo
+) -> None:
+    path = tmp_path / "kill-control.toml"
+    path.write_text(control_killer("CREATE TABLE t (line text); SET TimeZone = 'UTC'"), encoding="utf-8")
+    result = CliRunner().invoke(main, ["run", str(path), "--dsn", pgrace_server.dsn])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith(f"pgrace: {path}: a step ended pgrace's control connection (")
+    assert result.output.strip().endswith(
+        "and the setup's session settings went with it; leave the connections named"
+        " 'pgrace/.../control connection' alone"
+    )

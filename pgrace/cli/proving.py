@@ -166,7 +166,7 @@ def check(
 @click.option(
     "--no-reduce",
     is_flag=True,
-    help="Run every interleaving, not one of each set of equivalent ones (-j, --shard and --max always do).",
+    help="Run every interleaving, not one of each set of equivalent ones (--max always does).",
 )
 @click.option(
     "--merge",

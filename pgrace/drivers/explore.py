@@ -4,8 +4,10 @@ An *interleaving* is an order of all the scenario's steps that keeps each sessio
 order, and runs a step that uses a variable another session captures after the step that
 captures it. The :class:`Space` counts them and numbers them 0 … size-1 in a fixed order
 (session by session, like counting in a mixed radix), so that a seeded sample
-(``--max N --seed S``) and a shard (``--shard K/N``: every N-th of the chosen numbers)
-are both just sets of numbers, and shards add up to the whole.
+(``--max N --seed S``) and a shard of it or of every interleaving (``--shard K/N``: every
+N-th of the chosen numbers) are both just sets of numbers, and shards add up to the whole.
+The reduced search (the default, see :mod:`pgrace.drivers.reduce`) is split by prefixes
+of the numbering instead (:func:`_explore_reduced`).
 
 Each interleaving is one permutation for the ordinary runner, which runs many of them on
 one set of connections in one scratch database, with the scenario's setup and teardown
@@ -20,7 +22,7 @@ own) are dropped.
 
 ``-j N`` runs the chosen interleavings in N processes, each with its own scratch database,
 in rounds of up to 2,000 interleavings per process: a round's end is the progress the
-parent can tell.
+parent can tell (reduced, workers count their runs in a file the parent reads).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ __all__ = ["Exploration", "Space", "explore", "merge_explorations"]
 
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
+ROOTS_PER_WORKER = 4  # -j reduced: prefixes per worker, taken as each gets free (the first ones take the most runs)
 PART = 2_000  # interleavings per scratch database and per worker's round: about 10 s at ~5 ms each
 
 
@@ -123,7 +126,7 @@ class Exploration:
             "space": self.space,
             "explored": self.explored,
             "runs": self.run_count,
-            "complete": self.covers_all,
+            "complete": self.covers_all or (self.complete and self.shard[1] > 1 and self.seed is None),
             "guarantee": self.guarantee,
             "repeats": self.repeats,
             "seed": self.seed,
@@ -185,6 +188,7 @@ def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
         first.seed,
         merge_classes(p.classes for p in parts),
         runs=sum(p.run_count for p in parts),
+        complete=all(p.complete for p in parts),
         repeats=sum(p.repeats for p in parts),
     )
 
@@ -232,6 +236,15 @@ def _run_in_processes(
     Interrupted, or when a worker fails, every worker drops its database before it exits;
     what a worker that had to be killed left is swept.
     """
+    calls = [(_run_part, (scenario, server, part, step_timeout)) for part in parts if part]
+    return [o for observed in _in_processes(server, calls) for o in observed]
+
+
+def _in_processes(
+    server: ServerInfo,
+    calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    on_wait: Callable[[], None] | None = None,
+) -> list[Any]:
     from pgrace.drivers.workers import run_in_processes
 
     def sweep() -> None:  # a worker that had to be killed left its scratch database
@@ -240,8 +253,7 @@ def _run_in_processes(
         with suppress(PgraceError):
             sweep_leftovers(server)
 
-    calls = [(_run_part, (scenario, server, part, step_timeout)) for part in parts if part]
-    return [o for observed in run_in_processes(calls, on_killed=sweep) for o in observed]
+    return run_in_processes(calls, on_killed=sweep, on_wait=on_wait)
 
 
 CONNECTIONS_PER_WORKER = 3  # beside a session's own: the scratch database's, the control and the observer
@@ -287,9 +299,9 @@ def explore(
     are numbered up front and turned into orders a part at a time, and their outcomes are
     counted into classes as each part ends: memory stays bounded by a part, not the sample.
 
-    ``reduce`` (the whole space, one process, no shard): run one interleaving of each set
-    of equivalent ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and
-    ``on_progress`` gets the runs so far and those known to be left.
+    ``reduce`` (the whole space: no sample): run one interleaving of each set of equivalent
+    ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and ``on_progress``
+    gets the runs so far and those known to be left (:func:`reduces` says when it applies).
 
     ``max_preemptions`` K or ``pct`` D: a bounded search instead (see
     :mod:`pgrace.drivers.bounded`); ``limit`` caps its runs (PCT: the schedules drawn, 100
@@ -306,7 +318,7 @@ def explore(
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)
     if max_preemptions is not None or pct is not None:
         return _explore_bounded(scenario, server, space, step_timeout, on_progress, max_preemptions, pct, limit, seed)
-    if reduce and (limit is None or limit >= space.size) and shard == (1, 1) and jobs == 1:
+    if reduce and reduces(scenario, space, limit, shard, jobs):
         from pgrace.drivers.reduce import opaque_orders
 
         if space.size > WHOLE_SPACE_LIMIT and (least := opaque_orders(scenario)) > WHOLE_SPACE_LIMIT:
@@ -316,7 +328,7 @@ def explore(
                 " --max N [--seed S]",
                 scenario.source,
             )
-        return _explore_reduced(scenario, server, space, step_timeout, on_progress)
+        return _explore_reduced(scenario, server, space, step_timeout, on_progress, shard, jobs)
     if limit is None and space.size > WHOLE_SPACE_LIMIT:
         raise ScenarioError(
             f"{space.size:,} interleavings are too many to run them all; explore a sample with --max N [--seed S]",
@@ -367,33 +379,100 @@ def explore(
     )
 
 
+def reduces(scenario: Scenario, space: Space, limit: int | None, shard: tuple[int, int], jobs: int) -> bool:
+    """Whether explore runs the reduced search: the whole space (no sample), and, split in shards
+    or processes, no retry loop (a step not sent leaves a run that no prefix of the space begins)."""
+    split = shard != (1, 1) or jobs > 1
+    return (limit is None or limit >= space.size) and not (split and any(s.loop for s in scenario.steps))
+
+
 def _explore_reduced(
     scenario: Scenario,
     server: ServerInfo,
     space: Space,
     step_timeout: float,
     on_progress: Callable[[int, int], None] | None,
+    shard: tuple[int, int] = (1, 1),
+    jobs: int = 1,
 ) -> Exploration:
-    from pgrace.drivers.reduce import explore_reduced
+    """The reduced search of the whole space, or of a shard of it, in one process or in ``jobs``.
 
+    A shard is every N-th of the shortest prefixes of the interleavings there are at least
+    N of (:meth:`Space.split`), each searched from where it leaves off
+    (:class:`~pgrace.drivers.reduce.Search` rooted at it); its ``explored`` is the
+    interleavings that begin with its prefixes. Worker processes search a shard's prefixes,
+    made longer to be :data:`ROOTS_PER_WORKER` each at least, taking the next as each gets
+    free. A root's search knows what the earlier-numbered roots cover only at its prefix (its
+    sleep set), not what their searches ran: parts take more runs in all than one search.
+    """
+    from pgrace.drivers.reduce import explore_roots
+
+    k, n = shard
+    mine = space.split(n)[k - 1 :: n]
+    roots = space.split(ROOTS_PER_WORKER * jobs, mine) if jobs > 1 else mine
+    workers = min(jobs, len(roots))
     classes: dict[str, OutcomeClass] = {}
 
     def count(one: Observed) -> None:
         add_observed(classes, one, space.preference(one.launched), scenario)
 
     if on_progress is not None:
-        on_progress(0, 1)
-    runs, complete = explore_reduced(scenario, server, step_timeout, count, on_progress, WHOLE_SPACE_LIMIT)
+        on_progress(0, max(1, len(roots)))
+    if workers <= 1:
+        done = explore_roots(
+            scenario, server, step_timeout, [r for r, _ in roots], count, on_progress, WHOLE_SPACE_LIMIT
+        )
+    else:
+        _check_room(scenario, server, workers)
+        done = _reduce_in_processes(scenario, server, step_timeout, [r for r, _ in roots], workers, count, on_progress)
+    runs = sum(r for r, _ in done)
+    if on_progress is not None:
+        on_progress(runs, runs)
+    explored = sum(size if complete else min(r, size) for (_, size), (r, complete) in zip(roots, done, strict=True))
     return Exploration(
         scenario.name,
         scenario.variant,
         space.size,
-        space.size if complete else runs,
+        explored,
         None,
         ordered(classes.values()),
+        shard,
         runs=runs,
-        complete=complete,
+        complete=all(complete for _, complete in done),
     )
+
+
+def _reduce_in_processes(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    roots: list[tuple[str, ...]],
+    workers: int,
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None,
+) -> list[tuple[int, bool]]:
+    """The roots' searches in worker processes, each taking the next root as it gets free: (runs, complete) each."""
+    import os
+    import tempfile
+
+    from pgrace.drivers.reduce import Claims, explore_part
+
+    with tempfile.TemporaryDirectory(prefix="pgrace-explore-") as shared:
+        claims = Claims(os.path.join(shared, "claims"))
+
+        def tell() -> None:
+            if on_progress is not None:
+                taken, made = claims.read()
+                on_progress(made, made + max(1, len(roots) - taken))
+
+        call = (explore_part, (scenario, server, step_timeout, roots, claims, WHOLE_SPACE_LIMIT))
+        results = _in_processes(server, [call] * workers, on_wait=tell)
+    done: dict[int, tuple[int, bool]] = {}
+    for observed, each in results:
+        for one in observed:
+            on_observed(one)
+        done.update(each)
+    return [done.get(i, (0, False)) for i in range(len(roots))]
 
 
 def _explore_bounded(

@@ -26,6 +26,7 @@ from pgrace.scratch import schema_reset_sql
 EXPLORE_SCHEMA = "pgrace_explore"
 
 Position = tuple[int, ...]
+MAX_REMEMBERED_WALKS = 100_000  # positions whose branches are kept (a few MB at most)
 
 
 class Space:
@@ -67,6 +68,7 @@ class Space:
         self.tied = tuple(sorted(tied))
         self._slot = {i: t for t, i in enumerate(self.tied)}
         self._tied_counts: dict[Position, int] | None = None
+        self._walks: dict[tuple[Position, int], tuple[tuple[int, int, int], ...]] = {}
 
     @property
     def size(self) -> int:
@@ -110,9 +112,15 @@ class Space:
         self._tied_counts = counts
         return counts
 
-    def _walk(self, at: Position, spread: int) -> list[tuple[int, int, int]]:
+    def _walk(self, at: Position, spread: int) -> tuple[tuple[int, int, int], ...]:
         """From ``at`` (``spread``: its multinomial factor), each session that can go next:
-        (session, interleavings that continue that way, the multinomial factor after it)."""
+        (session, interleavings that continue that way, the multinomial factor after it).
+
+        Remembered: numbering and ranking every interleaving of a run walk the same few
+        positions over and over (a position's ``spread`` follows from it, so it adds no entries).
+        """
+        if (known := self._walks.get((at, spread))) is not None:
+            return known
         counts = self._counts()
         groups = self._groups(at)
         total = sum(groups)
@@ -125,7 +133,26 @@ class Space:
             else:
                 after = spread * (len(self.chains[i]) - at[i]) // total
                 branches.append((i, counts[tied_at] * after, after))
-        return branches
+        found = tuple(branches)
+        if len(self._walks) < MAX_REMEMBERED_WALKS:
+            self._walks[(at, spread)] = found
+        return found
+
+    def split(
+        self, parts: int, within: list[tuple[tuple[str, ...], int]] | None = None
+    ) -> list[tuple[tuple[str, ...], int]]:
+        """The shortest prefixes of the interleavings (or of ``within``'s, all as long) that there are
+        at least ``parts`` of, in number order, each with how many interleavings begin with it."""
+        whole: list[tuple[tuple[str, ...], int]] = [((), self.size)]
+        found = within if within is not None else whole
+        while len(found) < parts and found and len(found[0][0]) < len(self.where):
+            found = [child for prefix, _ in found for child in self._children(prefix)]
+        return found
+
+    def _children(self, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], int]]:
+        at = tuple(sum(1 for name in prefix if self.where[name][0] == i) for i in range(len(self.chains)))
+        branches = self._walk(at, multinomial(self._groups(at)))
+        return [((*prefix, self.chains[i][at[i]]), below) for i, below, _ in branches]
 
     def __iter__(self) -> Iterator[tuple[str, ...]]:
         """Every interleaving in number order: a :class:`~pgrace.engine.schedule.Schedule` of step names."""

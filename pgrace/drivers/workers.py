@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["STOP_DEADLINE_S", "run_in_processes"]
 
 STOP_DEADLINE_S = 1.5  # from SIGTERM to SIGKILL: cleaning up (dropping a scratch database) takes ~0.1 s
+POLL_S = 0.5
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _PR_SET_PDEATHSIG = 1
 
@@ -53,13 +54,16 @@ class _Worker:
     results: Connection
 
 
-def run_in_processes(calls: Sequence[Call], on_killed: Callable[[], None] | None = None) -> list[Any]:
+def run_in_processes(
+    calls: Sequence[Call], on_killed: Callable[[], None] | None = None, on_wait: Callable[[], None] | None = None
+) -> list[Any]:
     """Run each ``(function, args)`` in a worker process of its own; their results, in order.
 
     The functions and their arguments must pickle (module-level functions). The first
     exception a worker raises is raised here once every worker has stopped; so is
     Ctrl-C or SIGTERM of this process. ``on_killed`` runs when a worker had to be
-    SIGKILLed, to remove what it could not clean up.
+    SIGKILLed, to remove what it could not clean up; ``on_wait`` every :data:`POLL_S` while
+    they work (to tell progress the workers leave somewhere).
     """
     from multiprocessing import get_context, resource_tracker
 
@@ -70,7 +74,7 @@ def run_in_processes(calls: Sequence[Call], on_killed: Callable[[], None] | None
     try:
         for n, call in enumerate(calls, 1):
             _start(context, call, n, workers)
-        results = _collect(workers)
+        results = _collect(workers, on_wait)
     except BaseException:
         _stop(workers, on_killed)
         raise
@@ -93,14 +97,16 @@ def _start(context: Any, call: Call, n: int, workers: list[_Worker]) -> None:
         sender.close()
 
 
-def _collect(workers: list[_Worker]) -> list[Any]:
+def _collect(workers: list[_Worker], on_wait: Callable[[], None] | None = None) -> list[Any]:
     """Each worker's result as it comes (a result larger than a pipe's buffer must be read to let it finish)."""
     from multiprocessing.connection import wait
 
     results: dict[int, Any] = {}
     waiting = {id(w.results): i for i, w in enumerate(workers)}
     while waiting:
-        for ready in wait([workers[i].results for i in waiting.values()]):
+        if on_wait is not None:
+            on_wait()
+        for ready in wait([workers[i].results for i in waiting.values()], None if on_wait is None else POLL_S):
             i = waiting.pop(id(ready))
             which = f"worker process {i + 1} of {len(workers)}"
             try:

@@ -7,15 +7,19 @@ probe, ``pg_locks`` and ``pgrowlocks``. The order of the steps is the
 
 A session whose connection is lost (its backend terminated) is recorded once, as
 :class:`~pgrace.model.timeline.SessionLost`, and its later steps are not sent; the others go on.
-Losing the control or observer connection ends the run (:class:`~pgrace.errors.RunAborted`).
+Losing the observer connection ends the run (:class:`~pgrace.errors.RunAborted`). The control
+connection runs as the scenario's role, so a step can end it (``pg_terminate_backend`` over
+``pg_stat_activity``): it is pgrace's, holds nothing of the scenario's, and is opened again.
 
 The runner records events into a :class:`~pgrace.model.timeline.Run` and never prints.
 """
 
 from __future__ import annotations
 
-from contextlib import ExitStack
-from typing import Any
+import re
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
@@ -37,6 +41,18 @@ from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run
 from pgrace.model.variables import substitute
 
 # The pg_regress environment that upstream isolation specs assume.
+CONTROL = "pgrace's control connection"
+# What a setup leaves on its connection beyond the data: lost with the control connection.
+SESSION_STATE = re.compile(
+    r"(^|;)\s*(SET|RESET|PREPARE|LISTEN|DECLARE)\b|\b(set_config|TEMP|TEMPORARY|pg_advisory_lock\w*)\b", re.IGNORECASE
+)
+T = TypeVar("T")
+
+
+class _ControlLost(RunAborted):
+    """The control connection alone was lost (the server is up): it can be opened again."""
+
+
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
 
 
@@ -186,7 +202,45 @@ class Runner:
                 pass
         except psycopg.Error:
             return RunAborted(f"the server went away during the run ({detail})")
+        if connection == CONTROL:
+            return _ControlLost(f"{connection} was lost during the run ({detail})")
         return RunAborted(f"{connection} was lost during the run ({detail})")
+
+    def _live_control(self) -> psycopg.Connection[Any]:
+        """The control connection, opened again if a step ended it since its last use.
+
+        Its setup SQL ran and is done; settings it made would go with it, so a setup that
+        makes any (SET, set_config, a temporary table, a session advisory lock) stops the run
+        instead, saying why.
+        """
+        pgconn = self.control.pgconn
+        with suppress(psycopg.Error):  # a closed socket: the status below says so
+            pgconn.consume_input()
+        if pgconn.status == pq.ConnStatus.OK:
+            return self.control
+        return self._reopen_control(pgconn.error_message.decode(errors="replace"))
+
+    def _reopen_control(self, why: str) -> psycopg.Connection[Any]:
+        if any(SESSION_STATE.search(text) for text in self.scenario.setup):
+            from pgrace.errors import ScenarioError
+
+            raise ScenarioError(
+                f"a step ended pgrace's control connection ({first_line(why) or 'terminated'}), and the setup's"
+                " session settings went with it; leave the connections named 'pgrace/.../control connection' alone",
+                self.scenario.source,
+            )
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        self.control = self._connect(f"{prefix}/control connection", tester=True)
+        if self.scheduler.pauses is not None:
+            self.scheduler.pauses.control = self.control
+        return self.control
+
+    def _on_control(self, send: Callable[[pq.abc.PGconn], T]) -> T:
+        """``send`` on the live control connection; once more on a new one if it turns out lost meanwhile."""
+        try:
+            return send(self._live_control().pgconn)
+        except _ControlLost as lost:
+            return send(self._reopen_control(str(lost)).pgconn)
 
     def _reconnect(self, session: LibpqSession) -> None:
         """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
@@ -222,7 +276,7 @@ class Runner:
             if session.lost is not None:  # every permutation starts with all sessions connected
                 self._reconnect(session)
         for setup in self.scenario.setup:
-            self._exec_setup(self.control.pgconn, self._with_params(setup), None)
+            self._exec_setup(None, self._with_params(setup), None)
         for declared in self.scenario.sessions:
             if declared.setup is not None:
                 self._exec_setup(self.sessions[declared.name].pgconn, self._with_params(declared.setup), declared.name)
@@ -267,7 +321,7 @@ class Runner:
                 for text in self._reset_sql(session):
                     self._exec_teardown(session.pgconn, text, session.name)
         for teardown in self.scenario.teardown:
-            self._exec_teardown(self.control.pgconn, self._with_params(teardown), None)
+            self._exec_teardown(None, self._with_params(teardown), None)
 
     def _reset_sql(self, session: LibpqSession) -> tuple[str, ...]:
         """Leave nothing of one permutation to the next: an open transaction, advisory locks, settings.
@@ -295,7 +349,7 @@ class Runner:
             jobs = [(self.sessions[name].pgconn, text, self._where(name)) for name, text in batch]
             last = not any(pending.values())
             if last and teardowns:  # the sessions hold no locks now: the teardown goes along
-                jobs.append((self.control.pgconn, teardowns[0], self._where(None)))
+                jobs.append((self._live_control().pgconn, teardowns[0], self._where(None)))
             outcomes = self.sql.execute_all(jobs)
             for (name, _), outcome in zip(batch, outcomes, strict=False):
                 done[name].append(outcome)
@@ -306,7 +360,7 @@ class Runner:
         for outcome in control:
             self.recorder.add(SetupRan("teardown", None, outcome, self.recorder.now()))
         for teardown in teardowns[len(control) :]:
-            self._exec_teardown(self.control.pgconn, teardown, None)
+            self._exec_teardown(None, teardown, None)
 
     # -- setup, teardown, checks --------------------------------------------------------
 
@@ -320,23 +374,29 @@ class Runner:
 
     def _where(self, session: str | None) -> str:
         """The control connection (``session`` None) or a session's setup losing its connection ends the run."""
-        return f"session {session}'s connection" if session else "pgrace's control connection"
+        return f"session {session}'s connection" if session else CONTROL
 
-    def _exec_setup(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
-        outcome = self.sql.execute(pgconn, text, self._where(session))
+    def _execute(self, pgconn: pq.abc.PGconn | None, text: str, session: str | None) -> Outcome:
+        """``text`` on a session's connection, or on the control connection (``pgconn`` None)."""
+        if pgconn is None:
+            return self._on_control(lambda control: self.sql.execute(control, text, self._where(None)))
+        return self.sql.execute(pgconn, text, self._where(session))
+
+    def _exec_setup(self, pgconn: pq.abc.PGconn | None, text: str, session: str | None) -> None:
+        outcome = self._execute(pgconn, text, session)
         self.recorder.add(SetupRan("setup", session, outcome, self.recorder.now()))
         if outcome.error is not None:  # the run so far goes with the error: isolationtester prints it
             where = f"setup of session {session}" if session else "setup"
             raise setup_failed(where, outcome, self.scenario.source, self.scenario.setup_line)
 
-    def _exec_teardown(self, pgconn: pq.abc.PGconn, text: str, session: str | None) -> None:
-        outcome = self.sql.execute(pgconn, text, self._where(session))
+    def _exec_teardown(self, pgconn: pq.abc.PGconn | None, text: str, session: str | None) -> None:
+        outcome = self._execute(pgconn, text, session)
         self.recorder.add(SetupRan("teardown", session, outcome, self.recorder.now()))
 
     def _run_checks(self) -> None:
         for index, check in enumerate(self.scenario.checks):
-            text = shown = substitute(check.sql, self.scheduler.values(None), self.control)
-            outcome = self.sql.execute(self.control.pgconn, text)
+            text = shown = substitute(check.sql, self.scheduler.values(None), self._live_control())
+            outcome = self._execute(None, text, None)
             if uses_facts(check.sql):
                 shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))

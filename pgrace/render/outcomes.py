@@ -52,6 +52,9 @@ def _space_line(exploration: Exploration) -> str:
     elif exploration.reduced and exploration.covers_all:
         runs = exploration.run_count
         text = f"all {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
+    elif exploration.reduced and exploration.complete and exploration.shard[1] > 1:  # a shard's share, covered
+        runs = exploration.run_count
+        text = f"{exploration.explored:,} of {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
     elif exploration.reduced:
         text = f"{exploration.run_count:,} runs of {space:,} {noun}, not all covered"
     elif exploration.explored == space:

@@ -89,7 +89,15 @@ def _try_pgrowlocks(dsn: str) -> bool:
     """Best effort: without the extension pgrace only loses its row-lock report."""
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pgrowlocks")
+            return _install_pgrowlocks(conn)
+    except psycopg.Error:
+        return False
+
+
+def _install_pgrowlocks(conn: psycopg.Connection[TupleRow]) -> bool:
+    """As :func:`_try_pgrowlocks`, on a superuser's connection to the database."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgrowlocks")
     except psycopg.Error:
         return False
     return True

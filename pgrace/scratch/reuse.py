@@ -12,12 +12,11 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from pgrace.errors import RunAborted
 from pgrace.scratch.connections import observer_conninfo
 from pgrace.scratch.databases import _connect, _create, _drop
 from pgrace.scratch.names import _END_SESSIONS_DEADLINE_S
 from pgrace.scratch.run import ScratchDatabase, scratch_database
-from pgrace.servers import ServerInfo, deferred_interrupts, scrub_secrets
+from pgrace.servers import ServerInfo, deferred_interrupts
 
 _USER_OBJECTS = " UNION ALL ".join(
     [
@@ -126,18 +125,7 @@ def scratch_database_with_schema(server: ServerInfo, hint: str, schema: str) -> 
     Run after run on one database (explore, code runs): :func:`schema_reset_sql` undoes what
     a run made, without a new database.
     """
-    with scratch_database(server, hint) as db:
-        try:
-            with psycopg.connect(db.dsn, autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-                conn.execute(
-                    sql.SQL("ALTER DATABASE {} SET search_path = {}, public").format(
-                        sql.Identifier(db.name), sql.Identifier(schema)
-                    )
-                )
-        except psycopg.OperationalError as exc:  # the server stopped between CREATE DATABASE and here
-            detail = scrub_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc), server.dsn)
-            raise RunAborted(f"the server went away during the run ({detail})") from exc
+    with scratch_database(server, hint, working_schema=schema) as db:
         if db.observer_dsn is None:
             yield db
         else:

@@ -14,7 +14,15 @@ from psycopg.rows import TupleRow
 from pgrace.errors import RunAborted, ServerUnavailable
 from pgrace.model.scenario import Scenario
 from pgrace.scratch.connections import _BACKENDS, observer_conninfo
-from pgrace.scratch.databases import NoCreateDb, _claim_new_name, _connect, _create, _drop, _try_pgrowlocks
+from pgrace.scratch.databases import (
+    NoCreateDb,
+    _claim_new_name,
+    _connect,
+    _create,
+    _drop,
+    _install_pgrowlocks,
+    _try_pgrowlocks,
+)
 from pgrace.scratch.names import _DROP_LOCK_TIMEOUT, is_scratch_name, scratch_name
 from pgrace.scratch.roles import _create_role, _create_watcher, _drop_role, watcher_of
 from pgrace.servers import ServerInfo, deferred_interrupts, scrub_secrets
@@ -53,6 +61,7 @@ def scratch_database(
     scenario: Scenario | None = None,
     database_name: str | None = None,
     with_pgrowlocks: bool = True,
+    working_schema: str | None = None,
 ) -> Iterator[ScratchDatabase]:
     """Create a fresh database, yield it, and always drop it (terminating its connections).
 
@@ -67,6 +76,9 @@ def scratch_database(
     other role, owner of the database; it is dropped with it. pgrowlocks is installed by the
     superuser. So scenario SQL cannot run programs, touch files, change the server's
     configuration or reach another run's database or sessions.
+
+    ``working_schema``: a schema made in the database by its owner, first on the database's
+    ``search_path`` (see :func:`pgrace.scratch.scratch_database_with_schema`).
     """
     admin = _connect(server)
     role: str | None = None
@@ -104,7 +116,7 @@ def scratch_database(
                 yield scratch
             return
         try:
-            has_pgrowlocks = with_pgrowlocks and _try_pgrowlocks(dsn)
+            has_pgrowlocks = _furnish(server, dsn, name, role, with_pgrowlocks, working_schema)
             if role is not None:
                 watcher = _create_watcher(admin, server, role)
             yield ScratchDatabase(
@@ -131,6 +143,28 @@ def scratch_database(
                 admin = _drop_role(admin, server, watcher_of(role), grants=False)
                 admin = _drop_role(admin, server, role)
         admin.close()
+
+
+def _furnish(
+    server: ServerInfo, dsn: str, name: str, role: str | None, with_pgrowlocks: bool, schema: str | None
+) -> bool:
+    """pgrowlocks (installed by the superuser) and the working schema (made by the database's owner),
+    on one connection: a connection costs as much as both. Returns whether pgrowlocks is there."""
+    if schema is None:
+        return with_pgrowlocks and _try_pgrowlocks(dsn)
+    make = sql.SQL("CREATE SCHEMA {0}; ALTER DATABASE {1} SET search_path = {0}, public").format(
+        sql.Identifier(schema), sql.Identifier(name)
+    )
+    if role is not None:  # the owner makes it, as its own connection would
+        make = sql.SQL("SET ROLE {0}; {1}; RESET ROLE").format(sql.Identifier(role), make)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            has_pgrowlocks = with_pgrowlocks and _install_pgrowlocks(conn)
+            conn.execute(make)
+    except psycopg.OperationalError as exc:  # the server stopped between CREATE DATABASE and here
+        detail = scrub_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc), server.dsn)
+        raise RunAborted(f"the server went away during the run ({detail})") from exc
+    return has_pgrowlocks
 
 
 _ROOM = """

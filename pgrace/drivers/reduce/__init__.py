@@ -60,7 +60,7 @@ opaque).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from pgrace.drivers.reduce.moves import Access, Move, Trace, dependent, moves_of
@@ -79,7 +79,9 @@ __all__ = [
     "Trace",
     "dependent",
     "executor",
+    "explore_part",
     "explore_reduced",
+    "explore_roots",
     "moves_of",
     "nature_of",
     "opaque_orders",
@@ -134,7 +136,137 @@ def explore_reduced(
 
     ``on_progress(runs, runs + known to be left)`` after each run.
     """
+    ((runs, complete),) = explore_roots(scenario, server, step_timeout, [()], on_observed, on_progress, max_runs)
+    return runs, complete
+
+
+def explore_roots(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    roots: Sequence[tuple[str, ...]],
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None] | None = None,
+    max_runs: int | None = None,
+) -> list[tuple[int, bool]]:
+    """The reduced search rooted at each prefix in turn, on one set of connections: (runs, complete) each.
+
+    ``complete``: every interleaving that begins with the root is covered (by a run of this
+    search, by the search of the prefix those interleavings do launch as when the root cannot
+    be launched as it is, or by an earlier-numbered root's, which the partition's other roots
+    must then cover). ``max_runs`` bounds the runs of all the roots; ``on_progress`` counts
+    them all, each root not begun as one run to come.
+    """
+    if not roots:
+        return []
+    taken = iter(range(len(roots)))
+    total = [0, 0]  # runs, roots searched
+
+    def progress(runs: int, known: int) -> None:
+        if on_progress is not None:
+            on_progress(total[0] + runs, total[0] + known + len(roots) - total[1] - 1)
+
+    def ran(runs: int) -> None:
+        total[0] += runs
+        total[1] += 1
+
+    done = _search_roots(
+        scenario, server, step_timeout, roots, lambda: next(taken, None), on_observed, progress, ran, max_runs
+    )
+    return [done.get(i, (0, False)) for i in range(len(roots))]
+
+
+def _search_roots(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    roots: Sequence[tuple[str, ...]],
+    take: Callable[[], int | None],
+    on_observed: Callable[[Observed], None],
+    on_progress: Callable[[int, int], None],
+    on_done: Callable[[int], int | None],
+    max_runs: int | None,
+    share: bool = True,
+) -> dict[int, tuple[int, bool]]:
+    """Search the roots ``take()`` hands out (by index, None: no more) until the runs reach ``max_runs``.
+
+    ``on_done(runs)`` after each root; it may return the runs all the searches have made so far.
+    ``share``: the moves one root's search saw spare the next ones runs; without, each root's
+    runs are the same whichever went before it (roots taken in any order).
+    """
+    done: dict[int, tuple[int, bool]] = {}
+    known: dict[tuple[tuple[str, ...], str], Move] = {}
+    total = 0
     with executor(scenario, server, step_timeout) as execute:
-        search = Search(scenario, execute, on_progress)
-        complete = search.run(lambda trace: on_observed(trace.observed), max_runs)
-    return search.runs, complete
+        while (max_runs is None or total < max_runs) and (i := take()) is not None:
+            search = Search(scenario, execute, on_progress, roots[i], known if share else {})
+            complete = search.run(
+                lambda trace: on_observed(trace.observed), None if max_runs is None else max_runs - total
+            )
+            done[i] = (search.runs, complete)
+            total = on_done(search.runs) or total + search.runs
+    return done
+
+
+class Claims:
+    """A file worker processes share, under a lock: the next root to take, and the runs made so far."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "w") as f:
+            f.write("0 0")
+
+    def _add(self, claimed: int, runs: int) -> tuple[int, int]:
+        import fcntl
+
+        with open(self.path, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # released as the file closes
+            taken, made = (int(n) for n in f.read().split())
+            f.seek(0)
+            f.truncate()
+            f.write(f"{taken + claimed} {made + runs}")
+        return taken, made + runs
+
+    def take(self) -> int:
+        return self._add(1, 0)[0]
+
+    def ran(self, runs: int) -> int:
+        return self._add(0, runs)[1]
+
+    def read(self) -> tuple[int, int]:
+        return self._add(0, 0)
+
+
+def explore_part(
+    scenario: Scenario,
+    server: ServerInfo,
+    step_timeout: float,
+    roots: list[tuple[str, ...]],
+    claims: Claims,
+    max_runs: int,
+) -> tuple[list[Observed], dict[int, tuple[int, bool]]]:
+    """A worker process's share of a reduced search: the roots it takes from ``claims`` as it gets free.
+
+    Module level, so it can be pickled; the runs are counted in ``claims`` as they end (the
+    parent's progress), and no root is taken once all the workers' runs reach ``max_runs``.
+    Which worker takes which root is chance: no root's search uses another's moves, so that
+    the runs, and the classes' counts, are the same from one exploration to the next.
+    """
+    observed: list[Observed] = []
+
+    def take() -> int | None:
+        i = claims.take()
+        return i if i < len(roots) else None
+
+    def observe(one: Observed) -> None:
+        observed.append(one)
+        claims.ran(1)
+
+    def nothing(runs: int, known: int) -> None:
+        pass
+
+    def made(runs: int) -> int:
+        return claims.read()[1]
+
+    done = _search_roots(scenario, server, step_timeout, roots, take, observe, nothing, made, max_runs, share=False)
+    return observed, done

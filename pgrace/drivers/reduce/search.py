@@ -1,4 +1,14 @@
-"""Source-set DPOR with sleep sets over whole real runs, one run at a time (depth first)."""
+"""Source-set DPOR with sleep sets over whole real runs, one run at a time (depth first).
+
+A search can be rooted at a prefix of launches: it then covers every execution that begins
+with that prefix, as DPOR from the state the prefix leaves (no sleep sets inherited, no
+backtracking inside the prefix). The executions that begin with each of a partition's
+prefixes are all of them: roots are how shards and worker processes split one search.
+Siblings are taken in number order, as one search would take them depth first: at each
+prefix of the root, a session that could have gone instead and comes first in the
+numbering is searched by another root, so it sleeps here while its next move commutes
+with the root's (that move is read from a run that took it, one run each when none has).
+"""
 
 from __future__ import annotations
 
@@ -36,6 +46,11 @@ class Search:
     """Source-set DPOR with sleep sets, one whole run at a time (depth first).
 
     ``execute(order)`` runs one interleaving (a tuple of step names) and returns its trace.
+    ``root``: the prefix every run begins with. When the server cannot launch it as it is
+    (a session still blocked when its step's turn comes), no execution begins with it:
+    those interleavings launch as some other prefix does, and the search ends at once,
+    having covered them (``elsewhere``). ``known``: the moves seen at prefixes shorter than
+    the root, by (prefix, session), shared by the searches of one partition's roots.
     """
 
     def __init__(
@@ -43,6 +58,8 @@ class Search:
         scenario: Scenario,
         execute: Callable[[tuple[str, ...]], Trace],
         on_progress: Callable[[int, int], None] | None = None,
+        root: tuple[str, ...] = (),
+        known: dict[tuple[tuple[str, ...], str], Move] | None = None,
     ) -> None:
         from pgrace.drivers.space import Space
 
@@ -55,20 +72,37 @@ class Search:
         self.diverged = 0
         self.cut = False  # stopped at max_runs
         self.chains = chains(scenario)
+        self.root = root
+        self.elsewhere = False  # the root cannot be launched as it is: its interleavings run as others
+        self.known = known if known is not None else {}
+        self.root_sleep: dict[str, Move] = {}
 
     def run(self, on_trace: Callable[[Trace], None], max_runs: int | None = None) -> bool:
         """Explore until no prefix has a session left to try (or ``max_runs``); True when all was covered."""
         path: tuple[str, ...] = ()
-        request: tuple[tuple[str, ...], int] | None = (self._continue((), None, set()), 0)
+        root = len(self.root)
+        request: tuple[tuple[str, ...], int] | None = (self._continue(self.root, None, set()), root)
         while request is not None:
             if max_runs is not None and self.runs >= max_runs:
                 self.cut = True
                 break
             order, depth = request
-            trace = self.execute(order)
-            self.runs += 1
-            on_trace(trace)
-            if trace.launched[: depth + 1] != order[: depth + 1]:
+            first = self.runs == 0
+            trace = self._execute(order, on_trace)
+            if first and root:
+                if trace.launched[:root] != self.root:
+                    if self._cannot_launch(trace):
+                        self.elsewhere = True
+                    else:
+                        self.diverged += 1
+                    break
+                sleepers = self._sleepers(trace, on_trace)
+                if sleepers is None:
+                    self.elsewhere = True
+                    break
+                self.root_sleep = sleepers
+            checked = depth if first and root else depth + 1  # the root's next step: any that went
+            if trace.launched[:checked] != order[:checked]:
                 self.diverged += 1  # the server did not do what it did before: no claim about this branch
             else:
                 path = self._insert(trace, depth)
@@ -77,10 +111,51 @@ class Search:
                 self.on_progress(self.runs, self.runs + self._left(path) + (request is not None))
         return self.diverged == 0 and not self.cut
 
+    def _execute(self, order: tuple[str, ...], on_trace: Callable[[Trace], None]) -> Trace:
+        trace = self.execute(order)
+        self.runs += 1
+        on_trace(trace)
+        for k in range(min(len(self.root), len(trace.moves))):
+            self.known.setdefault((trace.launched[:k], trace.moves[k].session), trace.moves[k])
+        return trace
+
+    def _sleepers(self, first: Trace, on_trace: Callable[[Trace], None]) -> dict[str, Move] | None:
+        """Who sleeps at the root: the sessions that could go instead of a root's step, numbered before
+        it (another root's), while their next move commutes with the root's moves after it. None: a
+        sleeper takes a step of the root, so every run of this root is equivalent to another root's."""
+        space = self.space
+        sleep: dict[str, Move] = {}
+        for k, name in enumerate(self.root):
+            prefix = self.root[:k]
+            at = tuple(sum(1 for n in prefix if space.where[n][0] == i) for i in range(len(space.chains)))
+            for i in space._eligible(at):
+                if i >= space.where[name][0]:
+                    break
+                session = self.scenario.step(space.chains[i][0]).session
+                if session not in first.enabled[k]:
+                    continue
+                if (prefix, session) not in self.known:  # a run that takes it there, to read its move
+                    self._execute(self._continue(prefix, session, set()), on_trace)
+                move = self.known.get((prefix, session))
+                if move is not None:  # else it went otherwise: it stays awake (sound, only slower)
+                    sleep[session] = move
+            if first.moves[k].session in sleep:
+                return None
+            sleep = {s: m for s, m in sleep.items() if not dependent(m, first.moves[k])}
+        return sleep
+
+    def _cannot_launch(self, trace: Trace) -> bool:
+        """Whether the root's first step not launched as asked for belonged to a session busy at its turn."""
+        launched = trace.launched
+        k = next((k for k, name in enumerate(self.root) if k >= len(launched) or launched[k] != name), 0)
+        if k >= len(launched):
+            return False  # the run ended inside the root (a session lost): claim nothing
+        return self.scenario.step(self.root[k]).session not in trace.enabled[k]
+
     def _left(self, path: tuple[str, ...]) -> int:
         """Sessions still to try at the prefixes of the path: a lower bound of the runs to come."""
         left = 0
-        for pos in range(len(path) + 1):
+        for pos in range(len(self.root), len(path) + 1):
             node = self.nodes.get(path[:pos])
             if node is not None:
                 left += len([s for s in node.backtrack if s not in node.explored and s not in node.sleep])
@@ -93,8 +168,8 @@ class Search:
         for pos in range(depth, len(names)):
             prefix = names[:pos]
             node = self.nodes.get(prefix)
-            if node is None and pos == 0:
-                node = self.nodes[prefix] = Node(trace.enabled[0], {})
+            if node is None and pos == len(self.root):
+                node = self.nodes[prefix] = Node(trace.enabled[pos], dict(self.root_sleep))
             elif node is None:
                 parent = self.nodes[names[: pos - 1]]
                 before = trace.moves[pos - 1]
@@ -102,16 +177,13 @@ class Search:
                 sleep = {s: m for s, m in inherited.items() if not dependent(m, before)}
                 node = self.nodes[prefix] = Node(trace.enabled[pos], sleep)
             move = trace.moves[pos]
-            if pos > depth:
+            if pos > depth or not node.explored:  # (the root's first run may begin with a sleeper)
                 if move.session in node.asleep(move.session) or move.session in node.explored:
                     kept = pos  # a sleeping session went on: what follows is covered elsewhere
                     free = [s for s in sorted(node.enabled) if s not in node.asleep() and s not in node.explored]
                     if free and not set(free) & set(node.backtrack):
                         node.backtrack.append(free[0])
                     break
-                node.explored.append(move.session)
-                node.backtrack.append(move.session)
-            elif move.session not in node.explored:  # the first run's first step
                 node.explored.append(move.session)
                 node.backtrack.append(move.session)
             node.next_move.setdefault(move.session, move)
@@ -143,7 +215,9 @@ class Search:
                     continue  # not an immediate race: something between orders them
                 later = [k for k in range(i + 1, j) if i not in before[k]] + [j]
                 initials = {moves[k].session for k in later if not (before[k] & set(later))}
-                node = self.nodes[names[:i]]
+                node = self.nodes.get(names[:i])
+                if node is None:
+                    continue  # a backtrack point inside the root: those executions begin otherwise
                 if initials & (set(node.backtrack) | set(node.explored)):
                     continue
                 possible = sorted(initials & node.enabled)
@@ -154,7 +228,7 @@ class Search:
 
     def _next(self, path: tuple[str, ...]) -> tuple[tuple[str, ...], int] | None:
         """The deepest prefix of the last path with a session left to try: run it next."""
-        for pos in range(len(path), -1, -1):
+        for pos in range(len(path), len(self.root) - 1, -1):
             prefix = path[:pos]
             node = self.nodes.get(prefix)
             if node is None:
