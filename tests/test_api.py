@@ -93,13 +93,16 @@ def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server:
 def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     scenario = pgrace.load_scenario("lost-update")
     whole = pgrace.explore(scenario, server=pgrace_server, reduce=False)
-    shards = []
-    for k in (1, 2):
-        part = pgrace.explore(scenario, server=pgrace_server, shard=(k, 2))
-        shards.append(tmp_path / f"{k}.json")
-        shards[-1].write_text(formats.render("explore", "json", part), encoding="utf-8")
-    merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards)
-    assert merged.exploration.to_dict() == whole.exploration.to_dict()
+    for reduce in (False, True):
+        shards = []
+        for k in (1, 2):
+            part = pgrace.explore(scenario, server=pgrace_server, shard=(k, 2), reduce=reduce)
+            shards.append(tmp_path / f"{k}.json")
+            shards[-1].write_text(formats.render("explore", "json", part), encoding="utf-8")
+        merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards).exploration
+        if not reduce:  # every interleaving run once, by one shard or the other
+            assert merged.to_dict() == whole.exploration.to_dict()
+        assert merged.covers_all and sorted(c.key for c in merged.classes) == sorted(c.key for c in whole.classes)
 
 
 def test_sweep_returns_one_grid_per_scenario(pgrace_server: ServerInfo) -> None:

@@ -11,17 +11,27 @@ says pgrace cancelled it. PQexec's semantics: only the last result of a block is
 from __future__ import annotations
 
 import dataclasses
+import re
 import select
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
 
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import first_line, result_error
-from pgrace.errors import RunAborted, StepsStuck
+from pgrace.errors import RunAborted, ScenarioError, StepsStuck
 from pgrace.model.timeline import Outcome
+
+CONTROL = "pgrace's control connection"
+# What a setup leaves on its connection beyond the data: lost with the control connection.
+SESSION_STATE = re.compile(
+    r"(^|;)\s*(SET|RESET|PREPARE|LISTEN|DECLARE)\b|\b(set_config|TEMP|TEMPORARY|pg_advisory_lock\w*)\b", re.IGNORECASE
+)
+T = TypeVar("T")
 
 
 def _aborted(where: str, detail: str) -> Exception:
@@ -141,3 +151,58 @@ class ControlSql:
         if outcome.error is not None:
             raise RunAborted(f"{where}: {outcome.error.severity}:  {outcome.error.message}")
         return outcome
+
+
+class ControlLost(RunAborted):
+    """The control connection alone was lost (the server is up): it can be opened again."""
+
+
+class ControlLink:
+    """pgrace's control connection, opened again when a step ended it.
+
+    It runs as the scenario's role, so a step can end it (``pg_terminate_backend`` over
+    ``pg_stat_activity``). It holds nothing of the scenario's: what the setup ran on it is
+    done. Settings the setup made would go with it, so a setup that makes any (SET,
+    set_config, a temporary table, a session advisory lock) stops the run instead, saying why.
+    ``on_new`` hears of each new connection (a crash step terminates sessions from it).
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        connect: Callable[[], psycopg.Connection[Any]],
+        setup: Sequence[str],
+        source: str,
+    ) -> None:
+        self.conn = conn
+        self._connect = connect
+        self._keeps_settings = any(SESSION_STATE.search(text) for text in setup)
+        self._source = source
+        self.on_new: Callable[[psycopg.Connection[Any]], None] = lambda conn: None
+
+    def live(self) -> psycopg.Connection[Any]:
+        """The connection, opened again if it was ended since its last use."""
+        pgconn = self.conn.pgconn
+        with suppress(psycopg.Error):  # a closed socket: the status below says so
+            pgconn.consume_input()
+        if pgconn.status == pq.ConnStatus.OK:
+            return self.conn
+        return self.reopen(pgconn.error_message.decode(errors="replace"))
+
+    def reopen(self, why: str) -> psycopg.Connection[Any]:
+        if self._keeps_settings:
+            raise ScenarioError(
+                f"a step ended pgrace's control connection ({first_line(why) or 'terminated'}), and the setup's"
+                " session settings went with it; leave the connections named 'pgrace/.../control connection' alone",
+                self._source,
+            )
+        self.conn = self._connect()
+        self.on_new(self.conn)
+        return self.conn
+
+    def call(self, send: Callable[[pq.abc.PGconn], T]) -> T:
+        """``send`` on the live connection; once more on a new one if it turns out lost meanwhile."""
+        try:
+            return send(self.live().pgconn)
+        except ControlLost as lost:
+            return send(self.reopen(str(lost)).pgconn)

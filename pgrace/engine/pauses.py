@@ -47,6 +47,10 @@ class Pauses:
         self.aborted = aborted
         self.crashes: set[int] = set()  # the seqs of crash steps
 
+    def use_control(self, control: psycopg.Connection[Any]) -> None:
+        """The control connection was opened again (a step had ended it)."""
+        self.control = control
+
     def sleep(self, seconds: float) -> None:
         """A deliberate pause: the schedule stands still while the other sessions are still watched.
 

@@ -16,16 +16,14 @@ The runner records events into a :class:`~pgrace.model.timeline.Run` and never p
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from contextlib import ExitStack, suppress
-from typing import Any, TypeVar
+from contextlib import ExitStack
+from typing import Any
 
 import psycopg
 from psycopg import pq
 
 from pgrace import scratch
-from pgrace.engine.control import ControlSql
+from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql
 from pgrace.engine.libpq import LibpqSession
 from pgrace.engine.observe.locks import LockInspector
 from pgrace.engine.options import RunOptions as RunOptions  # its options, where its callers look
@@ -41,18 +39,6 @@ from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run
 from pgrace.model.variables import substitute
 
 # The pg_regress environment that upstream isolation specs assume.
-CONTROL = "pgrace's control connection"
-# What a setup leaves on its connection beyond the data: lost with the control connection.
-SESSION_STATE = re.compile(
-    r"(^|;)\s*(SET|RESET|PREPARE|LISTEN|DECLARE)\b|\b(set_config|TEMP|TEMPORARY|pg_advisory_lock\w*)\b", re.IGNORECASE
-)
-T = TypeVar("T")
-
-
-class _ControlLost(RunAborted):
-    """The control connection alone was lost (the server is up): it can be opened again."""
-
-
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
 
 
@@ -117,7 +103,14 @@ class Runner:
     def __enter__(self) -> Runner:
         self.stack.__enter__()
         try:
-            self.control, *conns, self.observer = self._connect_all()
+            control, *conns, self.observer = self._connect_all()
+            prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+            self.control = ControlLink(
+                control,
+                lambda: self._connect(f"{prefix}/control connection", tester=True),
+                self.scenario.setup,
+                self.scenario.source,
+            )
             for session, conn in zip(self.scenario.sessions, conns, strict=True):
                 self.sessions[session.name] = LibpqSession(session.name, conn, self.recorder)
             self.observer.execute("SET lock_timeout = '200ms'")
@@ -131,10 +124,12 @@ class Runner:
             raise
         self.book = StepBook(self.recorder, self.inspector, self.options.step_timeout)
         self.scheduler = Scheduler(
-            self.scenario, self.run, self.options, self.sessions, self.inspector, self.book, self.control, self._aborted
+            self.scenario, self.run, self.options, self.sessions, self.inspector, self.book, control, self._aborted
         )
         self.sql = ControlSql(self.options.step_timeout, idle=self.scheduler.idle, aborted=self._aborted)
         self.sql.stuck = self.scheduler.stuck
+        if (pauses := self.scheduler.pauses) is not None:
+            self.control.on_new = pauses.use_control
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -203,44 +198,8 @@ class Runner:
         except psycopg.Error:
             return RunAborted(f"the server went away during the run ({detail})")
         if connection == CONTROL:
-            return _ControlLost(f"{connection} was lost during the run ({detail})")
+            return ControlLost(f"{connection} was lost during the run ({detail})")
         return RunAborted(f"{connection} was lost during the run ({detail})")
-
-    def _live_control(self) -> psycopg.Connection[Any]:
-        """The control connection, opened again if a step ended it since its last use.
-
-        Its setup SQL ran and is done; settings it made would go with it, so a setup that
-        makes any (SET, set_config, a temporary table, a session advisory lock) stops the run
-        instead, saying why.
-        """
-        pgconn = self.control.pgconn
-        with suppress(psycopg.Error):  # a closed socket: the status below says so
-            pgconn.consume_input()
-        if pgconn.status == pq.ConnStatus.OK:
-            return self.control
-        return self._reopen_control(pgconn.error_message.decode(errors="replace"))
-
-    def _reopen_control(self, why: str) -> psycopg.Connection[Any]:
-        if any(SESSION_STATE.search(text) for text in self.scenario.setup):
-            from pgrace.errors import ScenarioError
-
-            raise ScenarioError(
-                f"a step ended pgrace's control connection ({first_line(why) or 'terminated'}), and the setup's"
-                " session settings went with it; leave the connections named 'pgrace/.../control connection' alone",
-                self.scenario.source,
-            )
-        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
-        self.control = self._connect(f"{prefix}/control connection", tester=True)
-        if self.scheduler.pauses is not None:
-            self.scheduler.pauses.control = self.control
-        return self.control
-
-    def _on_control(self, send: Callable[[pq.abc.PGconn], T]) -> T:
-        """``send`` on the live control connection; once more on a new one if it turns out lost meanwhile."""
-        try:
-            return send(self._live_control().pgconn)
-        except _ControlLost as lost:
-            return send(self._reopen_control(str(lost)).pgconn)
 
     def _reconnect(self, session: LibpqSession) -> None:
         """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
@@ -349,7 +308,7 @@ class Runner:
             jobs = [(self.sessions[name].pgconn, text, self._where(name)) for name, text in batch]
             last = not any(pending.values())
             if last and teardowns:  # the sessions hold no locks now: the teardown goes along
-                jobs.append((self._live_control().pgconn, teardowns[0], self._where(None)))
+                jobs.append((self.control.live().pgconn, teardowns[0], self._where(None)))
             outcomes = self.sql.execute_all(jobs)
             for (name, _), outcome in zip(batch, outcomes, strict=False):
                 done[name].append(outcome)
@@ -379,7 +338,7 @@ class Runner:
     def _execute(self, pgconn: pq.abc.PGconn | None, text: str, session: str | None) -> Outcome:
         """``text`` on a session's connection, or on the control connection (``pgconn`` None)."""
         if pgconn is None:
-            return self._on_control(lambda control: self.sql.execute(control, text, self._where(None)))
+            return self.control.call(lambda control: self.sql.execute(control, text, CONTROL))
         return self.sql.execute(pgconn, text, self._where(session))
 
     def _exec_setup(self, pgconn: pq.abc.PGconn | None, text: str, session: str | None) -> None:
@@ -395,10 +354,10 @@ class Runner:
 
     def _run_checks(self) -> None:
         for index, check in enumerate(self.scenario.checks):
-            text = shown = substitute(check.sql, self.scheduler.values(None), self._live_control())
+            text = shown = substitute(check.sql, self.scheduler.values(None), self.control.live())
             outcome = self._execute(None, text, None)
             if uses_facts(check.sql):
-                shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control)
+                shown = substitute(check.sql, self.scheduler.values(None, facts=False), self.control.conn)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
 
