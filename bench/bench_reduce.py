@@ -1,9 +1,10 @@
 """Explore's partial-order reduction: runs and seconds, reduced against every interleaving.
 
-For every shipped scenario (both variants), the hard ones in tests/explore/hard/ and the
-two shapes of the acceptance (three withdrawals: 3 sessions x 4 steps; two independent
-lost updates: 4 x 4), runs the reduced search and, where the space is at most MAX_WHOLE,
-the exhaustive one, and says whether their outcome classes are the same (they must be).
+For every shipped scenario (both variants), the hard ones in tests/explore/hard/, the rows
+ones in tests/explore/rows/ and the two shapes of the acceptance (three withdrawals: 3
+sessions x 4 steps; two independent lost updates: 4 x 4), runs the reduced search and,
+where the space is at most MAX_WHOLE, the exhaustive one, and says whether their outcome
+classes are the same (they must be).
 
     python bench/bench_reduce.py [MAX_WHOLE]      # default 40,000: includes the 34,650 (about 6 min)
 """
@@ -26,6 +27,7 @@ def main() -> None:
     files = [
         *sorted((ROOT / "scenarios").glob("*.toml")),
         *sorted((ROOT / "tests" / "explore" / "hard").glob("*.toml")),
+        *sorted((ROOT / "tests" / "explore" / "rows").glob("*.toml")),
     ]
     files += [
         ROOT / "tests" / "explore" / "three-withdrawals.toml",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import pq
 
+from pgrace.engine.observe.footprints import footprints
 from pgrace.engine.observe.locks import LockSnapshot
 from pgrace.engine.observe.releases import ReleaseTracker
 from pgrace.model.scenario import PermutationStep, Step
@@ -160,10 +161,8 @@ class StepBook:
         self.recorder.add(StepFinished(seq, outcome, self.recorder.now(), after_wait=after_wait, release=release))
 
     def observe_footprints(self, live: dict[int, tuple[str, bool]]) -> None:
-        """Every lock the sessions (pid: name, busy) hold, and who keeps a snapshot: which steps commute."""
-        entries: dict[int, set[str]] = {pid: set() for pid in live}
-        for pid, entry in self.inspector.observer.execute(FOOTPRINT_QUERY, {"pids": list(live)}).fetchall():
-            entries[pid].add(entry)
+        """Every lock the sessions (pid: name, busy) hold, their rows, and who keeps a snapshot: which steps commute."""
+        entries = footprints(self.inspector.observer, list(live))
         held = tuple((name, busy, frozenset(entries[pid])) for pid, (name, busy) in live.items())
         self.recorder.add(FootprintObserved(self.seq, held, self.recorder.now()))
 
@@ -172,18 +171,3 @@ class StepBook:
         snapshot = self.inspector.row_locks() if row_locks else LockSnapshot(None, ())
         others = self.inspector.other_locks()
         self.recorder.add(LocksObserved(seq, snapshot.locks, self.recorder.now(), snapshot.skipped, others))
-
-
-FOOTPRINT_QUERY = """
-SELECT l.pid, format('%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s', l.locktype, l.database,
-       CASE WHEN l.relation IS NULL THEN NULL WHEN c.oid IS NULL THEN '?'
-            ELSE format('%%I.%%I', n.nspname, c.relname) END,
-       l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, CASE WHEN l.granted THEN 't' ELSE 'f' END)
-FROM pg_locks l
-LEFT JOIN pg_class c ON c.oid = l.relation
-LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE l.pid = ANY(%(pids)s) AND l.locktype <> 'transactionid'
-UNION ALL
-SELECT pid, 'snapshot' FROM pg_stat_activity
-WHERE pid = ANY(%(pids)s) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%%'
-"""

@@ -370,9 +370,11 @@ class FootprintObserved:
     """What every session held just after step ``after_seq`` was launched and settled, for explore's reduction.
 
     ``held`` is one ``(session, busy, entries)`` per connected session; an entry is
-    ``locktype|database|relation|classid|objid|objsubid|virtualxid|mode|granted``, and
-    ``snapshot`` when the idle session keeps a transaction snapshot (REPEATABLE READ or
-    SERIALIZABLE after its first statement, or an open cursor).
+    ``locktype|database|relation|classid|objid|objsubid|virtualxid|mode|granted|relkind``
+    (an index's lock as its table's), ``snapshot`` when the idle session keeps a
+    transaction snapshot (REPEATABLE READ or SERIALIZABLE after its first statement, or an
+    open cursor), ``rows|table`` when every row of the table its transaction locked or
+    changed is named, each by ``row|["table", "FOR ... strength", "(primary key)"]``.
     """
 
     after_seq: int

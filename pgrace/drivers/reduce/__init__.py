@@ -5,12 +5,14 @@ same state and gives each the same result; interleavings that differ only by swa
 commuting neighbours are one execution. The search is source-set DPOR with sleep sets
 (Abdulla, Aronis, Jonsson, Sagonas, "Optimal dynamic partial order reduction", POPL 2014,
 algorithm 1; Flanagan and Godefroid 2005) over real runs: each run is one interleaving,
-and what every session held after each step (``pg_locks``, and whether it keeps a
-snapshot) says which of its steps depend on which; the races between dependent steps
-decide which prefixes must be run on with another session's step next.
+and what every session held after each step (``pg_locks``, whether it keeps a snapshot,
+and the rows its transaction locked or changed, from ``pgrowlocks``, each named by its
+primary key so that runs compare) says which of its steps depend on which; the races
+between dependent steps decide which prefixes must be run on with another session's step
+next.
 
-The dependence relation is deliberately coarse and errs one way only: two steps of
-different sessions are *dependent* when
+The dependence relation errs one way only: two steps of different sessions are
+*dependent* when
 
 * either one is *opaque*: a sleep or crash step, SQL that reads the clock, chance, the
   server's own state (``pg_*`` functions and views but advisory locks, ``txid_*``, system
@@ -18,25 +20,41 @@ different sessions are *dependent* when
   control (DDL, ``DO``, ``CALL``, ``PREPARE TRANSACTION`` ...), that pglast cannot parse,
   that failed, that ran a transaction of its own (autocommit: its locks are gone before
   they can be read), that began and ended transactions in one step, that never finished,
-  or that ended a transaction when the scenario defers constraints or triggers, or when
-  the transaction kept a snapshot (REPEATABLE READ, SERIALIZABLE);
+  or that ended a transaction (or rolled back to a savepoint) when the scenario defers
+  constraints or triggers, or when the transaction kept a snapshot (REPEATABLE READ,
+  SERIALIZABLE);
 * both run in transactions that keep a snapshot (REPEATABLE READ, SERIALIZABLE:
   serialization failures are decided by the order of all their steps);
 * one ends a transaction or releases a lock (COMMIT, ROLLBACK, ROLLBACK TO SAVEPOINT,
   an advisory unlock) and the other takes a snapshot, or touches anything the ending
   transaction held;
-* they touch a common relation (tables, indexes and sequences alike, by OID), advisory
-  key or object, and one of them more than reads it (any lock stronger than
-  AccessShareLock: a write, FOR UPDATE/SHARE, a foreign key's check, DDL).
+* they touch a common advisory key, object, or relation other than a table (a sequence,
+  a view, a TOAST table ...), and one of them more than reads it;
+* they touch a common table (plain or partitioned; an index counts as its table) and
+  their table locks conflict by the eight-mode table (LOCK TABLE, a write against a
+  SHARE lock ...), or both lock or write rows of it (an INSERT too) and a row of one
+  conflicts with a row of the other by the row-lock table (FOR KEY SHARE, FOR SHARE, FOR
+  NO KEY UPDATE, FOR UPDATE; an UPDATE takes one of the last two, a DELETE FOR UPDATE, a
+  foreign key's check FOR KEY SHARE on the parent). A plain read and another open
+  transaction's change commute: neither order lets the read see it; what orders them is
+  the writer's COMMIT or ROLLBACK, dependent on both. Rows inserted by the transaction
+  are not in its rows: no one else sees them, and a clash of keys shows as a wait.
 
-What a step touches is every lock its session holds after it, before it and, when it
-waited, while it waited: a transaction's locks only grow until it ends, so earlier
-steps' relations count again (coarse, never short). A step during which a waiting step
-went on carries the waiter's footprint too, and the waiter's session's next step can only
-come after it (the wait's release enables it; a step using another session's capture
-likewise comes after the step that captured it). Rows are not told apart: two sessions
-working on different rows of one table are dependent. The interleavings of a scenario
-whose final checks read system columns or the clock are all run (every step opaque).
+A step's rows are every row of the table (dependent on every other step that locks or
+writes rows of it) when they cannot all be named (no primary key, a row version the
+observer cannot see, ``pgrowlocks`` missing, a table under ACCESS EXCLUSIVE), and for
+SKIP LOCKED, NOWAIT, ON CONFLICT and MERGE: their result hangs on rows they examined and
+may leave alone. A step that waited falls back to the relation-level rule on every table
+it touched (the conflict the run's order hit need not be a row: two inserts of one key).
+
+What a step touches is every lock and row its session holds after it, before it and,
+when it waited, while it waited: a transaction's locks only grow until it ends, so
+earlier steps' relations and rows count again (coarse, never short). A step during which
+a waiting step went on carries the waiter's footprint too, and the waiter's session's
+next step can only come after it (the wait's release enables it; a step using another
+session's capture likewise comes after the step that captured it). The interleavings of
+a scenario whose final checks read system columns or the clock are all run (every step
+opaque).
 """
 
 from __future__ import annotations
@@ -45,7 +63,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
-from pgrace.drivers.reduce.moves import Move, Trace, dependent, moves_of
+from pgrace.drivers.reduce.moves import Access, Move, Trace, dependent, moves_of
 from pgrace.drivers.reduce.nature import Nature, nature_of, opaque_orders
 from pgrace.drivers.reduce.search import ChoiceSearch, Search
 from pgrace.model.outcomes import Observed, classify
@@ -54,6 +72,7 @@ from pgrace.model.timeline import PermutationStarted, Run, StepFinished, StepLau
 from pgrace.servers import ServerInfo
 
 __all__ = [
+    "Access",
     "ChoiceSearch",
     "Move",
     "Nature",

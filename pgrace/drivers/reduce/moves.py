@@ -1,26 +1,68 @@
-"""One run's launches as moves: what each step touched, per ``pg_locks``, and which moves depend on which."""
+"""One run's launches as moves: what each step touched (``pg_locks``, rows), and which moves depend on which."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pgrace.drivers.reduce.nature import CHECK_OPAQUE, Nature
+from pgrace.engine.observe.footprints import ROW_ACTING
+from pgrace.engine.observe.locks.conflicts import CONFLICTS, ROW_CONFLICTS
 from pgrace.model.outcomes import Observed, classify
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import FootprintObserved, Run, StepFinished, StepLaunched
 
-__all__ = ["Move", "Trace", "chains", "dependent", "moves_of"]
+__all__ = ["Access", "Move", "Trace", "chains", "dependent", "moves_of"]
+
+
+@dataclass(frozen=True)
+class Access:
+    """What a move did to one resource (a relation, an advisory key, an object).
+
+    ``fine``: a table whose rows are told apart (a plain or partitioned one, read without a
+    wait); then ``modes`` (its table locks, held or awaited) conflict by the eight-mode
+    table and ``rows`` ((primary key, row-lock strength) its transaction locked or changed,
+    None: which is unknown) by the row-lock table. Otherwise ``writes`` (more than a read)
+    is all there is.
+    """
+
+    writes: bool
+    fine: bool = False
+    modes: frozenset[str] = frozenset()
+    rows: frozenset[tuple[str, str]] | None = frozenset()
+
+    def merged(self, other: Access) -> Access:
+        rows = None if self.rows is None or other.rows is None else self.rows | other.rows
+        return Access(self.writes or other.writes, self.fine and other.fine, self.modes | other.modes, rows)
+
+    @property
+    def acts_on_rows(self) -> bool:
+        """Locks or writes rows (an insert too): its rows then matter to another's."""
+        return bool(self.modes & ROW_ACTING) or self.rows is None or bool(self.rows)
+
+
+def _conflict(a: Access, b: Access) -> bool:
+    if not (a.fine and b.fine):
+        return a.writes or b.writes
+    if any(held in CONFLICTS[wanted] for wanted in a.modes for held in b.modes):
+        return True
+    if not (a.acts_on_rows and b.acts_on_rows):
+        return False  # a plain read, and another open transaction's change it cannot see in either order
+    if a.rows is None or b.rows is None:
+        return True
+    theirs = dict(b.rows)
+    return any(key in theirs and theirs[key] in ROW_CONFLICTS[mode] for key, mode in a.rows)
 
 
 @dataclass(frozen=True)
 class Move:
-    """One launched step with what it touched: ``access`` maps a resource to whether it more than read it."""
+    """One launched step with what it touched, resource by resource."""
 
     name: str
     session: str
-    access: Mapping[tuple[str, ...], bool]
+    access: Mapping[tuple[str, ...], Access]
     opaque: bool
     releases: bool = False
     snapshot: bool = False  # took its transaction's snapshot (REPEATABLE READ, SERIALIZABLE)
@@ -29,7 +71,7 @@ class Move:
 
 
 def dependent(a: Move, b: Move) -> bool:
-    """Whether the order of two steps may matter (see the module's docstring)."""
+    """Whether the order of two steps may matter (see the package's docstring)."""
     if a.session == b.session or a.opaque or b.opaque:
         return True
     if a.isolated and b.isolated:
@@ -39,16 +81,23 @@ def dependent(a: Move, b: Move) -> bool:
     common = a.access.keys() & b.access.keys()
     if not common:
         return False
-    return a.releases or b.releases or any(a.access[k] or b.access[k] for k in common)
+    return a.releases or b.releases or any(_conflict(a.access[k], b.access[k]) for k in common)
 
 
-def _resources(entries: frozenset[str]) -> dict[tuple[str, ...], bool]:
-    """pg_locks entries as resources: a relation, an advisory key, an object; True for more than a read."""
-    out: dict[tuple[str, ...], bool] = {}
+def _resources(entries: frozenset[str]) -> dict[tuple[str, ...], Access]:
+    """One reading's entries (see :class:`~pgrace.model.timeline.FootprintObserved`) as resources."""
+    out: dict[tuple[str, ...], Access] = {}
+    named = {e[5:] for e in entries if e.startswith("rows|")}
+    rows: dict[str, set[tuple[str, str]]] = {}
     for entry in entries:
-        if entry == "snapshot":
+        if entry.startswith("row|"):
+            table, strength, row = json.loads(entry[4:])
+            rows.setdefault(table, set()).add((row, strength))
+    for entry in entries:
+        if entry == "snapshot" or entry.startswith(("rows|", "row|")):
             continue
-        locktype, database, relation, classid, objid, objsubid, _vxid, mode, granted = (entry.split("|") + [""] * 9)[:9]
+        fields = (entry.split("|") + [""] * 10)[:10]
+        locktype, database, relation, classid, objid, objsubid, _vxid, mode, granted, relkind = fields
         if locktype == "virtualxid" or mode == "SIReadLock":
             continue
         if relation and relation != "?":
@@ -58,8 +107,45 @@ def _resources(entries: frozenset[str]) -> dict[tuple[str, ...], bool]:
         else:  # a relation not committed yet, an object: no name that stays the same from run to run
             key = UNSTABLE
         writes = not (locktype == "relation" and mode == "AccessShareLock" and granted == "t")
-        out[key] = out.get(key, False) or writes
+        access = Access(writes)
+        if locktype == "relation" and relkind == "p":  # its rows live in its partitions, locked too
+            access = Access(writes, True, frozenset({mode}))
+        elif locktype == "relation" and relkind == "r":
+            acting = mode in ROW_ACTING
+            known = frozenset(rows.get(relation, ())) if relation in named or not acting else None
+            access = Access(writes, True, frozenset({mode}), known)
+        out[key] = out[key].merged(access) if key in out else access
     return out
+
+
+def _merge(*readings: Mapping[tuple[str, ...], Access]) -> dict[tuple[str, ...], Access]:
+    out: dict[tuple[str, ...], Access] = {}
+    for reading in readings:
+        for key, access in reading.items():
+            out[key] = out[key].merged(access) if key in out else access
+    return out
+
+
+def _coarse(access: Mapping[tuple[str, ...], Access]) -> dict[tuple[str, ...], Access]:
+    """The relation-level rule for every resource (a wait: the conflict it hit need not show as rows)."""
+    return {key: Access(a.writes) for key, a in access.items()}
+
+
+def _probing(access: Mapping[tuple[str, ...], Access]) -> dict[tuple[str, ...], Access]:
+    """Every row of the tables it locks or writes: what it examined but left decides its result."""
+    return {key: dataclasses.replace(a, rows=None) if a.acts_on_rows else a for key, a in access.items()}
+
+
+def _awaits(entries: frozenset[str]) -> bool:
+    """A lock asked for and not granted yet."""
+    return any(e.split("|")[8:9] == ["f"] for e in entries if not e.startswith("row"))
+
+
+def _shrank(before: Access, after: Access | None) -> bool:
+    """Rows its transaction held before and not after: a savepoint's rollback gave them back."""
+    if not before.rows or after is None or after.rows is None:
+        return False
+    return not before.rows <= after.rows
 
 
 UNSTABLE = ("unstable",)  # a resource named by an OID a later run's setup gives to something else
@@ -112,12 +198,8 @@ def moves_of(
                 return per[session]
         return None
 
-    def during(session: str, first: int, last: int) -> frozenset[str]:
-        found: set[str] = set()
-        for count, per in readings:
-            if first <= count <= last and session in per:
-                found |= per[session][1]
-        return frozenset(found)
+    def during(session: str, first: int, last: int) -> list[frozenset[str]]:
+        return [per[session][1] for count, per in readings if first <= count <= last and session in per]
 
     scenario_defers = "deferr" in " ".join((*scenario.setup, *(s.sql for s in scenario.steps))).lower()
     all_opaque = any(CHECK_OPAQUE.search(c.sql) for c in scenario.checks)
@@ -128,12 +210,21 @@ def moves_of(
         before = before_reading[1] if before_reading else frozenset()
         after_reading = held(session, end + 1)
         after = after_reading[1] if after_reading else frozenset()
-        touched = before | after | during(session, i + 1, end + 1)
-        access = _resources(touched)
+        between = during(session, i + 1, end + 1)
+        was_before, is_after = _resources(before), _resources(after)
+        access = _merge(was_before, is_after, *(_resources(r) for r in between))
         nature = natures.get(name, Nature(True, False, False))
+        waited = (seq in finished and finished[seq][1]) or any(_awaits(r) for r in between)
+        if waited:
+            access = _coarse(access)
+        elif nature.probes:
+            access = _probing(access)
         vx_before, vx_after = _vxid(before), _vxid(after)
-        releases = bool(_resources(before).keys() - _resources(after).keys()) or (
-            vx_before is not None and vx_before != vx_after
+        releases = (
+            bool(was_before.keys() - is_after.keys())
+            or (vx_before is not None and vx_before != vx_after)
+            or nature.rolls_back
+            or any(_shrank(a, is_after.get(k)) for k, a in was_before.items())
         )
         isolated = _isolated(before) or _isolated(after)
         opaque = (
@@ -162,10 +253,7 @@ def moves_of(
     for i, move in enumerate(own):
         waiters = [own[j] for j, (seq, _, _) in enumerate(launches) if j != i and done_at[seq] == i]
         if waiters:  # steps that went on during this one: their footprint is this step's too
-            access = dict(move.access)
-            for waiter in waiters:
-                for key, writes in waiter.access.items():
-                    access[key] = access.get(key, False) or writes
+            access = _merge(move.access, *(w.access for w in waiters))
             move = dataclasses.replace(
                 move,
                 access=access,

@@ -41,6 +41,8 @@ class Nature:
     opaque: bool  # dependent on everything, whatever the server shows
     local: bool  # only settings: nothing another session can see
     single_transaction_statement: bool  # one COMMIT, ROLLBACK ... (AND CHAIN may end and begin)
+    probes: bool = False  # its result hangs on rows it examined but need not lock (SKIP LOCKED, ON CONFLICT ...)
+    rolls_back: bool = False  # ROLLBACK TO SAVEPOINT: undoes writes and row locks of the transaction's own
 
 
 def nature_of(step: Step, scenario: Scenario) -> Nature:
@@ -70,7 +72,14 @@ def nature_of(step: Step, scenario: Scenario) -> Nature:
                 return Nature(True, False, False)
         elif kind not in PLAIN_STATEMENTS and kind not in LOCAL_STATEMENTS:
             return Nature(True, False, False)
-    return Nature(False, False, len(statements) == 1 and kinds[0] == "TransactionStmt")
+    single = len(statements) == 1 and kinds[0] == "TransactionStmt"
+    return Nature(False, False, single, bool(PROBES.search(text)), bool(ROLLS_BACK.search(text)))
+
+
+# A statement whose result another session's uncommitted row change decides without a wait
+# or a lock of its own showing it: a skipped or refused row, a conflict done nothing about.
+PROBES = re.compile(r"\b(SKIP\s+LOCKED|NOWAIT|ON\s+CONFLICT|MERGE)\b", re.IGNORECASE)
+ROLLS_BACK = re.compile(r"\bROLLBACK\s+((WORK|TRANSACTION)\s+)?TO\b", re.IGNORECASE)
 
 
 BEGINS = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)

@@ -1,0 +1,141 @@
+"""What every session holds at one moment, for explore's reduction: its locks, its snapshot, its rows.
+
+One round trip reads ``pg_locks`` and ``pg_stat_activity``; a second, only when a session
+holds a table's row-level lock (a write or a ``FOR ... SHARE/UPDATE``), reads ``pgrowlocks``
+on those tables alone and names each locked row by its primary key, read at its ctid by the
+observer: a ctid changes with every update, a key names the same row in every run. A
+session's rows of a table are reported (``rows|table``) only when all of them could be
+named; otherwise the reduction takes the session to touch every row of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+__all__ = ["ROW_ACTING", "footprints"]
+
+ROW_ACTING = frozenset({"RowShareLock", "RowExclusiveLock"})  # a table lock taken to lock or write rows
+
+_QUERY = """
+WITH l AS MATERIALIZED (
+  SELECT l.pid, l.locktype, l.database, l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, l.granted,
+         l.transactionid, coalesce(i.indrelid, l.relation) AS relation  -- an index's lock is its table's
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = l.relation
+  WHERE l.pid = ANY(%(pids)s)
+)
+SELECT l.pid, format('%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s', l.locktype, l.database,
+       CASE WHEN l.relation IS NULL THEN NULL WHEN c.oid IS NULL THEN '?'
+            ELSE format('%%I.%%I', n.nspname, c.relname) END,
+       l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, CASE WHEN l.granted THEN 't' ELSE 'f' END,
+       c.relkind), NULL::text[]
+FROM l
+LEFT JOIN pg_catalog.pg_class c ON c.oid = l.relation
+LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE l.locktype <> 'transactionid'
+UNION ALL
+SELECT pid, 'snapshot', NULL FROM pg_catalog.pg_stat_activity
+WHERE pid = ANY(%(pids)s) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%%'
+UNION ALL
+SELECT pid, 'xid', ARRAY[transactionid::text] FROM l
+WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
+UNION ALL
+SELECT 0, 'table',
+       ARRAY[format('%%I.%%I', n.nspname, c.relname),
+             (SELECT e.nspname FROM pg_catalog.pg_extension x
+              JOIN pg_catalog.pg_namespace e ON e.oid = x.extnamespace WHERE x.extname = 'pgrowlocks'),
+             EXISTS (SELECT 1 FROM l a  -- the observer's read would queue behind it (another's: lock_timeout)
+                     WHERE a.locktype = 'relation' AND a.relation = c.oid AND a.mode = 'AccessExclusiveLock')::text]
+       || ARRAY(SELECT a.attname::text FROM pg_catalog.pg_index i
+                CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+                JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY k.n)
+FROM (SELECT DISTINCT relation FROM l
+      WHERE locktype = 'relation' AND granted AND mode IN ('RowShareLock', 'RowExclusiveLock')) r
+JOIN pg_catalog.pg_class c  -- a temporary table is its session's alone, and no other session can read it
+  ON c.oid = r.relation AND c.relkind = 'r' AND c.relpersistence <> 't'
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+"""
+
+# pgrowlocks' words for a lock (a multixact's members say it without FOR) -> the row-lock strength.
+_STRENGTHS = (
+    ("key share", "FOR KEY SHARE"),
+    ("share", "FOR SHARE"),
+    ("no key update", "FOR NO KEY UPDATE"),
+    ("update", "FOR UPDATE"),
+)
+
+
+def strength(mode: str) -> str:
+    """pgrowlocks' mode as a row-lock strength; anything else is the strongest."""
+    words = mode.lower().removeprefix("for ").strip()
+    return next((s for w, s in _STRENGTHS if words == w), "FOR UPDATE")
+
+
+def footprints(observer: psycopg.Connection[Any], pids: list[int]) -> dict[int, set[str]]:
+    """Every session's (by pid) entries: locks, ``snapshot``, and its named rows (see the module)."""
+    entries: dict[int, set[str]] = {pid: set() for pid in pids}
+    xids: dict[int, set[str]] = {pid: set() for pid in pids}
+    tables: list[list[str | None]] = []
+    for pid, entry, info in observer.execute(_QUERY, {"pids": pids}).fetchall():
+        if entry == "xid":
+            xids[pid].add(info[0])
+        elif entry == "table":
+            tables.append(info)
+        else:
+            entries[pid].add(entry)
+    readable = [t for t in tables if t[1] is not None and t[2] == "false" and len(t) > 3]
+    if readable:
+        _rows(observer, readable, entries, xids)
+    return entries
+
+
+def _rows(
+    observer: psycopg.Connection[Any],
+    tables: list[list[str | None]],
+    entries: dict[int, set[str]],
+    xids: Mapping[int, set[str]],
+) -> None:
+    """Adds each session's named rows of ``tables`` (name, pgrowlocks' schema, _, key columns ...)."""
+    parts = []
+    for name, schema, _, *keys in tables:
+        assert name is not None and schema is not None
+        table = sql.SQL(name)  # already quoted by format('%I.%I')
+        key = sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(str(k)) for k in keys)
+        parts.append(
+            sql.SQL(
+                "SELECT {name}::text, r.xids::text[], r.modes,"
+                " (SELECT ROW({key})::text FROM {table} t WHERE t.ctid = r.locked_row)"
+                " FROM {fn}({name}::text) r"
+            ).format(name=sql.Literal(name), key=key, table=table, fn=sql.Identifier(schema, "pgrowlocks"))
+        )
+    try:
+        found = observer.execute(sql.SQL(" UNION ALL ").join(parts)).fetchall()
+    except psycopg.Error:  # a table gone or out of reach: its rows stay unnamed, the reduction stays coarse
+        return
+    owner = {xid: pid for pid, own in xids.items() for xid in own}
+    named: dict[tuple[int, str], set[str]] = {}
+    unnamed: set[tuple[int, str]] = set()
+    for table, locker_xids, modes, key in found:
+        for xid, mode in zip(locker_xids, modes, strict=False):
+            pid = owner.get(xid)
+            if pid is None:
+                continue  # an ended multixact member, or someone else's
+            if key is None:
+                unnamed.add((pid, table))
+            else:
+                named.setdefault((pid, table), set()).add("row|" + json.dumps([table, strength(mode), key]))
+    for pid, held in entries.items():
+        for name, *_ in tables:
+            assert name is not None
+            if (pid, name) not in unnamed and _acts_on(held, name):
+                held.add("rows|" + name)
+                held |= named.get((pid, name), set())
+
+
+def _acts_on(held: set[str], table: str) -> bool:
+    return any(e.startswith("relation|") and e.split("|")[2] == table and e.split("|")[7] in ROW_ACTING for e in held)
