@@ -7,6 +7,7 @@ sessions touch different tables the reduced search must run far fewer schedules.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -120,6 +121,20 @@ def test_two_independent_lost_updates_are_covered_completely(pgrace_server: Serv
     found = explore_code(sessions, setup=f"{SETUP}; {SAVINGS}", final=BOTH, server=pgrace_server)
     assert {c.final[0] for c in found.classes} == {((a, s),) for a in (400, 300) for s in (60, 70)}
     assert found.complete and found.runs is not None and found.runs <= 100
+
+
+def test_code_that_sends_other_statements_after_the_same_ones_is_not_covered(pgrace_server: ServerInfo) -> None:
+    """The search takes the same statements after the same prefix; Python state of its own breaks that."""
+    calls = itertools.count()
+
+    def stamped(conn: Any) -> None:
+        conn.execute("UPDATE accounts SET balance = balance - %s WHERE id = 1", (next(calls) % 7,))
+        conn.commit()
+
+    found = explore_code({"alice": stamped, "bob": stamped}, setup=SETUP, final=FINAL, server=pgrace_server)
+    assert not found.complete
+    steady = explore_code({"alice": withdraw, "bob": withdraw}, setup=SETUP, final=FINAL, server=pgrace_server)
+    assert steady.complete
 
 
 def test_a_code_run_records_what_every_session_holds_after_each_statement(pgrace_server: ServerInfo) -> None:

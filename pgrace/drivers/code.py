@@ -253,17 +253,29 @@ def _explore_reduced(
 
     Each run follows a prefix of statements the search asks for, then keeps the session
     going while it can; what every session held after each statement says which commute.
+    The search takes the code to send the same statement after the same statements: one
+    that sends another (Python reading the clock, chance, state of its own) leaves the
+    exploration incomplete.
     """
     from pgrace.drivers.reduce import ChoiceSearch, Trace, code_trace
     from pgrace.drivers.reduce.search import session_of
 
     last: list[tuple[Run, list[int]]] = []
+    texts: dict[tuple[str, ...], str] = {}  # a prefix of launches: the statement its last one sent
+    changed = False
 
     def execute(order: tuple[str, ...], avoid: frozenset[str]) -> Trace:
+        nonlocal changed
         chooser = Follow([session_of(step) for step in order], avoid)
         run, _ = runner.run_once(chooser, observe=False, footprints=True)
         last[:] = [(run, chooser.taken)]
-        return code_trace(run, runner.raised)
+        trace = code_trace(run, runner.raised)
+        sent = [s.sql for s in run.scenario.steps if s.name not in runner.raised]
+        for k, sql in enumerate(sent):
+            if texts.setdefault(trace.launched[: k + 1], sql) != sql:
+                changed = True
+                break
+        return trace
 
     search = ChoiceSearch(execute, names[0])
 
@@ -272,7 +284,7 @@ def _explore_reduced(
         count(run, taken, search.runs)
 
     complete = search.run(on_trace, limit)
-    return search.runs, complete
+    return search.runs, complete and not changed
 
 
 def observed_switches(pairs: Sequence[tuple[str, str]]) -> int:
