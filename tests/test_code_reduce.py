@@ -82,6 +82,11 @@ EXAMPLES: dict[str, tuple[dict[str, Callable[[Any], object]], str, str]] = {
     "REPEATABLE READ": ({"alice": withdraw_repeatable, "bob": withdraw_repeatable}, SETUP, FINAL),
     "SKIP LOCKED": ({"w1": claim, "w2": claim}, JOBS, "SELECT id, owner FROM jobs ORDER BY id"),
     "rows apart": ({"alice": withdraw, "bob": withdraw_second}, f"{SETUP}, (2, 500)", "SELECT * FROM accounts"),
+    "an exception, and one apart": (
+        {"alice": withdraw_checked, "bob": withdraw_checked, "carol": deposit},
+        f"{SETUP}; {SAVINGS}",
+        BOTH,
+    ),
     "three, one apart": ({"alice": withdraw, "bob": withdraw_locked, "carol": deposit}, f"{SETUP}; {SAVINGS}", BOTH),
 }
 
