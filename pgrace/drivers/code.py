@@ -23,9 +23,13 @@ every renderer draws it. A step's note is its caller's ``file:line``: the first 
 outside psycopg, SQLAlchemy and pgrace.
 
 A callable's statements are only known by running it (they may depend on what it read),
-so :func:`explore_code` walks the tree of "which session goes next" choices depth first:
-each run follows a prefix of choices, then takes the first ready session, and records the
-choices it met; the next run changes the last choice that has an untried alternative
+so :func:`explore_code` searches the tree of "which session goes next" choices. Reduced
+(the default), it is ``pgrace explore``'s search (:class:`pgrace.drivers.reduce.ChoiceSearch`):
+each run follows a prefix of statements, then keeps the session going while it can
+(:class:`pgrace.engine.schedule.Follow`), and what every session held after each statement
+says which statements commute. With ``reduce=False`` every schedule runs, depth first:
+each run follows a prefix of choices, then takes the first ready session; the next run
+changes the last choice that has an untried alternative
 (:class:`pgrace.engine.schedule.ChoiceTree`). The schema is reset between runs (one scratch
 database, one set of connections, as ``pgrace explore``), runs are classified by
 :func:`pgrace.model.outcomes.classify`, and the result is ``pgrace explore``'s

@@ -11,7 +11,9 @@ and knows how many there are when that can be told before running (``size``):
 * :class:`ChoiceTree`: the application's code, whose statements are known only by running it:
   an order is a :class:`Choices`, which picks among the ready sessions at each choice and
   records what it met; the tree's next order changes the last choice that has an untried
-  alternative (depth first).
+  alternative (depth first);
+* :class:`Follow`: one run of code's reduced search, a prefix of sessions and then the same
+  session while it can go.
 """
 
 from __future__ import annotations
