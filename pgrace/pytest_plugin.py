@@ -84,6 +84,7 @@ class PgraceCode:
         return run_code(sessions, server=self.server, **options)
 
     def explore(self, sessions: dict[str, Callable[[Any], object]], **options: Any) -> Exploration:
+        """:func:`~pgrace.drivers.code.explore_code` (reduced; ``reduce=False`` runs every schedule)."""
         from pgrace.drivers.code import explore_code
 
         return explore_code(sessions, server=self.server, **options)
@@ -97,7 +98,7 @@ class PgraceCode:
         said = f" ({what})" if what else ""
         shown = ", ".join(session for session, _ in first.statements)
         pytest.fail(
-            f"{sum(c.count for c in failing)} of {found.explored} interleavings fail{said}: {first.summary}\n"
+            f"{sum(c.count for c in failing)} of {found.run_count} runs fail{said}: {first.summary}\n"
             f"the simplest one ({shown}):\n\n{found.timeline(first)}",
             pytrace=False,
         )

@@ -23,9 +23,13 @@ every renderer draws it. A step's note is its caller's ``file:line``: the first 
 outside psycopg, SQLAlchemy and pgrace.
 
 A callable's statements are only known by running it (they may depend on what it read),
-so :func:`explore_code` walks the tree of "which session goes next" choices depth first:
-each run follows a prefix of choices, then takes the first ready session, and records the
-choices it met; the next run changes the last choice that has an untried alternative
+so :func:`explore_code` searches the tree of "which session goes next" choices. Reduced
+(the default), it is ``pgrace explore``'s search (:class:`pgrace.drivers.reduce.ChoiceSearch`):
+each run follows a prefix of statements, then keeps the session going while it can
+(:class:`pgrace.engine.schedule.Follow`), and what every session held after each statement
+says which statements commute. With ``reduce=False`` every schedule runs, depth first:
+each run follows a prefix of choices, then takes the first ready session; the next run
+changes the last choice that has an untried alternative
 (:class:`pgrace.engine.schedule.ChoiceTree`). The schema is reset between runs (one scratch
 database, one set of connections, as ``pgrace explore``), runs are classified by
 :func:`pgrace.model.outcomes.classify`, and the result is ``pgrace explore``'s
@@ -52,13 +56,13 @@ import functools
 import itertools
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.code_runner import CODE_SCHEMA, CodeRunner
 from pgrace.engine.code_scheduler import Chooser
-from pgrace.engine.schedule import Choices, ChoiceTree, NamedOrder
+from pgrace.engine.schedule import Choices, ChoiceTree, Follow, NamedOrder
 from pgrace.engine.threads import SessionCode, TracedConnection, display_name
 from pgrace.errors import CodeError
 from pgrace.model.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
@@ -188,6 +192,7 @@ def explore_code(
     name: str | None = None,
     step_timeout: float = 10.0,
     limit: int = EXPLORE_LIMIT,
+    reduce: bool = True,
 ) -> Exploration:
     """Run the sessions under every order of their statements (a blocked one is no choice); group the outcomes.
 
@@ -195,11 +200,15 @@ def explore_code(
     (if given), and the SQLSTATEs of failed statements. Python exceptions that escape a
     session count as errors named by their class. Each class's ``statements`` are its
     simplest schedule, as ``(session, sql)`` pairs; ``found.replay(cls)`` runs it again.
+
+    ``reduce`` (the default): orders that differ only by swapping statements that commute
+    (by what the server showed each one touched, as ``pgrace explore``'s reduction) are run
+    once; ``complete`` says every order was covered. Without, every order is run. Either way
+    ``explored`` and ``runs`` count the runs, at most ``limit``.
     """
     info = shared_server(server)
     name = _name_of(sessions, name)
     classes: dict[str, OutcomeClass] = {}
-    tree = ChoiceTree(limit)
     runner_for = functools.partial(
         _runner,
         name,
@@ -211,17 +220,26 @@ def explore_code(
         step_timeout=step_timeout,
         expect=expect,
     )
+
+    def count(run: Run, taken: Sequence[int], runs: int) -> None:
+        observed = _observed(run, expect is not None)
+        pairs = tuple((s.session, s.sql) for s in run.scenario.steps)
+        before = classes.get(observed.key)
+        previous = before.example if before is not None else None
+        add_observed(classes, observed, (observed_switches(pairs), runs), run.scenario)
+        found = classes[observed.key]
+        if found.example is not previous:
+            found.statements, found.choices = pairs, tuple(taken)
+
     with runner_for() as runner:
-        for choices in tree:
-            run, _ = runner.run_once(choices, observe=False)
-            observed = _observed(run, expect is not None)
-            pairs = tuple((s.session, s.sql) for s in run.scenario.steps)
-            before = classes.get(observed.key)
-            previous = before.example if before is not None else None
-            add_observed(classes, observed, (observed_switches(pairs), tree.explored + 1), run.scenario)
-            found = classes[observed.key]
-            if found.example is not previous:
-                found.statements, found.choices = pairs, tuple(choices.taken)
+        if reduce:
+            runs, complete = _explore_reduced(runner, list(sessions), count, limit)
+        else:
+            tree = ChoiceTree(limit)
+            for choices in tree:
+                run, _ = runner.run_once(choices, observe=False)
+                count(run, choices.taken, tree.explored + 1)
+            runs, complete = tree.explored, tree.complete
 
     def replay(cls: OutcomeClass) -> Run:
         return _observed_run(runner_for(), Choices(cls.choices), expect is not None)
@@ -229,7 +247,48 @@ def explore_code(
     shown = ordered(classes.values())
     if expect is None:
         shown = [dataclasses.replace(c, summary=c.summary.replace(" · checks hold", "")) for c in shown]
-    return Exploration(name, "code", tree.explored, tree.explored, None, shown, complete=tree.complete, replayer=replay)
+    return Exploration(name, "code", runs, runs, None, shown, runs=runs, complete=complete, replayer=replay)
+
+
+def _explore_reduced(
+    runner: CodeRunner, names: Sequence[str], count: Callable[[Run, Sequence[int], int], None], limit: int
+) -> tuple[int, bool]:
+    """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): (runs, complete).
+
+    Each run follows a prefix of statements the search asks for, then keeps the session
+    going while it can; what every session held after each statement says which commute.
+    The search takes the code to send the same statement after the same statements: one
+    that sends another (Python reading the clock, chance, state of its own) leaves the
+    exploration incomplete.
+    """
+    from pgrace.drivers.reduce import ChoiceSearch, Trace, code_trace
+    from pgrace.drivers.reduce.search import session_of
+
+    last: list[tuple[Run, list[int]]] = []
+    texts: dict[tuple[str, ...], str] = {}  # a prefix of launches: the statement its last one sent
+    changed = False
+
+    def execute(order: tuple[str, ...], avoid: frozenset[str]) -> Trace:
+        nonlocal changed
+        chooser = Follow([session_of(step) for step in order], avoid)
+        run, _ = runner.run_once(chooser, observe=False, footprints=True)
+        last[:] = [(run, chooser.taken)]
+        trace = code_trace(run, runner.raised)
+        sent = [s.sql for s in run.scenario.steps if s.name not in runner.raised]
+        for k, sql in enumerate(sent):
+            if texts.setdefault(trace.launched[: k + 1], sql) != sql:
+                changed = True
+                break
+        return trace
+
+    search = ChoiceSearch(execute, names[0])
+
+    def on_trace(trace: Trace) -> None:
+        run, taken = last[0]
+        count(run, taken, search.runs)
+
+    complete = search.run(on_trace, limit)
+    return search.runs, complete and not changed
 
 
 def observed_switches(pairs: Sequence[tuple[str, str]]) -> int:

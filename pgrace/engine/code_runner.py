@@ -73,6 +73,7 @@ class CodeRunner:
         self.stack = contextlib.ExitStack()
         self.sessions: dict[str, ThreadSession] = {}
         self.has_row_locks = True
+        self.raised: list[str] = []
         self.sql = ControlSql(step_timeout, timeout_name="the step timeout")
 
     def __enter__(self) -> CodeRunner:
@@ -110,6 +111,10 @@ class CodeRunner:
         )
         if isinstance(conn, TracedConnection):
             conn.server_cursor_factory = TracedServerCursor
+            # Every run sends its statements alike: psycopg prepares a query it met five times, and the
+            # portal of a prepared one keeps its snapshot (backend_xmin) while the session idles in its
+            # transaction, which would read as a REPEATABLE READ transaction's from the sixth run on.
+            conn.prepare_threshold = None
             self.stack.callback(conn.close_for_good)
         else:
             self.stack.callback(conn.close)
@@ -117,10 +122,12 @@ class CodeRunner:
 
     # -- one run -------------------------------------------------------------------------
 
-    def run_once(self, chooser: Chooser, observe: bool) -> tuple[Run, list[tuple[str, ...]]]:
+    def run_once(self, chooser: Chooser, observe: bool, footprints: bool = False) -> tuple[Run, list[tuple[str, ...]]]:
         """Setup, the sessions under ``chooser``'s order, the final query, teardown.
 
-        Returns the run and the options met at each choice (the ready sessions, in order).
+        Returns the run and the options met at each choice (the ready sessions, in order);
+        ``raised`` is then the steps that were a session's escaped exception, not a statement.
+        ``footprints``: what every session holds is recorded after each statement.
         """
         locks = observe and self.has_row_locks
         self.run = Run(Scenario(self.name, self.name, ""), self.server.version, self.server.label, locks)
@@ -144,7 +151,9 @@ class CodeRunner:
             self.run,
             step_timeout=self.step_timeout,
             observe=observe,
+            footprints=footprints,
         )
+        self.raised = order.raised
         try:
             with connections_guarded():
                 for name, fn in self.code.items():

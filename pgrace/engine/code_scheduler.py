@@ -47,7 +47,9 @@ class CodeOrder:
         *,
         step_timeout: float,
         observe: bool,
+        footprints: bool = False,
     ) -> None:
+        """``footprints``: what every session holds is read after each statement (explore's reduction)."""
         self.sessions = sessions
         self.code = code
         self.cond = cond
@@ -56,8 +58,11 @@ class CodeOrder:
         self.gates: dict[str, Gate] = {name: s.gate for name, s in sessions.items()}
         self.steps: list[Step] = []  # as met, for the run's Scenario
         self.counts: dict[str, int] = {}
+        self.raised: list[str] = []  # the steps that are a session's escaped exception: no statement, no choice
         path, _ = where_defined(next(iter(code.values())))
-        options = RunOptions(step_timeout=step_timeout, track_row_locks=observe, describe_waits=observe)
+        options = RunOptions(
+            step_timeout=step_timeout, track_row_locks=observe, describe_waits=observe, footprints=footprints
+        )
         self.scheduler = Scheduler(
             Scenario(run.scenario.name, run.scenario.title, path),
             run,
@@ -154,6 +159,7 @@ class CodeOrder:
             path, line = raised_at(exc)
             text = f"raise {kind}({message!r})"
             self.steps.append(Step(name, gate.name, text, note=f"{path}:{line}", line=line))
+            self.raised.append(name)
             seq = self.book.launch(name, gate.name, text)
             error = SqlError(kind, message, "ERROR", "raised by the session's Python code")
             self.book.finished(seq, Outcome(error=error))

@@ -11,18 +11,20 @@ and knows how many there are when that can be told before running (``size``):
 * :class:`ChoiceTree`: the application's code, whose statements are known only by running it:
   an order is a :class:`Choices`, which picks among the ready sessions at each choice and
   records what it met; the tree's next order changes the last choice that has an untried
-  alternative (depth first).
+  alternative (depth first);
+* :class:`Follow`: one run of code's reduced search, a prefix of sessions and then the same
+  session while it can go.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from pgrace.errors import CodeError
 from pgrace.model.orders import Interleavings, Schedule
 from pgrace.model.scenario import PermutationStep, Scenario
 
-__all__ = ["ChoiceTree", "Choices", "Interleavings", "NamedOrder", "Permutations", "Schedule"]
+__all__ = ["ChoiceTree", "Choices", "Follow", "Interleavings", "NamedOrder", "Permutations", "Schedule"]
 
 
 class Permutations:
@@ -83,6 +85,28 @@ class ChoiceTree:
                 self.complete = False
                 return
             prefix = [*taken[:-1], taken[-1] + 1]
+
+
+class Follow:
+    """Sessions in ``sessions``' order, then the last one again while it is ready (a switch only when it must).
+
+    When the session wanted is not ready, the first ready one not in ``avoid`` goes (else
+    the first ready). ``taken`` records each choice as :class:`Choices` does, to replay it.
+    """
+
+    def __init__(self, sessions: Sequence[str], avoid: Collection[str] = ()) -> None:
+        self.sessions = tuple(sessions)
+        self.avoid = frozenset(avoid)
+        self.current = self.sessions[-1] if self.sessions else None
+        self.taken: list[int] = []
+
+    def __call__(self, ready: list[str]) -> str:
+        want = self.sessions[len(self.taken)] if len(self.taken) < len(self.sessions) else self.current
+        if want not in ready:
+            want = next((name for name in ready if name not in self.avoid), ready[0])
+        self.current = want
+        self.taken.append(ready.index(want))
+        return want
 
 
 class NamedOrder:

@@ -60,23 +60,25 @@ opaque).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 from pgrace.drivers.reduce.moves import Access, Move, Trace, dependent, moves_of
 from pgrace.drivers.reduce.nature import Nature, nature_of, opaque_orders
-from pgrace.drivers.reduce.search import Search
-from pgrace.model.outcomes import Observed
+from pgrace.drivers.reduce.search import ChoiceSearch, Search
+from pgrace.model.outcomes import Observed, classify
 from pgrace.model.scenario import PermutationStep, Scenario
-from pgrace.model.timeline import PermutationStarted, Run
+from pgrace.model.timeline import PermutationStarted, Run, StepFinished, StepLaunched
 from pgrace.servers import ServerInfo
 
 __all__ = [
     "Access",
+    "ChoiceSearch",
     "Move",
     "Nature",
     "Search",
     "Trace",
+    "code_trace",
     "dependent",
     "executor",
     "explore_part",
@@ -122,6 +124,36 @@ def executor(
                 return moves_of(one, scenario, natures, needs)
 
             yield execute
+
+
+def code_trace(run: Run, raised: Collection[str]) -> Trace:
+    """A run of the application's code as the moves :class:`ChoiceSearch` reads (``raised``: its exception steps).
+
+    Its scenario is the one made from the statements as they were met, each one's nature
+    read from its SQL. An exception that escaped a session's code is no move: it sends
+    nothing, and no choice launches it (it comes as the session's last statement ends), so
+    only its outcome counts. The other steps are named again ``session.k``, a session's
+    k-th statement, so that a name says which choice of the session it was.
+    """
+    scenario = run.scenario
+    names: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for step in scenario.steps:
+        if step.name not in raised:
+            counts[step.session] = counts.get(step.session, 0) + 1
+            names[step.name] = f"{step.session}.{counts[step.session]}"
+    steps = tuple(dataclasses.replace(s, name=names[s.name]) for s in scenario.steps if s.name in names)
+    moved = dataclasses.replace(scenario, steps=steps, permutations=(tuple(PermutationStep(s.name) for s in steps),))
+    dropped = {e.seq for e in run.events if isinstance(e, StepLaunched) and e.step not in names}
+    one = Run(moved, run.server_version, run.server_label, run.row_locks_available)
+    for event in run.events:
+        if isinstance(event, StepLaunched | StepFinished) and event.seq in dropped:
+            continue
+        if isinstance(event, StepLaunched):
+            event = dataclasses.replace(event, step=names[event.step])
+        one.events.append(event)
+    natures = {s.name: nature_of(s, moved) for s in steps}
+    return dataclasses.replace(moves_of(one, moved, natures, {}), observed=classify(run))
 
 
 def explore_reduced(

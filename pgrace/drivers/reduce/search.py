@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pgrace.drivers.reduce.moves import Move, Trace, chains, dependent
 from pgrace.model.scenario import Scenario
 
-__all__ = ["Node", "Search"]
+__all__ = ["ChoiceSearch", "Node", "Search"]
 
 
 @dataclass
@@ -65,13 +65,22 @@ class Search:
 
         self.scenario = scenario
         self.space = Space(scenario)
+        self.chains = chains(scenario)
+        self._begin(execute, on_progress, root, known)
+
+    def _begin(
+        self,
+        execute: Callable[[tuple[str, ...]], Trace],
+        on_progress: Callable[[int, int], None] | None,
+        root: tuple[str, ...],
+        known: dict[tuple[tuple[str, ...], str], Move] | None,
+    ) -> None:
         self.execute = execute
         self.on_progress = on_progress
         self.nodes: dict[tuple[str, ...], Node] = {}
         self.runs = 0
         self.diverged = 0
         self.cut = False  # stopped at max_runs
-        self.chains = chains(scenario)
         self.root = root
         self.elsewhere = False  # the root cannot be launched as it is: its interleavings run as others
         self.known = known if known is not None else {}
@@ -257,3 +266,36 @@ class Search:
             order.append(space.chains[current][at[current]])
             at[current] += 1
         return tuple(order)
+
+
+class ChoiceSearch(Search):
+    """The same search over code whose statements are known only by running it (no whole order up front).
+
+    A step is named ``session.k``: the session's k-th statement. ``execute(order, avoid)``
+    runs the sessions of ``order``'s steps in turn, then keeps the last one's session going
+    while it is ready and, when it is not, takes the first ready session not in ``avoid``
+    (the sleepers there), else the first ready; it returns the run's trace. The first run
+    begins with ``first`` (every session is ready at the start).
+    """
+
+    def __init__(
+        self,
+        execute: Callable[[tuple[str, ...], frozenset[str]], Trace],
+        first: str,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.first = first
+        self.avoid: dict[tuple[str, ...], frozenset[str]] = {}
+        self._begin(lambda order: execute(order, self.avoid.pop(order, frozenset())), on_progress, (), None)
+
+    def _continue(self, prefix: tuple[str, ...], first: str | None, avoid: set[str]) -> tuple[str, ...]:
+        """The prefix and ``first``'s next statement: the executor goes on from there."""
+        session = self.first if first is None else first
+        order = (*prefix, f"{session}.{sum(1 for name in prefix if session_of(name) == session) + 1}")
+        self.avoid[order] = frozenset(avoid)
+        return order
+
+
+def session_of(step: str) -> str:
+    """The session of a code step named ``session.k``."""
+    return step.rpartition(".")[0]
