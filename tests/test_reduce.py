@@ -16,10 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.explore import explore
-from pgrace.drivers.reduce import nature_of
+from pgrace.drivers.explore import Exploration, _explore_reduced, explore
+from pgrace.drivers.reduce import every_order_differs, nature_of
+from pgrace.drivers.space import Space
 from pgrace.formats import catalog
-from pgrace.model.scenario import Step
+from pgrace.model.scenario import Scenario, Step
 from pgrace.servers import ServerInfo
 
 HERE = Path(__file__).parent / "explore"
@@ -32,13 +33,18 @@ def _classes(found: object) -> list[str]:
     return sorted(c.key for c in found.classes)  # type: ignore[attr-defined]
 
 
+def _searched(scenario: Scenario, server: ServerInfo) -> Exploration:
+    """The reduced search itself, even where explore would run every interleaving instead."""
+    return _explore_reduced(scenario, server, Space(scenario), 10.0, None)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_reduced_classes_are_the_exhaustive_classes_on_shipped_scenarios(pgrace_server: ServerInfo, name: str) -> None:
     loaded = catalog.load(name)
     for variant in loaded.variants:
         scenario = loaded.variant_named(variant)
-        reduced = explore(scenario, pgrace_server)
+        reduced = _searched(scenario, pgrace_server)
         every = explore(scenario, pgrace_server, reduce=False)
         assert _classes(reduced) == _classes(every), variant
         assert reduced.covers_all and reduced.run_count <= every.run_count == every.space
@@ -49,10 +55,28 @@ def test_reduced_classes_are_the_exhaustive_classes_on_shipped_scenarios(pgrace_
 def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_server: ServerInfo, name: str) -> None:
     path = HERE / "hard" / f"{name}.toml" if name in HARD else HERE / f"{name}.toml"
     scenario = catalog.load(str(path))
-    reduced = explore(scenario, pgrace_server)
+    reduced = _searched(scenario, pgrace_server)
     every = explore(scenario, pgrace_server, reduce=False)
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all
+
+
+def test_where_the_text_shows_every_order_to_matter_every_interleaving_is_run(pgrace_server: ServerInfo) -> None:
+    """Three SERIALIZABLE transactions past their BEGIN: each pair of steps depends, so no run can stand
+    for another; explore runs all 560 without reading footprints, as the search would have run them."""
+    scenario = catalog.load(str(HERE / "hard" / "serializable-three.toml"))
+    assert every_order_differs(scenario)
+    found = explore(scenario, pgrace_server)
+    assert found.covers_all and not found.reduced and found.run_count == found.space == 560
+    assert _searched(scenario, pgrace_server).run_count == 560
+
+
+@pytest.mark.parametrize(
+    ("name", "differs"),
+    [("lost-update", False), ("write-skew", False), ("lock-strengths", True), ("crashed-worker", True)],
+)
+def test_which_shipped_scenarios_have_every_order_matter(name: str, differs: bool) -> None:
+    assert every_order_differs(catalog.load(name).variant_named("bug")) is differs
 
 
 def test_two_independent_lost_updates_are_covered_completely_in_few_runs(pgrace_server: ServerInfo) -> None:

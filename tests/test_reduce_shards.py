@@ -74,9 +74,7 @@ def test_the_space_splits_into_prefixes_in_number_order_that_count_it_all() -> N
 # -- shards and workers cover the space (real server) ------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name", [*SHIPPED, *(pytest.param(n, marks=pytest.mark.slow) for n in catalog.shipped_names() if n not in SHIPPED)]
-)
+@pytest.mark.parametrize("name", SHIPPED)  # every shipped one is searched whole in test_reduce.py
 def test_shards_of_the_reduced_search_merge_into_its_classes(pgrace_server: ServerInfo, name: str) -> None:
     for scenario in _variants(name):
         one = explore(scenario, pgrace_server)

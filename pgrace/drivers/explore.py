@@ -381,9 +381,17 @@ def explore(
 
 def reduces(scenario: Scenario, space: Space, limit: int | None, shard: tuple[int, int], jobs: int) -> bool:
     """Whether explore runs the reduced search: the whole space (no sample), and, split in shards
-    or processes, no retry loop (a step not sent leaves a run that no prefix of the space begins)."""
+    or processes, no retry loop (a step not sent leaves a run that no prefix of the space begins).
+
+    Nor when the steps' text shows every order to matter, and no sleep step makes each run dear:
+    the reduced search would run them all and read footprints after every step on top.
+    """
+    from pgrace.drivers.reduce import every_order_differs
+
     split = shard != (1, 1) or jobs > 1
-    return (limit is None or limit >= space.size) and not (split and any(s.loop for s in scenario.steps))
+    if (limit is not None and limit < space.size) or (split and any(s.loop for s in scenario.steps)):
+        return False
+    return not (all(s.sleep is None for s in scenario.steps) and every_order_differs(scenario))
 
 
 def _explore_reduced(

@@ -64,7 +64,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 from pgrace.drivers.reduce.moves import Access, Move, Trace, dependent, moves_of
-from pgrace.drivers.reduce.nature import Nature, nature_of, opaque_orders
+from pgrace.drivers.reduce.nature import Nature, every_order_differs, nature_of, opaque_orders
 from pgrace.drivers.reduce.search import ChoiceSearch, Search
 from pgrace.model.outcomes import Observed, classify
 from pgrace.model.scenario import PermutationStep, Scenario
@@ -80,6 +80,7 @@ __all__ = [
     "Trace",
     "code_trace",
     "dependent",
+    "every_order_differs",
     "executor",
     "explore_part",
     "explore_reduced",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pgrace.model import variables
 from pgrace.model.scenario import Scenario, Step
 
-__all__ = ["CHECK_OPAQUE", "Nature", "nature_of", "opaque_orders"]
+__all__ = ["CHECK_OPAQUE", "Nature", "every_order_differs", "nature_of", "opaque_orders"]
 
 # SQL whose effect or result pg_locks does not show, or that differs from run to run.
 OPAQUE_WORDS = re.compile(
@@ -103,3 +103,53 @@ def opaque_orders(scenario: Scenario) -> int:
             in_block = (in_block or begins) and not ENDS.search(step.sql)
         counts.append(opaque)
     return multinomial(counts)
+
+
+ISOLATED = re.compile(
+    r"\bISOLATION\s+LEVEL\s+(SERIALIZABLE|REPEATABLE\s+READ)\b"
+    r"|\bdefault_transaction_isolation\b\s*(=|\bTO\b)\s*'?\s*(serializable|repeatable)",
+    re.IGNORECASE,
+)
+
+
+def every_order_differs(scenario: Scenario) -> bool:
+    """Whether the text alone shows every two steps of different sessions dependent, so that a
+    reduced search would run every interleaving and pay for its footprints on top.
+
+    A step counts when it is opaque (as :func:`opaque_orders` counts it), or when it runs in a
+    REPEATABLE READ or SERIALIZABLE transaction past its BEGIN (a BEGIN alone takes no
+    snapshot, and commutes); any two steps of different sessions must have one opaque, or both
+    such. Wrong either way costs time only: the exhaustive search is exact too.
+    """
+    from pgrace.drivers.space import Space
+
+    setups = {s.name: s.setup or "" for s in scenario.sessions}
+    sessions: list[list[tuple[bool, bool]]] = []  # per session, per step: (opaque, isolated)
+    for chain in Space(scenario).chains:
+        setup = setups.get(scenario.step(chain[0]).session, "")
+        default_isolated = bool(ISOLATED.search(setup)) and "default_transaction_isolation" in setup.lower()
+        in_block = bool(BEGINS.search(setup)) and not ENDS.search(setup)
+        isolated_block = in_block and bool(ISOLATED.search(setup))
+        steps = []
+        for name in chain:
+            step = scenario.step(name)
+            nature = nature_of(step, scenario)
+            begins = bool(BEGINS.search(step.sql))
+            if begins:
+                isolated_block = default_isolated or bool(ISOLATED.search(step.sql))
+            elif ISOLATED.search(step.sql):  # SET TRANSACTION ISOLATION LEVEL inside the block
+                isolated_block = True
+            opaque = nature.opaque or not (in_block or begins or nature.local)
+            lone_begin = begins and nature.single_transaction_statement
+            steps.append((opaque, (in_block or begins) and isolated_block and not lone_begin and not nature.local))
+            in_block = (in_block or begins) and not ENDS.search(step.sql)
+        sessions.append(steps)
+    for i, mine in enumerate(sessions):
+        for theirs in sessions[i + 1 :]:
+            for opaque, isolated in mine:
+                if any(
+                    not (opaque or other_opaque or (isolated and other_isolated))
+                    for other_opaque, other_isolated in theirs
+                ):
+                    return False
+    return True
