@@ -13,7 +13,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "code"))
+from withdraw_psycopg import withdraw, withdraw_locked
 
 from pgrace.drivers.code import explore_code
 from pgrace.drivers.explore import Exploration
@@ -24,18 +28,6 @@ SAVINGS = "CREATE TABLE savings (id int PRIMARY KEY, balance int); INSERT INTO s
 BALANCE = "SELECT balance FROM accounts WHERE id = 1"
 BOTH = "SELECT (SELECT balance FROM accounts WHERE id = 1), (SELECT balance FROM savings WHERE id = 1)"
 JOBS = "CREATE TABLE jobs (id int PRIMARY KEY, owner text); INSERT INTO jobs VALUES (1, NULL), (2, NULL)"
-
-
-def withdraw(conn: Any) -> None:
-    (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = 1").fetchone()
-    conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (balance - 100,))
-    conn.commit()
-
-
-def withdraw_locked(conn: Any) -> None:
-    (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = 1 FOR UPDATE").fetchone()
-    conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (balance - 100,))
-    conn.commit()
 
 
 def withdraw_repeatable(conn: Any) -> None:
