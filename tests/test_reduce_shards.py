@@ -31,9 +31,7 @@ SHAPES = [
     "retry-once",  # a retry loop: split, it is not reduced
     "hard/fk-check",
     pytest.param("hard/sequence-order", marks=pytest.mark.slow),
-    pytest.param("hard/skip-locked-two-queues", marks=pytest.mark.slow),
-    pytest.param("hard/serializable-three", marks=pytest.mark.slow),
-]
+]  # serializable-three is not searched (every order matters); skip-locked-two-queues: below
 
 
 def _keys(found: Exploration) -> list[str]:
@@ -93,6 +91,18 @@ def test_shards_and_workers_find_the_classes_on_hard_shapes(pgrace_server: Serve
         workers = explore(scenario, pgrace_server, jobs=2)
         assert merged.covers_all and workers.covers_all
         assert _keys(merged) == _keys(workers) == _keys(every), scenario.variant
+
+
+@pytest.mark.slow
+def test_shards_and_workers_find_one_searchs_classes_on_two_skip_locked_queues(pgrace_server: ServerInfo) -> None:
+    """4,200 interleavings; the one search's classes are every interleaving's (bench/bench_reduce.py, and
+    tests/test_reduce_rows.py for one SKIP LOCKED queue)."""
+    scenario = catalog.load(str(HERE / "hard" / "skip-locked-two-queues.toml"))
+    one = explore(scenario, pgrace_server)
+    merged = _sharded(scenario, pgrace_server, 3)
+    workers = explore(scenario, pgrace_server, jobs=2)
+    assert one.covers_all and merged.covers_all and workers.covers_all
+    assert _keys(merged) == _keys(workers) == _keys(one)
 
 
 def test_workers_see_their_own_databases_advisory_locks_only(pgrace_server: ServerInfo) -> None:
