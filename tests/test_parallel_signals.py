@@ -181,3 +181,30 @@ def test_the_server_stopped_under_explore_jobs_is_one_line_exit_3_from_every_pro
     assert child.returncode == 3, stderr
     assert stderr.count("\n") == 1 and stderr.startswith("pgrace: "), stderr  # no traceback, from any process
     assert gone, left
+
+
+def test_what_a_killed_reduced_explore_j_left_in_the_temporary_folder_is_swept(pgrace_server: ServerInfo) -> None:
+    """Its workers share a claims file in a directory named for it; SIGKILL leaves that, the next -j takes it."""
+    import tempfile
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pgrace", "explore", "tests/explore/three-withdrawals.toml", "-j", "2",
+         "--dsn", pgrace_server.dsn],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    mine = f"pgrace-explore-{child.pid}-"
+    try:
+        assert wait_until(lambda: any(p.name.startswith(mine) for p in Path(tempfile.gettempdir()).iterdir()))
+        os.killpg(child.pid, signal.SIGKILL)
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+    left = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(mine)]
+    assert left, "a killed explore -j leaves its claims directory: nothing else could remove it"
+    again = subprocess.run(
+        [sys.executable, "-m", "pgrace", "explore", "lost-update", "-j", "2", "--dsn", pgrace_server.dsn],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert not any(p.exists() for p in left)

@@ -61,6 +61,7 @@ __all__ = ["Exploration", "Space", "explore", "merge_explorations"]
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
 ROOTS_PER_WORKER = 4  # -j reduced: prefixes per worker, taken as each gets free (the first ones take the most runs)
+WORK_PREFIX = "pgrace-explore-"  # the -j workers' shared claims, in a directory named for this process
 PART = 2_000  # interleavings per scratch database and per worker's round: about 10 s at ~5 ms each
 
 
@@ -464,8 +465,10 @@ def _reduce_in_processes(
     import tempfile
 
     from pgrace.drivers.reduce import Claims, explore_part
+    from pgrace.servers.processes import sweep_dead_dirs
 
-    with tempfile.TemporaryDirectory(prefix="pgrace-explore-") as shared:
+    sweep_dead_dirs(WORK_PREFIX)  # what a killed explore -j left
+    with tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-") as shared:
         claims = Claims(os.path.join(shared, "claims"))
 
         def tell() -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
+import shutil
 import signal
 import stat
 import sys
+import tempfile
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
@@ -46,6 +49,28 @@ def owned_private_dir(path: str, owners: set[int]) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid in owners and not st.st_mode & 0o077
+
+
+def sweep_dead_dirs(prefix: str) -> list[str]:
+    """Remove the temporary directories ``PREFIX<pid>-…`` that killed pgrace processes of this user left.
+
+    The temporary folder is everyone's: only a 0700 directory of this user, named for a
+    process that is gone, is taken.
+    """
+    named = re.compile(rf"^{re.escape(prefix)}(\d+)-")
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(tempfile.gettempdir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = named.match(entry.name)
+        if match is None or int(match[1]) == os.getpid() or pid_alive(int(match[1])):
+            continue
+        if owned_private_dir(entry.path, {os.geteuid()}):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
 
 
 @functools.cache

@@ -31,7 +31,7 @@ from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed
 from pgrace.model.load import ClientRun, LoadOptions, LoadResult, NoPgbench
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
-from pgrace.servers.processes import dies_with_parent, owned_private_dir, pid_alive
+from pgrace.servers.processes import dies_with_parent, sweep_dead_dirs
 
 APP_PREFIX = "pgrace-load/"
 
@@ -175,29 +175,11 @@ def _secrets_aside(params: dict[str, str], work: str, env: dict[str, str]) -> di
 
 
 WORK_PREFIX = "pgrace-load-"
-_WORK_DIR = re.compile(r"^pgrace-load-(\d+)-")
 
 
 def sweep_work_dirs() -> list[str]:
-    """Remove the work directories (pgbench's script and logs) that killed loads of this user left.
-
-    The temporary folder is everyone's: only a 0700 directory of this user, named for a
-    process that is gone, is taken.
-    """
-    base = tempfile.gettempdir()
-    removed: list[str] = []
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return removed
-    for entry in entries:
-        match = _WORK_DIR.match(entry.name)
-        if match is None or int(match[1]) == os.getpid() or pid_alive(int(match[1])):
-            continue
-        if owned_private_dir(entry.path, {os.geteuid()}):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
-    return removed
+    """Remove the work directories (pgbench's script and logs) that killed loads of this user left."""
+    return sweep_dead_dirs(WORK_PREFIX)
 
 
 def pgbench_argv(
