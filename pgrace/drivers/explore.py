@@ -39,16 +39,18 @@ from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, explore_options,
 from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model.outcomes import (
+    Claim,
     Observed,
     OutcomeClass,
     add_observed,
+    claim_of,
     classify,
     merge_classes,
     ordered,
     split_run,
     whole_number,
 )
-from pgrace.model.scenario import PermutationStep, Scenario, StepExpectation
+from pgrace.model.scenario import PermutationStep, Scenario
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
 from pgrace.servers import ServerInfo
@@ -80,6 +82,7 @@ class Exploration:
     complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
+    claim: Claim = "no bug"  # what the classes must show (pgrace.model.outcomes.claim_of)
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
 
     def replay(self, cls: OutcomeClass) -> Run:
@@ -131,12 +134,22 @@ class Exploration:
             "guarantee": self.guarantee,
             "repeats": self.repeats,
             "seed": self.seed,
+            "claim": self.claim,
+            "passed": self.passed,
             "classes": [c.to_dict(self.variant) for c in self.classes],
         }
 
     @property
-    def all_ok(self) -> bool:
-        return all(c.ok for c in self.classes)
+    def passed(self) -> bool:
+        """The variant's claim, judged on its classes: explore's verdict and exit code.
+
+        "bug": some class reproduces the bug with no error the scenario does not declare (a
+        shard's share need not hold one: the merge of all shards is judged); "no bug": no
+        class shows the bug or raises such an error.
+        """
+        if self.claim == "bug":
+            return any(c.shows_bug for c in self.classes) or self.shard[1] > 1
+        return not any(c.breaks for c in self.classes)
 
 
 def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
@@ -146,6 +159,7 @@ def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
         classes = [OutcomeClass.from_dict(c, space.preference(c["example"])) for c in data["classes"]]
         guarantee = data.get("guarantee", {"kind": "complete"})
         bounded = guarantee["kind"] in ("preemptions", "pct")
+        claim: Claim = "bug" if data.get("claim", "no bug") == "bug" else "no bug"
         return Exploration(
             str(data["scenario"]),
             str(data["variant"]),
@@ -157,6 +171,7 @@ def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
             complete=bool(data.get("complete", True)),
             repeats=whole_number(data.get("repeats", 0), "repeats"),
             bound=Bound.from_dict(guarantee, whole_number(data["runs"], "runs")) if bounded else None,
+            claim=claim,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})") from None
@@ -191,6 +206,7 @@ def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
         runs=sum(p.run_count for p in parts),
         complete=all(p.complete for p in parts),
         repeats=sum(p.repeats for p in parts),
+        claim=first.claim,
     )
 
 
@@ -308,6 +324,26 @@ def explore(
     :mod:`pgrace.drivers.bounded`); ``limit`` caps its runs (PCT: the schedules drawn, 100
     by default), ``seed`` seeds PCT (0 by default).
     """
+    found = _explore(
+        scenario, server, limit, seed, shard, jobs, step_timeout, on_progress, reduce, max_preemptions, pct
+    )
+    found.claim = claim_of(scenario)
+    return found
+
+
+def _explore(
+    scenario: Scenario,
+    server: ServerInfo,
+    limit: int | None,
+    seed: int | None,
+    shard: tuple[int, int],
+    jobs: int,
+    step_timeout: float,
+    on_progress: Callable[[int, int], None] | None,
+    reduce: bool,
+    max_preemptions: int | None,
+    pct: int | None,
+) -> Exploration:
     from pgrace.drivers.bounded import check_bounds
 
     check_jobs(jobs)
@@ -546,12 +582,14 @@ def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeo
     """Run a class's example again as an ordinary run, fully observed (locks, waits), to show it.
 
     Step notes and expectations are left out: they tell the file's own order (a retry
-    attempt's note stays: it says which attempt the step is).
+    attempt's note stays: it says which attempt the step is). The errors they declare stay,
+    declared in every order.
     """
     from pgrace.drivers.one_run import run_in_scratch
 
     steps = tuple(
-        dataclasses.replace(s, expect=StepExpectation(), note=s.note if s.attempt > 1 else "") for s in scenario.steps
+        dataclasses.replace(s, expect=s.expect.declarations(), note=s.note if s.attempt > 1 else "")
+        for s in scenario.steps
     )
     one = dataclasses.replace(
         scenario, steps=steps, other=None, permutations=(tuple(PermutationStep(n) for n in cls.example),)

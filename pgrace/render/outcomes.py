@@ -75,10 +75,50 @@ def _space_line(exploration: Exploration) -> str:
     return f"{text}: {count} outcome class{'es' if count != 1 else ''}"
 
 
+def _numbers(numbers: Sequence[int]) -> str:
+    listed = [str(n) for n in numbers]
+    return listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
+
+
+def exploration_verdict(exploration: Exploration, scenario: Scenario) -> tuple[str, bool]:
+    """The exploration's verdict in one sentence, and whether it passed (its exit code says the same).
+
+    What passes is the variant's claim (``Exploration.claim``): the bug shown cleanly in some
+    class, or no class that shows it or raises an error no step declares.
+    """
+    classes = exploration.classes
+    if exploration.claim == "bug":
+        clean = [n for n, c in enumerate(classes, 1) if c.shows_bug]
+        if clean:
+            return f"{_classes(clean)} {'shows' if len(clean) == 1 else 'show'} the bug", True
+        tainted = [n for n, c in enumerate(classes, 1) if c.reproduces]
+        said = "with an error no step declares" if tainted else "in no class"
+        if exploration.shard[1] > 1:
+            return f"this shard shows the bug {said}: the merge of all shards decides", True
+        return f"the bug happens {said}" + (f" ({_classes(tainted)})" if tainted else ""), False
+    showing = [n for n, c in enumerate(classes, 1) if c.reproduces]
+    raising = [n for n, c in enumerate(classes, 1) if c.unexpected]
+    if not showing and not raising:
+        said = "no class shows the bug, none raises" if scenario.checks else "no class raises"
+        return f"{said} an error no step declares", True
+    parts = []
+    if showing:
+        parts.append(f"{_classes(showing)} {'shows' if len(showing) == 1 else 'show'} the bug")
+    if raising:
+        codes = sorted({code for n in raising for code in classes[n - 1].unexpected})
+        verb = "raises" if len(raising) == 1 else "raise"
+        parts.append(f"{_classes(raising)} {verb} an error no step declares ({', '.join(codes)})")
+    return "; ".join(parts), False
+
+
+def _classes(numbers: Sequence[int]) -> str:
+    return f"{'class' if len(numbers) == 1 else 'classes'} {_numbers(numbers)}"
+
+
 def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str:
     exploration, scenario = without_controls(exploration), without_controls(scenario)
     rows = [
-        [number, c.count, verdict_of(c.ok, exploration.variant, bool(scenario.checks))[0], c.waits, c.summary]
+        [number, c.count, verdict_of(c, scenario)[0], c.waits, c.summary]
         for number, c in enumerate(exploration.classes, 1)
     ]
     lines = [f"{exploration.scenario} ({exploration.variant}): {_space_line(exploration)}", ""]
@@ -87,6 +127,8 @@ def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str
     lines.append("")
     for number, c in enumerate(exploration.classes, 1):
         lines.append(f"class {number} example: {example_text(scenario, c.example)}")
+    said, passed = exploration_verdict(exploration, scenario)
+    lines += ["", f"verdict: {'✔' if passed else '✘'} {said}"]
     if exploration.classes:
         lines.append("")
         lines.append("`--show N` prints class N's example as a timeline (any --format).")
@@ -106,11 +148,13 @@ def render_exploration_markdown(exploration: Exploration, scenario: Scenario) ->
         "|---:|---:|:---|---:|:---|:---|",
     ]
     for number, c in enumerate(exploration.classes, 1):
-        said, bad = verdict_of(c.ok, exploration.variant, bool(scenario.checks))
+        said, bad = verdict_of(c, scenario)
         lines.append(
             f"| {number} | {c.count} | {f'**{said}**' if bad else said} | {c.waits} | {_md(c.summary)} "
             f"| {_md(example_text(scenario, c.example))} |"
         )
+    said, passed = exploration_verdict(exploration, scenario)
+    lines += ["", f"**verdict:** {'✔' if passed else '✘'} {_md(said)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -122,6 +166,8 @@ _STYLE = f"""
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #1f2937; }}
 table {{ border-collapse: collapse; margin: 1em 0; }}
 th, td {{ border: 1px solid #d1d5db; padding: .35em .6em; text-align: left; vertical-align: top; }}
+p.verdict.ok {{ color: {OK_COLOUR}; font-weight: bold; }}
+p.verdict.fail {{ color: {ERROR_COLOUR}; font-weight: bold; }}
 tr.ok td.verdict, td.ok {{ background: #dcfce7; color: {OK_COLOUR}; }}
 tr.fail td.verdict, td.fail {{ background: #fee2e2; color: {ERROR_COLOUR}; font-weight: bold; }}
 td.differs {{ outline: 3px solid {ERROR_COLOUR}; }}
@@ -146,7 +192,7 @@ def _classes_html(
     ]
     for number, c in enumerate(classes, 1):
         link = f"{anchor}-{number}"
-        said, bad = verdict_of(c.ok, scenario.variant, bool(scenario.checks))
+        said, bad = verdict_of(c, scenario)
         parts.append(
             f'<tr class="{"fail" if bad else "ok"}"><td><a href="#{link}">{number}</a></td><td>{c.count}</td>'
             f'<td class="verdict">{said}</td><td>{c.waits}</td>'
@@ -169,6 +215,8 @@ def render_exploration_html(exploration: Exploration, scenario: Scenario, timeli
     exploration, scenario = without_controls(exploration), without_controls(scenario)
     title = f"{exploration.scenario} ({exploration.variant})"
     body = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(_space_line(exploration))}</p>"]
+    said, passed = exploration_verdict(exploration, scenario)
+    body.append(f'<p class="verdict {"ok" if passed else "fail"}">verdict: {html.escape(said)}</p>')
     body.extend(_classes_html(exploration.classes, scenario, timelines, "class"))
     return _page(f"pgrace explore {title}", "\n".join(body) + "\n")
 
