@@ -74,7 +74,8 @@ from pgrace.render import formats
     "--explore",
     "explore_all",
     is_flag=True,
-    help="Judge every interleaving: a bug must occur in one, a fix must hold in all.",
+    help="Judge every interleaving: a bug must occur in one, a fix must hold in all, and no step may"
+    " raise an error it does not declare.",
 )
 @max_option("With --explore: a seeded sample of N")
 @seed_option

@@ -97,11 +97,9 @@ class Expectations:
         may_fail = raw.get("may_fail", False)
         allowed = self._allowed(may_fail, (*where, "may_fail"))
         may_fail = may_fail is True
-        if (may_fail or allowed) and sqlstate is not None:
+        if may_fail and sqlstate is not None:  # SQLSTATEs with error: what the file's order does, what others may
             raise self.loc.error(
-                "expect.error says the step fails with that SQLSTATE, expect.may_fail that it may fail: keep one",
-                *where,
-                "may_fail",
+                "expect.may_fail allows any error; with expect.error it says nothing more: keep one", *where, "may_fail"
             )
         released_by = raw.get("released_by")
         if released_by is not None and (
@@ -220,7 +218,10 @@ class Expectations:
         return tuple(tuple(r) for r in raw)
 
     def _allowed(self, raw: Any, where: KeyPath) -> tuple[str, ...]:
-        """``may_fail = "40001"`` or a list of SQLSTATEs: the step may fail with these, in any order, and need not."""
+        """``may_fail = "40001"`` or a list of SQLSTATEs: the step may fail with these, in any order, and need not.
+
+        Beside ``error`` (which says what the file's order does) it declares what other orders may raise.
+        """
         if isinstance(raw, bool):
             return ()
         codes = [raw] if isinstance(raw, str) else raw
