@@ -13,7 +13,9 @@ from pgrace.drivers.explore import explore
 from pgrace.errors import ScenarioError
 from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.render.json import run_to_dict
 from pgrace.servers import ServerInfo
+from tools.record_runs import load_run
 
 HERE = Path(__file__).parent
 UNIQUE_CURE = HERE / "explore" / "unique-cure.toml"  # checks hold in every order; b's insert fails with 23505 in one
@@ -199,3 +201,12 @@ def test_shipped_bug_variants_say_what_their_checks_are() -> None:
                 assert all(not c.is_signature for c in one.checks), name
             elif one.checks:
                 assert any(c.is_signature for c in one.checks), name
+
+
+def test_show_and_the_run_json_say_each_checks_polarity() -> None:
+    shown = CliRunner().invoke(main, ["show", "nowait"])
+    assert shown.exit_code == 0, shown.output
+    assert "check (must hold): no job was lost or claimed twice: all three still queued" in shown.output
+    assert "check (the bug): a worker got no job: its claim failed while jobs 2 and 3 were free" in shown.output
+    final = run_to_dict(load_run("nowait.bug"))["final"]
+    assert [f["kind"] for f in final] == ["invariant", "bug"]
