@@ -43,6 +43,8 @@ def test_explore_verdict_and_exit_code_fail_a_cure_whose_other_orders_raise_an_u
     assert [c.ok for c in found.classes] == [True, True]  # the final check holds everywhere ...
     assert [c.unexpected for c in found.classes] == [(), ("23505",)]  # ... but one order raises 23505
     assert not found.passed
+    split = explore(cure, pgrace_server, jobs=2)  # read back from its workers' JSON: the same classes, the same verdict
+    assert [c.unexpected for c in split.classes] == [(), ("23505",)] and not split.passed
 
     cli = CliRunner()
     dsn = ["--dsn", pgrace_server.dsn]
