@@ -21,6 +21,7 @@ from pgrace.model.timeline import (
     NotifyReceived,
     PermutationStarted,
     Run,
+    ServerChose,
     SessionLost,
     StepCancelled,
     StepFinished,
@@ -31,6 +32,7 @@ from pgrace.render.common import SESSION_COLOURS, wrap_cell
 from pgrace.render.story import setup_failure, verdict_words
 from pgrace.render.wording import (
     cancel_text,
+    chosen_text,
     describe_wait,
     locks_heading,
     lost_text,
@@ -149,6 +151,8 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             step = launched[event.seq]
             text = f"⌛ {step.step} cancelled after {event.after_s:g} s ({cancel_text(event)})"
             rows.append(Row("", step.session, [text]))
+        elif isinstance(event, ServerChose):
+            rows.append(Row("", launched[event.seq].session, [chosen_text(event, launched, sql_limit=24)]))
         elif isinstance(event, SessionLost):
             show_running(session=event.session)
             rows.append(Row("", event.session, [lost_text(event)]))
