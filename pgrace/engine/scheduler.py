@@ -29,7 +29,7 @@ from pgrace.engine.steps import Active
 from pgrace.engine.waiting import SocketWaiting, Waiting
 from pgrace.errors import PgraceError, StepsStuck
 from pgrace.model.scenario import PermutationStep, Scenario, Step
-from pgrace.model.timeline import Holder, Outcome, Run, SqlError
+from pgrace.model.timeline import Holder, Outcome, Run, SqlError, Wait
 from pgrace.model.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
@@ -203,16 +203,7 @@ class Scheduler:
             return False
         if self.held_by_marker(active):
             return False
-        waits = self.inspector.describe_waits(session.pid)
-        now = {name for wait in waits for name in (*wait.blocked_by, *wait.queued_behind, wait.holder) if name}
-        rivals = self.book.releases.rivals(active.seq, now)
-        if not rivals:
-            return False
-        winner, released_by = rivals[0]
-        if (active.seq, winner) not in self.chosen:
-            self.chosen.add((active.seq, winner))
-            self.book.server_chose(active, winner, released_by, waits)
-        return True
+        return self._chosen(active, self.inspector.describe_waits(session.pid))
 
     def stuck(self, message: str) -> StepsStuck:
         """Steps that can never finish: the scenario's outcome (isolationtester exits 1), not the server's fault."""
@@ -356,6 +347,23 @@ class Scheduler:
             return
         waits = self.inspector.describe_waits(self.sessions[active.step.session].pid)
         self.book.releases.also_waiting(active.seq, waits)
+        self._chosen(active, waits)
+
+    def _chosen(self, active: Active, waits: tuple[Wait, ...]) -> bool:
+        """Whether another waiter, woken with this step by one release, went first and this one waits for it now.
+
+        The server chose that order, not the scenario: it is recorded (once), in whichever
+        order the server chose, so that the timeline says so either way.
+        """
+        now = {name for wait in waits for name in (*wait.blocked_by, *wait.queued_behind, wait.holder) if name}
+        rivals = self.book.releases.rivals(active.seq, now)
+        if not rivals:
+            return False
+        winner, released_by = rivals[0]
+        if (active.seq, winner) not in self.chosen:
+            self.chosen.add((active.seq, winner))
+            self.book.server_chose(active, winner, released_by, waits)
+        return True
 
     def _report_waiting(self, active: Active, by_marker: bool) -> None:
         detected = self.recorder.now()  # before describing: the latency is detection's alone
