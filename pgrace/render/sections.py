@@ -215,7 +215,8 @@ def timeline_sections(run: Run) -> list[Section]:
                 cancelled.end = index
         elif isinstance(event, ServerChose):
             step = launched[event.seq]
-            add(Entry("chosen", step.session, event.seq, step.step, waits=event.waits, text=chosen_text(event, launched)))
+            text = chosen_text(event, launched)
+            add(Entry("chosen", step.session, event.seq, step.step, waits=event.waits, text=text))
         elif isinstance(event, SessionLost):
             show_running(session=event.session)
             add(Entry("lost", event.session, event.during_seq, text=lost_text(event)))
