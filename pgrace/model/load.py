@@ -78,4 +78,5 @@ class LoadOptions:
     transactions: int | None = None
     pgbench: str | None = None
     sample_every: float = SAMPLE_EVERY_S
+    setup_timeout: float = 60.0  # the scenario's and the load's setup, and the checks, each cut after this
     on_progress: Callable[[LoadResult, ClientRun], None] | None = None

@@ -78,6 +78,7 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     sweep_work_dirs()
     pgbench = find_pgbench(server, options.pgbench)
     major = pgbench_major(pgbench)
+    check_machine(max(options.clients, default=0))
     check_room(server, max(options.clients, default=0))
     result = LoadResult(scenario.name, scenario.variant, server.version)
     try:
@@ -108,9 +109,12 @@ def _one_count(
     ):
         with psycopg.connect(db.dsn, autocommit=True) as conn:
             for text in setup_sql(scenario):
-                error = control_sql().execute(conn.pgconn, text).error
+                error = control_sql(options.setup_timeout).execute(conn.pgconn, text).error
                 if error is not None:
-                    raise ScenarioFailed(f"load setup failed: {error.sqlstate}: {error.message}", scenario.source, None)
+                    why = f" ({error.detail})" if error.detail and error.sqlstate == "57014" else ""
+                    raise ScenarioFailed(
+                        f"load setup failed: {error.sqlstate}: {error.message}{why}", scenario.source, None
+                    )
         script_path = os.path.join(work, "load.sql")
         Path(script_path).write_text(script, encoding="utf-8")
         params = {k: str(v) for k, v in conninfo_to_dict(db.dsn).items() if v is not None}
@@ -140,7 +144,7 @@ def _one_count(
             lock_waiters_max=waiters,
             lock_waits_on=on_what,
         )
-        run.violations = check_invariants(scenario, db.dsn)
+        run.violations = check_invariants(scenario, db.dsn, options.setup_timeout)
     return run
 
 
@@ -203,6 +207,31 @@ def threads_for(clients: int) -> int:
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(clients, cores))
+
+
+DEFAULT_CONNECTIONS = 100  # what pgrace's own server allows unless a load asks for more
+_OUR_CONNECTIONS = 10  # pgrace's own (setup, observer, a probe) and PostgreSQL's superuser reserve
+
+
+def connections_for(clients: int) -> int:
+    """``max_connections`` for a server pgrace starts to take ``clients`` pgbench clients beside its own."""
+    return max(DEFAULT_CONNECTIONS, clients + _OUR_CONNECTIONS)
+
+
+def check_machine(clients: int) -> None:
+    """Refuse (exit 2) a client count this process cannot open files for: pgbench holds a socket per client."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = clients + 64  # pgbench's logs, its libraries, stdio
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard == resource.RLIM_INFINITY or hard >= needed:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))  # pgbench inherits it
+            return
+        raise ScenarioError(
+            f"-c/--clients {clients}: this machine lets a process open {hard} files at most (ulimit -Hn),"
+            f" and pgbench needs one per client and about 64 more; lower -c"
+        )
 
 
 def check_room(server: ServerInfo, clients: int) -> None:
