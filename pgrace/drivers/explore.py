@@ -141,12 +141,8 @@ class Exploration:
 
     @property
     def passed(self) -> bool:
-        """The variant's claim, judged on its classes: explore's verdict and exit code.
-
-        "bug": some class reproduces the bug with no error the scenario does not declare (a
-        shard's share need not hold one: the merge of all shards is judged); "no bug": no
-        class shows the bug or raises such an error.
-        """
+        """The variant's claim judged on its classes (explore's verdict and exit code): "bug", some class
+        shows it with no undeclared error (a shard need not: the merge is judged); "no bug", none breaks it."""
         if self.claim == "bug":
             return any(c.shows_bug for c in self.classes) or self.shard[1] > 1
         return not any(c.breaks for c in self.classes)
