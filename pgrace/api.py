@@ -232,10 +232,7 @@ def explore(
     space = Space(scenario)
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
-        merged = merge_explorations(load_explorations(texts, space))
-        if (merged.scenario, merged.variant) != (scenario.name, scenario.variant):
-            raise ScenarioError(f"the files explored {merged.scenario} ({merged.variant}), not this scenario")
-        return Explored(scenario, merged)
+        return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
     from pgrace.drivers.bounded import check_bounds
 
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts

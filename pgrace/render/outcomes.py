@@ -52,12 +52,13 @@ def _space_line(exploration: Exploration) -> str:
     elif exploration.reduced and exploration.covers_all:
         runs = exploration.run_count
         text = f"all {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
-    elif exploration.reduced and exploration.complete and exploration.shard[1] > 1:  # a shard's share, covered
+    elif exploration.reduced and exploration.complete and exploration.shard[1] > 1 and exploration.held is None:
+        # a shard's share, covered
         runs = exploration.run_count
         text = f"{exploration.explored:,} of {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
     elif exploration.reduced:
         text = f"{exploration.run_count:,} runs of {space:,} {noun}, not all covered"
-    elif exploration.explored == space:
+    elif exploration.explored == space and not exploration.missing:
         text = f"all {space} {noun}"
     else:
         text = f"{exploration.explored} of {space} {noun}"
@@ -69,10 +70,16 @@ def _space_line(exploration: Exploration) -> str:
     if said:
         text += f" ({'; '.join(said)})"
     k, n = exploration.shard
-    if n > 1:
+    if exploration.held is not None and exploration.missing:  # a merge of some of the shards
+        text += f", {_shards(exploration.held, n)} merged, {_shards(exploration.missing, n)} missing"
+    elif exploration.held is None and n > 1:
         text += f", shard {k}/{n}"
     count = len(exploration.classes)
     return f"{text}: {count} outcome class{'es' if count != 1 else ''}"
+
+
+def _shards(numbers: Sequence[int], n: int) -> str:
+    return f"shard{'s' if len(numbers) > 1 else ''} {', '.join(str(k) for k in numbers)} of {n}"
 
 
 def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str:
