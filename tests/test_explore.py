@@ -202,6 +202,9 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
         "final",
         "waits",
         "example",
+        "retries",
+        "retried_on",
+        "retry_example",
     }
     files = []
     for k in (1, 2):

@@ -248,7 +248,7 @@ def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None
     from pgrace.drivers.bounded import Bound
 
     try:
-        classes = [OutcomeClass.from_dict(c, space.preference(c["example"])) for c in data["classes"]]
+        classes = [OutcomeClass.from_dict(c, space.preference) for c in data["classes"]]
         guarantee = data.get("guarantee", {"kind": "complete"})
         bounded = guarantee["kind"] in ("preemptions", "pct")
         shard = data.get("shard")
