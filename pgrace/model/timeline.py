@@ -148,6 +148,11 @@ class HeldLock:
             return "SIRead"
         return self.mode
 
+    @property
+    def key(self) -> dict[str, Any] | None:
+        """The locked row's primary key, ``{column: value}`` (the JSON's ``key``); None but for a row."""
+        return self.row.key_dict() if self.row is not None else None
+
     def label(self) -> str:
         """``s1: table jobs AccessShareLock``; an SIRead lock reads ``a: SIRead doctors``."""
         if self.kind == "predicate":
@@ -203,6 +208,11 @@ class Wait:
     candidates, never a guess. The key is never shown (only a 23505 error names it).
     """
     reason: str = ""  # what the server says the waiter is doing (e.g. "waiting for old snapshots")
+
+    @property
+    def key(self) -> dict[str, Any] | None:
+        """The awaited row's primary key, ``{column: value}`` (the JSON's ``key``); None but for a row."""
+        return self.row.key_dict() if self.row is not None else None
 
 
 @dataclass(frozen=True)
@@ -314,6 +324,11 @@ class Release:
     session: str | None = None
     failed: bool = False
     reason: str | None = None
+
+    @property
+    def step(self) -> int | None:
+        """``seq``, by the JSON's word: the number of the step that released the wait."""
+        return self.seq
 
 
 @dataclass(frozen=True)
@@ -441,6 +456,51 @@ class StepRun:
     def waited(self) -> bool:
         return self.wait_detected_ms is not None and not self.by_marker
 
+    # The JSON's words for the same facts (docs/reference/json.md), so that a reader of one
+    # can use the other: ``name`` is ``step``, ``index`` is ``seq``, and so on.
+
+    @property
+    def name(self) -> str:
+        """The step's name (``claim.worker2``; ``bob-commit#2`` for a retry's second attempt)."""
+        return self.step
+
+    @property
+    def index(self) -> int:
+        """Its launch number in the run, from 1: the ``#`` column of the text timeline."""
+        return self.seq
+
+    @property
+    def retry_loop(self) -> str | None:
+        """The retry loop it is an attempt of (the loop's last step), or None."""
+        return self.loop
+
+    @property
+    def waited_on(self) -> tuple[Wait, ...]:
+        """What it waited for, one :class:`Wait` per lock."""
+        return tuple(self.waits)
+
+    @property
+    def error(self) -> SqlError | None:
+        """The server's error, with its ``sqlstate``, or None."""
+        return self.outcome.error if self.outcome is not None else None
+
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """The columns of its last result, or None when it returned no rows."""
+        last = self.outcome.last_rows if self.outcome is not None else None
+        return last.columns if last is not None else None
+
+    @property
+    def rows(self) -> tuple[tuple[Any, ...], ...] | None:
+        """The rows of its last result as Python values (the server's text where psycopg cannot load a cell)."""
+        last = self.outcome.last_rows if self.outcome is not None else None
+        return last.rows if last is not None else None
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        """The command tags, one per statement (``UPDATE 1``)."""
+        return self.outcome.commands if self.outcome is not None else ()
+
     @property
     def released_by(self) -> int | None:
         return _releasing_step(self.release)
@@ -491,6 +551,16 @@ class Run:
     def ok(self) -> bool:
         """Every expectation held, and there were some to hold: a run whose setup failed checked none."""
         return self.failed_setup() is None and all(check.ok for check in self.checks)
+
+    @property
+    def steps(self) -> list[StepRun]:
+        """Each launched step, in launch order (the JSON's ``steps``; :meth:`step_runs` folds them anew)."""
+        return self.step_runs()
+
+    @property
+    def server(self) -> str:
+        """The server it ran on, as safe to print (the JSON's ``server``)."""
+        return self.server_label
 
     def failed_setup(self) -> SetupRan | None:
         """The setup (global or a session's) that failed, when one did: the steps never ran."""
