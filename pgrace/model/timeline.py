@@ -298,6 +298,28 @@ class ServerChose:
     waits: tuple[Wait, ...]
     t: float
 
+    # The JSON's words (``server_chose`` of a step, docs/reference/json.md) for the same facts.
+
+    @property
+    def went_first(self) -> int:
+        return self.winner_seq
+
+    @property
+    def session(self) -> str:
+        return self.winner
+
+    @property
+    def woken_by(self) -> int:
+        return self.released_by
+
+    @property
+    def waits_on(self) -> tuple[Wait, ...]:
+        return self.waits
+
+    @property
+    def detected_ms(self) -> float:
+        return self.t
+
 
 @dataclass(frozen=True)
 class SessionLost:
@@ -498,6 +520,11 @@ class StepRun:
     def waited_on(self) -> tuple[Wait, ...]:
         """What it waited for, one :class:`Wait` per lock."""
         return tuple(self.waits)
+
+    @property
+    def server_chose(self) -> tuple[ServerChose, ...]:
+        """Each time a release woke it with another step and the server let the other go first."""
+        return tuple(self.overtaken)
 
     @property
     def error(self) -> SqlError | None:
