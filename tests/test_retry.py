@@ -217,6 +217,15 @@ def test_every_exploration_format_shows_the_retries(pgrace_server: ServerInfo, t
     assert "<th>retried</th>" in html and f"<td>{retried}</td>" in html
 
 
+def test_a_sweep_says_which_cells_classes_retried(pgrace_server: ServerInfo, tmp_path: Path) -> None:
+    swept = tmp_path / "retry-once.toml"
+    swept.write_text(RETRY_ONCE.read_text() + "\n[params]\nx = 1\n")
+    args = ["sweep", str(swept), "-p", "x=1", "--explore", "--dsn", pgrace_server.dsn]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "retry-once [x=1] ×2: final (true) · checks hold · retried: 1 (40001)\n" in result.stdout
+
+
 def test_shards_add_their_retries_up(pgrace_server: ServerInfo) -> None:
     one = explore(load_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False)
     shards = [explore(load_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False, shard=(k, 2)) for k in (1, 2)]

@@ -326,7 +326,8 @@ def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
     for s in sweeps:
         for cell in s.cells:
             for c in cell.classes:
-                lines.append(f"{s.scenario} [{_combination_label(cell.params)}] ×{c.count}: {c.summary}")
+                retried = f" · retried: {retried_text(c)}" if c.retries else ""
+                lines.append(f"{s.scenario} [{_combination_label(cell.params)}] ×{c.count}: {c.summary}{retried}")
     return "\n".join(lines) + "\n"
 
 
