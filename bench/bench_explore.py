@@ -20,7 +20,8 @@ import time
 
 import psycopg
 
-from pgrace.drivers.explore import EXPLORE_SCHEMA, Space, explore, merge_explorations
+from pgrace.drivers.explore import EXPLORE_SCHEMA, Space, explore
+from pgrace.drivers.shards import merge_explorations
 from pgrace.formats import catalog
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, open_server

@@ -18,7 +18,8 @@ from helpers import steps_scenario
 
 from pgrace.cli import main
 from pgrace.drivers import check as regression
-from pgrace.drivers.explore import explore, merge_explorations
+from pgrace.drivers.explore import explore
+from pgrace.drivers.shards import merge_explorations
 from pgrace.drivers.space import Space, choose
 from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import ScenarioError

@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pgrace.cli import main
-from pgrace.drivers.explore import explore, merge_explorations
+from pgrace.drivers.explore import explore
+from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
 from pgrace.formats import catalog
 from pgrace.servers import ServerInfo

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 from pgrace import api
 from pgrace.cli import main
-from pgrace.drivers.explore import explore, merge_explorations, replay
+from pgrace.drivers.explore import explore, replay
+from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
 from pgrace.model.timeline import Run

@@ -28,14 +28,13 @@ parent can tell (reduced, workers count their runs in a file the parent reads).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgrace.bounds import check_jobs, check_sample
+from pgrace.drivers.identity import Search
 from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, explore_options, prepared
 from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import PgraceError, ScenarioError
@@ -44,115 +43,24 @@ from pgrace.model.outcomes import (
     OutcomeClass,
     add_observed,
     classify,
-    merge_classes,
     ordered,
     split_run,
-    whole_number,
 )
 from pgrace.model.scenario import PermutationStep, Scenario, StepExpectation
 from pgrace.model.timeline import Run
-from pgrace.model.values import to_json_value
 from pgrace.scratch import scratch_database_with_schema
 from pgrace.servers import ServerInfo
 
 if TYPE_CHECKING:
     from pgrace.drivers.bounded import Bound
 
-__all__ = ["Exploration", "Space", "explore", "merge_explorations"]
+__all__ = ["Exploration", "Space", "explore"]
 
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
 ROOTS_PER_WORKER = 4  # -j reduced: prefixes per worker, taken as each gets free (the first ones take the most runs)
 WORK_PREFIX = "pgrace-explore-"  # the -j workers' shared claims, in a directory named for this process
 PART = 2_000  # interleavings per scratch database and per worker's round: about 10 s at ~5 ms each
-
-
-@dataclass(frozen=True)
-class Search:
-    """What makes shards parts of one search: the same scenario text and parameters, the same settings.
-
-    ``steps`` is a digest of the variant's setup, steps, teardown and final checks: a file
-    edited between two shards is another search. ``limit`` and ``seed`` are a sample's
-    (None: every interleaving); ``reduced``: split by prefixes of the numbering, not every N-th.
-    """
-
-    params: tuple[tuple[str, Any], ...]
-    steps: str
-    reduced: bool
-    limit: int | None
-    seed: int | None
-    step_timeout: float
-
-    @classmethod
-    def of(cls, scenario: Scenario, reduced: bool, limit: int | None, seed: int | None, step_timeout: float) -> Search:
-        return cls(scenario.params, scenario_digest(scenario), reduced, limit, seed, step_timeout)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "params": {name: to_json_value(value) for name, value in self.params},
-            "steps": self.steps,
-            "reduced": self.reduced,
-            "max": self.limit,
-            "seed": self.seed,
-            "step_timeout": self.step_timeout,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Search:
-        limit, seed, timeout = data["max"], data["seed"], data["step_timeout"]
-        if not isinstance(data["params"], dict) or not isinstance(data["steps"], str):
-            raise TypeError("params is an object and steps a string")
-        if not isinstance(data["reduced"], bool) or type(timeout) not in (int, float):
-            raise TypeError("reduced is true or false and step_timeout a number")
-        return cls(
-            tuple(data["params"].items()),
-            data["steps"],
-            data["reduced"],
-            None if limit is None else whole_number(limit, "max"),
-            None if seed is None else _integer(seed, "seed"),
-            float(timeout),
-        )
-
-    def differences(self, other: Search) -> list[str]:
-        """What ``other`` set otherwise, in the reader's words (empty: the same search)."""
-        said = []
-        mine, theirs = self.to_dict(), other.to_dict()
-        if mine["params"] != theirs["params"]:
-            said.append(f"params {_params_text(theirs['params'])}, not {_params_text(mine['params'])}")
-        if self.steps != other.steps:
-            said.append("another text of the scenario (setup, steps or checks)")
-        for key, words in SETTINGS:
-            if mine[key] != theirs[key]:
-                said.append(f"{words} {_setting_text(theirs[key])}, not {_setting_text(mine[key])}")
-        return said
-
-
-SETTINGS = (("reduced", "reduced"), ("max", "--max"), ("seed", "--seed"), ("step_timeout", "--step-timeout"))
-
-
-def _integer(value: Any, name: str) -> int:
-    if type(value) is not int:
-        raise ValueError(f"{name} is not a whole number: {str(value)[:40]}")
-    return value
-
-
-def _params_text(params: dict[str, Any]) -> str:
-    return ", ".join(f"{name}={value}" for name, value in params.items()) or "none"
-
-
-def _setting_text(value: Any) -> str:
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def scenario_digest(scenario: Scenario) -> str:
-    """A short digest of what a variant runs and checks: shards of another text are not parts of one search."""
-    told = [
-        list(scenario.setup),
-        [[s.name, s.session, s.sql, s.sleep, s.loop, s.attempt] for s in scenario.steps],
-        list(scenario.teardown),
-        [[c.description, c.sql, c.rows] for c in scenario.checks],
-    ]
-    return hashlib.sha256(json.dumps(told, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -242,111 +150,6 @@ class Exploration:
     @property
     def all_ok(self) -> bool:
         return all(c.ok for c in self.classes)
-
-
-def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None = None) -> Exploration:
-    from pgrace.drivers.bounded import Bound
-
-    try:
-        classes = [OutcomeClass.from_dict(c, space.preference) for c in data["classes"]]
-        guarantee = data.get("guarantee", {"kind": "complete"})
-        bounded = guarantee["kind"] in ("preemptions", "pct")
-        shard = data.get("shard")
-        if "search" not in data or not isinstance(shard, dict):  # written before shards said which search
-            raise ScenarioError(
-                'not a shard of a known search: it does not say which (no "search" and "shard"); explore again',
-                origin,
-            )
-        n = whole_number(shard["n"], "shard n")
-        held = tuple(whole_number(k, "shard held") for k in shard["held"])
-        if n < 1 or not held or not all(1 <= k <= n for k in held) or len(set(held)) != len(held):
-            raise ValueError(f"shard holds {held} of {n}")
-        return Exploration(
-            str(data["scenario"]),
-            str(data["variant"]),
-            whole_number(data["space"], "space"),
-            whole_number(data["explored"], "explored"),
-            data["seed"],
-            classes,
-            shard=(held[0], n),
-            runs=whole_number(data["runs"], "runs") if "runs" in data else None,
-            complete=bool(data.get("complete", True)),
-            repeats=whole_number(data.get("repeats", 0), "repeats"),
-            bound=Bound.from_dict(guarantee, whole_number(data["runs"], "runs")) if bounded else None,
-            search=None if data["search"] is None else Search.from_dict(data["search"]),
-            held=held,
-            origin=origin,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})", origin) from None
-
-
-def merge_explorations(parts: Sequence[Exploration], scenario: Scenario | None = None) -> Exploration:
-    """Shards of one search added up; complete only when it holds each of the N shards exactly once.
-
-    Every part must be a shard of the same search (scenario, variant, parameters, text, space,
-    settings and N; ``scenario``, when given, is what the parts must have explored); a shard
-    held twice is refused. Shards missing leave a part, which says which are missing.
-    """
-    if not parts:
-        raise ScenarioError("nothing to merge")
-    first = parts[0]
-    if any(p.bound is not None for p in parts):
-        raise ScenarioError("cannot merge bounded explorations (--max-preemptions, --pct): they are not shards")
-    holder: dict[int, Exploration] = {}
-    for part in parts:
-        _check_same_search(first, part, scenario)
-        for k in part.shards_held:
-            if k in holder:
-                again = "holds it too" if holder[k] is part else f"{_named(holder[k])} holds it"
-                raise ScenarioError(f"shard {k}/{part.shard[1]} again: {again}; merge each shard once", part.origin)
-            holder[k] = part
-    explored = sum(p.explored for p in parts)
-    held = tuple(sorted(holder))
-    return Exploration(
-        first.scenario,
-        first.variant,
-        first.space,
-        explored,
-        first.seed,
-        merge_classes(p.classes for p in parts),
-        shard=(held[0], first.shard[1]),
-        runs=sum(p.run_count for p in parts),
-        complete=all(p.complete for p in parts),
-        repeats=sum(p.repeats for p in parts),
-        search=first.search,
-        held=held,
-    )
-
-
-def _named(part: Exploration) -> str:
-    return part.origin or f"shard {'+'.join(map(str, part.shards_held))}/{part.shard[1]}"
-
-
-def _check_same_search(first: Exploration, part: Exploration, scenario: Scenario | None) -> None:
-    """Refuse (exit 2, naming the file) a part of another search than the first's, or than ``scenario``."""
-    if part.search is None:
-        raise ScenarioError("not a shard of a search (an exploration of code is never split)", part.origin)
-    if scenario is not None and (part.scenario, part.variant) != (scenario.name, scenario.variant):
-        raise ScenarioError(
-            f"a shard of {part.scenario} ({part.variant}), not of {scenario.name} ({scenario.variant})", part.origin
-        )
-    if scenario is not None:
-        wanted = dataclasses.replace(part.search, params=scenario.params, steps=scenario_digest(scenario))
-        if said := wanted.differences(part.search):
-            raise ScenarioError(f"another search than this scenario's: {'; '.join(said)}", part.origin)
-    if part is first:
-        return
-    assert first.search is not None
-    said = first.search.differences(part.search)
-    if (part.scenario, part.variant) != (first.scenario, first.variant):
-        said.insert(0, f"{part.scenario} ({part.variant}), not {first.scenario} ({first.variant})")
-    if part.space != first.space:
-        said.append(f"{part.space:,} interleavings, not {first.space:,}")
-    if part.shard[1] != first.shard[1]:
-        said.append(f"a shard of {part.shard[1]}, not of {first.shard[1]}")
-    if said:
-        raise ScenarioError(f"another search than {_named(first)}'s: {'; '.join(said)}", part.origin)
 
 
 def run_interleavings(
@@ -699,22 +502,6 @@ def _explore_bounded(
         complete=False,
         bound=bound,
     )
-
-
-def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
-    """Parse the JSON of shards (``(name, text)`` pairs) for :func:`merge_explorations`."""
-    parts = []
-    for name, text in texts:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScenarioError(f"not JSON: {exc.msg}", name, exc.lineno) from None
-        except ValueError as exc:  # a number of more digits than Python converts
-            raise ScenarioError(f"not an exploration's JSON ({exc})", name) from None
-        if not isinstance(data, dict):
-            raise ScenarioError("not an exploration's JSON (an object expected)", name)
-        parts.append(exploration_from_dict(data, space, name))
-    return parts
 
 
 def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeout: float = 10.0) -> Run:

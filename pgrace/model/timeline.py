@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any, Literal, get_args
 
 from pgrace.model.scenario import RowRef, Scenario
+from pgrace.model.words import ReleaseWords, RowKeyWords, RunWords, ServerChoseWords, StepRunWords
 
 WaitKind = Literal["row", "transaction", "relation", "advisory", "virtualxid", "speculative", "other"]
 """What a step waits for: a row, a transaction to end, a table, an advisory lock, a
@@ -112,7 +113,7 @@ class AdvisoryKey:
 
 
 @dataclass(frozen=True)
-class HeldLock:
+class HeldLock(RowKeyWords):
     """A lock held by a session: a row lock from pgrowlocks, or (``kind``) another kind from pg_locks.
 
     A table, advisory or SIRead lock has ``row`` None and ``ctid`` "" (a predicate lock on
@@ -148,11 +149,6 @@ class HeldLock:
             return "SIRead"
         return self.mode
 
-    @property
-    def key(self) -> dict[str, Any] | None:
-        """The locked row's primary key, ``{column: value}`` (the JSON's ``key``); None but for a row."""
-        return self.row.key_dict() if self.row is not None else None
-
     def label(self) -> str:
         """``s1: table jobs AccessShareLock``; an SIRead lock reads ``a: SIRead doctors``."""
         if self.kind == "predicate":
@@ -178,7 +174,7 @@ class WaitLink:
 
 
 @dataclass(frozen=True)
-class Wait:
+class Wait(RowKeyWords):
     """Why a step is blocked: one heavyweight-lock wait, attributed to sessions and a row.
 
     ``blocked_by`` is what ``pg_blocking_pids`` says (the next link of the chain);
@@ -208,11 +204,6 @@ class Wait:
     candidates, never a guess. The key is never shown (only a 23505 error names it).
     """
     reason: str = ""  # what the server says the waiter is doing (e.g. "waiting for old snapshots")
-
-    @property
-    def key(self) -> dict[str, Any] | None:
-        """The awaited row's primary key, ``{column: value}`` (the JSON's ``key``); None but for a row."""
-        return self.row.key_dict() if self.row is not None else None
 
 
 @dataclass(frozen=True)
@@ -282,7 +273,7 @@ class StepCancelled:
 
 
 @dataclass(frozen=True)
-class ServerChose:
+class ServerChose(ServerChoseWords):
     """One release woke several waiters and the server, not the scenario, chose which went first.
 
     Step ``seq`` was woken with step ``winner_seq`` (of session ``winner``) when step
@@ -297,28 +288,6 @@ class ServerChose:
     released_by: int
     waits: tuple[Wait, ...]
     t: float
-
-    # The JSON's words (``server_chose`` of a step, docs/reference/json.md) for the same facts.
-
-    @property
-    def went_first(self) -> int:
-        return self.winner_seq
-
-    @property
-    def session(self) -> str:
-        return self.winner
-
-    @property
-    def woken_by(self) -> int:
-        return self.released_by
-
-    @property
-    def waits_on(self) -> tuple[Wait, ...]:
-        return self.waits
-
-    @property
-    def detected_ms(self) -> float:
-        return self.t
 
 
 @dataclass(frozen=True)
@@ -342,7 +311,7 @@ class SessionLost:
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(ReleaseWords):
     """What ended a wait: one fact every renderer draws from.
 
     * ``step``: step ``seq`` of ``session`` ended the transaction (or the lock) the
@@ -364,11 +333,6 @@ class Release:
     session: str | None = None
     failed: bool = False
     reason: str | None = None
-
-    @property
-    def step(self) -> int | None:
-        """``seq``, by the JSON's word: the number of the step that released the wait."""
-        return self.seq
 
 
 @dataclass(frozen=True)
@@ -465,7 +429,7 @@ Event = (
 
 
 @dataclass
-class StepRun:
+class StepRun(StepRunWords):
     """One launched step with everything known about it, folded from the events."""
 
     seq: int
@@ -497,56 +461,6 @@ class StepRun:
     @property
     def waited(self) -> bool:
         return self.wait_detected_ms is not None and not self.by_marker
-
-    # The JSON's words for the same facts (docs/reference/json.md), so that a reader of one
-    # can use the other: ``name`` is ``step``, ``index`` is ``seq``, and so on.
-
-    @property
-    def name(self) -> str:
-        """The step's name (``claim.worker2``; ``bob-commit#2`` for a retry's second attempt)."""
-        return self.step
-
-    @property
-    def index(self) -> int:
-        """Its launch number in the run, from 1: the ``#`` column of the text timeline."""
-        return self.seq
-
-    @property
-    def retry_loop(self) -> str | None:
-        """The retry loop it is an attempt of (the loop's last step), or None."""
-        return self.loop
-
-    @property
-    def waited_on(self) -> tuple[Wait, ...]:
-        """What it waited for, one :class:`Wait` per lock."""
-        return tuple(self.waits)
-
-    @property
-    def server_chose(self) -> tuple[ServerChose, ...]:
-        """Each time a release woke it with another step and the server let the other go first."""
-        return tuple(self.overtaken)
-
-    @property
-    def error(self) -> SqlError | None:
-        """The server's error, with its ``sqlstate``, or None."""
-        return self.outcome.error if self.outcome is not None else None
-
-    @property
-    def columns(self) -> tuple[str, ...] | None:
-        """The columns of its last result, or None when it returned no rows."""
-        last = self.outcome.last_rows if self.outcome is not None else None
-        return last.columns if last is not None else None
-
-    @property
-    def rows(self) -> tuple[tuple[Any, ...], ...] | None:
-        """The rows of its last result as Python values (the server's text where psycopg cannot load a cell)."""
-        last = self.outcome.last_rows if self.outcome is not None else None
-        return last.rows if last is not None else None
-
-    @property
-    def commands(self) -> tuple[str, ...]:
-        """The command tags, one per statement (``UPDATE 1``)."""
-        return self.outcome.commands if self.outcome is not None else ()
 
     @property
     def released_by(self) -> int | None:
@@ -583,7 +497,7 @@ class CheckResult:
 
 
 @dataclass
-class Run:
+class Run(RunWords):
     """The record of running one scenario variant on one server."""
 
     scenario: Scenario
@@ -598,16 +512,6 @@ class Run:
     def ok(self) -> bool:
         """Every expectation held, and there were some to hold: a run whose setup failed checked none."""
         return self.failed_setup() is None and all(check.ok for check in self.checks)
-
-    @property
-    def steps(self) -> list[StepRun]:
-        """Each launched step, in launch order (the JSON's ``steps``; :meth:`step_runs` folds them anew)."""
-        return self.step_runs()
-
-    @property
-    def server(self) -> str:
-        """The server it ran on, as safe to print (the JSON's ``server``)."""
-        return self.server_label
 
     def failed_setup(self) -> SetupRan | None:
         """The setup (global or a session's) that failed, when one did: the steps never ran."""
