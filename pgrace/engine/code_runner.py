@@ -58,7 +58,9 @@ class CodeRunner:
         server: ServerInfo,
         expect: Sequence[Sequence[Any]] | None = None,
         observer_dsn: str | None = None,
+        framework_modules: Sequence[str] = (),
     ) -> None:
+        """``framework_modules``: module prefixes a step's note passes over, besides the known frameworks'."""
         self.name = name
         self.code = dict(sessions)
         self.dsn = dsn
@@ -67,6 +69,7 @@ class CodeRunner:
         self.final = final
         self.expect = expect
         self.teardown = teardown
+        self.framework_modules = tuple(framework_modules)
         self.step_timeout = step_timeout
         self.server = server
         self.cond = threading.Condition()
@@ -141,7 +144,7 @@ class CodeRunner:
             failed.run = self.run  # what happened up to the failure, for whoever reports it
             raise
         for session in self.sessions.values():
-            session.gate = Gate(session.name, self.cond)
+            session.gate = Gate(session.name, self.cond, self.framework_modules)
         order = CodeOrder(
             self.sessions,
             self.code,

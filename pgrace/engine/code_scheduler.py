@@ -156,7 +156,7 @@ class CodeOrder:
             name = self._step_name(gate.name)
             kind = type(exc).__name__
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
-            path, line = raised_at(exc)
+            path, line = raised_at(exc, gate.framework)
             text = f"raise {kind}({message!r})"
             self.steps.append(Step(name, gate.name, text, note=f"{path}:{line}", line=line))
             self.raised.append(name)

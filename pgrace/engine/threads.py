@@ -6,8 +6,10 @@ The connection is a :class:`TracedConnection`: every statement it is about to se
 SAVEPOINT and COMMIT of ``conn.transaction()``, a named cursor's DECLARE, FETCH and
 CLOSE) is handed to the scheduler, and the session's thread waits at its :class:`Gate`
 until the scheduler lets it go. So the scheduler owns the order, one statement at a time,
-and nothing depends on timing. A step's note is its caller's ``file:line``: the first
-frame outside psycopg, SQLAlchemy and pgrace.
+and nothing depends on timing. A call that sends nothing (an attribute's setter, commit()
+when idle) is no step: the server cannot tell its order. A step's note is its caller's
+``file:line``: the first frame outside the frameworks (:data:`FRAMEWORK_MODULES`, the
+standard library, and the modules a run names besides).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import functools
 import inspect
 import os
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +41,9 @@ if TYPE_CHECKING:
     from pgrace.model.variables import Value
 
 SessionCode = Callable[[Any], object]
-_SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib")
+# Their frames are never the application's line a step is noted at (the standard library's neither).
+FRAMEWORK_MODULES = ("psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c", "sqlalchemy", "django", "pgrace")
+_STDLIB_PLACES = (*{sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}, "<frozen ")
 
 # -- the session's side: a connection that asks before it sends -------------------------------
 
@@ -60,6 +65,7 @@ class Gate:
 
     name: str
     cond: threading.Condition
+    framework: tuple[str, ...] = ()  # module prefixes whose frames are not the application's, besides FRAMEWORK_MODULES
     thread: threading.Thread | None = None
     state: Literal["python", "ready", "running", "done"] = "python"
     since: float = 0.0  # when it entered its state
@@ -152,20 +158,29 @@ class TracedConnection(psycopg.Connection[Any]):
         name = getattr(gen, "__name__", "")
         if gate is None or name in ("copy_to", "copy_end", "copy_from"):
             return super().wait(gen, interval, timeout)
-        label, self._label = self._label or _GEN_LABELS.get(name, name or "psycopg"), None
+        label, self._label = self._label or _sent_by(self, gen), None
+        if label is None:  # client-side state only: the server sees nothing, so there is nothing to order
+            return super().wait(gen, interval, timeout)
         return self._step(label, None, lambda: super(TracedConnection, self).wait(gen, interval, timeout))
 
     def commit(self) -> None:
-        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-            with self.untracked():  # psycopg sends nothing: not a step
+        if self._sends_nothing_to_end():
+            with self.untracked():  # psycopg sends nothing (or refuses before sending): not a step
                 return super().commit()
         self._step("COMMIT", None, super().commit)
 
     def rollback(self) -> None:
-        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        if self._sends_nothing_to_end(rollback=True):
             with self.untracked():  # e.g. a pool's reset of an idle connection: nothing sent
                 return super().rollback()
         self._step("ROLLBACK", None, super().rollback)
+
+    def _sends_nothing_to_end(self, rollback: bool = False) -> bool:
+        """commit() and rollback() send nothing when idle (but a rollback syncs a pipeline first), and
+        refuse before sending inside ``conn.transaction()`` or a two-phase transaction."""
+        idle = self.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        syncs = rollback and self._pipeline is not None
+        return (idle and not syncs) or bool(self._num_transactions) or self._tpc is not None
 
     def close(self) -> None:
         if not self._lent:  # a session closing (or SQLAlchemy disposing) pgrace's connection: kept open
@@ -192,6 +207,58 @@ _GEN_LABELS = {
     "_scroll_gen": "MOVE (server-side cursor)",
     "_close_gen": "CLOSE (server-side cursor)",
 }
+_SETTERS = {
+    "_set_autocommit_gen": "autocommit",
+    "_set_isolation_level_gen": "isolation_level",
+    "_set_read_only_gen": "read_only",
+    "_set_deferrable_gen": "deferrable",
+}
+
+
+def _sent_by(conn: TracedConnection, gen: Any) -> str | None:
+    """What a psycopg generator is about to send, as a step's label; None when it sends nothing.
+
+    Decided before it runs, from the state its code reads: a connection attribute's setter
+    only checks the transaction status (and refuses inside a transaction, still sending
+    nothing) unless a pipeline must be synced first; a pipeline's outermost entry only
+    switches libpq's mode; a server-side cursor without HOLD is gone once its transaction
+    ended, so closing it is client-side.
+    """
+    name = getattr(gen, "__name__", "")
+    owner = _generator_self(gen)
+    status = conn.pgconn.transaction_status
+    if name in _SETTERS:
+        if conn._pipeline is None or status != pq.TransactionStatus.IDLE:
+            return None
+        return f"SYNC (pipeline, before setting {_SETTERS[name]})"
+    if isinstance(owner, psycopg.Pipeline):
+        if name == "_enter_gen":
+            syncs = owner.level > 0 and (owner.command_queue or status == pq.TransactionStatus.ACTIVE)
+            return "SYNC (nested conn.pipeline())" if syncs else None
+        return "SYNC (end of conn.pipeline())" if name == "_exit_gen" else "SYNC (pipeline)"
+    if name == "_close_gen" and isinstance(owner, psycopg.ServerCursor):
+        sane = status in (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS)
+        if not sane or (status == pq.TransactionStatus.IDLE and not owner.withhold):
+            return None
+    if isinstance(owner, psycopg.Transaction):
+        if name == "_enter_gen":
+            return _GEN_LABELS[name] if status == pq.TransactionStatus.IDLE else "SAVEPOINT (conn.transaction())"
+        if name == "_exit_gen":
+            kept = _generator_local(gen, "exc_val") is None and not owner.force_rollback
+            if owner._outer_transaction:
+                return _GEN_LABELS[name] if kept else "ROLLBACK (end of conn.transaction())"
+            return "RELEASE (end of conn.transaction())" if kept else "ROLLBACK TO (end of conn.transaction())"
+    return _GEN_LABELS.get(name, name or "psycopg")
+
+
+def _generator_self(gen: Any) -> object:
+    """The object whose method made ``gen`` (its ``self``, bound before the generator starts)."""
+    return _generator_local(gen, "self")
+
+
+def _generator_local(gen: Any, name: str) -> object:
+    frame = getattr(gen, "gi_frame", None)  # None for psycopg's C generators: none of them is client-side
+    return None if frame is None else frame.f_locals.get(name)
 
 
 def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: Any, params: Any) -> str:
@@ -207,15 +274,26 @@ def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: An
         return str(query)
 
 
-def _caller() -> tuple[str, int | None]:
-    """The first frame outside psycopg, SQLAlchemy and pgrace: the application's line."""
+def _caller(framework: tuple[str, ...] = ()) -> tuple[str, int | None]:
+    """The innermost frame of the application's own code: its line."""
     frame = sys._getframe(1)
     while frame is not None:
-        module = str(frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] not in _SKIPPED_MODULES:
+        if not is_framework(str(frame.f_globals.get("__name__", "")), frame.f_code.co_filename, framework):
             return shown_path(frame.f_code.co_filename), frame.f_lineno
         frame = frame.f_back  # type: ignore[assignment]
     return "?", None
+
+
+def is_framework(module: str, filename: str, framework: tuple[str, ...] = ()) -> bool:
+    """Whether a frame of ``module`` (from ``filename``) is library code: the standard library,
+    :data:`FRAMEWORK_MODULES`, or under one of ``framework``'s dotted prefixes.
+
+    The standard library by name and by place, so that an application's own ``email`` or
+    ``test`` module stays the application's.
+    """
+    if module.split(".")[0] in sys.stdlib_module_names and filename.startswith(_STDLIB_PLACES):
+        return True
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in (*FRAMEWORK_MODULES, *framework))
 
 
 def shown_path(path: str) -> str:
@@ -232,7 +310,7 @@ def _ask(gate: Gate, label: str) -> None:
     if gate.end_location is not None:
         request = dataclasses.replace(gate.end_location, sql=label)
     else:
-        path, line = _caller()
+        path, line = _caller(gate.framework)
         request = Request(label, f"{path}:{line}", line)
     with gate.cond:
         gate.request, gate.state, gate.since = request, "ready", time.perf_counter()
@@ -272,7 +350,7 @@ _ORIGINAL_CONNECT: Any = None
 def _guarded_connect(cls: Any, *args: Any, **kwargs: Any) -> Any:
     gate = GATES.get(threading.get_ident())
     if gate is not None:
-        path, line = _caller()
+        path, line = _caller(gate.framework)
         with gate.cond:
             gate.intruded = gate.intruded or f"{path}:{line}"
         raise CodeError(
@@ -301,13 +379,13 @@ def connections_guarded() -> Iterator[None]:
                 psycopg.connect = psycopg.Connection.connect
 
 
-def raised_at(exc: BaseException) -> tuple[str, int | None]:
+def raised_at(exc: BaseException, framework: tuple[str, ...] = ()) -> tuple[str, int | None]:
     """The innermost frame of the traceback in the application's code."""
     found: tuple[str, int | None] = ("?", None)
     tb = exc.__traceback__
     while tb is not None:
-        module = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] not in _SKIPPED_MODULES:
+        frame = tb.tb_frame
+        if not is_framework(str(frame.f_globals.get("__name__", "")), frame.f_code.co_filename, framework):
             found = (shown_path(tb.tb_frame.f_code.co_filename), tb.tb_lineno)
         tb = tb.tb_next
     return found
