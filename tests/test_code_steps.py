@@ -19,6 +19,7 @@ from test_code import FINAL, ROOT, SETUP, withdraw
 from pgrace.drivers.code import explore_code, run_code
 from pgrace.engine.threads import is_framework
 from pgrace.model.timeline import Run
+from pgrace.pytest_plugin import PgraceCode
 from pgrace.servers import ServerInfo
 
 
@@ -166,7 +167,9 @@ def _module(name: str) -> dict[str, Any]:
     return namespace
 
 
-def test_notes_pass_over_the_modules_a_run_names(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notes_pass_over_the_modules_a_run_names(
+    pgrace_server: ServerInfo, pgrace_code: PgraceCode, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(ROOT)
     orm = _module("acme_orm.query")
 
@@ -180,6 +183,8 @@ def test_notes_pass_over_the_modules_a_run_names(pgrace_server: ServerInfo, monk
     assert unnamed.scenario.steps[0].note == "acme_orm.py:6"  # without the setting: the library's own line
     found = explore_code({"r": reads}, server=pgrace_server, framework_modules=["acme_orm"])
     assert found.replay(found.classes[0]).scenario.steps[0].note == f"tests/test_code_steps.py:{line}"
+    by_fixture = pgrace_code.run({"r": reads}, framework_modules=["acme_orm"])  # the pytest helper's setting
+    assert by_fixture.scenario.steps[0].note == f"tests/test_code_steps.py:{line}"
 
 
 def test_notes_pass_over_the_standard_library(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
