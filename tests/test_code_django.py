@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import transaction
 from documentation import page
 from test_code import ROOT, _example
 
@@ -21,7 +22,6 @@ from pgrace.drivers.explore import Exploration
 from pgrace.errors import CodeError
 from pgrace.servers import ServerInfo
 
-pytest.importorskip("django")  # a dev dependency: present wherever the tests run
 EXAMPLE = _example("withdraw_django")
 LIMIT = 20  # runs: the acceptance for the race and each cure
 
@@ -76,6 +76,30 @@ def test_steps_are_noted_at_the_applications_lines(pgrace_server: ServerInfo, mo
     (waited,) = [s for s in run.step_runs() if s.waited]
     assert (waited.session, waited.waits[0].holder) == ("bob", "alice")
     assert run.scenario.name == "withdraw_locked"  # the session's name and place are the function's
+
+
+def test_a_queryset_iterator_declares_and_fetches_as_steps(pgrace_server: ServerInfo) -> None:
+    """QuerySet.iterator() reads through Django's own server-side cursor class, which pgrace did not make."""
+
+    def total() -> None:
+        with transaction.atomic():
+            assert sum(a.balance for a in EXAMPLE.Account.objects.order_by("pk").iterator(chunk_size=10)) == 500
+
+    run = run_code({"t": session(total)}, setup=EXAMPLE.SETUP, server=pgrace_server)
+    shown = [s.sql for s in run.step_runs()]
+    # the cursor's name is left out: Django names it after the thread, another in every run
+    assert (
+        shown[0]
+        == 'DECLARE CURSOR FOR SELECT "accounts"."id", "accounts"."balance" FROM "accounts" ORDER BY "accounts"."id" ASC'
+    )
+    again = run_code({"t": session(total)}, setup=EXAMPLE.SETUP, server=pgrace_server)
+    assert [s.sql for s in again.step_runs()] == shown  # the same statements in every run
+    assert shown[1:] == [
+        "FETCH (server-side cursor)",
+        "FETCH (server-side cursor)",
+        "CLOSE (server-side cursor)",
+        "COMMIT",
+    ]
 
 
 def test_only_pgraces_connection_is_handed_over() -> None:

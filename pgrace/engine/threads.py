@@ -236,6 +236,11 @@ def _sent_by(conn: TracedConnection, gen: Any) -> str | None:
             syncs = owner.level > 0 and (owner.command_queue or status == pq.TransactionStatus.ACTIVE)
             return "SYNC (nested conn.pipeline())" if syncs else None
         return "SYNC (end of conn.pipeline())" if name == "_exit_gen" else "SYNC (pipeline)"
+    if name == "_declare_gen" and isinstance(owner, psycopg.ServerCursor):
+        # A library's own server-side cursor class (conn.cursor(name) is labelled by TracedServerCursor);
+        # its name is left out: Django's carries the thread's ident, another in every run.
+        query = _describe(owner, _generator_local(gen, "query"), _generator_local(gen, "params"))
+        return f"DECLARE CURSOR FOR {query}"
     if name == "_close_gen" and isinstance(owner, psycopg.ServerCursor):
         sane = status in (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS)
         if not sane or (status == pq.TransactionStatus.IDLE and not owner.withhold):
