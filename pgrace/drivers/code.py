@@ -233,13 +233,13 @@ def explore_code(
 
     with runner_for() as runner:
         if reduce:
-            runs, complete = _explore_reduced(runner, list(sessions), count, limit)
+            runs, why = _explore_reduced(runner, list(sessions), count, limit)
         else:
             tree = ChoiceTree(limit)
             for choices in tree:
                 run, _ = runner.run_once(choices, observe=False)
                 count(run, choices.taken, tree.explored + 1)
-            runs, complete = tree.explored, tree.complete
+            runs, why = tree.explored, None if tree.complete else f"stopped at the limit of {limit} runs"
 
     def replay(cls: OutcomeClass) -> Run:
         return _observed_run(runner_for(), Choices(cls.choices), expect is not None)
@@ -247,13 +247,16 @@ def explore_code(
     shown = ordered(classes.values())
     if expect is None:
         shown = [dataclasses.replace(c, summary=c.summary.replace(" · checks hold", "")) for c in shown]
-    return Exploration(name, "code", runs, runs, None, shown, runs=runs, complete=complete, replayer=replay)
+    return Exploration(
+        name, "code", runs, runs, None, shown, runs=runs, complete=why is None, incomplete=why, replayer=replay
+    )
 
 
 def _explore_reduced(
     runner: CodeRunner, names: Sequence[str], count: Callable[[Run, Sequence[int], int], None], limit: int
-) -> tuple[int, bool]:
-    """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): (runs, complete).
+) -> tuple[int, str | None]:
+    """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): the runs, and
+    why they do not cover every order (None: they do).
 
     Each run follows a prefix of statements the search asks for, then keeps the session
     going while it can; what every session held after each statement says which commute.
@@ -266,7 +269,7 @@ def _explore_reduced(
 
     last: list[tuple[Run, list[int]]] = []
     texts: dict[tuple[str, ...], str] = {}  # a prefix of launches: the statement its last one sent
-    changed = False
+    changed: str | None = None
 
     def execute(order: tuple[str, ...], avoid: frozenset[str]) -> Trace:
         nonlocal changed
@@ -276,8 +279,12 @@ def _explore_reduced(
         trace = code_trace(run, runner.raised)
         sent = [s.sql for s in run.scenario.steps if s.name not in runner.raised]
         for k, sql in enumerate(sent):
-            if texts.setdefault(trace.launched[: k + 1], sql) != sql:
-                changed = True
+            before = texts.setdefault(trace.launched[: k + 1], sql)
+            if before != sql and changed is None:
+                changed = (
+                    f"run {search.runs + 1} sent another statement after the same statements ({sql!r}, where an"
+                    f" earlier run sent {before!r}): the code depends on something besides the database"
+                )
                 break
         return trace
 
@@ -288,7 +295,16 @@ def _explore_reduced(
         count(run, taken, search.runs)
 
     complete = search.run(on_trace, limit)
-    return search.runs, complete and not changed
+    if changed is not None:
+        return search.runs, changed
+    if search.cut:
+        return search.runs, f"stopped at the limit of {limit} runs"
+    if not complete:
+        return search.runs, (
+            f"{search.diverged} of the runs did not follow the statements an earlier run sent in the same order"
+            " (the code or the server answered differently)"
+        )
+    return search.runs, None
 
 
 def observed_switches(pairs: Sequence[tuple[str, str]]) -> int:

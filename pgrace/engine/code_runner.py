@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
 
 from pgrace import scratch
 from pgrace.engine.code_scheduler import Chooser, CodeOrder
@@ -75,16 +77,18 @@ class CodeRunner:
         self.has_row_locks = True
         self.raised: list[str] = []
         self.sql = ControlSql(step_timeout, timeout_name="the step timeout")
+        self.database = str(conninfo_to_dict(dsn).get("dbname") or "")
+        self.retired: set[int] = set()  # backends of closed session connections, pgrace's until they are gone
+        self.refused: list[str] = []  # connections to the run's database refused outside sessions' threads
 
     def __enter__(self) -> CodeRunner:
         try:
             self.control = self._connect("control connection")
-            for name in self.code:
-                self.sessions[name] = ThreadSession(name, self._connect(name, traced=True), self.step_timeout)
             self.observer = self._connect("observer", observer=True)
             self.observer.execute("SET lock_timeout = '200ms'")
             self.observer.prepare_threshold = 0  # the same catalog questions at every step: planned once
-            self.inspector = LockInspector(self.observer, {s.pid: name for name, s in self.sessions.items()})
+            self.inspector = LockInspector(self.observer, {})
+            self.stack.callback(self._close_sessions)
         except psycopg.Error as exc:
             self.stack.close()
             raise RunAborted(f"could not set up pgrace's connections: {first_line(str(exc))}") from None
@@ -115,7 +119,6 @@ class CodeRunner:
             # portal of a prepared one keeps its snapshot (backend_xmin) while the session idles in its
             # transaction, which would read as a REPEATABLE READ transaction's from the sixth run on.
             conn.prepare_threshold = None
-            self.stack.callback(conn.close_for_good)
         else:
             self.stack.callback(conn.close)
         return conn
@@ -140,8 +143,7 @@ class CodeRunner:
         except ScenarioFailed as failed:
             failed.run = self.run  # what happened up to the failure, for whoever reports it
             raise
-        for session in self.sessions.values():
-            session.gate = Gate(session.name, self.cond)
+        self._open_sessions()
         order = CodeOrder(
             self.sessions,
             self.code,
@@ -154,16 +156,24 @@ class CodeRunner:
             footprints=footprints,
         )
         self.raised = order.raised
+
+        def checked(ready: list[str]) -> str:
+            self._check_ordered()  # before each choice: what ran since the last one went through the scheduler
+            return chooser(ready)
+
         try:
-            with connections_guarded():
+            with connections_guarded(self.database) as self.refused:
                 for name, fn in self.code.items():
                     self.sessions[name].start(fn)
-                met = order.run(chooser)
+                met = order.run(checked)
         except BaseException:
             self._stop_all(quiet=True)  # the error that ended the run is the one to report
+            self._close_sessions()
             raise
         self._stop_all()
+        self._check_ordered()
         self._check_input()
+        self._close_sessions()
         if self.final:
             outcome = self.sql.execute(self.control.pgconn, self.final)
             self.recorder.add(CheckQueried(0, outcome, self.recorder.now(), self.final))
@@ -184,18 +194,94 @@ class CodeRunner:
             if not session.join(self.step_timeout) and not quiet:
                 raise StepsStuck(f"session {name} did not return, even after its statement was cancelled")
 
-    def _check_input(self) -> None:
-        """The session code's mistakes that make the run meaningless: one message each."""
+    # -- every statement through the scheduler -------------------------------------------
+
+    def _open_sessions(self) -> None:
+        """Each run's sessions on new connections: nothing a run leaves (settings, prepared statements, temporary
+        tables, advisory locks, Python state kept per connection object) reaches the next."""
+        self._close_sessions()
+        try:
+            for name in self.code:
+                self.sessions[name] = ThreadSession(name, self._connect(name, traced=True), self.step_timeout)
+        except psycopg.Error as exc:
+            raise RunAborted(f"could not open the sessions' connections: {first_line(str(exc))}") from None
+        for session in self.sessions.values():
+            session.gate = Gate(session.name, self.cond)
+        self.inspector.set_sessions({s.pid: name for name, s in self.sessions.items()})
+
+    def _close_sessions(self) -> None:
+        """DISCARD ALL (advisory locks and temporary tables go now, not when the backend exits), then closed.
+
+        A session whose thread is stuck keeps its connection until the runner closes.
+        """
+        for session in self.sessions.values():
+            conn = session.conn
+            if session.gate.thread is not None and session.gate.thread.is_alive():
+                self.stack.callback(conn.close_for_good)
+                continue
+            if not conn.closed and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                with contextlib.suppress(psycopg.Error):
+                    self.sql.execute(conn.pgconn, "DISCARD ALL")
+            conn.close_for_good()
+            self.retired.add(session.pid)
+        self.sessions = {}
+
+    def _check_ordered(self) -> None:
+        """A statement that reached the run's database without the scheduler's leave makes the run no proof."""
         for name, session in self.sessions.items():
             gate = session.gate
             path, line = where_defined(self.code[name])
             if gate.intruded is not None:
                 raise CodeError(
-                    f"session {name} opened a connection of its own at {gate.intruded}; pgrace cannot schedule"
-                    " its statements: use the connection pgrace passes to the session",
+                    f"session {name} opened a connection of its own at {gate.intruded}; pgrace did not order its"
+                    " statements: use the connection pgrace passes to the session",
                     path,
                     line,
                 )
+            if gate.strayed is not None:
+                raise CodeError(
+                    f"session {name}'s connection was used at {gate.strayed} from a thread that is not its session's;"
+                    " pgrace did not order that statement: send from the session's own thread (async code is not"
+                    " supported yet)",
+                    path,
+                    line,
+                )
+        path, line = where_defined(next(iter(self.code.values())))
+        if self.refused:
+            raise CodeError(
+                f"a thread that is no session's opened a connection to the run's database at {self.refused[0]};"
+                " pgrace did not order its statements: use the connection pgrace passes to each session",
+                path,
+                line,
+            )
+        for pid, application, query in self._foreign_backends():
+            said = f"sending {first_line(query)!r}" if query else "no statement seen yet"
+            raise CodeError(
+                f"a connection pgrace did not open reached the run's database (application_name {application!r},"
+                f" backend {pid}, {said}); pgrace did not order its statements: use the connection pgrace passes"
+                " to each session",
+                path,
+                line,
+            )
+
+    def _foreign_backends(self) -> list[tuple[int, str, str]]:
+        """Client backends of the run's database that are not pgrace's (the server's answer, any driver)."""
+        own = [self.control.pgconn.backend_pid, self.observer.pgconn.backend_pid]
+        own += [s.pid for s in self.sessions.values()]
+        rows = self.observer.execute(
+            "SELECT pid, coalesce(application_name, ''), coalesce(query, '') FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> ALL(%s)"
+            " ORDER BY backend_start, pid",
+            (own,),
+        ).fetchall()
+        self.retired &= {row[0] for row in rows}  # a closed session's backend, once gone, is gone for good
+        return [(int(pid), str(app), str(query)) for pid, app, query in rows if pid not in self.retired]
+
+    def _check_input(self) -> None:
+        """The session code's mistakes that make the run meaningless: one message each."""
+        for name, session in self.sessions.items():
+            gate = session.gate
+            path, line = where_defined(self.code[name])
             if gate.steps == 0 and gate.raised is not None:
                 exc = gate.raised
                 raise CodeError(
