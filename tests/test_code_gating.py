@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -137,6 +138,14 @@ def on_a_thread_of_its_own(conn: Any) -> None:
     conn.commit()
 
 
+_KEPT: dict[str, Any] = {}  # the application keeps the first connection it was given, per thread name
+
+
+def on_a_kept_connection(conn: Any) -> None:
+    """An earlier run's connection object, used again: its backend now serves another object."""
+    withdraw(_KEPT.setdefault(threading.current_thread().name, conn))
+
+
 def _url(dsn: str) -> str:
     parts = psycopg.conninfo.conninfo_to_dict(dsn)
     host = str(parts.get("host", "")).replace("/", "%2F")
@@ -173,12 +182,17 @@ UNGATED: list[tuple[Callable[[Any], None], str, list[str]]] = [
     (
         on_to_thread,
         "asyncio.to_thread over pgrace's connection",
-        ["session alice's connection was used at tests/test_code.py:", "from a thread that is not its session's"],
+        ["session alice sent a statement past the scheduler at tests/test_code.py:", "not its session's"],
     ),
     (
         only_to_thread,
         "asyncio.to_thread only",
-        ["session alice's connection was used at tests/test_code.py:", "from a thread that is not its session's"],
+        ["session alice sent a statement past the scheduler at tests/test_code.py:", "not its session's"],
+    ),
+    (
+        on_a_kept_connection,
+        "an earlier run's connection kept",
+        ["sent a statement past the scheduler at tests/test_code.py:", "passed to an earlier run was used again"],
     ),
     (
         on_a_thread_of_its_own,
@@ -210,6 +224,7 @@ def test_a_statement_pgrace_did_not_order_fails_the_run(
     for engine in _ENGINES.values():
         engine.dispose()
     _ENGINES.clear()
+    _KEPT.clear()
 
 
 def test_a_session_that_sent_nothing_anywhere_is_still_told_so(pgrace_server: ServerInfo) -> None:
@@ -234,14 +249,14 @@ def test_a_setting_a_run_leaves_does_not_reach_the_next(pgrace_server: ServerInf
     assert found.complete
 
 
-_CONFIGURED: set[int] = set()  # ids of connection objects configured, as an application caches it
+_CONFIGURED: weakref.WeakSet[Any] = weakref.WeakSet()  # connection objects configured, as an application keeps them
 
 
 def withdraw_configured_lazily(conn: Any) -> None:
     """The time zone set on a connection object's first use only (as Django does)."""
-    if id(conn) not in _CONFIGURED:
+    if conn not in _CONFIGURED:
         conn.execute("SELECT set_config('TimeZone', 'UTC', false)")
-        _CONFIGURED.add(id(conn))
+        _CONFIGURED.add(conn)
     withdraw(conn)
 
 

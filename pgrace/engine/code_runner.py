@@ -79,6 +79,7 @@ class CodeRunner:
         self.sql = ControlSql(step_timeout, timeout_name="the step timeout")
         self.database = str(conninfo_to_dict(dsn).get("dbname") or "")
         self.retired: set[int] = set()  # backends of closed session connections, pgrace's until they are gone
+        self.kept: dict[str, TracedConnection] = {}  # a session's last connection, reset for the next run
         self.refused: list[str] = []  # connections to the run's database refused outside sessions' threads
 
     def __enter__(self) -> CodeRunner:
@@ -88,6 +89,7 @@ class CodeRunner:
             self.observer.execute("SET lock_timeout = '200ms'")
             self.observer.prepare_threshold = 0  # the same catalog questions at every step: planned once
             self.inspector = LockInspector(self.observer, {})
+            self.stack.callback(self._close_kept)
             self.stack.callback(self._close_sessions)
         except psycopg.Error as exc:
             self.stack.close()
@@ -114,11 +116,7 @@ class CodeRunner:
             **extra,
         )
         if isinstance(conn, TracedConnection):
-            conn.server_cursor_factory = TracedServerCursor
-            # Every run sends its statements alike: psycopg prepares a query it met five times, and the
-            # portal of a prepared one keeps its snapshot (backend_xmin) while the session idles in its
-            # transaction, which would read as a REPEATABLE READ transaction's from the sixth run on.
-            conn.prepare_threshold = None
+            _traced(conn)
         else:
             self.stack.callback(conn.close)
         return conn
@@ -197,12 +195,16 @@ class CodeRunner:
     # -- every statement through the scheduler -------------------------------------------
 
     def _open_sessions(self) -> None:
-        """Each run's sessions on new connections: nothing a run leaves (settings, prepared statements, temporary
-        tables, advisory locks, Python state kept per connection object) reaches the next."""
+        """Each run's sessions on new connection objects, on backends reset by DISCARD ALL (or new): nothing a run
+        leaves (settings, prepared statements, temporary tables, advisory locks, Python state kept per connection
+        object) reaches the next."""
         self._close_sessions()
+        kept, self.kept = self.kept, {}
         try:
             for name in self.code:
-                self.sessions[name] = ThreadSession(name, self._connect(name, traced=True), self.step_timeout)
+                old = kept.pop(name, None)
+                conn = self._connect(name, traced=True) if old is None else _traced(TracedConnection(old.pgconn))
+                self.sessions[name] = ThreadSession(name, conn, self.step_timeout)
         except psycopg.Error as exc:
             raise RunAborted(f"could not open the sessions' connections: {first_line(str(exc))}") from None
         for session in self.sessions.values():
@@ -210,49 +212,52 @@ class CodeRunner:
         self.inspector.set_sessions({s.pid: name for name, s in self.sessions.items()})
 
     def _close_sessions(self) -> None:
-        """DISCARD ALL (advisory locks and temporary tables go now, not when the backend exits), then closed.
+        """Each session's backend reset by DISCARD ALL, kept for the next run's new object; closed if it cannot be.
 
         A session whose thread is stuck keeps its connection until the runner closes.
         """
-        for session in self.sessions.values():
+        for name, session in self.sessions.items():
             conn = session.conn
             if session.gate.thread is not None and session.gate.thread.is_alive():
                 self.stack.callback(conn.close_for_good)
                 continue
             if not conn.closed and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
                 with contextlib.suppress(psycopg.Error):
-                    self.sql.execute(conn.pgconn, "DISCARD ALL")
+                    if self.sql.execute(conn.pgconn, "DISCARD ALL").error is None:
+                        conn.stale()
+                        self.kept[name] = conn
+                        continue
             conn.close_for_good()
             self.retired.add(session.pid)
         self.sessions = {}
+
+    def _close_kept(self) -> None:
+        for conn in self.kept.values():
+            conn.pgconn.finish()
+        self.kept = {}
 
     def _check_ordered(self) -> None:
         """A statement that reached the run's database without the scheduler's leave makes the run no proof."""
         for name, session in self.sessions.items():
             gate = session.gate
-            path, line = where_defined(self.code[name])
             if gate.intruded is not None:
                 raise CodeError(
                     f"session {name} opened a connection of its own at {gate.intruded}; pgrace did not order its"
                     " statements: use the connection pgrace passes to the session",
-                    path,
-                    line,
+                    *where_defined(self.code[name]),
                 )
             if gate.strayed is not None:
                 raise CodeError(
-                    f"session {name}'s connection was used at {gate.strayed} from a thread that is not its session's;"
-                    " pgrace did not order that statement: send from the session's own thread (async code is not"
+                    f"session {name} sent a statement past the scheduler {gate.strayed}; pgrace did not order it:"
+                    " send on the connection pgrace passes, from the session's own thread (async code is not"
                     " supported yet)",
-                    path,
-                    line,
+                    *where_defined(self.code[name]),
                 )
-        path, line = where_defined(next(iter(self.code.values())))
         if self.refused:
             raise CodeError(
                 f"a thread that is no session's opened a connection to the run's database at {self.refused[0]};"
                 " pgrace did not order its statements: use the connection pgrace passes to each session",
-                path,
-                line,
+                *where_defined(next(iter(self.code.values()))),
             )
         for pid, application, query in self._foreign_backends():
             said = f"sending {first_line(query)!r}" if query else "no statement seen yet"
@@ -260,8 +265,7 @@ class CodeRunner:
                 f"a connection pgrace did not open reached the run's database (application_name {application!r},"
                 f" backend {pid}, {said}); pgrace did not order its statements: use the connection pgrace passes"
                 " to each session",
-                path,
-                line,
+                *where_defined(next(iter(self.code.values()))),
             )
 
     def _foreign_backends(self) -> list[tuple[int, str, str]]:
@@ -328,3 +332,14 @@ class CodeRunner:
             outcome = self.sql.execute(self.control.pgconn, self.teardown)
             self.recorder.add(SetupRan("teardown", None, outcome, self.recorder.now()))
         self.sql.execute(self.control.pgconn, schema_reset_sql(CODE_SCHEMA))
+
+
+def _traced(conn: TracedConnection) -> TracedConnection:
+    """A session's connection as pgrace hands it out: traced cursors, nothing prepared."""
+    conn.cursor_factory = TracedCursor
+    conn.server_cursor_factory = TracedServerCursor
+    # Every run sends its statements alike: psycopg prepares a query it met five times, and the
+    # portal of a prepared one keeps its snapshot (backend_xmin) while the session idles in its
+    # transaction, which would read as a REPEATABLE READ transaction's from the sixth run on.
+    conn.prepare_threshold = None
+    return conn

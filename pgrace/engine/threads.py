@@ -73,7 +73,7 @@ class Gate:
     raised: BaseException | None = None  # what the callable raised
     steps: int = 0
     intruded: str | None = None  # where it opened a connection of its own, and with what
-    strayed: str | None = None  # where its connection was used from another thread
+    strayed: str | None = None  # where and how a connection was used past the scheduler (another thread, a stale one)
     end_location: Request | None = None  # the implicit rollback's place
     reported: bool = False  # its escaped exception is in the timeline
 
@@ -122,14 +122,17 @@ class TracedConnection(psycopg.Connection[Any]):
     _untracked: bool = False
     _lent: bool = False  # in a session's hands: close() is pgrace's to do
     _owner: Gate | None = None  # the session it is lent to: only that session's thread may send on it
+    _stale: bool = False  # an earlier run's: its backend now serves another connection object
     pgrace_engine: Any = None  # the SQLAlchemy engine made for it (see pgrace.drivers.code_sqlalchemy)
 
     def _gate(self) -> Gate | None:
+        gate = GATES.get(threading.get_ident())
+        if self._stale:
+            _strayed(gate, "a connection pgrace passed to an earlier run was used again")
         if self._untracked:
             return None
-        gate = GATES.get(threading.get_ident())
         if self._owner is not None and gate is not self._owner:
-            _strayed(self._owner)
+            _strayed(self._owner, "it was used from a thread that is not its session's")
         return None if gate is None or gate.in_step else gate
 
     def _step(self, label: str, cursor: psycopg.Cursor[Any] | None, call: Callable[[], Any]) -> Any:
@@ -175,8 +178,16 @@ class TracedConnection(psycopg.Connection[Any]):
         self._step("ROLLBACK", None, super().rollback)
 
     def close(self) -> None:
-        if not self._lent:  # a session closing (or SQLAlchemy disposing) pgrace's connection: kept open
+        if not self._lent and not self._stale:  # a session closing (or SQLAlchemy disposing) it: kept open
             super().close()
+
+    def __del__(self, *args: Any) -> None:
+        if not self._stale:  # a stale object's backend lives on in the next run's object
+            super().__del__(*args)
+
+    def stale(self) -> None:
+        """This object is done with: its backend, reset, goes to a new object for the next run."""
+        self._stale, self._lent, self._owner = True, False, None
 
     def close_for_good(self) -> None:
         self._lent = False
@@ -251,17 +262,13 @@ def _ask(gate: Gate, label: str) -> None:
         gate.permitted = False
 
 
-def _strayed(owner: Gate) -> None:
-    """A send on a session's connection from another thread: the scheduler cannot order it, so it is refused."""
+def _strayed(gate: Gate | None, why: str) -> None:
+    """A send the scheduler cannot order (another thread's, an earlier run's connection): refused, and remembered."""
     path, line = _caller()
-    with owner.cond:
-        owner.strayed = owner.strayed or f"{path}:{line}"
-    raise CodeError(
-        f"session {owner.name}'s connection was used from a thread that is not its session's; pgrace did not order"
-        " that statement",
-        path,
-        line,
-    )
+    if gate is not None:
+        with gate.cond:
+            gate.strayed = gate.strayed or f"at {path}:{line}: {why}"
+    raise CodeError(f"{why}; pgrace did not order that statement", path, line)
 
 
 def _finish(gate: Gate, outcome: Outcome, conn: TracedConnection) -> None:
