@@ -227,6 +227,26 @@ def test_a_statement_pgrace_did_not_order_fails_the_run(
     _KEPT.clear()
 
 
+_ADMIN: list[str] = []  # the server's own superuser DSN, for an intruder of another role
+
+
+def as_another_role(conn: Any) -> None:
+    """The superuser, connected to the run's database through a connect no guard sees."""
+    other = psycopg2_connect(psycopg.conninfo.make_conninfo(_ADMIN[0], dbname=conn.info.dbname), application_name="ops")
+    other.cursor().execute(READ)
+    conn.execute("SELECT 1")
+    conn.commit()
+    other.close()
+
+
+def test_a_backend_of_another_role_is_seen_too(pgrace_server: ServerInfo) -> None:
+    _ADMIN[:] = [pgrace_server.dsn]
+    with pytest.raises(CodeError) as caught:
+        run_code({"alice": as_another_role}, setup=SETUP, server=pgrace_server)
+    assert "a connection pgrace did not open reached the run's database (application_name 'ops'" in str(caught.value)
+    assert "another role's, its statements hidden from pgrace's role" in str(caught.value)
+
+
 def test_a_session_that_sent_nothing_anywhere_is_still_told_so(pgrace_server: ServerInfo) -> None:
     with pytest.raises(CodeError, match="session bad never sent a statement to the database"):
         explore_code({"good": withdraw, "bad": lambda conn: None}, setup=SETUP, final=FINAL, server=pgrace_server)

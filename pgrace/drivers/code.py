@@ -31,20 +31,24 @@ says which statements commute. With ``reduce=False`` every schedule runs, depth 
 each run follows a prefix of choices, then takes the first ready session; the next run
 changes the last choice that has an untried alternative
 (:class:`pgrace.engine.schedule.ChoiceTree`). The schema is reset between runs (one scratch
-database, one set of connections, as ``pgrace explore``), runs are classified by
+database, one backend per session, reset by DISCARD ALL and handed out as a new connection
+object each run), runs are classified by
 :func:`pgrace.model.outcomes.classify`, and the result is ``pgrace explore``'s
 :class:`~pgrace.drivers.explore.Exploration` of :class:`~pgrace.model.outcomes.OutcomeClass` es.
 
-Bad input is a :class:`~pgrace.errors.CodeError` naming the function's ``file:line``: a
-session that never sends a statement, one that raises before its first statement, one that
-opens a connection of its own (``psycopg.connect`` is guarded while sessions run: a session
-thread calling it is refused), Python that runs longer than the step timeout without
-sending anything. Setup, the final query and teardown are bounded by the step timeout as
-a scenario's are, and a setup that fails is :class:`~pgrace.errors.SetupFailed` (exit 1).
-A statement that runs longer than the step timeout is cancelled, as a
-scenario step is (57014, an outcome), and one that outlives its cancel ends the run
-(:class:`~pgrace.errors.StepsStuck`). Threads are joined, connections closed, the scratch
-database dropped, whatever happens.
+A run proves only what the scheduler ordered: a statement that reaches the run's database
+past it fails the run with a :class:`~pgrace.errors.CodeError` naming the connection (a
+connect of psycopg, psycopg2 or asyncpg from a session's thread, or to the run's database
+from any thread; pgrace's connection used from another thread, or kept from an earlier run;
+any other client backend the server lists in the run's database before a step or at the
+end). Other bad input is a ``CodeError`` naming the function's ``file:line``: a session
+that never sends a statement, one that raises before its first statement, Python that
+runs longer than the step timeout without sending anything. Setup, the final query and
+teardown are bounded by the step timeout as a scenario's are, and a setup that fails is
+:class:`~pgrace.errors.SetupFailed` (exit 1). A statement that runs longer than the step
+timeout is cancelled, as a scenario step is (57014, an outcome), and one that outlives its
+cancel ends the run (:class:`~pgrace.errors.StepsStuck`). Threads are joined, connections
+closed, the scratch database dropped, whatever happens.
 """
 
 from __future__ import annotations

@@ -261,6 +261,8 @@ class CodeRunner:
             )
         for pid, application, query in self._foreign_backends():
             said = f"sending {first_line(query)!r}" if query else "no statement seen yet"
+            if query == "<insufficient privilege>":
+                said = "another role's, its statements hidden from pgrace's role"
             raise CodeError(
                 f"a connection pgrace did not open reached the run's database (application_name {application!r},"
                 f" backend {pid}, {said}); pgrace did not order its statements: use the connection pgrace passes"
@@ -269,12 +271,17 @@ class CodeRunner:
             )
 
     def _foreign_backends(self) -> list[tuple[int, str, str]]:
-        """Client backends of the run's database that are not pgrace's (the server's answer, any driver)."""
+        """Client backends of the run's database that are not pgrace's (the server's answer, any driver).
+
+        Another role's backend shows no type and no statement to pgrace's role, only its user: a backend with a
+        user and no other type is a client's (autovacuum has no user).
+        """
         own = [self.control.pgconn.backend_pid, self.observer.pgconn.backend_pid]
         own += [s.pid for s in self.sessions.values()]
         rows = self.observer.execute(
             "SELECT pid, coalesce(application_name, ''), coalesce(query, '') FROM pg_catalog.pg_stat_activity"
-            " WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> ALL(%s)"
+            " WHERE datname = current_database() AND usesysid IS NOT NULL"
+            " AND coalesce(backend_type, 'client backend') = 'client backend' AND pid <> ALL(%s)"
             " ORDER BY backend_start, pid",
             (own,),
         ).fetchall()

@@ -6,7 +6,10 @@ The connection is a :class:`TracedConnection`: every statement it is about to se
 SAVEPOINT and COMMIT of ``conn.transaction()``, a named cursor's DECLARE, FETCH and
 CLOSE) is handed to the scheduler, and the session's thread waits at its :class:`Gate`
 until the scheduler lets it go. So the scheduler owns the order, one statement at a time,
-and nothing depends on timing. A step's note is its caller's ``file:line``: the first
+and nothing depends on timing. A send it could not order is refused: on the connection
+from a thread that is not its session's, or on an earlier run's connection object, and a
+connect (psycopg, psycopg2, asyncpg) from a session's thread or to a running code run's
+database. A step's note is its caller's ``file:line``: the first
 frame outside psycopg, SQLAlchemy and pgrace.
 """
 
