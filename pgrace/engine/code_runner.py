@@ -222,7 +222,7 @@ class CodeRunner:
                 self.stack.callback(conn.close_for_good)
                 continue
             if not conn.closed and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-                with contextlib.suppress(psycopg.Error):
+                with contextlib.suppress(psycopg.Error, RunAborted, StepsStuck):  # then closed: a new one next run
                     if self.sql.execute(conn.pgconn, "DISCARD ALL").error is None:
                         conn.stale()
                         self.kept[name] = conn
