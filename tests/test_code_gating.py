@@ -111,7 +111,7 @@ def on_to_thread(conn: Any) -> None:
 
 
 def only_to_thread(conn: Any) -> None:
-    """No statement from the session's own thread at all: 'never sent a statement' would be false."""
+    """No statement from the session's own thread at all: 'sent no statement' would be false."""
 
     async def main() -> None:
         await asyncio.to_thread(withdraw, conn)
@@ -216,7 +216,7 @@ def test_a_statement_pgrace_did_not_order_fails_the_run(
     text = str(caught.value)
     assert caught.value.exit_code == 2
     assert "\n" not in text
-    assert "never sent a statement" not in text
+    assert "sent no statement" not in text
     assert "pgrace did not order" in text, text
     for part in said:
         assert part in text, text
@@ -248,7 +248,7 @@ def test_a_backend_of_another_role_is_seen_too(pgrace_server: ServerInfo) -> Non
 
 
 def test_a_session_that_sent_nothing_anywhere_is_still_told_so(pgrace_server: ServerInfo) -> None:
-    with pytest.raises(CodeError, match="session bad never sent a statement to the database"):
+    with pytest.raises(CodeError, match="session bad sent no statement: none on the connection pgrace passed it"):
         explore_code({"good": withdraw, "bad": lambda conn: None}, setup=SETUP, final=FINAL, server=pgrace_server)
 
 

@@ -42,7 +42,7 @@ connect of psycopg, psycopg2 or asyncpg from a session's thread, or to the run's
 from any thread; pgrace's connection used from another thread, or kept from an earlier run;
 any other client backend the server lists in the run's database before a step or at the
 end). Other bad input is a ``CodeError`` naming the function's ``file:line``: a session
-that never sends a statement, one that raises before its first statement, Python that
+that sends no statement, one that raises before its first statement, Python that
 runs longer than the step timeout without sending anything. Setup, the final query and
 teardown are bounded by the step timeout as a scenario's are, and a setup that fails is
 :class:`~pgrace.errors.SetupFailed` (exit 1). A statement that runs longer than the step

@@ -299,7 +299,12 @@ class CodeRunner:
                     f"session {name} raised {type(exc).__name__} before its first statement: {exc}", path, line
                 )
             if gate.steps == 0:
-                raise CodeError(f"session {name} never sent a statement to the database", path, line)
+                raise CodeError(
+                    f"session {name} sent no statement: none on the connection pgrace passed it, and the server"
+                    " showed none elsewhere",
+                    path,
+                    line,
+                )
 
     def _scenario(self, discovered: list[Step]) -> Scenario:
         first = next(iter(self.code.values()))
