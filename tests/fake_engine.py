@@ -318,7 +318,12 @@ class Bench:
         )
 
     def play(self, *order: str | PermutationStep) -> list[str]:
-        """Run the steps in this order, as the runner does: a busy session's earlier step is waited for first."""
+        """Run the steps in this order as the runner's permutation loop does, and the run's lines.
+
+        A busy session's next step waits for its earlier one, unless the server let another
+        waiter go first (then, as with ``defer_busy_sessions``, it waits aside while the
+        other sessions' steps go on, and goes as soon as its session is free).
+        """
         from pgrace.engine.runner import launch_ready
 
         scheduler = self.scheduler
@@ -327,18 +332,22 @@ class Bench:
         deferred: list[PermutationStep] = []
         for position, entry in enumerate(entries):
             scheduler.unlaunched = position
-            step = self.scenario.step(entry.step)
-            session = self.sessions[step.session]
-            if self.scheduler.options.defer_busy_sessions:
+            session = self.sessions[self.scenario.step(entry.step).session]
+            held = any(self.scenario.step(d.step).session == session.name for d in deferred)
+            if scheduler.options.defer_busy_sessions or held or (session.busy and scheduler.overtaken(session)):
                 deferred.append(entry)
                 launch_ready(scheduler, self.sessions, deferred)
                 continue
             if session.busy:
                 scheduler.wait_for_session(session)
             scheduler.unlaunched = position + 1
-            scheduler.launch_entry(step, entry)
+            scheduler.launch_entry(self.scenario.step(entry.step), entry)
+            if deferred:
+                launch_ready(scheduler, self.sessions, deferred)
         while deferred:
             session = self.sessions[self.scenario.step(deferred[0].step).session]
+            if not session.busy and scheduler.waiting:
+                session = self.sessions[scheduler.waiting[0].step.session]
             scheduler.wait_for_session(session)
             launch_ready(scheduler, self.sessions, deferred)
         scheduler.finish_permutation()
