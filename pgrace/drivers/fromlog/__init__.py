@@ -8,6 +8,7 @@ run that scenario in a scratch database to see the incident come back.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,8 @@ def from_log(
     result = FromLog(found.incidents, found.lines, found.skipped, found.unreadable)
     if not found.incidents:
         if found.unreadable:
-            raise ScenarioError(found.unreadable[0].split(": ", 1)[1], found.unreadable[0].split(":", 1)[0])
+            where, line, message = _located(found.unreadable[0])
+            raise ScenarioError(message, where, line)
         where = paths[0] if len(paths) == 1 else f"{len(paths)} files"
         raise ScenarioError(
             f"no incident: no deadlock and no lock wait longer than deadlock_timeout in {found.lines:,} lines "
@@ -89,6 +91,12 @@ def from_log(
             with open_server(server_target) as opened:
                 result.verified, result.written = run_verify(chosen, result.written, source, opened, dsn)
     return result
+
+
+def _located(said: str) -> tuple[str, int | None, str]:
+    """``FILE:LINE: message`` taken apart (a file name may hold ':' too)."""
+    m = re.match(r"(.*?):(\d+): (.*)\Z", said, re.S)
+    return (m.group(1), int(m.group(2)), m.group(3)) if m else ("", None, said)
 
 
 def _check_parses(written: Written, incident: Incident) -> None:

@@ -20,6 +20,8 @@ __all__ = ["Incident", "Step", "Wait", "find_incidents"]
 
 _WAITING = re.compile(r"process (\d+) still waiting for (.+?) after ([\d.]+) ms")
 _HOLDERS = re.compile(r"Process(?:es)? holding the lock: ([\d, ]+)\. Wait queue: ([\d, ]*)\.")
+_PID = re.compile(r"[1-9]\d{0,9}\Z")  # a process id: a positive 32-bit number, at most 10 digits
+_MS = re.compile(r"\d{1,15}(?:\.\d{1,9})?\Z")
 _EDGE = re.compile(r"Process (\d+) waits for (.+?); blocked by process (\d+)\.")
 _STATEMENT_OF = re.compile(r"Process (\d+): (.*)", re.S)
 _TUPLE = re.compile(r'while (\w+(?: \w+)*?) (?:index )?tuple \((\d+),(\d+)\) in relation "([^"]+)"')
@@ -91,6 +93,27 @@ class Found:
     unreadable: list[str] = field(default_factory=list)
 
 
+class _Unreadable(Exception):
+    """A report whose numbers are not the server's (a pid of 5,000 digits, ``after 1.2.3 ms``)."""
+
+
+def _pid(text: str) -> int:
+    if not _PID.match(text) or int(text) > 2**31:
+        raise _Unreadable(f"{text[:20]!r}{'...' if len(text) > 20 else ''} is not a process id")
+    return int(text)
+
+
+def _pids(text: str) -> list[int]:
+    """``1, 2, 3`` as PostgreSQL lists processes: an empty item or a trailing comma is not its list."""
+    return [_pid(item.strip()) for item in text.split(",")]
+
+
+def _ms(text: str) -> float:
+    if not _MS.match(text):
+        raise _Unreadable(f"{text[:20]!r} is not a duration in ms")
+    return float(text)
+
+
 @dataclass
 class _Stretch:
     """A window's records, indexed once by line and by process: each incident reads its own, not the whole window."""
@@ -145,23 +168,33 @@ def _incidents_at(
 ) -> Iterator[tuple[Incident, list[int]]]:
     for index in stretch.by_line.get(line, []):
         record = stretch.records[index]
-        if record.message == "deadlock detected" and record.severity == "ERROR":
-            incident = _deadlock(path, fmt, stretch, index)
-            if incident is None:
-                unreadable.append(f"{path}:{record.line}: a deadlock report without its cycle (cut short?)")
-                continue
+        try:
+            incident = _incident(path, fmt, stretch, index)
+        except _Unreadable as exc:
+            unreadable.append(f"{path}:{record.line}: a report pgrace cannot read: {exc}")
+            continue
+        if isinstance(incident, str):
+            unreadable.append(f"{path}:{record.line}: {incident}")
+        elif incident is not None:
             yield incident, [record.line]
-        elif record.severity == "LOG" and (m := _WAITING.match(record.message)):
-            holders = _HOLDERS.match(record.detail)
-            if holders is None or record.pid is None:
-                unreadable.append(f"{path}:{record.line}: a lock wait report without its holders (cut short?)")
-                continue
-            wait = _wait_from(record, int(m.group(1)), m.group(2), [int(p) for p in holders.group(1).split(",")])
-            wait.after_ms = float(m.group(3))
-            pids = [wait.waiter, *[p for p in wait.holders if p != wait.waiter]]
-            incident = Incident("lock wait", path, record.line, record.time, record.database, pids, {}, [wait])
-            _recover(incident, fmt, stretch, index)
-            yield incident, [record.line]
+
+
+def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incident | str | None:
+    """The incident the record at ``index`` reports, what is missing from its report, or None (not a report)."""
+    record = stretch.records[index]
+    if record.message == "deadlock detected" and record.severity == "ERROR":
+        return _deadlock(path, fmt, stretch, index) or "a deadlock report without its cycle (cut short?)"
+    if record.severity == "LOG" and (m := _WAITING.match(record.message)):
+        holders = _HOLDERS.match(record.detail)
+        if holders is None or record.pid is None:
+            return "a lock wait report without its holders (cut short?)"
+        wait = _wait_from(record, _pid(m.group(1)), m.group(2), _pids(holders.group(1)))
+        wait.after_ms = _ms(m.group(3))
+        pids = [wait.waiter, *[p for p in wait.holders if p != wait.waiter]]
+        incident = Incident("lock wait", path, record.line, record.time, record.database, pids, {}, [wait])
+        _recover(incident, fmt, stretch, index)
+        return incident
+    return None
 
 
 def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wait:
@@ -180,8 +213,8 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
     current: int | None = None
     for part in record.detail.split("\n"):
         if m := _EDGE.match(part):
-            edges.append((int(m.group(1)), m.group(2), int(m.group(3))))
-        elif (m := _STATEMENT_OF.match(part)) and int(m.group(1)) in {e[0] for e in edges}:
+            edges.append((_pid(m.group(1)), m.group(2), _pid(m.group(3))))
+        elif (m := _STATEMENT_OF.match(part)) and _PID.match(m.group(1)) and int(m.group(1)) in {e[0] for e in edges}:
             current = int(m.group(1))
             statements[current] = m.group(2)
         elif current is not None:
@@ -205,10 +238,10 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
         r = stretch.records[pos]
         if m := _WAITING.match(r.message):
             for wait in waits:
-                if wait.waiter == int(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
+                if wait.waiter == _pid(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
                     told = _wait_from(r, wait.waiter, wait.lock, wait.holders)
                     wait.table, wait.ctid, wait.line = told.table, told.ctid, told.line
-                    wait.after_ms = float(m.group(3))
+                    wait.after_ms = _ms(m.group(3))
     _recover(incident, fmt, stretch, index)
     return incident
 

@@ -127,6 +127,8 @@ def open_log(path: str, given_prefix: str | None) -> LogFormat:
             json.loads(lines[0])
         except ValueError:
             raise ScenarioError("starts like a jsonlog file but its first line is not JSON", path, 1) from None
+        except RecursionError:
+            raise ScenarioError(_TOO_DEEP, path, 1) from None
         return LogFormat("jsonlog")
     if lines and _looks_csv(lines[0]) and given_prefix is None:
         return LogFormat("csvlog")
@@ -244,7 +246,7 @@ def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
     first_line = hit.line - data.count(b"\n", 0, hit.offset - start)
     text = data.decode("utf-8", errors="replace")
     if fmt.kind == "jsonlog":
-        records, skipped = _json_records(text, first_line)
+        records, skipped = _json_records(text, first_line, path)
     elif fmt.kind == "csvlog":
         records, skipped = _csv_records(text, first_line)
     else:
@@ -321,7 +323,7 @@ def _csv_records(text: str, first_line: int) -> tuple[list[Record], int]:
             skipped += 1
             continue
         lineno = line + at
-        if len(row) < _CSV_COLUMNS or not row[3].isdigit():
+        if len(row) < _CSV_COLUMNS or not (row[3].isdigit() and len(row[3]) <= 10):
             skipped += bool(row)
             continue
         records.append(
@@ -346,6 +348,8 @@ def _csv_records(text: str, first_line: int) -> tuple[list[Record], int]:
     return records, skipped
 
 
+#: jsonlog writes one flat object a line; JSON nested deeper than Python's decoder recurses is not the server's.
+_TOO_DEEP = "a JSON value nested too deep to be a jsonlog record (the server writes one flat object a line)"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -359,7 +363,7 @@ def _json_text(value: object) -> str | None:
     return _SURROGATE.sub("\ufffd", str(value))
 
 
-def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
+def _json_records(text: str, first_line: int, path: str) -> tuple[list[Record], int]:
     records: list[Record] = []
     skipped = 0
     for n, line in enumerate(text.split("\n")):
@@ -370,6 +374,8 @@ def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
         except ValueError:
             skipped += 1
             continue
+        except RecursionError:
+            raise ScenarioError(_TOO_DEEP, path, first_line + n) from None
         if not isinstance(obj, dict) or (message := _json_text(obj.get("message"))) is None:
             skipped += 1
             continue

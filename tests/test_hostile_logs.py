@@ -1,0 +1,149 @@
+"""Hostile and huge input to ``pgrace from-log`` and the readers next to it: one line, file and line, exit 2.
+
+Each hostile case is the shipped example's lock wait or deadlock with one thing changed;
+each huge one is timed, and its memory measured, in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from pgrace import api
+from pgrace.cli import main
+from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.scratch import scratch_database
+from pgrace.scratch.roles import watcher_of
+from pgrace.servers import ServerInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "from-log" / "deadlock.log"
+
+#: A lock wait as PostgreSQL 18 logs it with log_lock_waits, prefix '%m [%p] %a %v %x '.
+LOCK_WAIT = (
+    "2026-12-01 16:53:15.582 UTC [24914] alice 3/3 0 LOG:  statement: BEGIN\n"
+    "2026-12-01 16:53:16.688 UTC [24915] bob 4/2 755 LOG:  process 24915 still waiting for ShareLock "
+    "on transaction 754 after 1000.101 ms\n"
+    "2026-12-01 16:53:16.688 UTC [24915] bob 4/2 755 DETAIL:  Process holding the lock: 24914. Wait queue: 24915.\n"
+    '2026-12-01 16:53:16.688 UTC [24915] bob 4/2 755 CONTEXT:  while updating tuple (0,1) in relation "accounts"\n'
+    "2026-12-01 16:53:16.688 UTC [24915] bob 4/2 755 STATEMENT:  UPDATE accounts SET balance = 0 WHERE id = 1\n"
+)
+
+
+def invoke(args: list[str]) -> Result:
+    return CliRunner().invoke(main, args, env={"PGRACE_DSN": ""})
+
+
+def refused_at(result: Result, where: str) -> str:
+    """The one line of a refusal (exit 2, no traceback), which names ``where`` (FILE:LINE)."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert where in lines[0], lines[0]
+    return lines[0]
+
+
+def test_the_lock_wait_itself_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "wait.log"
+    log.write_text(LOCK_WAIT)
+    result = invoke(["from-log", str(log), "--list"])
+    assert result.exit_code == 0, result.output
+    assert "wait.log:2: lock wait of bob, alice on accounts" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("holding the lock: 24914.", "holding the lock: 1, ."),  # an empty item
+        ("holding the lock: 24914.", "holding the lock: 24914,."),  # a trailing comma
+        ("after 1000.101 ms", "after 1.2.3 ms"),
+        ("process 24915 still", "process " + "9" * 5000 + " still"),  # more digits than int() converts
+        ("holding the lock: 24914.", "holding the lock: " + "7" * 5000 + "."),
+    ],
+    ids=["empty-holder", "trailing-comma", "bad-duration", "huge-waiter-pid", "huge-holder-pid"],
+)
+def test_a_lock_wait_report_with_numbers_no_server_writes(tmp_path: Path, old: str, new: str) -> None:
+    log = tmp_path / "wait.log"
+    assert old in LOCK_WAIT
+    log.write_text(LOCK_WAIT.replace(old, new))
+    refused_at(invoke(["from-log", str(log), "--list"]), f"{log}:2:")
+
+
+def test_a_deadlock_cycle_with_a_pid_of_5000_digits(tmp_path: Path) -> None:
+    log = tmp_path / "deadlock.log"
+    text = EXAMPLE.read_text()
+    log.write_text(text.replace("blocked by process 24914.", "blocked by process " + "4" * 5000 + "."))
+    line = text[: text.index("ERROR:  deadlock detected")].count("\n") + 1
+    refused_at(invoke(["from-log", str(log), "--list"]), f"{log}:{line}:")
+
+
+def test_a_prefix_pid_of_5000_digits_is_not_a_record(tmp_path: Path) -> None:
+    """The prefix's %p is at most 10 digits: the line is another program's, skipped, not a crash."""
+    log = tmp_path / "wait.log"
+    log.write_text(LOCK_WAIT.replace("[24914] alice", "[" + "1" * 5000 + "] alice"))
+    result = invoke(["from-log", str(log), "--list"])
+    assert result.exit_code == 0, result.output
+    assert "lock wait of bob, pid24914" in result.stdout  # alice's line skipped: her name is not known
+
+
+def test_deeply_nested_json_in_a_jsonlog_line(tmp_path: Path) -> None:
+    wait = {
+        "timestamp": "2026-12-01 16:53:16.688 UTC",
+        "pid": 24915,
+        "error_severity": "LOG",
+        "message": "process 24915 still waiting for ShareLock on transaction 754 after 1000.101 ms",
+        "detail": "Process holding the lock: 24914. Wait queue: 24915.",
+    }
+    first = json.dumps({"timestamp": "2026-12-01 16:53:15.582 UTC", "pid": 1, "error_severity": "LOG", "message": "x"})
+    nested = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    log = tmp_path / "server.json"
+    log.write_text(f"{first}\n{nested}\n{json.dumps(wait)}\n")
+    refused_at(invoke(["from-log", str(log), "--list"]), f"{log}:2:")
+    log.write_text(f"{nested}\n{json.dumps(wait)}\n")  # the line the format is told from
+    refused_at(invoke(["from-log", str(log), "--list"]), f"{log}:1:")
+
+
+@pytest.mark.parametrize("prefix", ["%q%q", "%m [%p] %q%q%a %v %x ", "%q%u@%d %q"])
+def test_a_prefix_with_q_twice(prefix: str) -> None:
+    """%q twice is %q once: PostgreSQL stops printing non-session processes' prefix at the first."""
+    result = invoke(["from-log", "--prefix", prefix, str(EXAMPLE), "--list"])
+    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+    if prefix == "%m [%p] %q%q%a %v %x ":
+        assert result.exit_code == 0, result.output
+        assert "deadlock of bob, alice" in result.stdout
+    else:
+        refused_at(result, f"{EXAMPLE}:1:")
+
+
+def test_a_deeply_nested_merge_file(tmp_path: Path) -> None:
+    merged = tmp_path / "shard.json"
+    merged.write_text("[" * 100_000 + "]" * 100_000)
+    refused_at(invoke(["explore", "lost-update", "--merge", str(merged)]), f"{merged}:1:")
+
+
+def test_a_scenario_name_longer_than_postgresql_names(tmp_path: Path) -> None:
+    text = (ROOT / "examples" / "lock-timeout.toml").read_text()
+    named = tmp_path / "named.toml"
+    named.write_text(text.replace('name = "lock-timeout"', f'name = "{"x" * 300}"', 1))
+    line = refused_at(invoke(["show", str(named)]), f"{named}:1:")
+    assert "at most 63" in line
+    stem = tmp_path / ("y" * 250 + ".toml")
+    stem.write_text(text.replace('name = "lock-timeout"\n', "", 1))
+    assert "shorter name" in refused_at(invoke(["show", str(stem)]), f"{stem}:1:")
+
+
+@pytest.mark.server
+def test_a_scenario_name_of_63_characters_runs(pgrace_server: ServerInfo) -> None:
+    """The run's role and its observer's role (the role's name and ``_watch``) both fit PostgreSQL's 63 bytes."""
+    if not pgrace_server.scenario_role:
+        pytest.skip("a --dsn server runs as the DSN's own role: there is no run role")
+    text = (ROOT / "examples" / "lock-timeout.toml").read_text()
+    scenario = parse_toml_scenario(text.replace('name = "lock-timeout"', f'name = "{"x" * 63}"', 1), "named.toml")
+    with scratch_database(pgrace_server, scenario.name) as db:
+        assert db.role is not None and db.observer_dsn is not None
+        assert len(watcher_of(db.role).encode()) <= 63
+    assert api.run(scenario, server=pgrace_server).ok
