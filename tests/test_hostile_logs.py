@@ -7,6 +7,8 @@ each huge one is timed, and its memory measured, in a child process.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,39 @@ def test_a_scenario_name_of_63_characters_runs(pgrace_server: ServerInfo) -> Non
         assert db.role is not None and db.observer_dsn is not None
         assert len(watcher_of(db.role).encode()) <= 63
     assert api.run(scenario, server=pgrace_server).ok
+
+
+SWAPPED = """
+import os, sys
+import pgrace.drivers.fromlog as fromlog
+from pgrace.errors import ScenarioError
+
+told = fromlog.open_log
+
+def open_then_swap(path, prefix):
+    fmt = told(path, prefix)  # the format is told from a regular file; then a FIFO takes its place
+    os.replace(path, path + ".real")
+    os.mkfifo(path)
+    return fmt
+
+fromlog.open_log = open_then_swap
+try:
+    fromlog.from_log([sys.argv[1]], list_only=True)
+except ScenarioError as exc:
+    print(exc)
+    sys.exit(2)
+"""
+
+
+def test_a_log_replaced_by_a_fifo_after_it_was_checked(tmp_path: Path) -> None:
+    """Each opening is checked, not the path beforehand: a FIFO with no writer is refused at once, not waited on."""
+    log = tmp_path / "server.log"
+    log.write_text(LOCK_WAIT)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SWAPPED, str(log)], capture_output=True, text=True, timeout=30, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("from-log waited on the FIFO put where the log was")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.strip() == f"{log}: not a regular file: a log is read from a file"

@@ -16,11 +16,12 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from pgrace.drivers.fromlog.prefix import Prefix, detect_prefix
 from pgrace.errors import ScenarioError
 
-__all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "scan", "window"]
+__all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "open_regular", "scan", "window"]
 
 #: Bytes read at a time: large enough that the per-chunk Python work is noise.
 CHUNK = 4 << 20
@@ -96,21 +97,39 @@ def _looks_csv(line: str) -> bool:
     return _CSV_START.match(line) is not None
 
 
+def open_regular(path: str) -> BinaryIO:
+    """``path`` opened for reading, refused unless what was opened is a regular file.
+
+    A pipe or a device (/dev/zero) may never end, and a log is opened three times (its head,
+    a scan, the stretches around its incidents): each opening is checked, never the path
+    beforehand, which could be replaced by a FIFO in between. ``O_NONBLOCK`` makes opening a
+    FIFO that has no writer return at once instead of waiting for one.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ScenarioError("not a regular file: a log is read from a file", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def open_log(path: str, given_prefix: str | None) -> LogFormat:
     """Tell a file's format from its first lines; a stderr log's prefix is the given one or detected.
 
     Invalid input (not a log, a binary file, a prefix that does not match) is one
     :class:`ScenarioError` naming the file and, where there is one, the line.
     """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            # A pipe or a device (/dev/zero) may never end, and a log is read twice: a scan,
-            # then the stretches around its incidents.
-            raise ScenarioError("not a regular file: a log is read from a file", path)
-        with open(path, "rb") as f:
+    with open_regular(path) as f:
+        try:
             head = f.read(64 << 10)
-    except OSError as exc:
-        raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
+        except OSError as exc:
+            raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
     if not head:
         raise ScenarioError("empty file: no server log to read", path)
     if head.startswith(_COMPRESSED):
@@ -164,7 +183,7 @@ def scan(path: str) -> Scanned:
     lines = 0
     offset = 0
     carry = b""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         left = os.fstat(f.fileno()).st_size  # a live server's log grows: read what it held when opened
         while left > 0:
             block = f.read(min(CHUNK, left))
@@ -232,7 +251,7 @@ def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
     another program's output mixed in.
     """
     start = max(0, hit.offset - BACK)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         f.seek(start)
         data = f.read(hit.offset - start + AHEAD)
     eof = len(data) < hit.offset - start + AHEAD  # the whole rest of the file is in this window
