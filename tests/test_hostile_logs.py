@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,43 @@ def test_a_log_replaced_by_a_fifo_after_it_was_checked(tmp_path: Path) -> None:
         pytest.fail("from-log waited on the FIFO put where the log was")
     assert done.returncode == 2, done.stderr
     assert done.stdout.strip() == f"{log}: not a regular file: a log is read from a file"
+
+
+def retry_loops(sessions: int, steps: int, retries: int) -> str:
+    """``sessions`` sessions of ``steps`` steps, each session one retry loop over all its steps."""
+    lines = ['setup = "CREATE TABLE t (id int)"', "sessions = [" + ", ".join(f'"s{i}"' for i in range(sessions)) + "]"]
+    for i in range(sessions):
+        for j in range(steps):
+            lines += ["[[step]]", f'name = "s{i}_{j}"', f'session = "s{i}"', 'sql = "SELECT 1"']
+        lines.append(f'retry = {{ on = ["40001"], from = "s{i}_0", max = {retries} }}')
+    return "\n".join(lines) + "\n"
+
+
+def test_retry_loops_unrolled_past_the_limit_are_refused_where_the_limit_is_crossed(tmp_path: Path) -> None:
+    path = tmp_path / "loops.toml"
+    text = retry_loops(64, 150, 10)
+    path.write_text(text)
+    crossing = [n for n, line in enumerate(text.splitlines(), 1) if line.startswith("retry")][
+        6
+    ]  # 9,600 + 7 x 1,510 > 20,000
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pgrace", "show", str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("pgrace show unrolled a million attempt steps")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"pgrace: {path}:{crossing}: retry: unrolled, this loop (150 steps, max = 10) makes the scenario "
+        "20,170 steps or more: at most 20,000, pgrace's limit"
+    ]
+
+
+def test_a_steps_loop_is_found_without_a_scan() -> None:
+    """13,288 steps: the run asks each step's loop once per step it sends; a scan per question is 10^8 comparisons."""
+    scenario = parse_toml_scenario(retry_loops(8, 150, 10), "loops.toml")
+    assert len(scenario.steps) == 8 * 150 * 11 + 8 * 10
+    started = time.perf_counter()
+    loops = {scenario.retry_of(step) is not None for step in scenario.steps}
+    assert loops == {True}
+    assert time.perf_counter() - started < 1.0
