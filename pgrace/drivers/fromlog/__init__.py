@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.incidents import Incident, find_incidents
+from pgrace.drivers.fromlog.incidents import Incident, find_incidents, reread
 from pgrace.drivers.fromlog.records import open_log
 from pgrace.errors import ScenarioError
 
@@ -56,7 +56,7 @@ def from_log(
     one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
     """
     formats = [open_log(path, prefix) for path in paths]
-    found = find_incidents(paths, formats)
+    found = find_incidents(paths, formats, light=True)
     result = FromLog(found.incidents, found.lines, found.skipped, found.unreadable)
     if not found.incidents:
         if found.unreadable:
@@ -75,7 +75,8 @@ def from_log(
         raise ScenarioError(f"--incident {number}: the logs hold {len(found.incidents)} incident(s) (see --list)")
     from pgrace.drivers.fromlog.writer import write_scenario
 
-    chosen = found.incidents[number - 1]
+    chosen = reread(found.incidents[number - 1], formats[paths.index(found.incidents[number - 1].file)])
+    found.incidents[number - 1] = chosen
     result.chosen = number
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)

@@ -25,9 +25,11 @@ __all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "open_regular", "
 
 #: Bytes read at a time: large enough that the per-chunk Python work is noise.
 CHUNK = 4 << 20
-#: How much log before a hit is parsed for the incident's transactions, and after it.
+#: How much log before a hit is parsed for the incident's transactions, and after it; and
+#: how far ahead later hits share the parse of an earlier one.
 BACK = 4 << 20
 AHEAD = 1 << 20
+SPAN = 2 << 20
 #: Phrases PostgreSQL writes (untranslated, lc_messages C or English) when an incident happens.
 MARKERS = (b"deadlock detected", b"still waiting for")
 _SECONDARY = frozenset({"DETAIL", "HINT", "CONTEXT", "STATEMENT", "QUERY", "LOCATION"})
@@ -244,17 +246,20 @@ class Window:
         return self.start <= hit.offset and hit.offset + AHEAD // 2 <= self.end
 
 
-def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
-    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after), and the lines skipped.
+def window(path: str, fmt: LogFormat, hit: Hit, until: int = 0) -> Window:
+    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after it or ``until``), and the lines skipped.
 
-    A skipped line is one that is not a record of the file's format: cut short, or
-    another program's output mixed in.
+    ``until`` is the offset of a later hit the same parse should serve: hits close together
+    are read in one window, so that each byte of a log dense with incidents is parsed about
+    twice, not ``BACK / AHEAD`` times. A skipped line is one that is not a record of the
+    file's format: cut short, or another program's output mixed in.
     """
     start = max(0, hit.offset - BACK)
+    want = max(hit.offset, until) - start + AHEAD
     with open_regular(path) as f:
         f.seek(start)
-        data = f.read(hit.offset - start + AHEAD)
-    eof = len(data) < hit.offset - start + AHEAD  # the whole rest of the file is in this window
+        data = f.read(want)
+    eof = len(data) < want  # the whole rest of the file is in this window
     if start > 0:
         cut = data.find(b"\n") + 1
         data, start = data[cut:], start + cut
@@ -280,19 +285,28 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
     skipped = 0
     last: Record | None = None
     last_field = "message"
+    more: list[str] = []  # the tab-continued lines of last's last_field, joined once: appending to a str is quadratic
     by_pid: dict[int | None, Record] = {}
     lineno = first_line - 1
-    for line in text.split("\n"):
+
+    def flush() -> None:
+        if more and last is not None and last_field:
+            setattr(last, last_field, "\n".join([getattr(last, last_field), *more]))
+        more.clear()
+
+    for ended in io.StringIO(text, newline="\n"):  # one line at a time: a list of a million short lines is 60 MB
+        line = ended[:-1] if ended.endswith("\n") else ended
         lineno += 1
         if line.startswith("\t"):
             if last is not None:
-                setattr(last, last_field, getattr(last, last_field) + "\n" + line[1:])
+                more.append(line[1:])
             continue
         m = prefix.match(line)
         if m is None:
             if line:
                 skipped += 1
             continue
+        flush()
         groups = m.groupdict()
         pid = int(groups["p"]) if groups.get("p") else None
         severity = groups["sev"]
@@ -302,6 +316,7 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
             if target is not None:
                 last_field = severity.lower() if severity != "QUERY" else "statement"
                 if last_field == "location":
+                    last, last_field = target, ""  # its continuation lines, if any, belong to no field
                     continue
                 setattr(target, last_field, message)
                 last = target
@@ -321,6 +336,7 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
         records.append(record)
         by_pid[pid] = record
         last, last_field = record, "message"
+    flush()
     return records, skipped
 
 
