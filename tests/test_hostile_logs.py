@@ -226,3 +226,65 @@ def test_a_steps_loop_is_found_without_a_scan() -> None:
     loops = {scenario.retry_of(step) is not None for step in scenario.steps}
     assert loops == {True}
     assert time.perf_counter() - started < 1.0
+
+
+MEASURED = """
+import json, resource, sys, time
+from pgrace.drivers.fromlog import from_log
+started = time.perf_counter()
+found = from_log([sys.argv[1]], list_only=sys.argv[2] == "list", verify=False)
+print(json.dumps({
+    "seconds": time.perf_counter() - started,
+    "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "incidents": len(found.incidents),
+    "unsaid": found.written.unsaid if found.written else [],
+}))
+"""
+
+
+def measured(log: Path, mode: str = "list", timeout: float = 120) -> dict[str, object]:
+    """from_log on ``log`` in a child process: its time, peak RSS and what it found (fails past ``timeout``)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", MEASURED, str(log), mode], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"from-log gave no answer in {timeout:.0f} s")
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_a_lock_with_10000_holders_is_written_with_32_sessions_and_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "holders.log"
+    holders = ", ".join(str(30000 + i) for i in range(10_000))
+    log.write_text(LOCK_WAIT.replace("holding the lock: 24914.", f"holding the lock: {holders}."))
+    result = measured(log, "write", timeout=60)
+    assert "the lock had 10,000 holders: the scenario has the first 31 (at most 32 sessions)" in result["unsaid"]  # type: ignore[operator]
+
+
+def test_tab_continuation_lines_are_joined_in_linear_time(tmp_path: Path) -> None:
+    log = tmp_path / "tabs.log"
+    statement = "2026-12-01 16:53:15.575 UTC [24913] [unknown] 2/2 0 LOG:  statement: SELECT 1\n"
+    log.write_text(statement + "\tx\n" * 1_300_000 + LOCK_WAIT)  # 3.9 MB of one statement's lines
+    result = measured(log, timeout=60)
+    assert result["incidents"] == 1 and result["peak_mib"] < 128  # type: ignore[operator]
+
+
+def test_the_example_repeated_4000_times_is_listed_in_bounded_time_and_memory(tmp_path: Path) -> None:
+    """The same two pids in 4,000 deadlocks (15 MB): each incident reads its own processes' records near it."""
+    log = tmp_path / "repeated.log"
+    log.write_text(EXAMPLE.read_text() * 4000)
+    result = measured(log)
+    assert result["incidents"] == 4000
+    assert result["peak_mib"] < 128, result  # type: ignore[operator]
+
+
+def test_20000_lock_waits_are_listed_in_bounded_memory(tmp_path: Path) -> None:
+    log = tmp_path / "waits.log"
+    with log.open("w") as f:
+        for n in range(20_000):
+            f.write(LOCK_WAIT.replace("24915", str(100_000 + n)).replace("24914", str(200_000 + n)))
+    result = measured(log)
+    assert result["incidents"] == 20_000
+    assert result["peak_mib"] < 128, result  # type: ignore[operator]

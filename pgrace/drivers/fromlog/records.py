@@ -247,7 +247,7 @@ class Window:
 
 
 def window(path: str, fmt: LogFormat, hit: Hit, until: int = 0) -> Window:
-    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after it or ``until``), and the lines skipped.
+    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after it or ``until``), lines skipped.
 
     ``until`` is the offset of a later hit the same parse should serve: hits close together
     are read in one window, so that each byte of a log dense with incidents is parsed about
