@@ -288,3 +288,38 @@ def test_20000_lock_waits_are_listed_in_bounded_memory(tmp_path: Path) -> None:
     result = measured(log)
     assert result["incidents"] == 20_000
     assert result["peak_mib"] < 128, result  # type: ignore[operator]
+
+
+VERIFY_IN_TIME = """
+import sys, time
+import pgrace.drivers.fromlog.verify as verify
+verify.VERIFY_SECONDS = 5.0
+from pgrace.drivers.fromlog import from_log
+from pgrace.drivers.fromlog.report import report_lines
+started = time.perf_counter()
+found = from_log([sys.argv[1]])
+print(time.perf_counter() - started)
+print("\\n".join(report_lines(found)))
+"""
+
+
+@pytest.mark.server
+def test_verification_is_bounded_as_a_whole_and_says_so(tmp_path: Path) -> None:
+    """A logged statement that sleeps times every interleaving out: verification stops at its limit."""
+    log = tmp_path / "sleeps.log"
+    log.write_text(
+        EXAMPLE.read_text().replace(
+            "balance = balance + 100 WHERE id = 2",
+            "balance = balance + 100 + (SELECT 0 FROM pg_sleep(300)) WHERE id = 2",
+        )
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", VERIFY_IN_TIME, str(log)], capture_output=True, text=True, timeout=180, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("verification waited out step timeouts past its limit")
+    assert done.returncode == 0, done.stderr
+    seconds, *report = done.stdout.splitlines()
+    assert float(seconds) < 5 + 3 * 10 + 20  # the limit, then the interleaving under way (10 s step timeouts)
+    assert any("verification stopped at its 5 s limit" in line for line in report), report
