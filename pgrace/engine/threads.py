@@ -37,7 +37,7 @@ from pgrace.errors import CodeError
 from pgrace.model.timeline import Outcome, SessionLost, SqlError
 
 if TYPE_CHECKING:
-    from pgrace.engine.observe.locks import LockInspector
+    from pgrace.engine.session import Inspector
     from pgrace.engine.steps import Active, Recorder
     from pgrace.model.variables import Value
 
@@ -486,7 +486,7 @@ class ThreadSession:
             assert self.gate.finished is not None
             return False, self.gate.finished[1]
 
-    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+    def heard(self, recorder: Recorder, inspector: Inspector) -> None:
         """The step is reported: its thread's answer is taken (the connection is the thread's, not read here)."""
         with self.gate.cond:
             self.gate.finished = None
