@@ -299,6 +299,7 @@ _GUARD_DEPTH = 0
 _GUARDED: dict[str, list[str]] = {}  # a running code run's database -> connections to it refused outside sessions
 _PATCHED: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) to put back
 DRIVERS = ("psycopg2", "asyncpg")  # imported (if installed) when a run starts, so that their connect is guarded
+_MISSING: set[str] = set()  # drivers not installed: not looked for again at every run
 
 
 def _refuse(call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -345,9 +346,12 @@ def _patch_connects() -> None:
     _PATCHED.append((psycopg, "connect", psycopg.connect))
     psycopg.connect = psycopg.Connection.connect
     for name in DRIVERS:
+        if name in _MISSING:
+            continue
         try:
             module = importlib.import_module(name)
         except ImportError:
+            _MISSING.add(name)
             continue
         owners: list[Any] = [module, getattr(module, "connection", None)] if name == "asyncpg" else [module]
         for owner in owners:
