@@ -36,6 +36,9 @@ class ServerInfo:
 
     False: it runs as the DSN's own role (a user's server, or ``--superuser``).
     """
+    role_password: bool = False
+    """The run's roles log in with a password made for them: the server is reached over TCP (a Docker
+    container, a user's server), where no socket only its account can enter vouches for them."""
 
 
 def server_version(conn: psycopg.Connection[Any]) -> str:

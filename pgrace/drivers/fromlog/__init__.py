@@ -8,10 +8,11 @@ run that scenario in a scratch database to see the incident come back.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.incidents import Incident, find_incidents
+from pgrace.drivers.fromlog.incidents import Incident, find_incidents, reread
 from pgrace.drivers.fromlog.records import open_log
 from pgrace.errors import ScenarioError
 
@@ -50,16 +51,19 @@ def from_log(
     """Read ``paths``; write (and verify) incident number ``incident`` (1-based; default the first).
 
     ``dsn`` names the incident's database, used read-only for the tables' DDL and rows.
-    The scenario runs on ``server``, or one opened from ``server_target`` (the embedded
-    PostgreSQL by default), never in the incident's database. A log with no incident, or
-    one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
+    The scenario runs on ``server``, or one opened from ``server_target``: pgrace's own
+    embedded PostgreSQL unless one is named (``PGRACE_DSN`` is not a choice: a log's
+    statements run only where the user says), never on the incident's server, and never as
+    a superuser (see :func:`~pgrace.drivers.fromlog.verify.verification_server`). A log with
+    no incident, or one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
     """
     formats = [open_log(path, prefix) for path in paths]
-    found = find_incidents(paths, formats)
+    found = find_incidents(paths, formats, light=True)
     result = FromLog(found.incidents, found.lines, found.skipped, found.unreadable)
     if not found.incidents:
         if found.unreadable:
-            raise ScenarioError(found.unreadable[0].split(": ", 1)[1], found.unreadable[0].split(":", 1)[0])
+            where, line, message = _located(found.unreadable[0])
+            raise ScenarioError(message, where, line)
         where = paths[0] if len(paths) == 1 else f"{len(paths)} files"
         raise ScenarioError(
             f"no incident: no deadlock and no lock wait longer than deadlock_timeout in {found.lines:,} lines "
@@ -73,22 +77,32 @@ def from_log(
         raise ScenarioError(f"--incident {number}: the logs hold {len(found.incidents)} incident(s) (see --list)")
     from pgrace.drivers.fromlog.writer import write_scenario
 
-    chosen = found.incidents[number - 1]
+    chosen = reread(found.incidents[number - 1], formats[paths.index(found.incidents[number - 1].file)])
+    found.incidents[number - 1] = chosen
     result.chosen = number
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)
     if verify:
+        from pgrace.drivers.fromlog.verify import verification_server
         from pgrace.drivers.fromlog.verify import verify as run_verify
 
         source = f"<from-log {chosen.file}:{chosen.line}>"
         if server is not None:
-            result.verified, result.written = run_verify(chosen, result.written, source, server, dsn)
+            safe = verification_server(server, dsn)
+            result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn)
         else:
             from pgrace.servers import open_server
 
-            with open_server(server_target) as opened:
-                result.verified, result.written = run_verify(chosen, result.written, source, opened, dsn)
+            with open_server(server_target or "embedded") as opened:
+                safe = verification_server(opened, dsn)
+                result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn)
     return result
+
+
+def _located(said: str) -> tuple[str, int | None, str]:
+    """``FILE:LINE: message`` taken apart (a file name may hold ':' too)."""
+    m = re.match(r"(.*?):(\d+): (.*)\Z", said, re.S)
+    return (m.group(1), int(m.group(2)), m.group(3)) if m else ("", None, said)
 
 
 def _check_parses(written: Written, incident: Incident) -> None:

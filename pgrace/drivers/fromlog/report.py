@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pgrace.drivers.fromlog.verify import VERIFY_SECONDS
 from pgrace.text import visible
 
 if TYPE_CHECKING:
@@ -34,6 +35,9 @@ def report_lines(result: FromLog) -> list[str]:
     if result.written is not None:
         out.append("pgrace: from-log: what the log did not say:")
         out += [f"pgrace:   - {u}" for u in result.written.unsaid]
+        if result.written.copied:
+            out.append("pgrace: from-log: copied from the database --dsn names (review them before sharing the file):")
+            out += [f"pgrace:   - {c}" for c in result.written.copied]
     verified = result.verified
     if verified is not None and verified.reproduced:
         if verified.order is None:
@@ -46,4 +50,9 @@ def report_lines(result: FromLog) -> list[str]:
         out += [f"pgrace:   ✔ {check.description}" for check in verified.run.checks] if verified.run else []
     elif verified is not None:
         out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
+        if verified.out_of_time:
+            out.append(
+                f"pgrace: from-log: verification stopped at its {VERIFY_SECONDS:g} s limit, "
+                f"after {verified.explored} other interleaving(s)"
+            )
     return [visible(line) for line in out]

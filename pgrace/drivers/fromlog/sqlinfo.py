@@ -30,6 +30,15 @@ class Touch:
     keys: list[dict[str, Any]] = field(default_factory=list)
     columns: dict[str, str] = field(default_factory=dict)
     tables: list[str] = field(default_factory=list)
+    schema: str | None = None
+    """The target table's schema when the statement names one (``hr.salaries``), else None."""
+
+    @property
+    def relation(self) -> str | None:
+        """The target table as SQL text, with its schema when the statement gave one: ``hr.salaries``."""
+        if self.table is None:
+            return None
+        return f"{quoted(self.schema)}.{quoted(self.table)}" if self.schema else quoted(self.table)
 
 
 def _const(node: Any) -> tuple[Any, str] | None:
@@ -121,11 +130,11 @@ def analyse(sql: str) -> Touch:
     touch.kind = type(stmt).__name__
     where = None
     if isinstance(stmt, (ast.UpdateStmt, ast.DeleteStmt, ast.InsertStmt)) and stmt.relation is not None:
-        touch.table = stmt.relation.relname
+        touch.table, touch.schema = stmt.relation.relname, stmt.relation.schemaname
         where = getattr(stmt, "whereClause", None)
     elif isinstance(stmt, ast.SelectStmt) and stmt.fromClause and len(stmt.fromClause) == 1:
         if isinstance(stmt.fromClause[0], ast.RangeVar):
-            touch.table = stmt.fromClause[0].relname
+            touch.table, touch.schema = stmt.fromClause[0].relname, stmt.fromClause[0].schemaname
         where = stmt.whereClause
     if touch.table:
         touch.tables.append(touch.table)
@@ -155,4 +164,4 @@ def lock_statement(sql: str) -> str | None:
     if touch.table is None or touch.kind not in ("UpdateStmt", "DeleteStmt", "SelectStmt"):
         return None
     where = f" WHERE {touch.where}" if touch.where else ""
-    return f"SELECT 1 FROM {quoted(touch.table)}{where} FOR UPDATE"
+    return f"SELECT 1 FROM {touch.relation}{where} FOR UPDATE"

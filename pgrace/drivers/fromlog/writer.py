@@ -30,6 +30,7 @@ _MADE_UP_NOTE = "-- TODO: the values the log does not show are made up"
 _MADE_UP: dict[str, Any] = {"int": 0, "numeric": 0, "text": ""}
 _BEGAN = "inferred: the transaction began"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+_COPIED = "# Copied from the database --dsn names (review them before sharing this file):"
 _TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
 
 
@@ -56,6 +57,8 @@ class Written:
     unsaid: list[str]
     victim_step: str | None = None
     wait_steps: dict[str, list[str]] = field(default_factory=dict)
+    copied: list[str] = field(default_factory=list)
+    """Rows the setup holds from the database ``--dsn`` names, one line per table: to review before sharing."""
 
 
 def _word(sql: str) -> str:
@@ -228,7 +231,7 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
     keys: dict[str, list[dict[str, Any]]] = {}
     for statement in statements:
         touch = analyse(statement)
-        if touch.table is None:
+        if touch.table is None or _catalog(touch.schema, touch.table):
             continue
         cols = tables.setdefault(touch.table, {})
         for key in touch.keys:
@@ -257,6 +260,11 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
     return sql, notes
 
 
+def _catalog(schema: str | None, table: str) -> bool:
+    """A name PostgreSQL resolves to one of its catalogs (``pg_catalog`` comes first on every search_path)."""
+    return schema in ("pg_catalog", "information_schema") or (schema is None and table.startswith("pg_"))
+
+
 def _sql_literal(value: Any) -> str:
     if value is None:
         return "NULL"
@@ -267,29 +275,34 @@ def _sql_literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[list[str], list[str]]:
+def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[list[str], list[str], list[str]]:
+    """The setup SQL, what it could not say, and which rows it copied from ``dsn``'s database (none without it)."""
     statements = [s.sql for s in steps]
     if dsn is None:
-        return _guessed_setup(incident, statements)
+        return (*_guessed_setup(incident, statements), [])
     from pgrace.drivers.fromlog.database import describe
 
+    # Tables as SQL names, with the schema the log's statements give them.
     tables: list[str] = []
     keys: dict[str, list[dict[str, Any]]] = {}
     for sql in statements:
         touch = analyse(sql)
-        for table in touch.tables:
-            if table not in tables:
-                tables.append(table)
-        if touch.table:
-            keys.setdefault(touch.table, []).extend(k for k in touch.keys if k not in keys.get(touch.table, []))
+        if touch.relation is None:
+            continue
+        if touch.relation not in tables:
+            tables.append(touch.relation)
+        own = keys.setdefault(touch.relation, [])
+        own.extend(k for k in touch.keys if k not in own)
     ctids: dict[str, list[str]] = {}
     for wait in incident.waits:
         if wait.table and wait.ctid:
-            ctids.setdefault(wait.table, []).append(wait.ctid)
-            if wait.table not in tables:
-                tables.append(wait.table)
+            table = quoted(wait.table)
+            ctids.setdefault(table, []).append(wait.ctid)
+            if table not in tables:
+                tables.append(table)
     described = describe(dsn, tables, keys, ctids)
-    return described.setup or ["-- TODO: nothing of the incident's tables could be copied"], described.notes
+    setup = described.setup or ["-- TODO: nothing of the incident's tables could be copied"]
+    return setup, described.notes, described.copied
 
 
 def _comment(text: str) -> str:
@@ -319,7 +332,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         rank = {name: i for i, name in enumerate(order)}
         steps.sort(key=lambda s: rank.get(s.name, len(rank)))
     victim_step, waits = _expect(incident, steps)
-    setup, setup_notes = _setup(incident, steps, dsn)
+    setup, setup_notes, copied = _setup(incident, steps, dsn)
     unsaid = list(dict.fromkeys(incident.unsaid + setup_notes + _general_unsaid(incident, steps)))
     name = _name(incident)
     who = ", ".join(incident.names[p] for p in incident.pids)
@@ -341,6 +354,8 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         "# Steps whose note starts with 'inferred' were not in the log: pgrace rebuilt them from the report.",
         "# What the log did not say:",
         *[_comment(f"#   - {u}") for u in unsaid],
+        *([_COPIED] if copied else []),
+        *[_comment(f"#   - {c}") for c in copied],
         "",
         f"name = {_toml(name)}",
         f"title = {_toml(f'{incident.kind.capitalize()} of {who}, from the server log')}",
@@ -365,7 +380,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         if step.expect:
             out.append(f"expect = {_toml(step.expect)}")
         out.append("")
-    return Written("\n".join(out), name, steps, unsaid, victim_step, waits)
+    return Written("\n".join(out), name, steps, unsaid, victim_step, waits, copied)
 
 
 def _pin(incident: Incident, pid: int, steps: list[Planned]) -> str:
