@@ -68,8 +68,9 @@ from typing import Any
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.code_runner import CODE_SCHEMA, CodeRunner
 from pgrace.engine.code_scheduler import Chooser
+from pgrace.engine.frames import display_name
 from pgrace.engine.schedule import Choices, ChoiceTree, Follow, NamedOrder
-from pgrace.engine.threads import SessionCode, TracedConnection, display_name
+from pgrace.engine.threads import SessionCode, TracedConnection
 from pgrace.errors import CodeError
 from pgrace.model.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
 from pgrace.model.timeline import Run

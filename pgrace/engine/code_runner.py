@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pgrace import scratch
 from pgrace.engine.code_scheduler import Chooser, CodeOrder
 from pgrace.engine.control import ControlSql
+from pgrace.engine.frames import where_defined
 from pgrace.engine.observe.locks import LockInspector
 from pgrace.engine.runner import setup_failed
 from pgrace.engine.sqlerrors import first_line
@@ -33,7 +34,6 @@ from pgrace.engine.threads import (
     TracedCursor,
     TracedServerCursor,
     connections_guarded,
-    where_defined,
 )
 from pgrace.errors import CodeError, RunAborted, ScenarioFailed, StepsStuck
 from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario, Session, Step

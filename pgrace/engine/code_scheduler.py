@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from pgrace.engine.frames import raised_at, where_defined
 from pgrace.engine.options import RunOptions
 from pgrace.engine.scheduler import Scheduler
-from pgrace.engine.threads import Gate, ThreadSession, raised_at, where_defined
+from pgrace.engine.threads import Gate, ThreadSession
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S, GateWaiting
 from pgrace.errors import CodeError
 from pgrace.model.scenario import PermutationStep, Scenario, Step

@@ -11,20 +11,16 @@ from a thread that is not its session's, or on an earlier run's connection objec
 connect (psycopg, psycopg2, asyncpg) from a session's thread or to a running code run's
 database. A call that sends nothing (an attribute's setter, commit() when idle) is no step:
 the server cannot tell its order. A step's note is its caller's ``file:line``: the first
-frame outside the frameworks (:data:`FRAMEWORK_MODULES`, the standard library, and the
-modules a run names besides).
+frame outside the frameworks (:mod:`pgrace.engine.frames`: the standard library, the known
+ones, and the modules a run names besides).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import importlib
 import inspect
-import os
-import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import psycopg
 from psycopg import pq, sql
 
+from pgrace.engine.frames import caller
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import exception_error
 from pgrace.errors import CodeError
@@ -45,20 +42,6 @@ if TYPE_CHECKING:
     from pgrace.model.variables import Value
 
 SessionCode = Callable[[Any], object]
-# Their frames are never the application's line a step is noted at (the standard library's neither).
-FRAMEWORK_MODULES = (
-    "psycopg",
-    "psycopg_pool",
-    "psycopg_binary",
-    "psycopg_c",
-    "psycopg2",
-    "asyncpg",
-    "sqlalchemy",
-    "django",
-    "pgrace",
-)
-_STDLIB_PLACES = (*{sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}, "<frozen ")
-
 # -- the session's side: a connection that asks before it sends -------------------------------
 
 
@@ -79,7 +62,7 @@ class Gate:
 
     name: str
     cond: threading.Condition
-    framework: tuple[str, ...] = ()  # module prefixes whose frames are not the application's, besides FRAMEWORK_MODULES
+    framework: tuple[str, ...] = ()  # module prefixes whose frames are not the application's, besides the known ones
     thread: threading.Thread | None = None
     state: Literal["python", "ready", "running", "done"] = "python"
     since: float = 0.0  # when it entered its state
@@ -310,43 +293,12 @@ def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: An
         return str(query)
 
 
-def _caller(framework: tuple[str, ...] = ()) -> tuple[str, int | None]:
-    """The innermost frame of the application's own code: its line."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if not is_framework(str(frame.f_globals.get("__name__", "")), frame.f_code.co_filename, framework):
-            return shown_path(frame.f_code.co_filename), frame.f_lineno
-        frame = frame.f_back  # type: ignore[assignment]
-    return "?", None
-
-
-def is_framework(module: str, filename: str, framework: tuple[str, ...] = ()) -> bool:
-    """Whether a frame of ``module`` (from ``filename``) is library code: the standard library,
-    :data:`FRAMEWORK_MODULES`, or under one of ``framework``'s dotted prefixes.
-
-    The standard library by name and by place, so that an application's own ``email`` or
-    ``test`` module stays the application's.
-    """
-    if module.split(".")[0] in sys.stdlib_module_names and filename.startswith(_STDLIB_PLACES):
-        return True
-    return any(module == prefix or module.startswith(prefix + ".") for prefix in (*FRAMEWORK_MODULES, *framework))
-
-
-def shown_path(path: str) -> str:
-    """Relative to the working directory when under it: the text timeline must not depend on the machine."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative
-
-
 def _ask(gate: Gate, label: str) -> None:
     """In the session's thread: park at a statement until the scheduler lets it go."""
     if gate.end_location is not None:
         request = dataclasses.replace(gate.end_location, sql=label)
     else:
-        path, line = _caller(gate.framework)
+        path, line = caller(gate.framework)
         request = Request(label, f"{path}:{line}", line)
     with gate.cond:
         gate.request, gate.state, gate.since = request, "ready", time.perf_counter()
@@ -360,7 +312,7 @@ def _ask(gate: Gate, label: str) -> None:
 
 def _strayed(gate: Gate | None, why: str) -> None:
     """A send the scheduler cannot order (another thread's, an earlier run's connection): refused, and remembered."""
-    path, line = _caller(gate.framework if gate is not None else ())
+    path, line = caller(gate.framework if gate is not None else ())
     if gate is not None:
         with gate.cond:
             gate.strayed = gate.strayed or f"at {path}:{line}: {why}"
@@ -398,7 +350,7 @@ _MISSING: set[str] = set()  # drivers not installed: not looked for again at eve
 def _refuse(call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A connection the scheduler would not see: refused from a session's thread, or to a running run's database."""
     gate = GATES.get(threading.get_ident())
-    path, line = _caller(gate.framework if gate is not None else ())
+    path, line = caller(gate.framework if gate is not None else ())
     if gate is not None:
         with gate.cond:
             gate.intruded = gate.intruded or f"{path}:{line} ({call})"
@@ -476,57 +428,6 @@ def connections_guarded(database: str) -> Iterator[list[str]]:
                 while _PATCHED:
                     owner, attribute, original = _PATCHED.pop()
                     setattr(owner, attribute, original)
-
-
-def raised_at(exc: BaseException, framework: tuple[str, ...] = ()) -> tuple[str, int | None]:
-    """The innermost frame of the traceback in the application's code."""
-    found: tuple[str, int | None] = ("?", None)
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if not is_framework(str(frame.f_globals.get("__name__", "")), frame.f_code.co_filename, framework):
-            found = (shown_path(tb.tb_frame.f_code.co_filename), tb.tb_lineno)
-        tb = tb.tb_next
-    return found
-
-
-def _underlying(fn: Any) -> Any:
-    """The function a session callable runs: through ``functools.partial``, decorators and bound methods."""
-    seen = 0
-    while seen < 100:  # a partial of a partial of ...; never a loop forever
-        seen += 1
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif hasattr(fn, "__wrapped__"):
-            fn = fn.__wrapped__
-        elif inspect.ismethod(fn):
-            fn = fn.__func__
-        elif not inspect.isfunction(fn) and not inspect.isbuiltin(fn) and callable(fn):
-            fn = type(fn).__call__
-            break
-        else:
-            break
-    return fn
-
-
-def display_name(fn: Any) -> str:
-    """A session callable's name: its function's, or its class's for an object with ``__call__``."""
-    target = _underlying(fn)
-    if getattr(target, "__name__", "") == "__call__":
-        return str(target.__qualname__.rsplit(".", 1)[0])
-    return str(getattr(target, "__name__", ""))
-
-
-def where_defined(fn: Any) -> tuple[str, int | None]:
-    """Where a session's code is, as ``path`` and line; its name when the source cannot be found (never a repr,
-    which carries a memory address that changes every run)."""
-    target = _underlying(fn)
-    try:
-        path = inspect.getsourcefile(target) or inspect.getfile(target)
-        _, line = inspect.getsourcelines(target)
-    except (TypeError, OSError):
-        return str(getattr(target, "__qualname__", type(target).__qualname__)), None
-    return shown_path(path), line
 
 
 class ThreadSession:
