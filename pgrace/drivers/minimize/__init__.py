@@ -184,6 +184,7 @@ class Minimized:
     orders_kept: int = 0  # of those, the pairs that do not commute
     race: bool = False  # the original did not fail with its sessions one after another: nor may the result
     timeline: Run | None = field(default=None, repr=False)
+    written: list[tuple[str, str]] = field(default_factory=list)  # (kind, path) of each verified export
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -207,6 +208,7 @@ class Minimized:
             "order": list(self.order),
             "orders": {"total": self.orders_total, "kept": self.orders_kept},
             "trials": [t.to_dict() for t in self.trials],
+            "written": [{"kind": kind, "path": path} for kind, path in self.written],
             "timeline": run_to_dict(self.timeline) if self.timeline is not None else None,
         }
 
@@ -316,7 +318,7 @@ class Bench:
             )
         except ScenarioFailed as exc:
             self._drop()  # what the broken candidate left: a fresh scratch database for the next
-            return str(exc)
+            return exc.message
 
 
 def minimize(

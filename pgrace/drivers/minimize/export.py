@@ -344,8 +344,10 @@ def test_{ident}_does_not_fail_again(pgrace_run):
 '''
 
 
-def verified_pytest(minimized: Minimized, server: ServerInfo, scenario_path: Path, step_timeout: float = 10.0) -> str:
-    """The test's text, called here with this server's ``pgrace_run``: it must fail (the failure is there)."""
+def verified_pytest(
+    minimized: Minimized, server: ServerInfo, scenario_path: Path, scenario_text: str, step_timeout: float = 10.0
+) -> str:
+    """The test's text, called here beside ``scenario_text`` with this server's ``pgrace_run``: it must fail."""
     from pgrace.drivers.one_run import run_in_scratch
     from pgrace.engine.options import RunOptions
     from pgrace.formats.catalog import load
@@ -355,16 +357,18 @@ def verified_pytest(minimized: Minimized, server: ServerInfo, scenario_path: Pat
     def pgrace_run(scenario: Path | str) -> Any:
         return run_in_scratch(load(str(scenario)), server, RunOptions(step_timeout=step_timeout))
 
-    namespace: dict[str, Any] = {"__file__": str(scenario_path.with_name("test_minimized.py"))}
-    exec(compile(text, "test_minimized.py", "exec"), namespace)
-    test = next(v for k, v in namespace.items() if k.startswith("test_"))
-    for _ in range(max(1, minimized.repeats)):
-        try:
-            test(pgrace_run)
-        except AssertionError as exc:
-            if "fails again" in str(exc):
-                return text
-            raise ExportError(f"the pytest test failed another way: {str(exc).splitlines()[0]}") from None
-        except PgraceError as exc:
-            raise ExportError(f"the pytest test could not run: {exc}") from None
+    with tempfile.TemporaryDirectory(dir=scenario_path.parent, prefix=".pgrace-minimize-") as where:
+        (Path(where) / scenario_path.name).write_text(scenario_text, encoding="utf-8")
+        namespace: dict[str, Any] = {"__file__": str(Path(where) / "test_minimized.py")}
+        exec(compile(text, "test_minimized.py", "exec"), namespace)
+        test = next(v for k, v in namespace.items() if k.startswith("test_"))
+        for _ in range(max(1, minimized.repeats)):
+            try:
+                test(pgrace_run)
+            except AssertionError as exc:
+                if "fails again" in str(exc):
+                    return text
+                raise ExportError(f"the pytest test failed another way: {str(exc).splitlines()[0]}") from None
+            except PgraceError as exc:
+                raise ExportError(f"the pytest test could not run: {exc}") from None
     raise ExportError("the pytest test passed: it would not catch the failure")
