@@ -46,7 +46,7 @@ def _rows_of(block: int, text: str) -> Statement:
         tokens = scan(text)
     except Exception:
         return Statement(block, text)
-    raw = text.encode()  # the scanner counts bytes
+    raw = text  # the scanner counts characters
     names = [t.name for t in tokens]
     if not names or names[0] != "INSERT" or "VALUES" not in names:
         return Statement(block, text)
@@ -61,7 +61,7 @@ def _rows_of(block: int, text: str) -> Statement:
         elif token.name == "ASCII_41":  # )
             depth -= 1
             if depth == 0 and start is not None:
-                rows.append(raw[start : token.end + 1].decode())
+                rows.append(raw[start : token.end + 1])
                 start = None
         elif depth == 0 and token.name != "ASCII_44":  # anything but a comma between rows: ON CONFLICT, RETURNING
             end_of_rows = token.start
@@ -69,8 +69,8 @@ def _rows_of(block: int, text: str) -> Statement:
     if len(rows) < 2:
         return Statement(block, text)
     head_end = tokens[at].start
-    tail = raw[end_of_rows:].decode().strip()
-    return Statement(block, raw[:head_end].decode(), tuple(rows), f" {tail}" if tail else "")
+    tail = raw[end_of_rows:].strip()
+    return Statement(block, raw[:head_end], tuple(rows), f" {tail}" if tail else "")
 
 
 def join_block(statements: list[Statement]) -> str:
