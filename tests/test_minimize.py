@@ -115,8 +115,8 @@ def test_the_exports_are_written_verified(pgrace_server: ServerInfo, tmp_path: P
     test = tmp_path / "test_dt.py"
     result = CliRunner().invoke(
         main,
-        ["minimize", "deadlock-transfer", "-o", str(out), "--spec", str(spec), "--pytest", str(test)]
-        + ["--dsn", pgrace_server.dsn, "-f", "json"],
+        ["minimize", "deadlock-transfer", "-o", str(out), "--spec", str(spec), "--pytest", str(test), "-f", "json"],
+        env={"PGRACE_DSN": pgrace_server.dsn},
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -175,7 +175,6 @@ def test_an_unknown_step_in_order_is_refused(pgrace_server: ServerInfo) -> None:
 
 def test_a_class_of_the_exploration_is_a_starting_point(pgrace_server: ServerInfo) -> None:
     from pgrace import api
-
     from pgrace.drivers.explore import explore
 
     scenario = catalog.load("lost-update").variant_named("bug")
