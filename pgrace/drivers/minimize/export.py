@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pgrace.drivers.minimize import Failure, Minimized, failure_of
+from pgrace.drivers.minimize.failure import Failure, Minimized, failure_of
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model import variables
 from pgrace.model.scenario import Scenario
