@@ -384,7 +384,7 @@ def _windowed(path: str, fmt: LogFormat, hits: list[Hit]) -> Iterator[Group]:
 LINES_PER_RECORD = 7
 
 
-def _pid_pattern(fmt: LogFormat) -> re.Pattern[str] | None:
+def _pid_pattern(fmt: LogFormat) -> re.Pattern[bytes] | None:
     """A pattern matching each line once, capturing its ``%p`` when it starts with the prefix up to it.
 
     None when the log cannot be read by process: not the stderr format, no ``%p``, or
@@ -410,7 +410,7 @@ def _pid_pattern(fmt: LogFormat) -> re.Pattern[str] | None:
             head = Prefix.compile(template[: len(template) if end < 0 else end]).pattern.pattern
             severity = Prefix.compile("").pattern.pattern
             body = re.sub(r"\(\?P<(\w+)>", lambda m: "(" if m.group(1) == "p" else "(?:", head[: -len(severity)])
-            return re.compile(r"(?:(?!\t)" + body + r")?[^\n]*\n")
+            return re.compile((r"(?:(?!\t)" + body + r")?[^\n]*\n").encode())
         i = j + 1
     return None
 
@@ -418,54 +418,56 @@ def _pid_pattern(fmt: LogFormat) -> re.Pattern[str] | None:
 class _Block:
     """A piece of the file read at once, whole lines (its last may run on in the next piece if it has no newline).
 
-    Indexed once when first needed: the process of each line (``""``: none, a tab-continued
-    line, or not a record), and where each line starts.
+    Indexed once when first needed: its lines, and the process of each (``b""``: none, a
+    tab-continued line, or not a record); where each line starts only if a bound falls in it.
     """
 
-    __slots__ = ("count", "data", "first_line", "offset", "pids", "present", "starts")
+    __slots__ = ("count", "data", "first_line", "lines", "offset", "pids", "present", "size", "starts")
 
     def __init__(self, offset: int, first_line: int, data: bytes, eof: bool) -> None:
         self.offset = offset
         self.first_line = first_line
         self.data = data
+        self.size = len(data)
         self.count = data.count(b"\n") + (eof and bool(data) and not data.endswith(b"\n"))
-        self.pids: list[str] | None = None
-        self.present: set[str] = set()
-        self.starts = array("q")
+        self.lines: list[bytes] = []
+        self.pids: list[bytes] | None = None
+        self.present: set[bytes] = set()
+        self.starts: array[int] | None = None
 
     @property
     def end(self) -> int:
-        return self.offset + len(self.data)
+        return self.offset + self.size
 
-    def index(self, pattern: re.Pattern[str]) -> int:
+    def index(self, pattern: re.Pattern[bytes]) -> int:
         """Index the block (once); how many of its lines are not records (0 when it was indexed already)."""
         if self.pids is not None:
             return 0
-        text = self.data.decode("utf-8", errors="replace")
-        self.pids = pattern.findall(text if text.endswith("\n") else text + "\n")[: self.count]
-        parts = self.data.split(b"\n")[: self.count]
-        self.starts = array("q", accumulate(map(len, parts), initial=0))  # line i starts at starts[i] + i
+        data = self.data
+        self.pids = pattern.findall(data if data.endswith(b"\n") else data + b"\n")[: self.count]
+        self.lines = data.split(b"\n")[: self.count]
         self.present = set(self.pids)
-        tabs = self.data.count(b"\n\t", 0, self.start(self.count - 1) + 1 if self.count else 0)
-        tabs += self.data.startswith(b"\t")
-        return self.pids.count("") - parts.count(b"") - tabs
+        self.data = b""  # its lines hold it now
+        tabs = data.count(b"\n\t") + data.startswith(b"\t")
+        return self.pids.count(b"") - self.lines.count(b"") - tabs
 
     def start(self, i: int) -> int:
         """Where line ``i`` starts in the block."""
+        if self.starts is None:
+            self.starts = array("q", accumulate(map(len, self.lines), initial=0))  # line i starts at starts[i] + i
         return self.starts[i] + i
-
-    def line(self, i: int) -> bytes:
-        return self.data[self.start(i) : self.start(i + 1) - 1]
 
     def line_from(self, offset: int) -> int:
         """The first line that starts at ``offset`` or after it (``count``: none)."""
+        if offset <= self.offset:
+            return 0
         return bisect.bisect_left(range(self.count), offset - self.offset, key=self.start)
 
 
 class _Stream:
     """One forward pass over a stderr log with ``%p``: the blocks an incident may still need, indexed by process."""
 
-    def __init__(self, path: str, fmt: LogFormat, pattern: re.Pattern[str]) -> None:
+    def __init__(self, path: str, fmt: LogFormat, pattern: re.Pattern[bytes]) -> None:
         assert fmt.prefix is not None
         self.path = path
         self.prefix = fmt.prefix
@@ -516,7 +518,7 @@ class _Stream:
         while self.blocks and self.blocks[0].end <= need:
             self.blocks.popleft()
 
-    def _indexed(self, block: _Block) -> list[str]:
+    def _indexed(self, block: _Block) -> list[bytes]:
         self.skipped += block.index(self.pattern)
         assert block.pids is not None
         return block.pids
@@ -537,14 +539,14 @@ class _Stream:
                 return block, line - block.first_line
         return None
 
-    def pid_at(self, line: int) -> str:
-        """The process that logged ``line`` (``""``: not a record)."""
+    def pid_at(self, line: int) -> bytes:
+        """The process that logged ``line`` (``b""``: not a record)."""
         at = self._at(line)
-        return self._indexed(at[0])[at[1]] if at is not None else ""
+        return self._indexed(at[0])[at[1]] if at is not None else b""
 
-    def lines_of(self, pids: set[str], lo: int, hi: int) -> dict[str, list[int]]:
+    def lines_of(self, pids: set[bytes], lo: int, hi: int) -> dict[bytes, list[int]]:
         """The numbers of the lines of ``pids`` from line ``lo`` up to (not including) ``hi``, by process."""
-        out: dict[str, list[int]] = {}
+        out: dict[bytes, list[int]] = {}
         for block in self.blocks:
             first = block.first_line
             if first + block.count <= lo or first >= hi:
@@ -558,7 +560,7 @@ class _Stream:
                 out.setdefault(of[at], []).append(first + at)
         return out
 
-    def next_of(self, pid: str, lo: int, hi: int, count: int) -> list[int]:
+    def next_of(self, pid: bytes, lo: int, hi: int, count: int) -> list[int]:
         """The numbers of the first ``count`` lines of ``pid`` from line ``lo`` up to (not including) ``hi``."""
         out: list[int] = []
         for block in self.blocks:
@@ -578,12 +580,15 @@ class _Stream:
 
     def numbered(self, chosen: list[int]) -> Iterator[tuple[int, str]]:
         """Lines ``chosen`` (numbers, ascending), each followed by its tab-continued lines, as text."""
+        block: _Block | None = None
         for number in chosen:
-            at = self._at(number)
-            if at is None:
-                continue
-            block, i = at
-            yield number, block.line(i).decode("utf-8", errors="replace")
+            if block is None or not block.first_line <= number < block.first_line + block.count:
+                at = self._at(number)
+                if at is None:
+                    continue
+                block = at[0]
+            i = number - block.first_line
+            yield number, block.lines[i].decode("utf-8", errors="replace")
             while True:
                 number += 1
                 i += 1
@@ -592,9 +597,9 @@ class _Stream:
                     if following is None:
                         break
                     block, i = following
-                if block.data[block.start(i) : block.start(i) + 1] != b"\t":
+                if not block.lines[i].startswith(b"\t"):
                     break
-                yield number, block.line(i).decode("utf-8", errors="replace")
+                yield number, block.lines[i].decode("utf-8", errors="replace")
 
 
 #: How many of its first lines a report may take: its own, and its DETAIL, HINT, CONTEXT, STATEMENT.
@@ -625,7 +630,7 @@ class _Near:
         first, last = self.hits[0], self.hits[-1]
         lo, hi = stream.line_from(first.offset - BACK), stream.line_from(last.offset + AHEAD)
         chosen: list[int] = []
-        for lines in stream.lines_of({str(p) for p in pids}, lo, hi).values():
+        for lines in stream.lines_of({b"%d" % p for p in pids}, lo, hi).values():
             a, b = bisect.bisect_left(lines, first.line), bisect.bisect_right(lines, last.line)
             chosen += lines[max(0, a - before * LINES_PER_RECORD) : b + after * LINES_PER_RECORD]
         chosen.sort()
