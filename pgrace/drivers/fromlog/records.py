@@ -121,8 +121,8 @@ def _looks_csv(line: str) -> bool:
 def open_regular(path: str) -> BinaryIO:
     """``path`` opened for reading, refused unless what was opened is a regular file.
 
-    A pipe or a device (/dev/zero) may never end, and a log is opened three times (its head,
-    a scan, the stretches around its incidents): each opening is checked, never the path
+    A pipe or a device (/dev/zero) may never end, and a log is opened more than once (its
+    head, the pass over it, the stretch around the incident written): each opening is checked, never the path
     beforehand, which could be replaced by a FIFO in between. ``O_NONBLOCK`` makes opening a
     FIFO that has no writer return at once instead of waiting for one.
     """
