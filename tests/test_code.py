@@ -298,7 +298,7 @@ def opens_its_own(conn: Any) -> None:
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
-        (never_touches, "session bad never sent a statement to the database"),
+        (never_touches, "session bad sent no statement: none on the connection pgrace passed it"),
         (raises_first, "session bad raised RuntimeError before its first statement: config missing"),
         (opens_its_own, "session bad opened a connection of its own at tests/test_code.py:"),
     ],
