@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pgrace.drivers.fromlog.records import SPAN, Hit, LogFormat, Record, Window, scan, window
+from pgrace.drivers.fromlog.records import Group, Hit, LogFormat, Record, Scanned, around, groups
 
 __all__ = ["Incident", "Step", "Wait", "find_incidents", "reread"]
 
@@ -159,28 +159,16 @@ def find_incidents(paths: list[str], formats: list[LogFormat], *, light: bool = 
     """
     found = Found()
     for path, fmt in zip(paths, formats, strict=True):
-        scanned = scan(path)
-        found.lines += scanned.lines
+        scanned = Scanned()
         waits: list[Incident] = []
-        seen: set[int] = set()
-        current: Window | None = None
-        stretch = _Stretch([])
-        offsets = [hit.offset for hit in scanned.hits]
-        for at, hit in enumerate(scanned.hits):
-            if hit.line in seen:
-                continue
-            if current is None or not current.covers(hit):  # hits close together share one parse
-                last = bisect.bisect_right(offsets, hit.offset + SPAN, lo=at) - 1
-                current, stretch = None, _Stretch([])  # the last window's records go before the next is read
-                current = window(path, fmt, hit, offsets[last])
-                found.skipped += current.skipped
-                stretch = _Stretch(current.records)
-            for incident, covered in _incidents_at(path, fmt, stretch, hit.line, found.unreadable):
-                seen.update(covered)
+        for group in groups(path, fmt, scanned):
+            for incident, hit in _incidents_of(path, fmt, group, found):
                 incident.offset = hit.offset
                 if light:
                     incident.steps = []
                 (waits if incident.kind == "lock wait" else found.incidents).append(incident)
+            del group  # its records go before the next group's are read
+        found.lines += scanned.lines
         # A wait that was one edge of a deadlock is told with the deadlock, not again on its own.
         in_cycles = {(i.file, w.waiter, w.lock) for i in found.incidents for w in i.waits}
         found.incidents += [w for w in waits if (w.file, w.waits[0].waiter, w.waits[0].lock) not in in_cycles]
@@ -188,19 +176,52 @@ def find_incidents(paths: list[str], formats: list[LogFormat], *, light: bool = 
     return found
 
 
+def _incidents_of(path: str, fmt: LogFormat, group: Group, found: Found) -> Iterator[tuple[Incident, Hit]]:
+    """The incidents a group's hits report: the processes each report names are read around them, then each hit."""
+    named: set[int] = set()
+    for hit in group.hits:
+        report = group.report(hit)
+        named |= _named(report, hit.line) if report is not None else set()
+    current = group.window(named, BEFORE + 1, AFTER + 1)
+    found.skipped += current.skipped
+    stretch = _Stretch(current.records)
+    for hit in group.hits:
+        for incident in _incidents_at(path, fmt, stretch, hit.line, found.unreadable):
+            yield incident, hit
+
+
+def _named(report: list[Record], line: int) -> set[int]:
+    """The processes the report at ``line`` names (a superset: its pid, a cycle's, a lock's first holders)."""
+    named: set[int] = set()
+    for record in report:
+        if record.line != line or record.pid is None:
+            continue
+        named.add(record.pid)
+        if m := _WAITING.match(record.message):
+            named.update(int(p) for p in [m.group(1)] if _PID.match(p))
+        holders = _HOLDERS.match(record.detail)
+        for part in holders.group(1).split(",") if holders else []:
+            if len(named) > MAX_PROCESSES:  # the waiter and the first 31 others are the incident's
+                break
+            if _PID.match(part.strip()):
+                named.add(int(part.strip()))
+        for edge in record.detail.split("\n")[: MAX_PROCESSES + 1]:
+            if m := _EDGE.match(edge):
+                named.update(int(p) for p in (m.group(1), m.group(3)) if _PID.match(p))
+    return named
+
+
 def reread(incident: Incident, fmt: LogFormat) -> Incident:
     """``incident`` found again, whole (its statements too), from the stretch of log around its report."""
-    stretch = _Stretch(window(incident.file, fmt, Hit(incident.offset, incident.line)).records)
-    for again, _ in _incidents_at(incident.file, fmt, stretch, incident.line, []):
+    hit = Hit(incident.offset, incident.line)
+    for again, _ in _incidents_of(incident.file, fmt, around(incident.file, fmt, hit), Found()):
         if again.kind == incident.kind:
             again.offset = incident.offset
             return again
     return incident
 
 
-def _incidents_at(
-    path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str]
-) -> Iterator[tuple[Incident, list[int]]]:
+def _incidents_at(path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str]) -> Iterator[Incident]:
     for index in stretch.by_line.get(line, []):
         record = stretch.records[index]
         try:
@@ -211,7 +232,7 @@ def _incidents_at(
         if isinstance(incident, str):
             unreadable.append(f"{path}:{record.line}: {incident}")
         elif incident is not None:
-            yield incident, [record.line]
+            yield incident
 
 
 def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incident | str | None:
