@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pgrace.drivers.fromlog.records import Group, Hit, LogFormat, Record, Scanned, around, groups
+from pgrace.drivers.fromlog.records import Hit, LogFormat, Record, Scanned
+from pgrace.drivers.fromlog.stream import Group, around, groups
 
 __all__ = ["Incident", "Step", "Wait", "find_incidents", "reread"]
 
