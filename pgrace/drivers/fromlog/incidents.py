@@ -26,6 +26,7 @@ _TUPLE = re.compile(r'while (\w+(?: \w+)*?) (?:index )?tuple \((\d+),(\d+)\) in 
 _RELATION = re.compile(r'relation "([^"]+)"')
 _ENDS = ("COMMIT", "ROLLBACK", "END", "ABORT")
 _BEGINS = ("BEGIN", "START TRANSACTION")
+_WRITES = ("INSERT", "UPDATE", "DELETE", "MERGE")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
 
 
@@ -38,6 +39,7 @@ class Step:
     line: int | None = None
     why: str = ""
     xid: str | None = None  # %x on its line: the transaction's xid before it ran ("0": none yet)
+    logged_as: str = ""  # its text as the log wrote it: with $1 where the extended protocol bound a value
 
 
 @dataclass
@@ -70,6 +72,7 @@ class Incident:
     steps: list[Step] = field(default_factory=list)
     logged: bool = False
     unsaid: list[str] = field(default_factory=list)
+    open_before: set[int] = field(default_factory=set)  # in a transaction that had written before the log began
 
     @property
     def summary(self) -> str:
@@ -213,20 +216,51 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
     return incident
 
 
-def _statement(record: Record) -> str | None:
-    """The SQL of a ``log_statement`` line, its parameters put in where the log gave them."""
+def _statement(record: Record) -> tuple[str, str] | None:
+    """The SQL of a ``log_statement`` line as the server ran it and as the log wrote it.
+
+    The extended protocol (psycopg's parameters and ``prepare=True``, node-postgres,
+    asyncpg) logs ``execute NAME: text with $1`` and the values in a DETAIL line:
+    ``Parameters:`` since PostgreSQL 16, ``parameters:`` before. They are put in where
+    the log gave them; the text as written is what a deadlock report quotes.
+    """
     message = record.message
+    if message.startswith("duration: ") and "  " in message:
+        message = message.split("  ", 1)[1]  # log_min_duration_statement: the same, after the time
     if message.startswith("statement: "):
-        return message[11:]
+        return message[11:], message[11:]
     if message.startswith("execute ") and ": " in message:
         sql = message.split(": ", 1)[1]
-        if record.detail.startswith("Parameters: "):
-            values = dict(re.findall(r"\$(\d+) = ('(?:[^']|'')*'|NULL)", record.detail))
-            sql = re.sub(r"\$(\d+)\b", lambda m: values.get(m.group(1), m.group(0)), sql)
-        return sql
-    if message.startswith("duration: ") and "  statement: " in message:
-        return message.split("  statement: ", 1)[1]
+        return _bound(sql, record.detail), sql
     return None
+
+
+_PARAMETERS = re.compile(r"[Pp]arameters: ")
+_VALUE = re.compile(r"\$(\d+) = ('(?:[^']|'')*'|NULL)")
+_PLACEHOLDER = re.compile(r"\$(\d+)\b")
+
+
+def _bound(sql: str, detail: str) -> str:
+    """``sql`` with each ``$N`` the DETAIL line gave a value for replaced by that value, quoted as the log quotes it."""
+    if _PARAMETERS.match(detail) is None:
+        return sql
+    return _put(sql, dict(_VALUE.findall(detail)))
+
+
+def _put(sql: str, values: dict[str, str]) -> str:
+    """``sql`` with ``$N`` replaced by ``values[N]`` where there is one."""
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), sql)
+
+
+def _began_anew(record: Record, before: list[Step]) -> bool:
+    """With ``%x`` and no ``%v``: no xid yet, though this process's previous statement wrote, is a new transaction.
+
+    ``log_statement = 'mod'`` logs no BEGIN and no COMMIT: a write gives its transaction an
+    xid, so the next statement of the same transaction is logged with it.
+    """
+    if record.xid != "0" or not before:
+        return False
+    return _first_word(before[-1].sql) in _WRITES
 
 
 def _first_word(sql: str) -> str:
@@ -266,34 +300,43 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
         r = records[pos]
         if r.pid is None or r.pid not in pids or r.pid in closed:
             continue
-        sql = _statement(r)
-        if sql is None:
+        said = _statement(r)
+        if said is None:
             continue
+        sql, as_logged = said
         word = _first_word(sql)
         after = pos > index
-        if re.search(r"\$\d+\b", sql):
+        if _PLACEHOLDER.search(sql):
             unsaid.append(f"line {r.line}: the parameters of {incident.names[r.pid]}'s statement were not logged")
         vx = vxids.get(r.pid)
         if vx is not None and "v" in fmt.fields:
             ours = r.vxid == vx
         else:  # no %v: the transaction is what follows the last BEGIN before the incident
             ours = True
-            if not after and (word in _BEGINS or word in _ENDS):
+            if not after and (word in _BEGINS or word in _ENDS or _began_anew(r, per_pid[r.pid])):
                 drop(r.pid)
                 if word in _ENDS:
                     continue
         if not ours:
             if after:
                 if word in _ENDS and per_pid[r.pid]:  # the aborted victim's ROLLBACK has a vxid of its own
-                    per_pid[r.pid].append(Step(r.pid, sql, r.line))
+                    per_pid[r.pid].append(Step(r.pid, sql, r.line, logged_as=as_logged))
                     logged.append((r.pid, per_pid[r.pid][-1]))
                 closed.add(r.pid)
             continue
-        step = Step(r.pid, sql, r.line, xid=r.xid)
+        step = Step(r.pid, sql, r.line, xid=r.xid, logged_as=as_logged)
         per_pid[r.pid].append(step)
         logged.append((r.pid, step))
         if after and word in _ENDS:
             closed.add(r.pid)
+    for p, w in waiting.items():  # a report quotes a statement as logged, $1 and all: the step has its values
+        bound = [
+            s.sql
+            for s in per_pid[p]
+            if s.logged_as.strip() == w.sql.strip() and w.sql.strip() and (s.line or 0) <= incident.line
+        ]
+        if bound:
+            w.sql = bound[-1]
     incident.logged = all(
         any(s.sql.strip() == w.sql.strip() for s in per_pid[p]) for p, w in waiting.items() if w.sql
     ) and any(per_pid.values())
@@ -304,13 +347,36 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
             if first is None or _first_word(first.sql) in _BEGINS:
                 continue
             if first.xid not in (None, "", "0"):  # it had written already: it held locks the log does not show
+                incident.open_before.add(p)
                 unsaid.append(
                     f"{incident.names[p]} had written before its first logged statement (line {first.line} "
                     f"already had xid {first.xid}): statements before the log began"
                 )
             elif p not in waiting:
                 unsaid.append(f"{incident.names[p]}'s transaction began before the log's first statement of it")
+    _made_up_parameters(incident)
     _pooled(incident, stretch, index)
+
+
+def _made_up_parameters(incident: Incident) -> None:
+    """Values for the ``$N`` of a waiting statement whose parameters the log does not hold (log_statement none).
+
+    The report quotes the statement as the client sent it, ``$1`` and all. A key
+    (``id = $2``) gets a value of its own for each wait, quoted as the log quotes
+    parameters, so that each wait is on a row of its own as in the cycle; any other gets '0'.
+    """
+    from pgrace.drivers.fromlog.sqlinfo import key_parameters
+
+    for n, wait in enumerate(incident.waits, 1):
+        if not _PLACEHOLDER.search(wait.sql):
+            continue
+        keys = key_parameters(wait.sql)
+        numbers = {m.group(1) for m in _PLACEHOLDER.finditer(wait.sql)}
+        wait.sql = _put(wait.sql, {number: f"'{n}'" if int(number) in keys else "'0'" for number in numbers})
+        incident.unsaid.append(
+            f"the parameters of {incident.names[wait.waiter]}'s statement were not logged: made up "
+            f"(the row's key '{n}', other values '0')"
+        )
 
 
 def _name(incident: Incident, apps: dict[int, str]) -> None:

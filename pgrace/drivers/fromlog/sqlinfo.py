@@ -7,10 +7,11 @@ does not describe), and a statement that takes the same row locks without writin
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Touch", "analyse", "lock_statement", "quoted"]
+__all__ = ["Touch", "analyse", "key_parameters", "lock_statement", "quoted"]
 
 
 def quoted(name: str) -> str:
@@ -42,12 +43,25 @@ def _const(node: Any) -> tuple[Any, str] | None:
         if isinstance(val, ast.Float):
             return val.fval, "numeric"
         if isinstance(val, ast.String):
-            return val.sval, "text"
+            # A bound parameter is logged quoted ('42' for an int): the text, typed by what it spells.
+            return val.sval, _NUMBER.get(_spelled(str(val.sval)), "text")
         if isinstance(val, ast.Boolean):
             return val.boolval, "boolean"
     if isinstance(node, ast.TypeCast):
         return _const(node.arg)
     return None
+
+
+_NUMBER = {"integer": "int", "decimal": "numeric"}
+
+
+def _spelled(text: str) -> str:
+    """Whether ``text`` spells an integer, a decimal number, or neither."""
+    if re.fullmatch(r"-?\d{1,18}", text):
+        return "integer"
+    if re.fullmatch(r"-?\d+\.\d+", text):
+        return "decimal"
+    return ""
 
 
 def _column(node: Any) -> str | None:
@@ -156,3 +170,30 @@ def lock_statement(sql: str) -> str | None:
         return None
     where = f" WHERE {touch.where}" if touch.where else ""
     return f"SELECT 1 FROM {quoted(touch.table)}{where} FOR UPDATE"
+
+
+def key_parameters(sql: str) -> set[int]:
+    """The ``$N`` a statement's WHERE compares a column with by equality (``id = $2``): the row's key."""
+    import pglast
+    from pglast import ast
+    from pglast.enums import BoolExprType
+
+    try:
+        parsed = pglast.parse_sql(sql)
+    except pglast.parser.ParseError:
+        return set()
+    if len(parsed) != 1:
+        return set()
+    found: set[int] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR:
+            for arg in node.args or ():
+                walk(arg)
+        elif isinstance(node, ast.A_Expr) and node.name and getattr(node.name[0], "sval", "") == "=":
+            values = node.rexpr if isinstance(node.rexpr, tuple) else (node.rexpr,)
+            if _column(node.lexpr) is not None:
+                found.update(int(v.number or 0) for v in values if isinstance(v, ast.ParamRef))
+
+    walk(getattr(parsed[0].stmt, "whereClause", None))
+    return found

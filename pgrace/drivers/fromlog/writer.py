@@ -29,6 +29,7 @@ _GUESSED = "-- TODO: guessed from the statements; give --dsn to copy the real ta
 _MADE_UP_NOTE = "-- TODO: the values the log does not show are made up"
 _MADE_UP: dict[str, Any] = {"int": 0, "numeric": 0, "text": ""}
 _BEGAN = "inferred: the transaction began"
+_BEGAN_UNLOGGED = "inferred: the transaction began before its first logged statement (no BEGIN was logged)"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 _TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
 
@@ -82,7 +83,25 @@ def _plan_logged(incident: Incident) -> list[Planned]:
             extra = [] if began else [Planned(names[holder], "BEGIN", inferred=True, pid=holder, note=_BEGAN)]
             extra.append(_lock_step(holder, wait, names))
             steps[place:place] = extra
+    _begin_transactions(incident, steps)
     return steps
+
+
+def _begin_transactions(incident: Incident, steps: list[Planned]) -> None:
+    """Open the transaction of every session whose logged statements were one, though no BEGIN was logged.
+
+    ``log_statement = 'mod'`` logs no BEGIN: a session of a deadlock, one holding a lock
+    another waits for, or one with several statements of one transaction (the log grouped
+    them by ``%v``/``%x``) ran them in a transaction; run one at a time, each would commit
+    on its own and the incident could not come back.
+    """
+    holders = {h for w in incident.waits for h in w.holders}
+    for pid in incident.pids:
+        own = [i for i, s in enumerate(steps) if s.pid == pid]
+        if not own or _word(steps[own[0]].sql) in ("BEGIN", "START"):
+            continue
+        if incident.kind == "deadlock" or pid in holders or len(own) > 1 or pid in incident.open_before:
+            steps.insert(own[0], Planned(incident.names[pid], "BEGIN", inferred=True, pid=pid, note=_BEGAN_UNLOGGED))
 
 
 def _holds(steps: list[Planned], holder: int, wait: Wait) -> bool:
@@ -378,7 +397,12 @@ def _pin(incident: Incident, pid: int, steps: list[Planned]) -> str:
 
 
 def _general_unsaid(incident: Incident, steps: list[Planned]) -> list[str]:
-    out = []
+    out = [
+        f"the BEGIN of {s.session}'s transaction was not logged (log_statement = 'mod' logs none, or the log "
+        "began after it): inferred before its first logged statement"
+        for s in steps
+        if s.note == _BEGAN_UNLOGGED
+    ]
     if not incident.logged:
         out.append(
             "the statements before each process's last one (log_statement was off): the steps that take "
