@@ -39,12 +39,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _make(client: str, logging: real.LoggingServer, node: Path) -> None:
-    if client == "psycopg-simple":
-        real.deadlock(logging)
-        real.lock_wait(logging)
-    elif client.startswith("psycopg"):
-        clients.psycopg_deadlock(logging, prepare=client == "psycopg-prepared")
-        clients.psycopg_lock_wait(logging, prepare=client == "psycopg-prepared")
+    if client.startswith("psycopg"):
+        clients.psycopg_deadlock(logging, client.split("-")[1])
+        clients.psycopg_lock_wait(logging, client.split("-")[1])
     else:
         how = client.split("-")[1]
         clients.node_incident(node, logging, "deadlock", how)
@@ -79,3 +76,27 @@ def test_what_real_clients_did_comes_back(
                 statements == "mod" and kind == "deadlock"
             ):  # no BEGIN in the log: the transactions are inferred, and said to be
                 assert any("BEGIN of" in u and "was not logged" in u for u in unsaid), unsaid
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(("holder", "waiter"), [("deadlock", "step"), ("step", "terminated"), ("cancel", "unknown")])
+def test_sessions_named_like_a_cause_of_release_are_data(holder: str, waiter: str, tmp_path: Path) -> None:
+    """An application_name that is a word of the expectations (released_by) never becomes one.
+
+    Named so, the lock wait's holder made its release read "expected released by deadlock,
+    got released by deadlock", and a holder named ``step`` made any release pass.
+    """
+    with real.logging_server("18") as logging:
+        clients.psycopg_deadlock(logging, "simple", names=(holder, waiter))
+        clients.psycopg_lock_wait(logging, "simple", names=(holder, waiter))
+        log = tmp_path / "server.log"
+        shutil.copy(logging.logfile(), log)
+        for number in (2, 1):  # the lock wait, then the deadlock
+            found = from_log([str(log)], incident=number, server=logging.server)
+            assert found.written is not None and found.verified is not None
+            assert found.verified.reproduced, found.verified.failures
+            incident = found.incidents[number - 1]
+            assert set(incident.names.values()) == {f"pid{pid}" for pid in incident.pids}
+            released = f"pid{incident.waits[0].holders[0]}" if number == 2 else "deadlock"
+            assert f'released_by = "{released}"' in found.written.text
+            assert any(f"application_name {holder!r} is not a session name" in u for u in found.written.unsaid)

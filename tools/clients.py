@@ -13,8 +13,10 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import psycopg.sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tools.incidents import LoggingServer, _blocked, _in_log
@@ -22,23 +24,31 @@ from tools.incidents import LoggingServer, _blocked, _in_log
 CLIENTS = Path(__file__).resolve().parents[1] / "tests" / "clients"
 
 
-def psycopg_deadlock(server: LoggingServer, prepare: bool) -> None:
-    """alice and bob transfer in opposite orders with bound parameters: bob closes the cycle and is the victim."""
-    update = "UPDATE accounts SET balance = balance + %s WHERE id = %s"
+def _send(conn: psycopg.Connection[Any], sql: str, values: list[Any], how: str) -> None:
+    """``sql`` with ``values``: bound (``params``), as a prepared statement (``prepared``), or as text (``simple``)."""
+    if how == "simple":
+        conn.execute(psycopg.sql.SQL(sql).format(*map(psycopg.sql.Literal, values)).as_string(conn).encode())
+    else:
+        conn.execute(sql.replace("{}", "%s").encode(), values, prepare=how == "prepared")
+
+
+def psycopg_deadlock(server: LoggingServer, how: str, names: tuple[str, str] = ("alice", "bob")) -> None:
+    """alice and bob transfer in opposite orders (``how``: see _send): bob closes the cycle and is the victim."""
+    update = "UPDATE accounts SET balance = balance + {} WHERE id = {}"
     with (
-        psycopg.connect(server.shop, application_name="alice") as alice,
-        psycopg.connect(server.shop, application_name="bob") as bob,
+        psycopg.connect(server.shop, application_name=names[0]) as alice,
+        psycopg.connect(server.shop, application_name=names[1]) as bob,
         psycopg.connect(server.server.dsn, autocommit=True) as admin,
     ):
         alice.execute("SET deadlock_timeout = '10s'")
         alice.commit()
-        alice.execute(update, [-100, 1], prepare=prepare)
-        bob.execute(update, [-50, 2], prepare=prepare)
+        _send(alice, update, [-100, 1], how)
+        _send(bob, update, [-50, 2], how)
         failed: list[BaseException] = []
 
         def credit() -> None:
             try:
-                alice.execute(update, [100, 2], prepare=prepare)
+                _send(alice, update, [100, 2], how)
                 alice.commit()
             except BaseException as exc:
                 failed.append(exc)
@@ -47,7 +57,7 @@ def psycopg_deadlock(server: LoggingServer, prepare: bool) -> None:
         worker.start()
         _blocked(admin, alice.info.backend_pid)
         try:
-            bob.execute(update, [50, 1], prepare=prepare)
+            _send(bob, update, [50, 1], how)
             raise AssertionError("bob was not the deadlock's victim")
         except psycopg.errors.DeadlockDetected:
             bob.rollback()
@@ -55,18 +65,16 @@ def psycopg_deadlock(server: LoggingServer, prepare: bool) -> None:
         assert not failed, failed
 
 
-def psycopg_lock_wait(server: LoggingServer, prepare: bool) -> None:
+def psycopg_lock_wait(server: LoggingServer, how: str, names: tuple[str, str] = ("report", "payment")) -> None:
     """A transaction renames carol's account (a logged write) while a payment waits for the row."""
     with (
-        psycopg.connect(server.shop, application_name="report") as report,
-        psycopg.connect(server.shop, application_name="payment", autocommit=True) as payment,
+        psycopg.connect(server.shop, application_name=names[0]) as report,
+        psycopg.connect(server.shop, application_name=names[1], autocommit=True) as payment,
         psycopg.connect(server.server.dsn, autocommit=True) as admin,
     ):
-        report.execute("UPDATE accounts SET owner = %s WHERE id = %s", ["carol", 3], prepare=prepare)
+        _send(report, "UPDATE accounts SET owner = {} WHERE id = {}", ["carol", 3], how)
         worker = threading.Thread(
-            target=payment.execute,
-            args=("UPDATE accounts SET balance = balance + %s WHERE id = %s", [1, 3]),
-            kwargs={"prepare": prepare},
+            target=_send, args=(payment, "UPDATE accounts SET balance = balance + {} WHERE id = {}", [1, 3], how)
         )
         worker.start()
         _blocked(admin, payment.info.backend_pid)

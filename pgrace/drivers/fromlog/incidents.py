@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pgrace.drivers.fromlog.records import LogFormat, Record, Window, scan, window
+from pgrace.model.timeline import RELEASE_CAUSES
 
 __all__ = ["Incident", "Step", "Wait", "find_incidents"]
 
@@ -383,12 +384,15 @@ def _name(incident: Incident, apps: dict[int, str]) -> None:
     """Each process's session name: its application_name when that is a usable, unique name, else ``pid<N>``.
 
     Anyone can set application_name, to another process's ``pid<N>`` too: a fallback name
-    is never given up, and an application_name that takes one, or another's, is refused.
+    is never given up, and an application_name that takes one, or another's, or a word the
+    expectations use, is refused.
     """
     fallbacks = {f"pid{pid}" for pid in incident.pids}
     wanted = [apps.get(pid, "") for pid in incident.pids]
     for pid, app in zip(incident.pids, wanted, strict=True):
-        usable = _NAME.match(app) and app not in fallbacks and wanted.count(app) == 1
+        # A cause of release (deadlock, step, cancel ...) is a word of the expectations: a session
+        # named so would make "released_by" mean the cause, and the verdict read the name as one.
+        usable = _NAME.match(app) and app not in fallbacks and wanted.count(app) == 1 and app not in RELEASE_CAUSES
         name = app if usable else f"pid{pid}"
         if app and name != app:
             incident.unsaid.append(f"pid {pid}'s application_name {app!r} is not a session name pgrace can use")
