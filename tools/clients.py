@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,115 @@ def node_incident(where: Path, server: LoggingServer, what: str, how: str) -> No
         ["node", "incident.js", json.dumps(config), what, how], cwd=where, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+#: Tables as real applications name them: in a schema of their own (pg-boss's), quoted, partitioned.
+NAMED = """
+CREATE SCHEMA pgboss;
+CREATE TABLE pgboss.job (id int PRIMARY KEY, state text NOT NULL);
+INSERT INTO pgboss.job VALUES (1, 'created'), (2, 'created'), (3, 'created');
+CREATE TABLE "Order Lines" ("Id" int PRIMARY KEY, qty int NOT NULL);
+INSERT INTO "Order Lines" VALUES (1, 1), (2, 1), (3, 1);
+CREATE TABLE events (tenant int, id int, n int NOT NULL, PRIMARY KEY (tenant, id)) PARTITION BY LIST (tenant);
+CREATE TABLE events_1 PARTITION OF events FOR VALUES IN (1);
+CREATE TABLE events_2 PARTITION OF events FOR VALUES IN (2);
+INSERT INTO events VALUES (1, 1, 0), (1, 2, 0), (2, 1, 0);
+"""
+
+#: Per table: its name in SQL, a write of the row with key {}, and a new row that conflicts on a unique index.
+WRITES = {
+    "pgboss.job": ("UPDATE pgboss.job SET state = 'active' WHERE id = {}", "INSERT INTO pgboss.job VALUES (10, 'x')"),
+    "Order Lines": (
+        'UPDATE "Order Lines" SET qty = qty + 1 WHERE "Id" = {}',
+        'INSERT INTO "Order Lines" VALUES (10, 1)',
+    ),
+    "events": ("UPDATE events SET n = n + 1 WHERE tenant = 1 AND id = {}", "INSERT INTO events VALUES (1, 10, 0)"),
+}
+
+
+def named_tables(server: LoggingServer) -> None:
+    with psycopg.connect(server.shop, autocommit=True) as conn:
+        conn.execute(NAMED)
+
+
+def deadlock_on(server: LoggingServer, table: str) -> None:
+    """alice and bob write rows 1 and 2 of ``table`` in opposite orders: bob closes the cycle and is the victim."""
+    write = WRITES[table][0]
+    with (
+        psycopg.connect(server.shop, application_name="alice") as alice,
+        psycopg.connect(server.shop, application_name="bob") as bob,
+        psycopg.connect(server.server.dsn, autocommit=True) as admin,
+    ):
+        alice.execute("SET deadlock_timeout = '10s'")
+        alice.commit()
+        alice.execute(write.format(1).encode())
+        bob.execute(write.format(2).encode())
+
+        def credit() -> None:
+            alice.execute(write.format(2).encode())
+            alice.commit()
+
+        worker = threading.Thread(target=credit)
+        worker.start()
+        _blocked(admin, alice.info.backend_pid)
+        try:
+            bob.execute(write.format(1).encode())
+            raise AssertionError("bob was not the deadlock's victim")
+        except psycopg.errors.DeadlockDetected:
+            bob.rollback()
+        worker.join()
+
+
+def insert_wait_on(server: LoggingServer, table: str) -> None:
+    """A writer inserts a row and waits; a second insert of the same key waits on the unique index, then goes on."""
+    insert = WRITES[table][1].encode()
+    with (
+        psycopg.connect(server.shop, application_name="writer") as writer,
+        psycopg.connect(server.shop, application_name="second", autocommit=True) as second,
+        psycopg.connect(server.server.dsn, autocommit=True) as admin,
+    ):
+        writer.execute(insert)
+        worker = threading.Thread(target=second.execute, args=(insert,))
+        worker.start()
+        _blocked(admin, second.info.backend_pid)
+        _in_log(server, "still waiting for")
+        writer.rollback()
+        worker.join()
+
+
+def lock_wait_with(
+    server: LoggingServer, holder: list[str], waiter: str, end: str = "COMMIT", waiter_end: str | None = None
+) -> None:
+    """``holder``'s statements in one transaction, then ``waiter``'s statement waits for it until ``end``.
+
+    The waiter's statement runs on its own, or in a transaction that ends with ``waiter_end``.
+    """
+    with (
+        psycopg.connect(server.shop, application_name="holder") as first,
+        psycopg.connect(server.shop, application_name="waiter", autocommit=waiter_end is None) as second,
+        psycopg.connect(server.server.dsn, autocommit=True) as admin,
+    ):
+        for statement in holder:
+            first.execute(statement.encode())
+        reported = _reports(server)
+        worker = threading.Thread(target=second.execute, args=(waiter.encode(),))
+        worker.start()
+        _blocked(admin, second.info.backend_pid)
+        deadline = time.monotonic() + 10
+        while _reports(server) == reported:  # log_lock_waits reports after deadlock_timeout
+            assert time.monotonic() < deadline, "the wait was never logged"
+            time.sleep(0.01)
+        first.execute(end.encode())
+        worker.join()
+        if waiter_end is not None:
+            second.execute(waiter_end.encode())
+
+
+def _reports(server: LoggingServer) -> int:
+    return server.logfile().read_text(errors="replace").count("still waiting for")
+
+
+def run(server: LoggingServer, statements: str) -> None:
+    """``statements`` in the incident's database (its tables), before the incident."""
+    with psycopg.connect(server.shop, autocommit=True) as conn:
+        conn.execute(statements.encode())

@@ -23,7 +23,7 @@ _WAITING = re.compile(r"process (\d+) still waiting for (.+?) after ([\d.]+) ms"
 _HOLDERS = re.compile(r"Process(?:es)? holding the lock: ([\d, ]+)\. Wait queue: ([\d, ]*)\.")
 _EDGE = re.compile(r"Process (\d+) waits for (.+?); blocked by process (\d+)\.")
 _STATEMENT_OF = re.compile(r"Process (\d+): (.*)", re.S)
-_TUPLE = re.compile(r'while (\w+(?: \w+)*?) (?:index )?tuple \((\d+),(\d+)\) in relation "([^"]+)"')
+_TUPLE = re.compile(r'while (\w+(?: \w+)*?) tuple \((\d+),(\d+)\) in relation "([^"]+)"')
 _RELATION = re.compile(r'relation "([^"]+)"')
 _ENDS = ("COMMIT", "ROLLBACK", "END", "ABORT")
 _BEGINS = ("BEGIN", "START TRANSACTION")
@@ -55,6 +55,7 @@ class Wait:
     ctid: str | None = None
     after_ms: float | None = None
     line: int | None = None
+    index: str | None = None  # the unique index the wait went through (an INSERT's conflict), when the log says
 
 
 @dataclass
@@ -171,7 +172,11 @@ def _incidents_at(
 def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wait:
     wait = Wait(waiter, holders, lock, sql=record.statement, line=record.line)
     if t := _TUPLE.search(record.context):
-        wait.table, wait.ctid = t.group(4), f"({t.group(2)},{t.group(3)})"
+        wait.ctid = f"({t.group(2)},{t.group(3)})"
+        if t.group(1) == "inserting index":  # the relation is the unique index, not a table
+            wait.index = t.group(4)
+        else:
+            wait.table = t.group(4)
     elif r := _RELATION.search(record.context):
         wait.table = r.group(1)
     return wait
@@ -211,7 +216,7 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
             for wait in waits:
                 if wait.waiter == int(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
                     told = _wait_from(r, wait.waiter, wait.lock, wait.holders)
-                    wait.table, wait.ctid, wait.line = told.table, told.ctid, told.line
+                    wait.table, wait.ctid, wait.line, wait.index = told.table, told.ctid, told.line, told.index
                     wait.after_ms = float(m.group(3))
     _recover(incident, fmt, stretch, index)
     return incident

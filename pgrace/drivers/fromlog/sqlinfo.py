@@ -31,6 +31,17 @@ class Touch:
     keys: list[dict[str, Any]] = field(default_factory=list)
     columns: dict[str, str] = field(default_factory=dict)
     tables: list[str] = field(default_factory=list)
+    schema: str | None = None
+    """The target table's schema when the statement names one (``hr.salaries``), else None."""
+    positional: list[str] = field(default_factory=list)
+    """The types of an INSERT's values when it names no columns (``INSERT INTO t VALUES (1, 'x')``)."""
+
+    @property
+    def relation(self) -> str | None:
+        """The target table as SQL text, with its schema when the statement gave one: ``hr.salaries``."""
+        if self.table is None:
+            return None
+        return f"{quoted(self.schema)}.{quoted(self.table)}" if self.schema else quoted(self.table)
 
 
 def _const(node: Any) -> tuple[Any, str] | None:
@@ -135,11 +146,11 @@ def analyse(sql: str) -> Touch:
     touch.kind = type(stmt).__name__
     where = None
     if isinstance(stmt, (ast.UpdateStmt, ast.DeleteStmt, ast.InsertStmt)) and stmt.relation is not None:
-        touch.table = stmt.relation.relname
+        touch.table, touch.schema = stmt.relation.relname, stmt.relation.schemaname
         where = getattr(stmt, "whereClause", None)
     elif isinstance(stmt, ast.SelectStmt) and stmt.fromClause and len(stmt.fromClause) == 1:
         if isinstance(stmt.fromClause[0], ast.RangeVar):
-            touch.table = stmt.fromClause[0].relname
+            touch.table, touch.schema = stmt.fromClause[0].relname, stmt.fromClause[0].schemaname
         where = stmt.whereClause
     if touch.table:
         touch.tables.append(touch.table)
@@ -154,9 +165,11 @@ def analyse(sql: str) -> Touch:
                 _walk_columns(target.val, found)
                 lit = _const(target.val)
                 touch.columns.setdefault(target.name, lit[1] if lit else next(iter(found.values()), "int"))
+    rows = getattr(stmt.selectStmt, "valuesLists", None) or () if isinstance(stmt, ast.InsertStmt) else ()
+    first = rows[0] if rows else ()
+    if isinstance(stmt, ast.InsertStmt) and not stmt.cols:  # INSERT INTO t VALUES (...): by position
+        touch.positional = [(c or (None, "text"))[1] for c in map(_const, first)]
     if isinstance(stmt, ast.InsertStmt) and stmt.cols:
-        rows = getattr(stmt.selectStmt, "valuesLists", None) or ()
-        first = rows[0] if rows else ()
         for i, target in enumerate(stmt.cols):
             lit = _const(first[i]) if i < len(first) else None
             touch.columns.setdefault(target.name, lit[1] if lit else "text")
@@ -169,7 +182,7 @@ def lock_statement(sql: str) -> str | None:
     if touch.table is None or touch.kind not in ("UpdateStmt", "DeleteStmt", "SelectStmt"):
         return None
     where = f" WHERE {touch.where}" if touch.where else ""
-    return f"SELECT 1 FROM {quoted(touch.table)}{where} FOR UPDATE"
+    return f"SELECT 1 FROM {touch.relation}{where} FOR UPDATE"
 
 
 def key_parameters(sql: str) -> set[int]:

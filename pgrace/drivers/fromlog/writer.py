@@ -181,7 +181,7 @@ def _end_order(incident: Incident) -> list[int]:
     return order
 
 
-def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[str, list[str]]]:
+def _expect(incident: Incident, steps: list[Planned], partitioned: set[str]) -> tuple[str | None, dict[str, list[str]]]:
     names = incident.names
     victim_step = None
     waits: dict[str, list[str]] = {}
@@ -194,7 +194,8 @@ def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[
         expect: dict[str, Any] = {"waits_for": holders if len(holders) > 1 else holders[0]}
         touch = analyse(wait.sql)
         table = wait.table or touch.table
-        if table and table == touch.table and len(touch.keys) == 1:
+        # A partitioned table's row is in a partition the server names, which the statement does not.
+        if table and table == touch.table and len(touch.keys) == 1 and touch.relation not in partitioned:
             expect["waits_on"] = {"table": table, "key": touch.keys[0]}
         elif len(wait.holders) == 1:  # a row the statement does not name by its key: the holder's transaction
             expect["waits_on"] = {"transaction_of": names[wait.holders[0]]}
@@ -243,33 +244,53 @@ def _multiline(text: str) -> str:
 
 
 def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str], list[str]]:
+    """Tables made up from what the statements name: columns, a key, and the rows they name by key.
+
+    A table is the statement's, schema and all (``pgboss.job``, ``"Order Lines"``). An INSERT
+    that names no columns gets as many; a wait on a unique index (``while inserting index
+    tuple``) says the table has one: its first column, when no WHERE names a key.
+    """
     tables: dict[str, dict[str, str]] = {}
     keys: dict[str, list[dict[str, Any]]] = {}
+    schemas: dict[str, str] = {}
+    indexed: set[str] = set()
     for statement in statements:
         touch = analyse(statement)
-        if touch.table is None:
+        if touch.relation is None:
             continue
-        cols = tables.setdefault(touch.table, {})
+        relation = touch.relation
+        if touch.schema:
+            schemas[relation] = touch.schema
+        if any(w.index and analyse(w.sql).relation == relation for w in incident.waits):
+            indexed.add(relation)
+        cols = tables.setdefault(relation, {})
         for key in touch.keys:
             for col in key:
                 cols.setdefault(col, touch.columns.get(col, "int"))
-            if key not in keys.setdefault(touch.table, []):
-                keys[touch.table].append(key)
+            if key not in keys.setdefault(relation, []):
+                keys[relation].append(key)
         for col, type_ in touch.columns.items():
             cols.setdefault(col, type_)
+        for n, type_ in enumerate(touch.positional[len(cols) :], len(cols) + 1):
+            cols[f"column{n}"] = type_
     sql: list[str] = []
     notes = []
+    for schema in dict.fromkeys(schemas.values()):
+        sql.append(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)};")
     for table, cols in tables.items():
         key_cols = list(keys.get(table, [{}])[0]) if keys.get(table) else []
+        if not key_cols and table in indexed and cols:
+            key_cols = [next(iter(cols))]
+            notes.append(f"the unique index of {table} a wait went through is guessed: its first column (TODO)")
         pk = f",\n  PRIMARY KEY ({', '.join(quoted(c) for c in key_cols)})" if key_cols else ""
         body = ",\n  ".join(f"{quoted(c)} {t}" for c, t in cols.items())
-        sql.append(f"{_GUESSED}\nCREATE TABLE {quoted(table)} (\n  {body}{pk}\n);")
+        sql.append(f"{_GUESSED}\nCREATE TABLE {table} (\n  {body}{pk}\n);")
         rows = []
         for key in keys.get(table, []):
             values = [key.get(c, _MADE_UP.get(t)) for c, t in cols.items()]
             rows.append("(" + ", ".join(_sql_literal(v) for v in values) + ")")
         if rows:
-            sql.append(f"{_MADE_UP_NOTE}\nINSERT INTO {quoted(table)} VALUES {', '.join(rows)};")
+            sql.append(f"{_MADE_UP_NOTE}\nINSERT INTO {table} VALUES {', '.join(rows)};")
         notes.append(f"the table {table} is guessed from the statements (its columns, types and rows): give --dsn")
     if not tables:
         sql.append("-- TODO: the log names no table pgrace could read: create the tables the statements need")
@@ -286,29 +307,34 @@ def _sql_literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[list[str], list[str]]:
+def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[list[str], list[str], set[str]]:
+    """The setup SQL, what it could not say, and which of its tables are partitioned."""
     statements = [s.sql for s in steps]
     if dsn is None:
-        return _guessed_setup(incident, statements)
+        return (*_guessed_setup(incident, statements), set())
     from pgrace.drivers.fromlog.database import describe
 
+    # Tables as SQL names, with the schema the log's statements give them.
     tables: list[str] = []
     keys: dict[str, list[dict[str, Any]]] = {}
     for sql in statements:
         touch = analyse(sql)
-        for table in touch.tables:
-            if table not in tables:
-                tables.append(table)
-        if touch.table:
-            keys.setdefault(touch.table, []).extend(k for k in touch.keys if k not in keys.get(touch.table, []))
+        if touch.relation is None:
+            continue
+        if touch.relation not in tables:
+            tables.append(touch.relation)
+        own = keys.setdefault(touch.relation, [])
+        own.extend(k for k in touch.keys if k not in own)
     ctids: dict[str, list[str]] = {}
     for wait in incident.waits:
         if wait.table and wait.ctid:
-            ctids.setdefault(wait.table, []).append(wait.ctid)
-            if wait.table not in tables:
-                tables.append(wait.table)
+            table = quoted(wait.table)
+            ctids.setdefault(table, []).append(wait.ctid)
+            if table not in tables:
+                tables.append(table)
     described = describe(dsn, tables, keys, ctids)
-    return described.setup or ["-- TODO: nothing of the incident's tables could be copied"], described.notes
+    setup = described.setup or ["-- TODO: nothing of the incident's tables could be copied"]
+    return setup, described.notes, described.partitioned
 
 
 def _comment(text: str) -> str:
@@ -337,8 +363,8 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
     if order is not None:
         rank = {name: i for i, name in enumerate(order)}
         steps.sort(key=lambda s: rank.get(s.name, len(rank)))
-    victim_step, waits = _expect(incident, steps)
-    setup, setup_notes = _setup(incident, steps, dsn)
+    setup, setup_notes, partitioned = _setup(incident, steps, dsn)
+    victim_step, waits = _expect(incident, steps, partitioned)
     unsaid = list(dict.fromkeys(incident.unsaid + setup_notes + _general_unsaid(incident, steps)))
     name = _name(incident)
     who = ", ".join(incident.names[p] for p in incident.pids)
