@@ -138,12 +138,18 @@ def tidy(server: ServerInfo, on_note: Note | None = None) -> None:
 
 
 @contextmanager
-def _serving(server: ServerInfo | None, dsn: str | None, superuser: bool, on_note: Note | None) -> Iterator[ServerInfo]:
+def _serving(
+    server: ServerInfo | None,
+    dsn: str | None,
+    superuser: bool,
+    on_note: Note | None,
+    settings: dict[str, str] | None = None,
+) -> Iterator[ServerInfo]:
     """The caller's server as it is, or one opened (and tidied) from ``dsn`` for the call."""
     if server is not None:
         yield server
         return
-    with pgrace.servers.open_server(dsn, superuser) as opened:
+    with pgrace.servers.open_server(dsn, superuser, settings) as opened:
         tidy(opened, on_note)
         yield opened
 
@@ -489,6 +495,7 @@ def load(
     emit: Path | None = None,
     dsn: str | None = None,
     server: ServerInfo | None = None,
+    setup_timeout: str | int | None = None,
     monitor: Monitor | None = None,
     on_measured: Callable[[LoadResult, ClientRun], None] | None = None,
     on_note: Note | None = None,
@@ -496,15 +503,20 @@ def load(
     """Run ``scenario``'s ``[load]`` transaction with pgbench at each client count; count what went wrong.
 
     ``compare``: the bug's, then the fix's. ``duration`` seconds per count (5 by default),
-    or ``transactions`` per client. With ``emit``, the pgbench script and the setup and
-    check SQL are written to that folder and nothing runs. Ctrl-C (or SIGTERM) re-raises
-    with what was measured so far as the exception's ``loaded``.
+    or ``transactions`` per client. ``setup_timeout`` seconds (60 by default) bound each
+    setup statement and each check. A server pgrace starts for the call (no ``server``,
+    ``dsn`` embedded or a bin directory) is started with room for the most clients asked
+    for, and ``on_note`` says so; a server pgrace only connects to must have that room
+    already. With ``emit``, the pgbench script and the setup and check SQL are written to
+    that folder and nothing runs. Ctrl-C (or SIGTERM) re-raises with what was measured so
+    far as the exception's ``loaded``.
     """
     from pgrace.drivers import load as engine
 
     counts = _client_counts(clients)
     seconds = _whole(duration, "-T/--time")
     per_client = _whole(transactions, "-t/--transactions")
+    setup_seconds = _whole(setup_timeout, "--setup-timeout")
     if seconds is not None and per_client is not None:
         raise ScenarioError("-T/--time and -t/--transactions exclude each other")
     variants = both_variants(scenario) if compare else [scenario]
@@ -517,12 +529,21 @@ def load(
         duration=None if per_client is not None else float(seconds or 5),
         transactions=per_client,
         pgbench=pgbench,
+        setup_timeout=float(setup_seconds or 60),
         on_progress=on_measured,
     )
     watch = monitor or _Unwatched()
     loaded = Loaded()
+    settings = None
+    if server is None and pgrace.servers.starts_its_own(dsn):
+        settings = {"max_connections": str(engine.connections_for(max(counts)))}
+        if int(settings["max_connections"]) > engine.DEFAULT_CONNECTIONS:
+            (on_note or _ignore)(
+                f"note: starting PostgreSQL with max_connections = {settings['max_connections']}"
+                f" for {max(counts)} clients"
+            )
     try:
-        with _serving(server, dsn, False, on_note) as opened:
+        with _serving(server, dsn, False, on_note, settings) as opened:
             try:
                 watch.start(f"load {scenario.name}", len(variants) * len(counts), "client counts")
                 for variant in variants:

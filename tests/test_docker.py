@@ -93,6 +93,51 @@ def test_a_scenario_runs_on_a_docker_server(no_container_left: None) -> None:
         assert api.run(catalog.load("nowait"), server=server).ok
 
 
+#: A scenario whose one session says who it runs as, and tries what only a superuser may.
+WHO_AM_I = """
+name = "who-am-i"
+title = "Who the scenario's SQL runs as"
+
+[[sessions]]
+name = "s"
+
+[[step]]
+session = "s"
+sql = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+expect = { rows = [[false]] }
+
+[[step]]
+session = "s"
+sql = "COPY (SELECT 1) TO PROGRAM 'true'"
+expect = { error = "42501" }
+"""
+
+
+@needs_docker
+def test_the_server_is_the_run_s_alone(no_container_left: None) -> None:
+    """Published on the loopback only, a superuser password made for the run, scenarios as no superuser."""
+    import docker  # type: ignore[import-untyped,unused-ignore]  # the Docker SDK ships no types
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from pgrace.formats.scenario_toml import parse_toml_scenario
+
+    with open_server(f"docker:{IMAGE}") as server:
+        client = docker.from_env()
+        try:
+            (container,) = client.containers.list(filters={"label": PGRACE_LABEL})
+            published = container.attrs["NetworkSettings"]["Ports"]["5432/tcp"]
+        finally:
+            client.close()
+        assert published and {p["HostIp"] for p in published} == {"127.0.0.1"}, published
+        params = conninfo_to_dict(server.dsn)
+        assert params["host"] == "127.0.0.1" and len(str(params["password"])) >= 20
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(host="127.0.0.1", port=params["port"], user="test", password="test", dbname="test").close()
+        run = api.run(parse_toml_scenario(WHO_AM_I, "who-am-i.toml"), server=server)
+        assert run.ok, [(c.description, c.actual) for c in run.checks if not c.ok]
+
+
 @needs_docker
 def test_the_cli_runs_lost_update_on_postgresql_17(no_container_left: None) -> None:
     run = pgrace("run", "lost-update", "--server", "docker:postgres:17")

@@ -216,13 +216,13 @@ def test_dsn_is_read_only_and_its_password_is_never_shown(tmp_path: Path) -> Non
         for role in ("reader", "stranger"):
             out = tmp_path / f"{role}.toml"
             dsn = f"{logging.shop} user={role} password={PASSWORD}"
-            verify = ["--server", logging.server.dsn] if role == "reader" else ["--no-verify"]  # no rows: no deadlock
+            verify = [] if role == "reader" else ["--no-verify"]  # no rows: no deadlock
             result = CliRunner().invoke(main, ["from-log", str(log), "--dsn", dsn, *verify, "-o", str(out)])
             assert result.exit_code == 0, result.output
             outputs[role] = out.read_text()
             assert PASSWORD not in result.output + outputs[role]
-        assert re.search(r"INSERT INTO .accounts. VALUES\s+\('1', 'alice', ", outputs["reader"])  # the rows, copied
-        assert "table accounts could not be read through --dsn (permission denied" in outputs["stranger"]
+        assert re.search(r"INSERT INTO \"?accounts\"? VALUES\s+\('1', 'alice', ", outputs["reader"])  # the rows, copied
+        assert "the role of --dsn may not read accounts: its setup is a TODO" in outputs["stranger"]
         assert logging.shop_rows() == rows and logging.databases() == databases
 
 

@@ -166,8 +166,15 @@ def test_head_of_line_blocking_clients_queue_on_one_row(pgrace_server: ServerInf
         "failures",
         "retries",
         "lock_waiters_max",
+        "lock_waits",
+        "lock_waited_ms",
+        "lock_waits_on",
+        "lock_waits_rows",
+        "lock_waits_cut",
         "violations",
     }
+    assert data[0]["runs"][0]["lock_waits_on"] == [{"on": "a row of jobs", "waits": bug.runs[0].lock_waits}]
+    assert data[1]["runs"][0]["lock_waits"] == 0
     assert render_load_svg([bug, fix]).count("<circle") == 4  # a point per variant in each of the two panels
 
 

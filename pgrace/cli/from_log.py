@@ -21,7 +21,8 @@ from pgrace.files import refuse_overwriting_inputs
     "--server",
     "server_target",
     metavar="SERVER",
-    help="Where to verify: 'embedded' (default), a connection string, a bin directory or docker:IMAGE.",
+    help="Where to verify: 'embedded' (default; PGRACE_DSN is not used), a connection string, a bin directory "
+    "or docker:IMAGE. Never the incident's server; never as a superuser (a role is made for each run).",
 )
 @output_option
 def from_log_command(

@@ -55,6 +55,12 @@ if TYPE_CHECKING:
     "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
 )
 @click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
+@click.option(
+    "--setup-timeout",
+    default=None,
+    metavar="SECONDS",
+    help="Cut each setup statement and each check after this long [default: 60].",
+)
 @format_option("load", "Output format: svg is the plot, html the table and the plot in one page.")
 @output_option
 @dsn_option
@@ -78,6 +84,7 @@ def load(
     clients: str,
     duration: str | None,
     transactions: str | None,
+    setup_timeout: str | None,
     fmt: str,
     output: str | None,
     dsn: str | None,
@@ -106,6 +113,7 @@ def load(
             clients=clients,
             duration=duration,
             transactions=transactions,
+            setup_timeout=setup_timeout,
             pgbench=pgbench_path,
             emit=emit_dir,
             dsn=server_target or dsn,

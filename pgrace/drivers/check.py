@@ -26,7 +26,7 @@ from pgrace.render.text import Style, render_text
 from pgrace.scratch import ReusableScratch
 from pgrace.servers import ServerInfo
 
-GOLDEN_STYLE = Style(colour=False, width=120, show_server=False)
+GOLDEN_STYLE = Style(colour=False, width=120, show_server=False, until_server_chose=True)
 
 
 def golden_path(path: Path, variant: str) -> Path:

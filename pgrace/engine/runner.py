@@ -253,6 +253,10 @@ class Runner:
                 deferred.append(entry)
                 launch_ready(self.scheduler, self.sessions, deferred)
                 continue
+            if session.busy and scheduler.overtaken(session):  # the server chose another waiter: the others go on
+                deferred.append(entry)
+                launch_ready(self.scheduler, self.sessions, deferred)
+                continue
             if session.busy:
                 scheduler.wait_for_session(session)
             scheduler.unlaunched = position + 1

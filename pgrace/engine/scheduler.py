@@ -29,7 +29,7 @@ from pgrace.engine.steps import Active
 from pgrace.engine.waiting import SocketWaiting, Waiting
 from pgrace.errors import PgraceError, StepsStuck
 from pgrace.model.scenario import PermutationStep, Scenario, Step
-from pgrace.model.timeline import Holder, Outcome, Run, SqlError
+from pgrace.model.timeline import Holder, Outcome, Run, SqlError, Wait
 from pgrace.model.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ class Scheduler:
         assert waiting is not None, "a scheduler waits on sockets (control given) or on what it is told"
         self.strategy: Waiting[Any] = waiting
         self.done = Completions(self)
+        self.chosen: set[tuple[int, int]] = set()  # (waiting step, the fellow waiter the server let go first)
 
     # -- launching -------------------------------------------------------------------------
 
@@ -173,8 +174,36 @@ class Scheduler:
                 raise self.stuck(f"step {earlier.step.name} timed out; active steps are: {names}")
             if self.waiting:
                 self.poll_waiting(blocking=False)
+        self._observe_after(done_before)
+
+    def _observe_after(self, done_before: int) -> None:
         if self.last_done != done_before and not self.locks_each_completion:
             self.observe_locks(self.last_done)  # locks after the completions, before the next launch
+
+    def overtaken(self, session: Session) -> bool:
+        """Whether the server let another waiter go first: then the session's step is waited for later.
+
+        One COMMIT may wake several waiting steps, and the server, not the scenario, decides
+        which goes first; the others then wait for that one, whose own later steps release
+        them, so a blocking wait for one of them could only end at the step timeout. When the
+        session's step, woken by the end of a transaction that also woke another waiter, is
+        seen blocked by that waiter, the choice is recorded and True returned: the caller
+        holds the session's steps back while the other sessions go on.
+        """
+        active = session.active
+        if self.scenario.format != "pgrace" or active is None or not active.waiting_reported:
+            return False
+        if not self.book.releases.rivals(active.seq):  # no fellow waiter was woken: nothing to choose
+            return False
+        done_before = self.last_done
+        if self.try_complete(active, blocking=False, retry=True):  # not blocked (any more): reported as ever
+            self.waiting.remove(active)
+            self.poll_waiting(blocking=False)
+            self._observe_after(done_before)
+            return False
+        if self.held_by_marker(active):
+            return False
+        return self._chosen(active, self.inspector.describe_waits(session.pid))
 
     def stuck(self, message: str) -> StepsStuck:
         """Steps that can never finish: the scenario's outcome (isolationtester exits 1), not the server's fault."""
@@ -318,6 +347,23 @@ class Scheduler:
             return
         waits = self.inspector.describe_waits(self.sessions[active.step.session].pid)
         self.book.releases.also_waiting(active.seq, waits)
+        self._chosen(active, waits)
+
+    def _chosen(self, active: Active, waits: tuple[Wait, ...]) -> bool:
+        """Whether another waiter, woken with this step by one release, went first and this one waits for it now.
+
+        The server chose that order, not the scenario: it is recorded (once), in whichever
+        order the server chose, so that the timeline says so either way.
+        """
+        now = {name for wait in waits for name in (*wait.blocked_by, *wait.queued_behind, wait.holder) if name}
+        rivals = self.book.releases.rivals(active.seq, now)
+        if not rivals:
+            return False
+        winner, released_by = rivals[0]
+        if (active.seq, winner) not in self.chosen:
+            self.chosen.add((active.seq, winner))
+            self.book.server_chose(active, winner, released_by, waits)
+        return True
 
     def _report_waiting(self, active: Active, by_marker: bool) -> None:
         detected = self.recorder.now()  # before describing: the latency is detection's alone

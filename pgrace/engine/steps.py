@@ -28,6 +28,7 @@ from pgrace.model.timeline import (
     Outcome,
     Release,
     Run,
+    ServerChose,
     SessionLost,
     SqlError,
     StepCancelled,
@@ -158,7 +159,14 @@ class StepBook:
         )
 
     def finished(self, seq: int, outcome: Outcome, after_wait: bool = False, release: Release | None = None) -> None:
+        self.releases.woke(seq, release)
         self.recorder.add(StepFinished(seq, outcome, self.recorder.now(), after_wait=after_wait, release=release))
+
+    def server_chose(self, step: Launched, winner_seq: int, released_by: int, waits: tuple[Wait, ...]) -> None:
+        """Step ``winner_seq``, woken with ``step`` by ``released_by``, went first: ``step`` waits for it now."""
+        winner = self.releases.session_of[winner_seq]
+        self.releases.also_waiting(step.seq, waits)  # its release is now the winner's to give
+        self.recorder.add(ServerChose(step.seq, winner_seq, winner, released_by, waits, self.recorder.now()))
 
     def observe_footprints(self, live: dict[int, tuple[str, bool]]) -> None:
         """Every lock the sessions (pid: name, busy) hold, their rows, and who keeps a snapshot: which steps commute."""

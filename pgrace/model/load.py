@@ -9,6 +9,8 @@ from typing import Any
 from pgrace.errors import ServerUnavailable
 
 SAMPLE_EVERY_S = 0.05
+#: The most of the server's log one client count reads back for its lock waits; a load that logs more is cut.
+MAX_LOG_BYTES = 256 << 20
 
 
 class NoPgbench(ServerUnavailable):
@@ -35,8 +37,20 @@ class ClientRun:
     retries: int
     transactions: int
     lock_waiters_max: int
+    """The most clients seen waiting on a lock at once: sampled from pg_locks every 50 ms."""
     lock_waits_on: str | None
+    """What the clients waited on most: counted from the log where it was read, else the largest sample's."""
     violations: list[Violation] = field(default_factory=list)
+    lock_waits: int | None = None
+    """Every lock wait of 1 ms or more, as the server logged it (None: a server whose log pgrace cannot read)."""
+    lock_waited_ms: float | None = None
+    """Those waits' milliseconds added up (the ones that ended with the lock taken)."""
+    lock_waits_by: tuple[tuple[str, int], ...] = ()
+    """The logged waits by what they waited on ("a row of jobs"), most first."""
+    lock_waits_rows: tuple[tuple[str, str, int], ...] = ()
+    """The rows waited on most: (table, ctid, waits), as the log names them."""
+    lock_waits_cut: bool = False
+    """The log of this count was longer than pgrace reads: the counts are of its start only."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +60,11 @@ class ClientRun:
             "failures": self.failures,
             "retries": self.retries,
             "lock_waiters_max": self.lock_waiters_max,
+            "lock_waits": self.lock_waits,
+            "lock_waited_ms": self.lock_waited_ms,
+            "lock_waits_on": [{"on": on, "waits": n} for on, n in self.lock_waits_by],
+            "lock_waits_rows": [{"table": t, "ctid": c, "waits": n} for t, c, n in self.lock_waits_rows],
+            "lock_waits_cut": self.lock_waits_cut,
             "violations": [{"check": v.check, "expected": v.expected, "actual": v.actual} for v in self.violations],
         }
 
@@ -78,4 +97,5 @@ class LoadOptions:
     transactions: int | None = None
     pgbench: str | None = None
     sample_every: float = SAMPLE_EVERY_S
+    setup_timeout: float = 60.0  # the scenario's and the load's setup, and the checks, each cut after this
     on_progress: Callable[[LoadResult, ClientRun], None] | None = None

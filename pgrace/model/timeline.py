@@ -272,6 +272,24 @@ class StepCancelled:
 
 
 @dataclass(frozen=True)
+class ServerChose:
+    """One release woke several waiters and the server, not the scenario, chose which went first.
+
+    Step ``seq`` was woken with step ``winner_seq`` (of session ``winner``) when step
+    ``released_by`` ended the transaction both waited for; the winner went first and
+    ``seq`` now waits for it (``waits``). The scenario's next step of ``seq``'s session
+    needed it finished: that session's steps are held back until it is, the others go on.
+    """
+
+    seq: int
+    winner_seq: int
+    winner: str
+    released_by: int
+    waits: tuple[Wait, ...]
+    t: float
+
+
+@dataclass(frozen=True)
 class SessionLost:
     """A session's connection is gone (its backend was terminated, or the server died).
 
@@ -398,6 +416,7 @@ Event = (
     | StepLaunched
     | StepWaiting
     | StepCancelled
+    | ServerChose
     | StepFinished
     | SessionLost
     | NoticeReceived
@@ -425,6 +444,7 @@ class StepRun:
     outcome: Outcome | None = None
     release: Release | None = None
     cancelled: bool = False
+    overtaken: list[ServerChose] = field(default_factory=list)  # woken with others, and another went first
     locks_after: tuple[HeldLock, ...] | None = None
     locks_unreadable: tuple[str, ...] = ()  # tables whose row locks could not be read
     other_locks_after: tuple[HeldLock, ...] = ()
@@ -525,6 +545,8 @@ class Run:
                 run.wait_detected_ms = event.t
             elif isinstance(event, StepCancelled):
                 runs[event.seq].cancelled = True
+            elif isinstance(event, ServerChose):
+                runs[event.seq].overtaken.append(event)
             elif isinstance(event, StepFinished):
                 run = runs[event.seq]
                 run.outcome = event.outcome

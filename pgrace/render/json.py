@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pgrace.model.timeline import AdvisoryKey, HeldLock, Outcome, Release, Run, StepRun, Wait
+from pgrace.model.timeline import AdvisoryKey, HeldLock, Outcome, Release, Run, ServerChose, StepRun, Wait
 from pgrace.model.values import to_json_value
 from pgrace.text import json_safe
 
@@ -91,6 +91,7 @@ def _step(run: StepRun) -> dict[str, Any]:
         else None,
         "released_by": run.released_by,
         "release": _release(run.release),
+        "server_chose": [_chosen(event) for event in run.overtaken],
         "locks_after": [_lock(lock) for lock in run.locks_after] if run.locks_after is not None else None,
         "other_locks_after": [_lock(lock) for lock in run.other_locks_after],
         "started_ms": round(run.started_ms, 3),
@@ -109,6 +110,17 @@ def _release(release: Release | None) -> dict[str, Any] | None:
         "session": release.session,
         "failed": release.failed,
         "reason": release.reason,
+    }
+
+
+def _chosen(event: ServerChose) -> dict[str, Any]:
+    """A COMMIT woke this step and another, and the server let the other go first: whom it waits for now."""
+    return {
+        "went_first": event.winner_seq,
+        "session": event.winner,
+        "woken_by": event.released_by,
+        "waits_on": [_wait(w) for w in event.waits],
+        "detected_ms": round(event.t, 3),
     }
 
 

@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 from tabulate import tabulate
 
-from pgrace.model.load import ClientRun, LoadResult
+from pgrace.model.load import MAX_LOG_BYTES, ClientRun, LoadResult
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR
 from pgrace.text import json_safe, visible
 
@@ -27,6 +27,11 @@ def _ms(value: float | None) -> str:
 
 def _waiters(run: ClientRun) -> str:
     return str(run.lock_waiters_max) + (f" ({run.lock_waits_on})" if run.lock_waits_on else "")
+
+
+def _waits(run: ClientRun) -> str:
+    """Every logged wait of the count; "-" where the server's log could not be read."""
+    return "-" if run.lock_waits is None else str(run.lock_waits) + ("+" if run.lock_waits_cut else "")
 
 
 def _heading(results: list[LoadResult]) -> str:
@@ -52,17 +57,24 @@ def render_load_text(results: list[LoadResult]) -> str:
                 r.failures,
                 r.retries,
                 _waiters(r),
+                _waits(r),
                 len(r.violations),
             ]
             for r in results[0].runs
         ]
-        headers = ["clients", "tps", "p50 ms", "p95 ms", "p99 ms", "failures", "retries", "lock waiters", "violations"]
+        headers = [
+            *("clients", "tps", "p50 ms", "p95 ms", "p99 ms", "failures", "retries"),
+            *("lock waiters", "lock waits", "violations"),
+        ]
     else:
         counts = sorted({run.clients for result in results for run in result.runs})
         names = " / ".join(r.variant for r in results)
         headers = [
             "clients",
-            *(f"{what} ({names})" for what in ("tps", "p95 ms", "failures", "lock waiters", "violations")),
+            *(
+                f"{what} ({names})"
+                for what in ("tps", "p95 ms", "failures", "lock waiters", "lock waits", "violations")
+            ),
         ]
         rows = []
         for count in counts:
@@ -73,11 +85,12 @@ def render_load_text(results: list[LoadResult]) -> str:
                     _ms(r.latency_ms["p95"]) if r else "-",
                     str(r.failures) if r else "-",
                     _waiters(r) if r else "-",
+                    _waits(r) if r else "-",
                     str(len(r.violations)) if r else "-",
                 ]
                 for r in found
             ]
-            rows.append([str(count), *(" / ".join(c[i] for c in cells) for i in range(5))])
+            rows.append([str(count), *(" / ".join(c[i] for c in cells) for i in range(6))])
     lines.append(visible(tabulate(rows, headers=headers, disable_numparse=True, colalign=("right",) * len(headers))))
     details = [
         f"  {result.variant}, {run.clients} clients: {v.check}: expected {v.expected}, actual {v.actual}"
@@ -87,7 +100,24 @@ def render_load_text(results: list[LoadResult]) -> str:
     ]
     if details:
         lines += ["", "violations:", *(visible(d) for d in details)]
+    waited = [
+        f"  {result.variant}, {run.clients} clients: {_where(run)}"
+        for result in results
+        for run in result.runs
+        if run.lock_waits
+    ]
+    if waited:
+        lines += ["", "lock waits (every wait of 1 ms or more, from the server's log):", *(visible(w) for w in waited)]
     return "\n".join(lines) + "\n"
+
+
+def _where(run: ClientRun) -> str:
+    """A count's logged waits by what they waited on (the rows, by row version, are in the JSON)."""
+    on = ", ".join(f"{n} on {what}" for what, n in run.lock_waits_by)
+    text = f"{on}; {run.lock_waited_ms or 0:.1f} ms waited in all"
+    if run.lock_waits_cut:
+        text += f"; the log was cut after {MAX_LOG_BYTES >> 20} MiB: more waits than counted"
+    return text
 
 
 def render_load_json(results: list[LoadResult]) -> str:

@@ -97,6 +97,8 @@ def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[st
             lines.append(f"{SERVER}--x{who}: {escape_text(f'⌛ {entry.step} {entry.text}')}")
         else:
             lines.append(f"{SERVER}-->>{who}: {wrapped_text(f'↳ step {entry.seq} {entry.release_text}')}")
+    elif entry.kind == "chosen":
+        lines.append(f"Note over {who}: {wrapped_text(entry.text)}")
     elif entry.kind == "lost":
         lines.append(f"{SERVER}--x{who}: {wrapped_text(entry.text)}")
     else:

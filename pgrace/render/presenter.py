@@ -36,6 +36,7 @@ from pgrace.model.timeline import (
     NoticeReceived,
     NotifyReceived,
     Run,
+    ServerChose,
     SessionLost,
     StepCancelled,
     StepFinished,
@@ -50,6 +51,7 @@ from pgrace.render.story import story_facts, variant_flag, verdict_line
 from pgrace.render.text import Style
 from pgrace.render.wording import (
     cancel_text,
+    chosen_text,
     describe_wait,
     lock_label,
     lost_text,
@@ -175,6 +177,8 @@ class Presenter:
             self.waiting.pop(event.seq, None)
             text = f"⌛ cancelled after {event.after_s:g} s ({cancel_text(event)})"
             self._lane_print("", launched.session, [text], error=True)
+        elif isinstance(event, ServerChose):  # the text timeline's words
+            self._lane_print("", self.launched[event.seq].session, [chosen_text(event, self.launched)], alarm=True)
         elif isinstance(event, SessionLost):
             self._lane_print("", event.session, [lost_text(event)], error=True)
         elif isinstance(event, NoticeReceived):

@@ -18,6 +18,7 @@ from pgrace.model.timeline import (
     PermutationStarted,
     Release,
     Run,
+    ServerChose,
     SessionLost,
     StepCancelled,
     StepFinished,
@@ -27,6 +28,7 @@ from pgrace.model.timeline import (
 )
 from pgrace.render.wording import (
     cancel_text,
+    chosen_text,
     lost_text,
     outcome_lines,
     release_phrase,
@@ -35,7 +37,7 @@ from pgrace.render.wording import (
     steps_waited,
 )
 
-EntryKind = Literal["step", "resume", "cancel", "notice", "lost"]
+EntryKind = Literal["step", "resume", "cancel", "chosen", "notice", "lost"]
 
 
 @dataclass
@@ -211,6 +213,10 @@ def timeline_sections(run: Run) -> list[Section]:
             cancelled = open_spans.get(event.seq)
             if cancelled is not None and cancelled.end is None:
                 cancelled.end = index
+        elif isinstance(event, ServerChose):
+            step = launched[event.seq]
+            text = chosen_text(event, launched)
+            add(Entry("chosen", step.session, event.seq, step.step, waits=event.waits, text=text))
         elif isinstance(event, SessionLost):
             show_running(session=event.session)
             add(Entry("lost", event.session, event.during_seq, text=lost_text(event)))

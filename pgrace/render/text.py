@@ -21,16 +21,18 @@ from pgrace.model.timeline import (
     NotifyReceived,
     PermutationStarted,
     Run,
+    ServerChose,
     SessionLost,
     StepCancelled,
     StepFinished,
     StepLaunched,
     StepWaiting,
 )
-from pgrace.render.common import SESSION_COLOURS, wrap_cell
+from pgrace.render.common import SESSION_COLOURS, shorten_sql, wrap_cell
 from pgrace.render.story import setup_failure, verdict_words
 from pgrace.render.wording import (
     cancel_text,
+    chosen_text,
     describe_wait,
     locks_heading,
     lost_text,
@@ -53,6 +55,7 @@ class Style:
     colour: bool = False
     width: int = DEFAULT_WIDTH
     show_server: bool = True  # golden files leave it out: the same timeline on every server
+    until_server_chose: bool = False  # golden files stop a permutation where the server chose the order
 
 
 @dataclass
@@ -76,11 +79,13 @@ def render_text(run: Run, style: Style | None = None) -> str:
     if scenario.narrative:
         out.append("")
         out.extend(textwrap.fill(p, width=min(style.width, 100)) for p in scenario.narrative.split("\n\n"))
-    for heading, rows in _permutation_rows(run):
+    for heading, rows, chose in _permutation_rows(run, style.until_server_chose):
         out.append("")
         if heading:
             out.append(heading)
         out.append(_table(run, rows, style))
+        if chose:
+            out.append(chose)
     if not run.row_locks_available:
         out.append("")
         out.append("row locks: unknown (pgrowlocks is not installed in the scratch database)")
@@ -90,9 +95,16 @@ def render_text(run: Run, style: Style | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
-    """Fold the events into table rows, one table per permutation."""
-    tables: list[tuple[str, list[Row]]] = []
+def _permutation_rows(run: Run, until_server_chose: bool = False) -> list[tuple[str, list[Row], str]]:
+    """Fold the events into table rows, one table per permutation, and what the server chose in it.
+
+    ``until_server_chose``: a permutation stops at the step whose end woke the waiters
+    the server chose among, so that a golden timeline is the same whichever it chose.
+    """
+    tables: list[tuple[str, list[Row], str]] = []
+    choices = _first_choices(run) if until_server_chose else {}
+    choice: ServerChose | None = None
+    stopped = False
     launched: dict[int, StepLaunched] = {}
     paused: set[int] = set()  # sleep steps, shown when they start; a long step, when others act during it
     unshown: dict[int, StepLaunched] = {}  # launched, no row yet (it has neither waited nor finished)
@@ -113,9 +125,16 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
         if isinstance(event, PermutationStarted):
             rows = []
             heading = f"permutation {event.index + 1}: {' '.join(event.steps)}" if many else ""
-            tables.append((heading, rows))
+            choice, stopped = choices.get(len(tables)), False
+            tables.append((heading, rows, ""))
             last_locks = ()
             predicate = ()
+        elif stopped:
+            continue
+        elif choice is not None and isinstance(event, StepFinished) and event.seq in (choice.seq, choice.winner_seq):
+            stopped = True  # a chosen waiter's end came before the releasing step's own row
+            tables[-1] = (tables[-1][0], rows, _chose_text(choice, launched))
+            continue
         elif isinstance(event, StepLaunched):
             launched[event.seq] = event
             if run.scenario.step(event.step).sleep is not None:  # its row when it starts: others act during it
@@ -144,11 +163,16 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
             if event.outcome.error is not None and event.outcome.error.sqlstate == "40001":
                 lines.append(serialization_text(predicate))
             rows.append(Row("" if event.after_wait else str(event.seq), step.session, lines))
+            if choice is not None and event.seq == choice.released_by:
+                stopped = True
+                tables[-1] = (tables[-1][0], rows, _chose_text(choice, launched))
         elif isinstance(event, StepCancelled):
             show_running(besides=event.seq)
             step = launched[event.seq]
             text = f"⌛ {step.step} cancelled after {event.after_s:g} s ({cancel_text(event)})"
             rows.append(Row("", step.session, [text]))
+        elif isinstance(event, ServerChose):
+            rows.append(Row("", launched[event.seq].session, [chosen_text(event, launched, sql_limit=24)]))
         elif isinstance(event, SessionLost):
             show_running(session=event.session)
             rows.append(Row("", event.session, [lost_text(event)]))
@@ -165,6 +189,28 @@ def _permutation_rows(run: Run) -> list[tuple[str, list[Row]]]:
                 rows[-1].locks = _lock_lines(event, shown)
                 last_locks = shown
     return tables
+
+
+def _first_choices(run: Run) -> dict[int, ServerChose]:
+    """The first choice the server made in each permutation (by its index among the permutations run)."""
+    found: dict[int, ServerChose] = {}
+    index = -1
+    for event in run.events:
+        if isinstance(event, PermutationStarted):
+            index += 1
+        elif isinstance(event, ServerChose):
+            found.setdefault(index, event)
+    return found
+
+
+def _chose_text(choice: ServerChose, launched: dict[int, StepLaunched]) -> str:
+    """Where a golden timeline stops: the same words whichever waiter the server let go first."""
+    both = {launched[choice.seq].session, choice.winner}
+    trigger = launched[choice.released_by]
+    return (
+        f"⇄ the server chose the order after step {choice.released_by}: {trigger.session}'s"
+        f" {shorten_sql(trigger.sql, 24)} woke {' and '.join(sorted(both))} together; the timeline stops here"
+    )
 
 
 def _sql_lines(run: Run, step: StepLaunched) -> list[str]:

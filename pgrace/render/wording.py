@@ -12,6 +12,7 @@ from pgrace.model.timeline import (
     Release,
     ResultSet,
     Run,
+    ServerChose,
     SessionLost,
     StepCancelled,
     StepLaunched,
@@ -245,6 +246,21 @@ def release_phrase(seq: int, release: Release | None, launched: Mapping[int, Ste
         "cancel": "ends: a cancel request stopped it",
         "step_timeout": "ends: pgrace cancelled it (--step-timeout)",
     }.get(release.cause, f"ends ({release.cause})")
+
+
+def chosen_text(event: ServerChose, launched: Mapping[int, StepLaunched], sql_limit: int = 30) -> str:
+    """A COMMIT woke this step and another; the server let the other go first: the same words in every format.
+
+    ``⇄ the server chose: worker3's step 4 went first after worker1's COMMIT (step 8); step 6
+    now waits for worker3``. Which row it waits on now is in the JSON: it is timing's, not the scenario's.
+    """
+    trigger = launched.get(event.released_by)
+    after = f"{trigger.session}'s {shorten_sql(trigger.sql, sql_limit)} (step {event.released_by})" if trigger else ""
+    woke = f" after {after}" if after else ""
+    return (
+        f"⇄ the server chose: {event.winner}'s step {event.winner_seq} went first{woke};"
+        f" step {event.seq} now waits for {event.winner}"
+    )
 
 
 def steps_waited(seq: int, release: Release | None, last_launched: int) -> int:

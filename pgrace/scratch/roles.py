@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 
 import psycopg
 from psycopg import sql
@@ -10,7 +11,7 @@ from psycopg.rows import TupleRow
 
 from pgrace.errors import ServerUnavailable
 from pgrace.scratch.databases import _connect
-from pgrace.servers import ServerInfo, scrub_secrets
+from pgrace.servers import ServerInfo, remember_secrets, scrub_secrets
 
 #: Superuser settings a run's role may set: they change only how its own session behaves.
 #: deadlock_timeout picks a deadlock's victim (scenarios and isolation specs set it per session).
@@ -21,15 +22,39 @@ ROLE_PARAMETERS = ("deadlock_timeout",)
 _CREATE_LOGIN_ROLE = sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
 
 
-def _create_role(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> str:
+def login_of(server: ServerInfo, role: str) -> dict[str, str]:
+    """How ``role`` logs in, as conninfo parameters: its name, and a password made now where it needs one."""
+    if not server.role_password:
+        return {"user": role}
+    password = secrets.token_urlsafe(24)
+    remember_secrets(f"password={password}")
+    return {"user": role, "password": password}
+
+
+def _set_password(admin: psycopg.Connection[TupleRow], login: dict[str, str]) -> None:
+    """Give the role its password as a SCRAM verifier made here: the password itself never reaches the server's log."""
+    if "password" not in login:
+        return
+    verifier = admin.pgconn.encrypt_password(login["password"].encode(), login["user"].encode(), b"scram-sha-256")
+    admin.execute(
+        sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(login["user"]), sql.Literal(verifier.decode()))
+    )
+
+
+def _create_role(
+    admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str, login: dict[str, str] | None = None
+) -> str:
     """The run's own role, with no privilege beyond logging in (the database it will own says the rest).
 
-    No password: it logs in as pgrace's superuser does, over the server's unix socket in a
-    run directory only the server's account can enter, with trust authentication. It may
-    set the few superuser settings that only affect its own session (:data:`ROLE_PARAMETERS`).
+    On a server pgrace started it has no password: it logs in as pgrace's superuser does, over
+    the server's unix socket in a run directory only the server's account can enter, with trust
+    authentication. Over TCP (``server.role_password``) it logs in with ``login``'s password,
+    made for this run. It may set the few superuser settings that only affect its own session
+    (:data:`ROLE_PARAMETERS`).
     """
     try:
         admin.execute(_CREATE_LOGIN_ROLE.format(sql.Identifier(role)))
+        _set_password(admin, login or {})
     except psycopg.Error as exc:
         raise ServerUnavailable(
             f"cannot create the run's role {role} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
@@ -59,7 +84,9 @@ def watcher_of(role: str) -> str:
     return f"{role}_watch"
 
 
-def _create_watcher(admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str) -> str:
+def _create_watcher(
+    admin: psycopg.Connection[TupleRow], server: ServerInfo, role: str, login: dict[str, str] | None = None
+) -> str:
     """pgrace's observer's own role: logs in, holds no privilege but the run's role's (a member of it).
 
     Not the superuser: the observer calls pgrowlocks and reads the scenario's tables by name,
@@ -70,6 +97,7 @@ def _create_watcher(admin: psycopg.Connection[TupleRow], server: ServerInfo, rol
     watcher = watcher_of(role)
     try:
         admin.execute(_CREATE_LOGIN_ROLE.format(sql.Identifier(watcher)))
+        _set_password(admin, login or {})
         admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(watcher)))
     except psycopg.Error as exc:
         raise ServerUnavailable(

@@ -24,7 +24,7 @@ from pgrace.scratch.databases import (
     _try_pgrowlocks,
 )
 from pgrace.scratch.names import _DROP_LOCK_TIMEOUT, is_scratch_name, scratch_name
-from pgrace.scratch.roles import _create_role, _create_watcher, _drop_role, watcher_of
+from pgrace.scratch.roles import _create_role, _create_watcher, _drop_role, login_of, watcher_of
 from pgrace.servers import ServerInfo, deferred_interrupts, scrub_secrets
 
 
@@ -82,12 +82,16 @@ def scratch_database(
     """
     admin = _connect(server)
     role: str | None = None
+    login: dict[str, str] = {}
+    watching: dict[str, str] = {}
     try:
         name = database_name if database_name is not None else _claim_new_name(admin, server, hint)
         dsn = make_conninfo(server.dsn, dbname=name)
         server_version = admin.info.server_version
         if server.scenario_role:
-            role = _create_role(admin, server, name if is_scratch_name(name) else scratch_name(hint))
+            role = name if is_scratch_name(name) else scratch_name(hint)
+            login = login_of(server, role)
+            _create_role(admin, server, role, login)
         try:
             _create(admin, server, name, owner=role)
         except NoCreateDb as exc:
@@ -118,13 +122,14 @@ def scratch_database(
         try:
             has_pgrowlocks = _furnish(server, dsn, name, role, with_pgrowlocks, working_schema)
             if role is not None:
-                watcher = _create_watcher(admin, server, role)
+                watching = login_of(server, watcher_of(role))
+                _create_watcher(admin, server, role, watching)
             yield ScratchDatabase(
-                dsn=make_conninfo(dsn, user=role) if role else dsn,
+                dsn=make_conninfo(dsn, **login) if role else dsn,
                 name=name,
                 has_pgrowlocks=has_pgrowlocks,
                 role=role,
-                observer_dsn=observer_conninfo(make_conninfo(dsn, user=watcher)) if role else None,
+                observer_dsn=observer_conninfo(make_conninfo(dsn, **watching)) if role else None,
                 admin_dsn=observer_conninfo(dsn) if role else None,
             )
         except BaseException:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from pgrace.errors import PgraceError
 from pgrace.servers.info import ServerInfo
@@ -40,13 +40,16 @@ __all__ = [
     "refuse_if_forbidden",
     "remember_secrets",
     "scrub_secrets",
+    "starts_its_own",
 ]
 
 #: Environment variable naming an existing server; used when no DSN is passed explicitly.
 DSN_ENV_VAR = "PGRACE_DSN"
 
 
-def open_server(target: str | None = None, superuser: bool = False) -> contextlib.AbstractContextManager[ServerInfo]:
+def open_server(
+    target: str | None = None, superuser: bool = False, settings: Mapping[str, str] | None = None
+) -> contextlib.AbstractContextManager[ServerInfo]:
     """Give a server for the duration of a ``with`` block.
 
     ``target`` is what ``--server`` takes: ``"embedded"``, a libpq connection string,
@@ -54,11 +57,26 @@ def open_server(target: str | None = None, superuser: bool = False) -> contextli
     None -> the ``PGRACE_DSN`` environment variable if set -> else the embedded server.
     Backends are imported lazily: each is only needed when chosen. ``superuser``: on a
     server pgrace starts, scenarios run as its superuser instead of an unprivileged role.
+    ``settings``: server settings for a server pgrace starts from a data directory (embedded,
+    a local installation), e.g. ``max_connections`` sized to a load; a server pgrace only
+    connects to is as it is (see :func:`starts_its_own`).
     """
     if superuser:
-        return _as_superuser(open_server(target))
-    start, rest = _backend(_resolve(target))
+        return _as_superuser(open_server(target, settings=settings))
+    target = _resolve(target)
+    if settings and starts_its_own(target):
+        from pgrace.servers.embedded import embedded_server, local_server
+
+        return embedded_server(settings) if target == "embedded" else local_server(target, settings)
+    start, rest = _backend(target)
     return start(rest)
+
+
+def starts_its_own(target: str | None) -> bool:
+    """Whether ``target`` is a server pgrace starts from a data directory, so it takes server ``settings``."""
+    resolved = _resolve(target)
+    prefixed = any(resolved.startswith(prefix) for prefix in BACKENDS)
+    return resolved == "embedded" or (not prefixed and os.path.isdir(resolved))
 
 
 #: Server backends by what ``--server`` starts with, as ``"module:function"``; imported when chosen.

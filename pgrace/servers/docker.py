@@ -4,6 +4,9 @@ testcontainers is an optional extra, imported only when a ``docker:IMAGE`` serve
 asked for; without it, or without a reachable Docker engine, the error says what to do.
 Each container carries a label of its own (``org.pgrace.container``), so a start that
 fails or is interrupted before testcontainers hands the container back still removes it.
+The container's port is published on the loopback only, its superuser's password is made
+for the run, and scenarios run as a role made for each run, as on the embedded server:
+another user of the machine cannot reach it, and a scenario cannot act as its superuser.
 """
 
 from __future__ import annotations
@@ -12,20 +15,27 @@ import contextlib
 import gc
 import logging
 import os
+import secrets
 import uuid
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from pgrace.errors import ServerUnavailable
 from pgrace.servers.info import ServerInfo
 from pgrace.servers.interrupts import deferred_interrupts
 from pgrace.servers.processes import refuse_if_forbidden
+from pgrace.servers.secrets import remember_secrets
 
 #: The label on every container pgrace starts; its value is unique to one start.
 LABEL = "org.pgrace.container"
+#: The only address the container's PostgreSQL is published on.
+LOOPBACK = "127.0.0.1"
+#: The container's superuser and database (its password is made for each start).
+SUPERUSER = "pgrace"
 
 
 def docker_available() -> str | None:
@@ -98,7 +108,13 @@ def docker_server(image: str) -> Iterator[ServerInfo]:
         raise ServerUnavailable(f"cannot start docker:{image}: {problem}")
     refuse_if_forbidden(f"docker:{image}")
     mark = uuid.uuid4().hex
-    container: Any = _postgres_container()(image, driver=None).with_kwargs(labels={LABEL: mark})
+    password = secrets.token_urlsafe(24)
+    remember_secrets(f"password={password}")
+    container: Any = _postgres_container()(
+        image, username=SUPERUSER, password=password, dbname=SUPERUSER, driver=None
+    ).with_kwargs(labels={LABEL: mark})
+    # Published on the loopback alone (testcontainers would publish on every address, 0.0.0.0 and ::).
+    container.ports = {str(port): (LOOPBACK, None) for port in container.ports}
     try:
         container.start()
     except BaseException as exc:  # a timeout, an engine error, Ctrl-C or SIGTERM while it waits
@@ -109,11 +125,18 @@ def docker_server(image: str) -> Iterator[ServerInfo]:
             raise ServerUnavailable(f"cannot start docker:{image}: {first}") from exc
         raise
     try:
-        dsn = container.get_connection_url()
+        port = container.get_exposed_port(5432)
+        dsn = make_conninfo(host=LOOPBACK, port=port, user=SUPERUSER, password=password, dbname=SUPERUSER)
         with psycopg.connect(dsn, autocommit=True) as conn:
             row = conn.execute("SHOW server_version").fetchone()
         version = str(row[0]) if row else "unknown"
-        yield ServerInfo(dsn=dsn, version=version, label=f"docker:{image} PostgreSQL {version}")
+        yield ServerInfo(
+            dsn=dsn,
+            version=version,
+            label=f"docker:{image} PostgreSQL {version}",
+            scenario_role=True,
+            role_password=True,
+        )
     finally:
         with deferred_interrupts():
             container.stop()

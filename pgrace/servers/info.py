@@ -9,6 +9,10 @@ if TYPE_CHECKING:
     import psycopg
 
 
+#: The log line prefix of a server pgrace starts: the database lets a run pick out its own lines.
+LOG_LINE_PREFIX = "%m [%p] %q%d: "
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     """A reachable server, described once so nobody has to re-derive it."""
@@ -25,11 +29,16 @@ class ServerInfo:
     """pgrace started it for this process from its clean template: no killed run can have left anything on it."""
     notes: tuple[str, ...] = ()
     """What pgrace had to mend to start it (a damaged cache entry rebuilt), one line each, for the user."""
+    log_path: str | None = None
+    """The server's log file (stderr, ``log_line_prefix`` :data:`LOG_LINE_PREFIX`), when pgrace started it."""
     scenario_role: bool = False
     """Each run's SQL runs as a role pgrace creates for it, without superuser (servers pgrace starts itself).
 
     False: it runs as the DSN's own role (a user's server, or ``--superuser``).
     """
+    role_password: bool = False
+    """The run's roles log in with a password made for them: the server is reached over TCP (a Docker
+    container, a user's server), where no socket only its account can enter vouches for them."""
 
 
 def server_version(conn: psycopg.Connection[Any]) -> str:

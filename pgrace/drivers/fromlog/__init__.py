@@ -50,9 +50,11 @@ def from_log(
     """Read ``paths``; write (and verify) incident number ``incident`` (1-based; default the first).
 
     ``dsn`` names the incident's database, used read-only for the tables' DDL and rows.
-    The scenario runs on ``server``, or one opened from ``server_target`` (the embedded
-    PostgreSQL by default), never in the incident's database. A log with no incident, or
-    one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
+    The scenario runs on ``server``, or one opened from ``server_target``: pgrace's own
+    embedded PostgreSQL unless one is named (``PGRACE_DSN`` is not a choice: a log's
+    statements run only where the user says), never on the incident's server, and never as
+    a superuser (see :func:`~pgrace.drivers.fromlog.verify.verification_server`). A log with
+    no incident, or one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
     """
     formats = [open_log(path, prefix) for path in paths]
     found = find_incidents(paths, formats)
@@ -78,16 +80,19 @@ def from_log(
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)
     if verify:
+        from pgrace.drivers.fromlog.verify import verification_server
         from pgrace.drivers.fromlog.verify import verify as run_verify
 
         source = f"<from-log {chosen.file}:{chosen.line}>"
         if server is not None:
-            result.verified, result.written = run_verify(chosen, result.written, source, server, dsn)
+            safe = verification_server(server, dsn)
+            result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn)
         else:
             from pgrace.servers import open_server
 
-            with open_server(server_target) as opened:
-                result.verified, result.written = run_verify(chosen, result.written, source, opened, dsn)
+            with open_server(server_target or "embedded") as opened:
+                safe = verification_server(opened, dsn)
+                result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn)
     return result
 
 

@@ -34,6 +34,9 @@ def report_lines(result: FromLog) -> list[str]:
     if result.written is not None:
         out.append("pgrace: from-log: what the log did not say:")
         out += [f"pgrace:   - {u}" for u in result.written.unsaid]
+        if result.written.copied:
+            out.append("pgrace: from-log: copied from the database --dsn names (review them before sharing the file):")
+            out += [f"pgrace:   - {c}" for c in result.written.copied]
     verified = result.verified
     if verified is not None and verified.reproduced:
         if verified.order is None:

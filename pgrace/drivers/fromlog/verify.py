@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pgrace.model.timeline import Run
     from pgrace.servers import ServerInfo
 
-__all__ = ["Verified", "verify"]
+__all__ = ["Verified", "verification_server", "verify"]
 
 #: Interleavings tried at most when the file's order does not reproduce (a seeded sample beyond).
 EXPLORE_LIMIT = 200
@@ -32,6 +32,62 @@ class Verified:
     explored: int = 0
     order: list[str] | None = None
     run: Run | None = None
+
+
+#: Roles whose members may run programs or read and write files as the server's account.
+_SERVER_POWERS = ("pg_execute_server_program", "pg_read_server_files", "pg_write_server_files")
+
+_WHO = """
+SELECT current_user::text, rolsuper,
+       ARRAY(SELECT r FROM unnest(%s::text[]) r WHERE to_regrole(r) IS NOT NULL AND pg_has_role(r, 'MEMBER'))
+FROM pg_roles WHERE rolname = current_user
+"""
+
+
+def verification_server(server: ServerInfo, dsn: str | None) -> ServerInfo:
+    """``server`` as the log's statements may run on it: never as a superuser, never on the incident's server.
+
+    A log is hostile text: what it recorded a client sending (a ``COPY … TO PROGRAM`` that
+    failed for that client) must not run with more rights than the client had. On a server
+    the user names whose role is a superuser, the statements run as a role made for each
+    run, as on pgrace's own servers; a role that may run programs or touch the server's
+    files without being one is refused, as is the server of ``dsn`` itself (exit 2).
+    """
+    import dataclasses
+
+    import psycopg
+
+    from pgrace.drivers.fromlog.database import server_identity
+    from pgrace.errors import ScenarioError, ServerUnavailable
+    from pgrace.servers import scrub_secrets
+
+    try:
+        with psycopg.connect(server.dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(_WHO, [list(_SERVER_POWERS)]).fetchone()
+            here = conn.execute(
+                "SELECT CASE WHEN has_function_privilege('pg_control_system()', 'EXECUTE')"
+                " THEN (SELECT system_identifier FROM pg_control_system())::text END,"
+                " pg_postmaster_start_time()::text"
+            ).fetchone()
+    except psycopg.Error as exc:
+        detail = " ".join(scrub_secrets(str(exc), server.dsn).split())
+        raise ServerUnavailable(f"cannot connect to {server.label} to verify there: {detail}") from None
+    if dsn is not None and here is not None and server_identity(dsn) == (str(here[0]), str(here[1])):
+        raise ScenarioError(
+            "--server is the server of the incident's database (--dsn): the log's statements never run there; "
+            "verify on pgrace's own server (leave out --server) or another one"
+        )
+    if row is None or server.scenario_role:
+        return server
+    user, superuser, powers = row
+    if superuser:
+        return dataclasses.replace(server, scenario_role=True, role_password=True)
+    if powers:
+        raise ScenarioError(
+            f"--server: the role {user} may run programs or use the server's files ({', '.join(powers)}): "
+            "the log's statements would run with those rights; name a role without them, or leave out --server"
+        )
+    return server
 
 
 def _run(written: Written, source: str, server: ServerInfo) -> Run:
@@ -55,6 +111,8 @@ def verify(
     """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails."""
     run = _run(written, source, server)
     failures = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]
+    if (setup := run.failed_setup()) is not None and setup.outcome.error is not None:
+        failures.insert(0, f"the setup failed: {setup.outcome.error.sqlstate} {setup.outcome.error.message}")
     if run.ok:
         return Verified(True, run=run), written
     if incident.kind != "deadlock":

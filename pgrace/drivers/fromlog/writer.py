@@ -31,6 +31,7 @@ _MADE_UP: dict[str, Any] = {"int": 0, "numeric": 0, "text": ""}
 _BEGAN = "inferred: the transaction began"
 _BEGAN_UNLOGGED = "inferred: the transaction began before its first logged statement (no BEGIN was logged)"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+_COPIED = "# Copied from the database --dsn names (review them before sharing this file):"
 _TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
 
 
@@ -57,6 +58,8 @@ class Written:
     unsaid: list[str]
     victim_step: str | None = None
     wait_steps: dict[str, list[str]] = field(default_factory=dict)
+    copied: list[str] = field(default_factory=list)
+    """Rows the setup holds from the database ``--dsn`` names, one line per table: to review before sharing."""
 
 
 def _word(sql: str) -> str:
@@ -256,7 +259,7 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
     indexed: set[str] = set()
     for statement in statements:
         touch = analyse(statement)
-        if touch.relation is None:
+        if touch.relation is None or touch.table is None or _catalog(touch.schema, touch.table):
             continue
         relation = touch.relation
         if touch.schema:
@@ -297,6 +300,11 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
     return sql, notes
 
 
+def _catalog(schema: str | None, table: str) -> bool:
+    """A name PostgreSQL resolves to one of its catalogs (``pg_catalog`` comes first on every search_path)."""
+    return schema in ("pg_catalog", "information_schema") or (schema is None and table.startswith("pg_"))
+
+
 def _sql_literal(value: Any) -> str:
     if value is None:
         return "NULL"
@@ -307,11 +315,14 @@ def _sql_literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[list[str], list[str], set[str]]:
-    """The setup SQL, what it could not say, and which of its tables are partitioned."""
+def _setup(
+    incident: Incident, steps: list[Planned], dsn: str | None
+) -> tuple[list[str], list[str], list[str], set[str]]:
+    """The setup SQL, what it could not say, which rows it copied from ``dsn``'s database, and which of its
+    tables are partitioned."""
     statements = [s.sql for s in steps]
     if dsn is None:
-        return (*_guessed_setup(incident, statements), set())
+        return (*_guessed_setup(incident, statements), [], set())
     from pgrace.drivers.fromlog.database import describe
 
     # Tables as SQL names, with the schema the log's statements give them.
@@ -334,7 +345,7 @@ def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[l
                 tables.append(table)
     described = describe(dsn, tables, keys, ctids)
     setup = described.setup or ["-- TODO: nothing of the incident's tables could be copied"]
-    return setup, described.notes, described.partitioned
+    return setup, described.notes, described.copied, described.partitioned
 
 
 def _comment(text: str) -> str:
@@ -363,7 +374,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
     if order is not None:
         rank = {name: i for i, name in enumerate(order)}
         steps.sort(key=lambda s: rank.get(s.name, len(rank)))
-    setup, setup_notes, partitioned = _setup(incident, steps, dsn)
+    setup, setup_notes, copied, partitioned = _setup(incident, steps, dsn)
     victim_step, waits = _expect(incident, steps, partitioned)
     unsaid = list(dict.fromkeys(incident.unsaid + setup_notes + _general_unsaid(incident, steps)))
     name = _name(incident)
@@ -386,6 +397,8 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         "# Steps whose note starts with 'inferred' were not in the log: pgrace rebuilt them from the report.",
         "# What the log did not say:",
         *[_comment(f"#   - {u}") for u in unsaid],
+        *([_COPIED] if copied else []),
+        *[_comment(f"#   - {c}") for c in copied],
         "",
         f"name = {_toml(name)}",
         f"title = {_toml(f'{incident.kind.capitalize()} of {who}, from the server log')}",
@@ -410,7 +423,7 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
         if step.expect:
             out.append(f"expect = {_toml(step.expect)}")
         out.append("")
-    return Written("\n".join(out), name, steps, unsaid, victim_step, waits)
+    return Written("\n".join(out), name, steps, unsaid, victim_step, waits, copied)
 
 
 def _pin(incident: Incident, pid: int, steps: list[Planned]) -> str:

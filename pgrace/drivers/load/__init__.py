@@ -16,8 +16,11 @@ variables, sent by pgbench as bound parameters (``-M extended``), never pasted i
 from pgrace.drivers.load.measure import check_invariants
 from pgrace.drivers.load.run import (
     APP_PREFIX,
+    DEFAULT_CONNECTIONS,
     WORK_PREFIX,
+    check_machine,
     check_room,
+    connections_for,
     find_pgbench,
     pgbench_argv,
     pgbench_major,
@@ -30,6 +33,7 @@ from pgrace.model.load import ClientRun, LoadOptions, LoadResult, NoPgbench, Vio
 
 __all__ = [
     "APP_PREFIX",
+    "DEFAULT_CONNECTIONS",
     "WORK_PREFIX",
     "ClientRun",
     "LoadOptions",
@@ -37,8 +41,10 @@ __all__ = [
     "NoPgbench",
     "Violation",
     "check_invariants",
+    "check_machine",
     "check_room",
     "compose_sql",
+    "connections_for",
     "emit",
     "find_pgbench",
     "pgbench_argv",

@@ -16,8 +16,6 @@ from pgrace.engine.results import result_set
 from pgrace.model.load import Violation
 from pgrace.model.scenario import Scenario
 
-CONTROL_TIMEOUT_S = 60.0  # pgrace's own setup and checks of a load run: longer is a hang, cancelled
-
 _SAMPLE = """
 WITH l AS MATERIALIZED (SELECT * FROM pg_locks)  -- one reading of the lock table for the whole sample
 SELECT w.pid, w.locktype, coalesce(w.relation, t.relation)::regclass::text
@@ -87,12 +85,13 @@ def percentiles_of(values: list[float]) -> dict[str, float | None]:
     return {"p50": rank(50), "p95": rank(95), "p99": rank(99)}
 
 
-def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
+def check_invariants(scenario: Scenario, dsn: str, timeout: float = 60.0) -> list[Violation]:
     """Each load check's ``(expected, actual[, detail])``; a violation where they differ."""
     violations: list[Violation] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         for check in load_of(scenario).checks:
-            res, _ = control_sql().result(conn.pgconn, compose_sql(check.sql, scenario))  # a lost connection raises
+            text = compose_sql(check.sql, scenario)
+            res, _ = control_sql(timeout).result(conn.pgconn, text)  # a lost connection raises
             if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
                 code = res.error_field(pq.DiagnosticField.SQLSTATE)
                 said = f"error {code.decode() if code else None}: {res.get_error_message()}"
@@ -110,10 +109,12 @@ def check_invariants(scenario: Scenario, dsn: str) -> list[Violation]:
     return violations
 
 
-def control_sql() -> ControlSql:
-    """pgrace's own SQL of a load run (setup, checks): bounded, and a lost connection is psycopg's error,
-    which the caller turns into RunAborted after asking whether the server is gone."""
-    return ControlSql(CONTROL_TIMEOUT_S, aborted=lambda where, detail: psycopg.OperationalError(detail))
+def control_sql(timeout: float) -> ControlSql:
+    """pgrace's own SQL of a load run (setup, checks): cut after ``--setup-timeout``, and a lost connection
+    is psycopg's error, which the caller turns into RunAborted after asking whether the server is gone."""
+    return ControlSql(
+        timeout, timeout_name="--setup-timeout", aborted=lambda where, detail: psycopg.OperationalError(detail)
+    )
 
 
 def _text(value: Any) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.drivers.load.measure import (
@@ -27,6 +28,7 @@ from pgrace.drivers.load.measure import (
     sample_waits,
 )
 from pgrace.drivers.load.script import pgbench_script, setup_sql
+from pgrace.drivers.load.waits import DEADLOCK_TIMEOUT, log_offset, read_waits
 from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed
 from pgrace.model.load import ClientRun, LoadOptions, LoadResult, NoPgbench
 from pgrace.model.scenario import Scenario
@@ -78,6 +80,7 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     sweep_work_dirs()
     pgbench = find_pgbench(server, options.pgbench)
     major = pgbench_major(pgbench)
+    check_machine(max(options.clients, default=0))
     check_room(server, max(options.clients, default=0))
     result = LoadResult(scenario.name, scenario.variant, server.version)
     try:
@@ -108,9 +111,12 @@ def _one_count(
     ):
         with psycopg.connect(db.dsn, autocommit=True) as conn:
             for text in setup_sql(scenario):
-                error = control_sql().execute(conn.pgconn, text).error
+                error = control_sql(options.setup_timeout).execute(conn.pgconn, text).error
                 if error is not None:
-                    raise ScenarioFailed(f"load setup failed: {error.sqlstate}: {error.message}", scenario.source, None)
+                    why = f" ({error.detail})" if error.detail and error.sqlstate == "57014" else ""
+                    raise ScenarioFailed(
+                        f"load setup failed: {error.sqlstate}: {error.message}{why}", scenario.source, None
+                    )
         script_path = os.path.join(work, "load.sql")
         Path(script_path).write_text(script, encoding="utf-8")
         params = {k: str(v) for k, v in conninfo_to_dict(db.dsn).items() if v is not None}
@@ -118,6 +124,8 @@ def _one_count(
         params.update(_secrets_aside(params, work, env))
         params["application_name"] = app
         argv = pgbench_argv(pgbench, major, script_path, clients, options, work, make_conninfo(**params))
+        logged = _log_waits(server, db.name, db.schema)  # before pgbench's clients connect: they take the settings
+        offset = log_offset(server.log_path) if logged and server.log_path else None
         with psycopg.connect(db.dsn, autocommit=True, application_name="pgrace-load-observer") as observer:
             try:
                 waiters, on_what, out, err, code = _drive(argv, env, work, observer, app, options.sample_every)
@@ -130,6 +138,11 @@ def _one_count(
                 f"pgbench failed at {clients} clients: {pgbench_error_line(err)}", scenario.source, None
             )
         latencies = read_latencies(work)
+        waits = None
+        if offset is not None and server.log_path is not None:
+            waits = read_waits(server.log_path, offset, db.name, _relations(db.dsn))
+            if waits.on:
+                on_what = waits.on.most_common(1)[0][0]
         run = ClientRun(
             clients=clients,
             tps=number_in(r"^tps = ([0-9.]+)", out),
@@ -139,9 +152,40 @@ def _one_count(
             transactions=int(number_in(r"^number of transactions actually processed: (\d+)", out)),
             lock_waiters_max=waiters,
             lock_waits_on=on_what,
+            lock_waits=None if waits is None else waits.count,
+            lock_waited_ms=None if waits is None else round(waits.waited_ms, 3),
+            lock_waits_by=() if waits is None else tuple(waits.on.most_common()),
+            lock_waits_rows=()
+            if waits is None
+            else tuple((relation, ctid, count) for (relation, ctid), count in waits.rows.most_common(MOST_ROWS)),
+            lock_waits_cut=waits is not None and waits.cut,
         )
-        run.violations = check_invariants(scenario, db.dsn)
+        run.violations = check_invariants(scenario, db.dsn, options.setup_timeout)
     return run
+
+
+MOST_ROWS = 10  # the rows waited on most, by ctid, that a count reports
+
+
+def _log_waits(server: ServerInfo, database: str, schema: str | None) -> bool:
+    """Have the server log every lock wait of ``database`` of 1 ms or more; False where it cannot be read back.
+
+    Only a server pgrace started (its log is a file pgrace reads, its superuser pgrace's) in a
+    scratch database of its own; elsewhere the waits are sampled (``lock_waiters_max``) and not counted.
+    """
+    if server.log_path is None or not server.scenario_role or schema is not None:
+        return False
+    name = sql.Identifier(database)
+    with psycopg.connect(server.dsn, autocommit=True, application_name="pgrace-load-setup") as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET log_lock_waits = on").format(name))
+        admin.execute(sql.SQL("ALTER DATABASE {} SET deadlock_timeout = {}").format(name, DEADLOCK_TIMEOUT))
+    return True
+
+
+def _relations(dsn: str) -> dict[int, str]:
+    """The scratch database's tables and indexes by OID: a logged tuple or relation wait names an OID."""
+    with psycopg.connect(dsn, autocommit=True, application_name="pgrace-load-setup") as conn:
+        return {int(oid): str(name) for oid, name in conn.execute("SELECT oid, oid::regclass::text FROM pg_class")}
 
 
 def _secrets_aside(params: dict[str, str], work: str, env: dict[str, str]) -> dict[str, str]:
@@ -203,6 +247,31 @@ def threads_for(clients: int) -> int:
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(clients, cores))
+
+
+DEFAULT_CONNECTIONS = 100  # what pgrace's own server allows unless a load asks for more
+_OUR_CONNECTIONS = 10  # pgrace's own (setup, observer, a probe) and PostgreSQL's superuser reserve
+
+
+def connections_for(clients: int) -> int:
+    """``max_connections`` for a server pgrace starts to take ``clients`` pgbench clients beside its own."""
+    return max(DEFAULT_CONNECTIONS, clients + _OUR_CONNECTIONS)
+
+
+def check_machine(clients: int) -> None:
+    """Refuse (exit 2) a client count this process cannot open files for: pgbench holds a socket per client."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = clients + 64  # pgbench's logs, its libraries, stdio
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard == resource.RLIM_INFINITY or hard >= needed:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))  # pgbench inherits it
+            return
+        raise ScenarioError(
+            f"-c/--clients {clients}: this machine lets a process open {hard} files at most (ulimit -Hn),"
+            f" and pgbench needs one per client and about 64 more; lower -c"
+        )
 
 
 def check_room(server: ServerInfo, clients: int) -> None:

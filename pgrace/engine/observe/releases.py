@@ -67,6 +67,7 @@ class ReleaseTracker:
         self.waits: dict[int, tuple[Wait, ...]] = {}
         self.marker_sessions: dict[int, set[str]] = {}
         self.finished: dict[int, Finished] = {}
+        self.woken_by: dict[int, int] = {}  # a step that waited -> the step whose end released it
 
     def launched(self, seq: int, session: str) -> None:
         self.clock += 1
@@ -97,6 +98,31 @@ class ReleaseTracker:
         self.clock += 1
         released = ended_transaction(before, after, lost)
         self.finished[seq] = Finished(seq, self.session_of[seq], self.clock, released, error, lost)
+
+    def woke(self, seq: int, release: Release | None) -> None:
+        """Step ``seq``'s wait was ended by a step (``release``): the fellow waiters it may have overtaken ask."""
+        if release is not None and release.cause == "step" and release.seq is not None:
+            self.woken_by[seq] = release.seq
+
+    def rivals(self, seq: int, waiting_for: set[str] | None = None) -> list[tuple[int, int]]:
+        """Steps woken, while ``seq`` waited, by the end of a transaction ``seq`` waited for too.
+
+        Each as ``(the woken step, the step that woke it)``, the latest woken first. With
+        ``waiting_for`` (the sessions ``seq`` waits for now), only the woken steps of those:
+        the server let them go first, and ``seq`` waits for them now.
+        """
+        own = self.session_of[seq]
+        start = self.launched_at[seq]
+        waited = _sessions(self.waits.get(seq, ()))
+        found = []
+        for woken, release in self.woken_by.items():
+            session = self.session_of[woken]
+            done, freed = self.finished.get(woken), self.finished.get(release)
+            if session == own or done is None or freed is None or done.order < start or freed.order < start:
+                continue
+            if freed.session in waited and (waiting_for is None or session in waiting_for):
+                found.append((done.order, woken, release))
+        return [(woken, release) for _, woken, release in sorted(found, reverse=True)]
 
     def blockers(self, seq: int) -> set[str]:
         """Sessions the step waited for, and those they in turn waited for during its wait."""

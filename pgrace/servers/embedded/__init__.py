@@ -179,6 +179,7 @@ def _booting_server(
                         bindir=os.path.join(bindir, "bin"),
                         fresh=True,
                         notes=tuple(notes),
+                        log_path=log_path,
                         scenario_role=True,
                     )
                 )

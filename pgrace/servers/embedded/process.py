@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 from pgrace.errors import ServerUnavailable
 from pgrace.servers.embedded.binaries import _User
-from pgrace.servers.info import server_version
+from pgrace.servers.info import LOG_LINE_PREFIX, server_version
 from pgrace.servers.processes import PR_SET_PDEATHSIG, libc_prctl, pid_alive
 
 _PORT = 5432
@@ -43,6 +43,8 @@ _SERVER_SETTINGS = {
     "max_prepared_transactions": "10",
     # The WAL lives in tmpfs (RAM): keep it small, checkpoints are cheap without fsync.
     "max_wal_size": "64MB",
+    # Each line names its database: a load reads back the lock waits of its own scratch database.
+    "log_line_prefix": LOG_LINE_PREFIX,
 }
 
 
