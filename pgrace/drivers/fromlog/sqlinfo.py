@@ -7,6 +7,7 @@ does not describe), and a statement that takes the same row locks without writin
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,6 +130,7 @@ def _walk_columns(node: Any, out: dict[str, str]) -> None:
         out.setdefault(col, "int")
 
 
+@functools.lru_cache(maxsize=4096)
 def analyse(sql: str) -> Touch:
     """What ``sql`` touches; an empty :class:`Touch` when pglast cannot parse it (a cut statement)."""
     import pglast

@@ -90,14 +90,15 @@ def verification_server(server: ServerInfo, dsn: str | None) -> ServerInfo:
     return server
 
 
-def _run(written: Written, source: str, server: ServerInfo) -> Run:
+def _run(written: Written, source: str, server: ServerInfo, step_timeout: float) -> Run:
     from pgrace.drivers.one_run import run_in_scratch
+    from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
     from pgrace.formats.scenario_toml import parse_toml_scenario
 
     scenario = parse_toml_scenario(written.text, source)
     try:
-        return run_in_scratch(scenario, server)
+        return run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
     except ScenarioFailed as failed:
         if failed.run is None:
             raise
@@ -106,10 +107,10 @@ def _run(written: Written, source: str, server: ServerInfo) -> Run:
 
 
 def verify(
-    incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None
+    incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None, step_timeout: float = 10.0
 ) -> tuple[Verified, Written]:
     """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails."""
-    run = _run(written, source, server)
+    run = _run(written, source, server, step_timeout)
     failures = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]
     if (setup := run.failed_setup()) is not None and setup.outcome.error is not None:
         failures.insert(0, f"the setup failed: {setup.outcome.error.sqlstate} {setup.outcome.error.message}")
@@ -127,12 +128,12 @@ def verify(
         f"SET deadlock_timeout = '{OTHERS_TIMEOUT}'", f"SET deadlock_timeout = '{VICTIM_TIMEOUT}'"
     )
     scenario = prepared(parse_toml_scenario(quick, source))
-    found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0)
+    found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, step_timeout=step_timeout)
     for cls in found.classes:  # simplest first: the fewest session switches
         if "40P01" not in cls.errors:
             continue
         other = write_scenario(incident, dsn, order=list(cls.example))
-        again = _run(other, source, server)
+        again = _run(other, source, server, step_timeout)
         if again.ok:
             return Verified(True, explored=found.explored, order=list(cls.example), run=again), other
     return Verified(False, failures, explored=found.explored, run=run), written

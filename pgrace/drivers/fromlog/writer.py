@@ -160,8 +160,11 @@ def _waiting_step(steps: list[Planned], wait: Wait, names: dict[int, str]) -> in
 def _finish(incident: Incident, steps: list[Planned]) -> None:
     """End every transaction: the victim's rolls back, the others commit (inferred unless logged)."""
     names = incident.names
+    by_pid: dict[int, list[Planned]] = {}
+    for step in steps:
+        by_pid.setdefault(step.pid, []).append(step)
     for pid in _end_order(incident):
-        own = [s for s in steps if s.pid == pid]
+        own = by_pid.get(pid, [])
         if not own or _word(own[-1].sql) in _ENDS or not any(_word(s.sql) in ("BEGIN", "START") for s in own):
             continue
         end = "ROLLBACK" if pid == incident.victim else "COMMIT"
@@ -174,13 +177,33 @@ def _end_order(incident: Incident) -> list[int]:
     In a cycle of three, the victim's rollback frees only the process that waited for it;
     the one waiting for that process goes on when that process commits, and so on.
     """
-    waits = {w.waiter: w.holders for w in incident.waits}
-    order: list[int] = [incident.victim] if incident.victim in incident.pids else []
-    left = [p for p in incident.pids if p not in order]
-    while left:
-        free = next((p for p in left if all(h in order for h in waits.get(p, []))), left[0])
-        order.append(free)
-        left.remove(free)
+    import heapq
+
+    waits = {w.waiter: set(w.holders) for w in incident.waits}
+    rank = {p: i for i, p in enumerate(incident.pids)}
+    waiters: dict[int, list[int]] = {}
+    for waiter, holders in waits.items():
+        for holder in holders:
+            waiters.setdefault(holder, []).append(waiter)
+    order: list[int] = []
+    ended: set[int] = set()
+    free = [rank[p] for p in incident.pids if not waits.get(p)]  # the first free one in pids order ends next
+    heapq.heapify(free)
+    first = [incident.victim] if incident.victim in rank else []
+    while len(order) < len(incident.pids):
+        if first:
+            pid = first.pop()
+        else:
+            while free and incident.pids[free[0]] in ended:
+                heapq.heappop(free)
+            pid = incident.pids[heapq.heappop(free)] if free else next(p for p in incident.pids if p not in ended)
+        if pid in ended:
+            continue
+        order.append(pid)
+        ended.add(pid)
+        for waiter in waiters.get(pid, ()):
+            if waiter not in ended and waits[waiter] <= ended:
+                heapq.heappush(free, rank[waiter])
     return order
 
 
