@@ -31,20 +31,24 @@ says which statements commute. With ``reduce=False`` every schedule runs, depth 
 each run follows a prefix of choices, then takes the first ready session; the next run
 changes the last choice that has an untried alternative
 (:class:`pgrace.engine.schedule.ChoiceTree`). The schema is reset between runs (one scratch
-database, one set of connections, as ``pgrace explore``), runs are classified by
+database, one backend per session, reset by DISCARD ALL and handed out as a new connection
+object each run), runs are classified by
 :func:`pgrace.model.outcomes.classify`, and the result is ``pgrace explore``'s
 :class:`~pgrace.drivers.explore.Exploration` of :class:`~pgrace.model.outcomes.OutcomeClass` es.
 
-Bad input is a :class:`~pgrace.errors.CodeError` naming the function's ``file:line``: a
-session that never sends a statement, one that raises before its first statement, one that
-opens a connection of its own (``psycopg.connect`` is guarded while sessions run: a session
-thread calling it is refused), Python that runs longer than the step timeout without
-sending anything. Setup, the final query and teardown are bounded by the step timeout as
-a scenario's are, and a setup that fails is :class:`~pgrace.errors.SetupFailed` (exit 1).
-A statement that runs longer than the step timeout is cancelled, as a
-scenario step is (57014, an outcome), and one that outlives its cancel ends the run
-(:class:`~pgrace.errors.StepsStuck`). Threads are joined, connections closed, the scratch
-database dropped, whatever happens.
+A run proves only what the scheduler ordered: a statement that reaches the run's database
+past it fails the run with a :class:`~pgrace.errors.CodeError` naming the connection (a
+connect of psycopg, psycopg2 or asyncpg from a session's thread, or to the run's database
+from any thread; pgrace's connection used from another thread, or kept from an earlier run;
+any other client backend the server lists in the run's database before a step or at the
+end). Other bad input is a ``CodeError`` naming the function's ``file:line``: a session
+that sends no statement, one that raises before its first statement, Python that
+runs longer than the step timeout without sending anything. Setup, the final query and
+teardown are bounded by the step timeout as a scenario's are, and a setup that fails is
+:class:`~pgrace.errors.SetupFailed` (exit 1). A statement that runs longer than the step
+timeout is cancelled, as a scenario step is (57014, an outcome), and one that outlives its
+cancel ends the run (:class:`~pgrace.errors.StepsStuck`). Threads are joined, connections
+closed, the scratch database dropped, whatever happens.
 """
 
 from __future__ import annotations
@@ -233,13 +237,13 @@ def explore_code(
 
     with runner_for() as runner:
         if reduce:
-            runs, complete = _explore_reduced(runner, list(sessions), count, limit)
+            runs, why = _explore_reduced(runner, list(sessions), count, limit)
         else:
             tree = ChoiceTree(limit)
             for choices in tree:
                 run, _ = runner.run_once(choices, observe=False)
                 count(run, choices.taken, tree.explored + 1)
-            runs, complete = tree.explored, tree.complete
+            runs, why = tree.explored, None if tree.complete else f"stopped at the limit of {limit} runs"
 
     def replay(cls: OutcomeClass) -> Run:
         return _observed_run(runner_for(), Choices(cls.choices), expect is not None)
@@ -247,13 +251,16 @@ def explore_code(
     shown = ordered(classes.values())
     if expect is None:
         shown = [dataclasses.replace(c, summary=c.summary.replace(" · checks hold", "")) for c in shown]
-    return Exploration(name, "code", runs, runs, None, shown, runs=runs, complete=complete, replayer=replay)
+    return Exploration(
+        name, "code", runs, runs, None, shown, runs=runs, complete=why is None, incomplete=why, replayer=replay
+    )
 
 
 def _explore_reduced(
     runner: CodeRunner, names: Sequence[str], count: Callable[[Run, Sequence[int], int], None], limit: int
-) -> tuple[int, bool]:
-    """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): (runs, complete).
+) -> tuple[int, str | None]:
+    """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): the runs, and
+    why they do not cover every order (None: they do).
 
     Each run follows a prefix of statements the search asks for, then keeps the session
     going while it can; what every session held after each statement says which commute.
@@ -266,7 +273,7 @@ def _explore_reduced(
 
     last: list[tuple[Run, list[int]]] = []
     texts: dict[tuple[str, ...], str] = {}  # a prefix of launches: the statement its last one sent
-    changed = False
+    changed: str | None = None
 
     def execute(order: tuple[str, ...], avoid: frozenset[str]) -> Trace:
         nonlocal changed
@@ -276,8 +283,12 @@ def _explore_reduced(
         trace = code_trace(run, runner.raised)
         sent = [s.sql for s in run.scenario.steps if s.name not in runner.raised]
         for k, sql in enumerate(sent):
-            if texts.setdefault(trace.launched[: k + 1], sql) != sql:
-                changed = True
+            before = texts.setdefault(trace.launched[: k + 1], sql)
+            if before != sql and changed is None:
+                changed = (
+                    f"run {search.runs + 1} sent another statement after the same statements ({sql!r}, where an"
+                    f" earlier run sent {before!r}): the code depends on something besides the database"
+                )
                 break
         return trace
 
@@ -288,7 +299,16 @@ def _explore_reduced(
         count(run, taken, search.runs)
 
     complete = search.run(on_trace, limit)
-    return search.runs, complete and not changed
+    if changed is not None:
+        return search.runs, changed
+    if search.cut:
+        return search.runs, f"stopped at the limit of {limit} runs"
+    if not complete:
+        return search.runs, (
+            f"{search.diverged} of the runs did not follow the statements an earlier run sent in the same order"
+            " (the code or the server answered differently)"
+        )
+    return search.runs, None
 
 
 def observed_switches(pairs: Sequence[tuple[str, str]]) -> int:

@@ -6,7 +6,10 @@ The connection is a :class:`TracedConnection`: every statement it is about to se
 SAVEPOINT and COMMIT of ``conn.transaction()``, a named cursor's DECLARE, FETCH and
 CLOSE) is handed to the scheduler, and the session's thread waits at its :class:`Gate`
 until the scheduler lets it go. So the scheduler owns the order, one statement at a time,
-and nothing depends on timing. A step's note is its caller's ``file:line``: the first
+and nothing depends on timing. A send it could not order is refused: on the connection
+from a thread that is not its session's, or on an earlier run's connection object, and a
+connect (psycopg, psycopg2, asyncpg) from a session's thread or to a running code run's
+database. A step's note is its caller's ``file:line``: the first
 frame outside psycopg, SQLAlchemy and pgrace.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 import os
 import sys
@@ -33,12 +37,12 @@ from pgrace.errors import CodeError
 from pgrace.model.timeline import Outcome, SessionLost, SqlError
 
 if TYPE_CHECKING:
-    from pgrace.engine.observe.locks import LockInspector
+    from pgrace.engine.session import Inspector
     from pgrace.engine.steps import Active, Recorder
     from pgrace.model.variables import Value
 
 SessionCode = Callable[[Any], object]
-_SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib")
+_SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib", "psycopg2", "asyncpg", "asyncio")
 
 # -- the session's side: a connection that asks before it sends -------------------------------
 
@@ -71,7 +75,8 @@ class Gate:
     step_error: BaseException | None = None  # the exception the last step raised in the session
     raised: BaseException | None = None  # what the callable raised
     steps: int = 0
-    intruded: str | None = None  # where it opened a connection of its own
+    intruded: str | None = None  # where it opened a connection of its own, and with what
+    strayed: str | None = None  # where and how a connection was used past the scheduler (another thread, a stale one)
     end_location: Request | None = None  # the implicit rollback's place
     reported: bool = False  # its escaped exception is in the timeline
 
@@ -119,11 +124,19 @@ class TracedConnection(psycopg.Connection[Any]):
     _label: str | None = None
     _untracked: bool = False
     _lent: bool = False  # in a session's hands: close() is pgrace's to do
+    _owner: Gate | None = None  # the session it is lent to: only that session's thread may send on it
+    _stale: bool = False  # an earlier run's: its backend now serves another connection object
     pgrace_engine: Any = None  # the SQLAlchemy engine made for it (see pgrace.drivers.code_sqlalchemy)
 
     def _gate(self) -> Gate | None:
         gate = GATES.get(threading.get_ident())
-        return None if gate is None or self._untracked or gate.in_step else gate
+        if self._stale:
+            _strayed(gate, "a connection pgrace passed to an earlier run was used again")
+        if self._untracked:
+            return None
+        if self._owner is not None and gate is not self._owner:
+            _strayed(self._owner, "it was used from a thread that is not its session's")
+        return None if gate is None or gate.in_step else gate
 
     def _step(self, label: str, cursor: psycopg.Cursor[Any] | None, call: Callable[[], Any]) -> Any:
         gate = self._gate()
@@ -168,8 +181,16 @@ class TracedConnection(psycopg.Connection[Any]):
         self._step("ROLLBACK", None, super().rollback)
 
     def close(self) -> None:
-        if not self._lent:  # a session closing (or SQLAlchemy disposing) pgrace's connection: kept open
+        if not self._lent and not self._stale:  # a session closing (or SQLAlchemy disposing) it: kept open
             super().close()
+
+    def __del__(self, *args: Any) -> None:
+        if not self._stale:  # a stale object's backend lives on in the next run's object
+            super().__del__(*args)
+
+    def stale(self) -> None:
+        """This object is done with: its backend, reset, goes to a new object for the next run."""
+        self._stale, self._lent, self._owner = True, False, None
 
     def close_for_good(self) -> None:
         self._lent = False
@@ -244,6 +265,15 @@ def _ask(gate: Gate, label: str) -> None:
         gate.permitted = False
 
 
+def _strayed(gate: Gate | None, why: str) -> None:
+    """A send the scheduler cannot order (another thread's, an earlier run's connection): refused, and remembered."""
+    path, line = _caller()
+    if gate is not None:
+        with gate.cond:
+            gate.strayed = gate.strayed or f"at {path}:{line}: {why}"
+    raise CodeError(f"{why}; pgrace did not order that statement", path, line)
+
+
 def _finish(gate: Gate, outcome: Outcome, conn: TracedConnection) -> None:
     after = pq.TransactionStatus(conn.pgconn.transaction_status)
     with gate.cond:
@@ -266,39 +296,93 @@ def _outcome(cursor: psycopg.Cursor[Any] | None, label: str) -> Outcome:
 
 _GUARD_LOCK = threading.Lock()
 _GUARD_DEPTH = 0
-_ORIGINAL_CONNECT: Any = None
+_GUARDED: dict[str, list[str]] = {}  # a running code run's database -> connections to it refused outside sessions
+_PATCHED: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) to put back
+DRIVERS = ("psycopg2", "asyncpg")  # imported (if installed) when a run starts, so that their connect is guarded
+_MISSING: set[str] = set()  # drivers not installed: not looked for again at every run
 
 
-def _guarded_connect(cls: Any, *args: Any, **kwargs: Any) -> Any:
+def _refuse(call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A connection the scheduler would not see: refused from a session's thread, or to a running run's database."""
     gate = GATES.get(threading.get_ident())
+    path, line = _caller()
     if gate is not None:
-        path, line = _caller()
         with gate.cond:
-            gate.intruded = gate.intruded or f"{path}:{line}"
+            gate.intruded = gate.intruded or f"{path}:{line} ({call})"
         raise CodeError(
             f"session {gate.name} opened a connection of its own; use the connection pgrace passes it", path, line
         )
-    return _ORIGINAL_CONNECT.__func__(cls, *args, **kwargs)
+    target = " ".join(map(str, args)) + " " + " ".join(f"{k}={v}" for k, v in kwargs.items())
+    with _GUARD_LOCK:
+        database = next((db for db in _GUARDED if db in target), None)
+        if database is not None:
+            _GUARDED[database].append(f"{path}:{line} ({call})")
+    if database is not None:
+        raise CodeError("a thread that is no session's opened a connection to a code run's database", path, line)
+
+
+def _guard_sync(call: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _refuse(call, args[1:] if args and isinstance(args[0], type) else args, kwargs)
+        return original(*args, **kwargs)
+
+    return guarded
+
+
+def _guard_async(call: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    async def guarded(*args: Any, **kwargs: Any) -> Any:
+        _refuse(call, args[1:] if args and isinstance(args[0], type) else args, kwargs)
+        return await original(*args, **kwargs)
+
+    return guarded
+
+
+def _patch_connects() -> None:
+    """Every connect pgrace knows of, guarded: psycopg's (sync and async), psycopg2's, asyncpg's."""
+    for cls, kind in ((psycopg.Connection, _guard_sync), (psycopg.AsyncConnection, _guard_async)):
+        original = cls.__dict__["connect"]
+        _PATCHED.append((cls, "connect", original))
+        cls.connect = classmethod(kind(f"{cls.__module__}.{cls.__name__}.connect", original.__func__))  # type: ignore[method-assign,assignment]
+    _PATCHED.append((psycopg, "connect", psycopg.connect))
+    psycopg.connect = psycopg.Connection.connect
+    for name in DRIVERS:
+        if name in _MISSING:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            _MISSING.add(name)
+            continue
+        owners: list[Any] = [module, getattr(module, "connection", None)] if name == "asyncpg" else [module]
+        for owner in owners:
+            original = getattr(owner, "connect", None)
+            if owner is None or original is None:
+                continue
+            kind = _guard_async if inspect.iscoroutinefunction(original) else _guard_sync
+            _PATCHED.append((owner, "connect", original))
+            owner.connect = kind(f"{name}.connect", original)
 
 
 @contextlib.contextmanager
-def connections_guarded() -> Iterator[None]:
-    """While sessions run, psycopg.connect from a session's thread is refused (and remembered)."""
-    global _GUARD_DEPTH, _ORIGINAL_CONNECT
+def connections_guarded(database: str) -> Iterator[list[str]]:
+    """While sessions run, no connection pgrace could not order: a connect from a session's thread is refused,
+    and so is one to ``database`` from any thread; yields where the latter were tried."""
+    global _GUARD_DEPTH
     with _GUARD_LOCK:
         if _GUARD_DEPTH == 0:
-            _ORIGINAL_CONNECT = psycopg.Connection.__dict__["connect"]
-            psycopg.Connection.connect = classmethod(_guarded_connect)  # type: ignore[method-assign,assignment]
-            psycopg.connect = psycopg.Connection.connect
+            _patch_connects()
         _GUARD_DEPTH += 1
+        refused = _GUARDED.setdefault(database, [])
     try:
-        yield
+        yield refused
     finally:
         with _GUARD_LOCK:
+            _GUARDED.pop(database, None)
             _GUARD_DEPTH -= 1
             if _GUARD_DEPTH == 0:
-                psycopg.Connection.connect = _ORIGINAL_CONNECT  # type: ignore[method-assign]
-                psycopg.connect = psycopg.Connection.connect
+                while _PATCHED:
+                    owner, attribute, original = _PATCHED.pop()
+                    setattr(owner, attribute, original)
 
 
 def raised_at(exc: BaseException) -> tuple[str, int | None]:
@@ -406,7 +490,7 @@ class ThreadSession:
             assert self.gate.finished is not None
             return False, self.gate.finished[1]
 
-    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+    def heard(self, recorder: Recorder, inspector: Inspector) -> None:
         """The step is reported: its thread's answer is taken (the connection is the thread's, not read here)."""
         with self.gate.cond:
             self.gate.finished = None
@@ -438,7 +522,7 @@ class ThreadSession:
                     gate.state, gate.since = "done", time.perf_counter()
                     gate.cond.notify_all()
 
-        conn._lent = True
+        conn._lent, conn._owner = True, gate
         gate.since = time.perf_counter()
         gate.thread = threading.Thread(target=main, name=f"pgrace session {gate.name}", daemon=True)
         gate.thread.start()
@@ -457,7 +541,7 @@ class ThreadSession:
             thread.join(timeout)
         if thread.is_alive():
             return False
-        self.conn._lent = False
+        self.conn._lent, self.conn._owner = False, None
         if self.conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
                 self.conn.rollback()

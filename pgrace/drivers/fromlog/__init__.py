@@ -8,10 +8,11 @@ run that scenario in a scratch database to see the incident come back.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.incidents import Incident, find_incidents
+from pgrace.drivers.fromlog.incidents import Incident, find_incidents, reread
 from pgrace.drivers.fromlog.records import open_log
 from pgrace.errors import ScenarioError
 
@@ -63,11 +64,12 @@ def from_log(
     sessions than pgrace runs at once), the scenario is still written and ``not_checked`` says why.
     """
     formats = [open_log(path, prefix) for path in paths]
-    found = find_incidents(paths, formats)
+    found = find_incidents(paths, formats, light=True)
     result = FromLog(found.incidents, found.lines, found.skipped, found.unreadable)
     if not found.incidents:
         if found.unreadable:
-            raise ScenarioError(found.unreadable[0].split(": ", 1)[1], found.unreadable[0].split(":", 1)[0])
+            where, line, message = _located(found.unreadable[0])
+            raise ScenarioError(message, where, line)
         where = paths[0] if len(paths) == 1 else f"{len(paths)} files"
         raise ScenarioError(
             f"no incident: no deadlock and no lock wait longer than deadlock_timeout in {found.lines:,} lines "
@@ -81,7 +83,8 @@ def from_log(
         raise ScenarioError(f"--incident {number}: the logs hold {len(found.incidents)} incident(s) (see --list)")
     from pgrace.drivers.fromlog.writer import write_scenario
 
-    chosen = found.incidents[number - 1]
+    chosen = reread(found.incidents[number - 1], formats[paths.index(found.incidents[number - 1].file)])
+    found.incidents[number - 1] = chosen
     result.chosen = number
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)
@@ -91,7 +94,8 @@ def from_log(
 
 
 #: The most sessions a check runs: each is a connection and a backend, and the run's steps grow with them
-#: (a cycle of 30 is checked in about 30 s on two busy cores; of 60, not in 8 minutes).
+#: (a cycle of 30 is checked in about 30 s on two busy cores; of 60, not in 8 minutes). An incident
+#: has no more (incidents.MAX_PROCESSES): this holds should that change.
 MOST_CHECKED_SESSIONS = 32
 
 
@@ -148,6 +152,12 @@ def _room(server: ServerInfo, sessions: int) -> None:
             f"the check needs {sessions + CONNECTIONS_PER_WORKER} connections ({sessions} sessions and pgrace's "
             f"own {CONNECTIONS_PER_WORKER}), and {server.label} has room for {max(0, room.free)} ({room})"
         )
+
+
+def _located(said: str) -> tuple[str, int | None, str]:
+    """``FILE:LINE: message`` taken apart (a file name may hold ':' too)."""
+    m = re.match(r"(.*?):(\d+): (.*)\Z", said, re.S)
+    return (m.group(1), int(m.group(2)), m.group(3)) if m else ("", None, said)
 
 
 def _check_parses(written: Written, incident: Incident) -> None:

@@ -230,24 +230,7 @@ def _describe_table(
     ).fetchall()
     if "." in _unquoted(table) and found.schema != "public":  # the log names its schema: the scenario does too
         out.setup.append(f"CREATE SCHEMA IF NOT EXISTS {sql.Identifier(found.schema).as_string(conn)};")
-    parts = []
-    sequences: list[tuple[str, str]] = []  # (sequence, column): set past the copied rows
-    for name, type_, notnull, default, _readable, identity, generated in columns:
-        column = quoted(name)
-        text = f"{column} {type_}"
-        if notnull:
-            text += " NOT NULL"
-        if identity:
-            text += f" GENERATED {'ALWAYS' if identity == 'a' else 'BY DEFAULT'} AS IDENTITY"
-            sequences.append((f"pg_get_serial_sequence('{_literal(table)}', '{_literal(name)}')", column))
-        elif generated:
-            text += f" GENERATED ALWAYS AS ({default}) STORED"
-        elif default is not None:
-            if seq := _SEQUENCE.match(default):  # a serial: its sequence is made, and set past the rows copied
-                out.setup.append(f"CREATE SEQUENCE IF NOT EXISTS {seq.group(1)};")
-                sequences.append((f"'{_literal(seq.group(1))}'", column))
-            text += f" DEFAULT {default}"
-        parts.append(text)
+    parts, sequences = _columns(table, columns, out)
     for conname, contype, definition, target in conn.execute(
         "SELECT conname, contype, pg_get_constraintdef(oid), confrelid"
         " FROM pg_constraint WHERE conrelid = %s AND coninhcount = 0 AND contype <> 'n' ORDER BY contype DESC, conname",
@@ -392,6 +375,34 @@ def _lookup(
         return sum(_lookup(conn, head, [c], rows) for c in conditions)
     rows.update(r[0] for r in found[: MOST_ROWS - len(rows)])
     return 0
+
+
+def _columns(table: str, columns: list[tuple[Any, ...]], out: Described) -> tuple[list[str], list[tuple[str, str]]]:
+    """Each column's definition (type, NOT NULL, default, identity, generated); the sequences to set past the rows.
+
+    A serial's sequence is made in ``out.setup`` before its table.
+    """
+    from pgrace.drivers.fromlog.sqlinfo import quoted
+
+    parts = []
+    sequences: list[tuple[str, str]] = []  # (sequence, column): set past the copied rows
+    for name, type_, notnull, default, _readable, identity, generated in columns:
+        column = quoted(name)
+        text = f"{column} {type_}"
+        if notnull:
+            text += " NOT NULL"
+        if identity:
+            text += f" GENERATED {'ALWAYS' if identity == 'a' else 'BY DEFAULT'} AS IDENTITY"
+            sequences.append((f"pg_get_serial_sequence('{_literal(table)}', '{_literal(name)}')", column))
+        elif generated:
+            text += f" GENERATED ALWAYS AS ({default}) STORED"
+        elif default is not None:
+            if seq := _SEQUENCE.match(default):  # a serial: its sequence is made, and set past the rows copied
+                out.setup.append(f"CREATE SEQUENCE IF NOT EXISTS {seq.group(1)};")
+                sequences.append((f"'{_literal(seq.group(1))}'", column))
+            text += f" DEFAULT {default}"
+        parts.append(text)
+    return parts, sequences
 
 
 #: A serial column's default: ``nextval('accounts_id_seq'::regclass)``.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.drivers.fromlog.incidents import Incident, Wait
-from pgrace.drivers.fromlog.sqlinfo import analyse, lock_statement, quoted
+from pgrace.drivers.fromlog.sqlinfo import Touch, analyse, lock_statement, quoted
 from pgrace.text import has_control, json_safe, visible
 
 __all__ = ["Planned", "Written", "write_scenario"]
@@ -289,16 +289,7 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
             schemas[relation] = touch.schema
         if any(w.index and analyse(w.sql).relation == relation for w in incident.waits):
             indexed.add(relation)
-        cols = tables.setdefault(relation, {})
-        for key in touch.keys:
-            for col in key:
-                cols.setdefault(col, touch.columns.get(col, "int"))
-            if key not in keys.setdefault(relation, []):
-                keys[relation].append(key)
-        for col, type_ in touch.columns.items():
-            cols.setdefault(col, type_)
-        for n, type_ in enumerate(touch.positional[len(cols) :], len(cols) + 1):
-            cols[f"column{n}"] = type_
+        _guess_columns(touch, tables.setdefault(relation, {}), keys.setdefault(relation, []))
     sql: list[str] = []
     notes = []
     for schema in dict.fromkeys(schemas.values()):
@@ -326,6 +317,19 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
 def _catalog(schema: str | None, table: str) -> bool:
     """A name PostgreSQL resolves to one of its catalogs (``pg_catalog`` comes first on every search_path)."""
     return schema in ("pg_catalog", "information_schema") or (schema is None and table.startswith("pg_"))
+
+
+def _guess_columns(touch: Touch, cols: dict[str, str], keys: list[dict[str, Any]]) -> None:
+    """Add the columns and keys one statement shows of its table to ``cols`` and ``keys``."""
+    for key in touch.keys:
+        for col in key:
+            cols.setdefault(col, touch.columns.get(col, "int"))
+        if key not in keys:
+            keys.append(key)
+    for col, type_ in touch.columns.items():
+        cols.setdefault(col, type_)
+    for n, type_ in enumerate(touch.positional[len(cols) :], len(cols) + 1):
+        cols[f"column{n}"] = type_
 
 
 def _sql_literal(value: Any) -> str:
