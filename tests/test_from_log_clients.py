@@ -2,7 +2,8 @@
 
 Each case starts a server of one version that logs with one ``log_statement``, makes a
 deadlock and a long lock wait with real clients (psycopg with parameters or
-``prepare=True``; node-postgres's extended protocol, unnamed or named), and checks that
+``prepare=True``; node-postgres's extended protocol, unnamed or named; asyncpg's named
+prepared statements), and checks that
 both incidents come back from the server's own log file.
 """
 
@@ -29,6 +30,8 @@ CASES = [
     ("15", "none", "node-named"),
     ("15", "all", "node-extended"),
     ("15", "all", "psycopg-prepared"),
+    ("18", "mod", "asyncpg"),
+    ("15", "all", "asyncpg"),
 ]
 
 
@@ -39,7 +42,10 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _make(client: str, logging: real.LoggingServer, node: Path) -> None:
-    if client.startswith("psycopg"):
+    if client == "asyncpg":
+        clients.asyncpg_incident(logging, "deadlock")
+        clients.asyncpg_incident(logging, "lockwait")
+    elif client.startswith("psycopg"):
         clients.psycopg_deadlock(logging, client.split("-")[1])
         clients.psycopg_lock_wait(logging, client.split("-")[1])
     else:

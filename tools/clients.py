@@ -224,3 +224,64 @@ def run(server: LoggingServer, statements: str) -> None:
     """``statements`` in the incident's database (its tables), before the incident."""
     with psycopg.connect(server.shop, autocommit=True) as conn:
         conn.execute(statements.encode())
+
+
+def asyncpg_incident(server: LoggingServer, what: str) -> None:
+    """The deadlock or the lock wait (``what``), sent by asyncpg: every statement a named prepared statement."""
+    import asyncio
+
+    import asyncpg
+
+    params = conninfo_to_dict(server.shop)
+    where = {"host": params.get("host"), "port": int(str(params.get("port") or 5432)), "user": params.get("user")}
+
+    async def connect(name: str, database: str = "shop") -> Any:
+        return await asyncpg.connect(**where, database=database, server_settings={"application_name": name})
+
+    async def blocked(admin: Any, pid: int) -> None:
+        for _ in range(2000):
+            if await admin.fetchval("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid) == "Lock":
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"pid {pid} never waited")
+
+    async def deadlock() -> None:
+        admin = await connect("admin", "postgres")
+        alice, bob = await connect("alice"), await connect("bob")
+        update = "UPDATE accounts SET balance = balance + $1 WHERE id = $2"
+        await alice.execute("SET deadlock_timeout = '10s'")
+        first, second = alice.transaction(), bob.transaction()
+        await first.start()
+        await alice.execute(update, -100, 1)
+        await second.start()
+        await bob.execute(update, -50, 2)
+        credit = asyncio.ensure_future(alice.execute(update, 100, 2))
+        await blocked(admin, alice.get_server_pid())
+        try:
+            await bob.execute(update, 50, 1)
+            raise AssertionError("bob was not the deadlock's victim")
+        except asyncpg.exceptions.DeadlockDetectedError:
+            await second.rollback()
+        await credit
+        await first.commit()
+        for conn in (admin, alice, bob):
+            await conn.close()
+
+    async def lock_wait() -> None:
+        admin = await connect("admin", "postgres")
+        report, payment = await connect("report"), await connect("payment")
+        holding = report.transaction()
+        await holding.start()
+        await report.execute("UPDATE accounts SET owner = $1 WHERE id = $2", "carol", 3)
+        reported = _reports(server)
+        pay = "UPDATE accounts SET balance = balance + $1 WHERE id = $2"
+        paying = asyncio.ensure_future(payment.execute(pay, 1, 3))
+        await blocked(admin, payment.get_server_pid())
+        while _reports(server) == reported:  # log_lock_waits reports after deadlock_timeout
+            await asyncio.sleep(0.01)
+        await holding.commit()
+        await paying
+        for conn in (admin, report, payment):
+            await conn.close()
+
+    asyncio.run(deadlock() if what == "deadlock" else lock_wait())
