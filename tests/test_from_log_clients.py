@@ -106,3 +106,18 @@ def test_sessions_named_like_a_cause_of_release_are_data(holder: str, waiter: st
             released = f"pid{incident.waits[0].holders[0]}" if number == 2 else "deadlock"
             assert f'released_by = "{released}"' in found.written.text
             assert any(f"application_name {holder!r} is not a session name" in u for u in found.written.unsaid)
+
+
+@pytest.mark.server
+def test_with_x_and_no_v_a_write_before_the_transaction_is_not_in_it(tmp_path: Path) -> None:
+    """log_statement 'mod' and a prefix with %x but no %v: alice's earlier write, committed, had an xid;
+    her transfer's first UPDATE is logged with none yet, so it began a transaction of its own."""
+    earlier = "UPDATE accounts SET owner = 'carol' WHERE id = 3"
+    with real.logging_server("18", statements="mod", prefix="%m [%p] %a %x ") as logging:
+        clients.psycopg_deadlock(logging, "simple", before=earlier)
+        log = tmp_path / "server.log"
+        shutil.copy(logging.logfile(), log)
+        found = from_log([str(log)], server=logging.server)
+    assert found.written is not None and found.verified is not None
+    assert found.verified.reproduced, found.verified.failures
+    assert earlier not in found.written.text

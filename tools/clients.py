@@ -33,8 +33,13 @@ def _send(conn: psycopg.Connection[Any], sql: str, values: list[Any], how: str) 
         conn.execute(sql.replace("{}", "%s").encode(), values, prepare=how == "prepared")
 
 
-def psycopg_deadlock(server: LoggingServer, how: str, names: tuple[str, str] = ("alice", "bob")) -> None:
-    """alice and bob transfer in opposite orders (``how``: see _send): bob closes the cycle and is the victim."""
+def psycopg_deadlock(
+    server: LoggingServer, how: str, names: tuple[str, str] = ("alice", "bob"), before: str = ""
+) -> None:
+    """alice and bob transfer in opposite orders (``how``: see _send): bob closes the cycle and is the victim.
+
+    ``before``: a statement alice runs and commits first, in a transaction of its own.
+    """
     update = "UPDATE accounts SET balance = balance + {} WHERE id = {}"
     with (
         psycopg.connect(server.shop, application_name=names[0]) as alice,
@@ -43,6 +48,9 @@ def psycopg_deadlock(server: LoggingServer, how: str, names: tuple[str, str] = (
     ):
         alice.execute("SET deadlock_timeout = '10s'")
         alice.commit()
+        if before:
+            alice.execute(before.encode())
+            alice.commit()
         _send(alice, update, [-100, 1], how)
         _send(bob, update, [-50, 2], how)
         failed: list[BaseException] = []
