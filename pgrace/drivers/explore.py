@@ -76,6 +76,7 @@ class Exploration:
     shard: tuple[int, int] = (1, 1)
     runs: int | None = None  # executions actually run (None: one per interleaving explored)
     complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
+    incomplete: str | None = None  # why not complete, in words (code's explorations)
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
     search: Search | None = None  # which search this is a shard of (None: code's, never split)

@@ -137,6 +137,8 @@ def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Ex
             raise ScenarioError(f"not JSON: {exc.msg}", name, exc.lineno) from None
         except ValueError as exc:  # a number of more digits than Python converts
             raise ScenarioError(f"not an exploration's JSON ({exc})", name) from None
+        except RecursionError:
+            raise ScenarioError("not an exploration's JSON (nested deeper than pgrace writes it)", name, 1) from None
         if not isinstance(data, dict):
             raise ScenarioError("not an exploration's JSON (an object expected)", name)
         parts.append(exploration_from_dict(data, space, name))
