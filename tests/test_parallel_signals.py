@@ -112,6 +112,7 @@ MOMENTS: dict[str, Callable[[subprocess.Popen[str], str, int], bool]] = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("moment", ["workers starting", "workers exploring"])
 def test_ctrl_c_and_sigterm_end_explore_jobs_within_2_s_with_nothing_left(
     pgrace_server: ServerInfo, moment: str

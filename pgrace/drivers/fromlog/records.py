@@ -1,10 +1,12 @@
 """Server log records, read from the stderr format (with its ``log_line_prefix``), csvlog and jsonlog.
 
-Logs are big and mostly unrelated to any incident, so they are read in two speeds:
-:func:`scan` streams the whole file in large binary chunks and only looks for the few
-phrases that announce an incident (``deadlock detected``, ``still waiting for``) with
-``bytes.find``; :func:`window` then parses, line by line, only the stretch of log around
-each hit, where the incident's transactions were logged.
+Logs are big and mostly unrelated to any incident. The file is read once, forward, in large
+binary chunks: ``bytes.find`` finds the few phrases that announce an incident (``deadlock
+detected``, ``still waiting for``). A stderr log whose prefix has ``%p`` is then read as a
+stream (:func:`groups`): each chunk kept while an incident could still need it is indexed
+once by process (one regular expression over the chunk, in C), and only the lines of the
+processes an incident's report names are parsed. Other formats are parsed line by line
+around each hit (:func:`window`), after a first pass (:func:`scan`).
 """
 
 from __future__ import annotations
@@ -15,18 +17,33 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from pgrace.drivers.fromlog.prefix import Prefix, detect_prefix
 from pgrace.errors import ScenarioError
 
-__all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "scan", "window"]
+__all__ = [
+    "Hit",
+    "LogFormat",
+    "Record",
+    "Window",
+    "open_log",
+    "open_regular",
+    "scan",
+    "scan_chunk",
+    "stderr_records",
+    "window",
+]
 
 #: Bytes read at a time: large enough that the per-chunk Python work is noise.
 CHUNK = 4 << 20
-#: How much log before a hit is parsed for the incident's transactions, and after it.
+#: How much log before a hit is parsed for the incident's transactions, and after it; and
+#: how far ahead later hits share the parse of an earlier one.
 BACK = 4 << 20
 AHEAD = 1 << 20
+SPAN = 2 << 20
 #: Phrases PostgreSQL writes (untranslated, lc_messages C or English) when an incident happens.
 MARKERS = (b"deadlock detected", b"still waiting for")
 _SECONDARY = frozenset({"DETAIL", "HINT", "CONTEXT", "STATEMENT", "QUERY", "LOCATION"})
@@ -96,21 +113,39 @@ def _looks_csv(line: str) -> bool:
     return _CSV_START.match(line) is not None
 
 
+def open_regular(path: str) -> BinaryIO:
+    """``path`` opened for reading, refused unless what was opened is a regular file.
+
+    A pipe or a device (/dev/zero) may never end, and a log is opened more than once (its
+    head, the pass over it, the stretch around the incident written): each opening is checked, never the path
+    beforehand, which could be replaced by a FIFO in between. ``O_NONBLOCK`` makes opening a
+    FIFO that has no writer return at once instead of waiting for one.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ScenarioError("not a regular file: a log is read from a file", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def open_log(path: str, given_prefix: str | None) -> LogFormat:
     """Tell a file's format from its first lines; a stderr log's prefix is the given one or detected.
 
     Invalid input (not a log, a binary file, a prefix that does not match) is one
     :class:`ScenarioError` naming the file and, where there is one, the line.
     """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            # A pipe or a device (/dev/zero) may never end, and a log is read twice: a scan,
-            # then the stretches around its incidents.
-            raise ScenarioError("not a regular file: a log is read from a file", path)
-        with open(path, "rb") as f:
+    with open_regular(path) as f:
+        try:
             head = f.read(64 << 10)
-    except OSError as exc:
-        raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
+        except OSError as exc:
+            raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
     if not head:
         raise ScenarioError("empty file: no server log to read", path)
     if head.startswith(_COMPRESSED):
@@ -127,6 +162,8 @@ def open_log(path: str, given_prefix: str | None) -> LogFormat:
             json.loads(lines[0])
         except ValueError:
             raise ScenarioError("starts like a jsonlog file but its first line is not JSON", path, 1) from None
+        except RecursionError:
+            raise ScenarioError(_TOO_DEEP, path, 1) from None
         return LogFormat("jsonlog")
     if lines and _looks_csv(lines[0]) and given_prefix is None:
         return LogFormat("csvlog")
@@ -162,7 +199,7 @@ def scan(path: str) -> Scanned:
     lines = 0
     offset = 0
     carry = b""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         left = os.fstat(f.fileno()).st_size  # a live server's log grows: read what it held when opened
         while left > 0:
             block = f.read(min(CHUNK, left))
@@ -177,11 +214,11 @@ def scan(path: str) -> Scanned:
             if end == 0:
                 end = len(chunk)  # one enormous line: scanned as it is
             carry = chunk[end:]
-            _scan_chunk(chunk, end, offset, lines, out, path)
+            scan_chunk(chunk, end, offset, lines, out, path)
             lines += chunk.count(b"\n", 0, end)
             offset += end
         if carry:
-            _scan_chunk(carry, len(carry), offset, lines, out, path)
+            scan_chunk(carry, len(carry), offset, lines, out, path)
             lines += 1
             offset += len(carry)
     out.lines = lines
@@ -189,7 +226,7 @@ def scan(path: str) -> Scanned:
     return out
 
 
-def _scan_chunk(chunk: bytes, end: int, base: int, lines: int, out: Scanned, path: str) -> None:
+def scan_chunk(chunk: bytes, end: int, base: int, lines: int, out: Scanned, path: str) -> None:
     nul = chunk.find(b"\0", 0, end)
     if nul >= 0:
         raise ScenarioError(
@@ -223,17 +260,20 @@ class Window:
         return self.start <= hit.offset and hit.offset + AHEAD // 2 <= self.end
 
 
-def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
-    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after), and the lines skipped.
+def window(path: str, fmt: LogFormat, hit: Hit, until: int = 0) -> Window:
+    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after it or ``until``), lines skipped.
 
-    A skipped line is one that is not a record of the file's format: cut short, or
-    another program's output mixed in.
+    ``until`` is the offset of a later hit the same parse should serve: hits close together
+    are read in one window, so that each byte of a log dense with incidents is parsed about
+    twice, not ``BACK / AHEAD`` times. A skipped line is one that is not a record of the
+    file's format: cut short, or another program's output mixed in.
     """
     start = max(0, hit.offset - BACK)
-    with open(path, "rb") as f:
+    want = max(hit.offset, until) - start + AHEAD
+    with open_regular(path) as f:
         f.seek(start)
-        data = f.read(hit.offset - start + AHEAD)
-    eof = len(data) < hit.offset - start + AHEAD  # the whole rest of the file is in this window
+        data = f.read(want)
+    eof = len(data) < want  # the whole rest of the file is in this window
     if start > 0:
         cut = data.find(b"\n") + 1
         data, start = data[cut:], start + cut
@@ -244,34 +284,47 @@ def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
     first_line = hit.line - data.count(b"\n", 0, hit.offset - start)
     text = data.decode("utf-8", errors="replace")
     if fmt.kind == "jsonlog":
-        records, skipped = _json_records(text, first_line)
+        records, skipped = _json_records(text, first_line, path)
     elif fmt.kind == "csvlog":
         records, skipped = _csv_records(text, first_line)
     else:
         assert fmt.prefix is not None
-        records, skipped = _stderr_records(text, first_line, fmt.prefix)
+        lines = (ln[:-1] if ln.endswith("\n") else ln for ln in io.StringIO(text, newline="\n"))
+        numbered = enumerate(lines, first_line)
+        records, skipped = stderr_records(numbered, fmt.prefix)
     end = start + len(data)
     return Window(records, skipped, start, end + AHEAD if eof else end)
 
 
-def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Record], int]:
+def stderr_records(numbered: Iterable[tuple[int, str]], prefix: Prefix) -> tuple[list[Record], int]:
+    """The records of ``numbered`` lines (their number, their text without the newline), and how many were not records.
+
+    The lines need not be consecutive: a stream gives only the lines of the processes an
+    incident names, each followed by its tab-continued lines.
+    """
     records: list[Record] = []
     skipped = 0
     last: Record | None = None
     last_field = "message"
+    more: list[str] = []  # the tab-continued lines of last's last_field, joined once: appending to a str is quadratic
     by_pid: dict[int | None, Record] = {}
-    lineno = first_line - 1
-    for line in text.split("\n"):
-        lineno += 1
+
+    def flush() -> None:
+        if more and last is not None and last_field:
+            setattr(last, last_field, "\n".join([getattr(last, last_field), *more]))
+        more.clear()
+
+    for lineno, line in numbered:  # one line at a time: a list of a million short lines is 60 MB
         if line.startswith("\t"):
             if last is not None:
-                setattr(last, last_field, getattr(last, last_field) + "\n" + line[1:])
+                more.append(line[1:])
             continue
         m = prefix.match(line)
         if m is None:
             if line:
                 skipped += 1
             continue
+        flush()
         groups = m.groupdict()
         pid = int(groups["p"]) if groups.get("p") else None
         severity = groups["sev"]
@@ -281,6 +334,7 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
             if target is not None:
                 last_field = severity.lower() if severity != "QUERY" else "statement"
                 if last_field == "location":
+                    last, last_field = target, ""  # its continuation lines, if any, belong to no field
                     continue
                 setattr(target, last_field, message)
                 last = target
@@ -300,6 +354,7 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
         records.append(record)
         by_pid[pid] = record
         last, last_field = record, "message"
+    flush()
     return records, skipped
 
 
@@ -321,7 +376,7 @@ def _csv_records(text: str, first_line: int) -> tuple[list[Record], int]:
             skipped += 1
             continue
         lineno = line + at
-        if len(row) < _CSV_COLUMNS or not row[3].isdigit():
+        if len(row) < _CSV_COLUMNS or not (row[3].isdigit() and len(row[3]) <= 10):
             skipped += bool(row)
             continue
         records.append(
@@ -346,6 +401,8 @@ def _csv_records(text: str, first_line: int) -> tuple[list[Record], int]:
     return records, skipped
 
 
+#: jsonlog writes one flat object a line; JSON nested deeper than Python's decoder recurses is not the server's.
+_TOO_DEEP = "a JSON value nested too deep to be a jsonlog record (the server writes one flat object a line)"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -359,7 +416,7 @@ def _json_text(value: object) -> str | None:
     return _SURROGATE.sub("\ufffd", str(value))
 
 
-def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
+def _json_records(text: str, first_line: int, path: str) -> tuple[list[Record], int]:
     records: list[Record] = []
     skipped = 0
     for n, line in enumerate(text.split("\n")):
@@ -370,6 +427,8 @@ def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
         except ValueError:
             skipped += 1
             continue
+        except RecursionError:
+            raise ScenarioError(_TOO_DEEP, path, first_line + n) from None
         if not isinstance(obj, dict) or (message := _json_text(obj.get("message"))) is None:
             skipped += 1
             continue

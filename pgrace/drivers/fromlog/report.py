@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pgrace.drivers.fromlog.verify import VERIFY_SECONDS
 from pgrace.text import visible
 
 if TYPE_CHECKING:
@@ -47,6 +48,13 @@ def report_lines(result: FromLog) -> list[str]:
                 f"({', '.join(verified.order)}); the file has that order:"
             )
         out += [f"pgrace:   ✔ {check.description}" for check in verified.run.checks] if verified.run else []
+    elif result.not_checked is not None:
+        out.append(f"pgrace: from-log: not checked (the scenario is written): {result.not_checked}")
     elif verified is not None:
         out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
+        if verified.out_of_time:
+            out.append(
+                f"pgrace: from-log: verification stopped at its {VERIFY_SECONDS:g} s limit, "
+                f"after {verified.explored} other interleaving(s)"
+            )
     return [visible(line) for line in out]

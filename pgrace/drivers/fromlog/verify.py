@@ -7,6 +7,7 @@ in which every one held reproduced it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,13 @@ __all__ = ["Verified", "verification_server", "verify"]
 
 #: Interleavings tried at most when the file's order does not reproduce (a seeded sample beyond).
 EXPLORE_LIMIT = 200
+#: Seconds verification takes at most, all its runs together: a logged statement that sleeps
+#: (pg_sleep(300)) would otherwise wait out the step timeout in each of 200 interleavings.
+VERIFY_SECONDS = 60.0
+
+
+class _OutOfTime(Exception):
+    """Verification's budget ran out between two interleavings."""
 
 
 @dataclass
@@ -32,6 +40,7 @@ class Verified:
     explored: int = 0
     order: list[str] | None = None
     run: Run | None = None
+    out_of_time: bool = False
 
 
 #: Roles whose members may run programs or read and write files as the server's account.
@@ -90,14 +99,15 @@ def verification_server(server: ServerInfo, dsn: str | None) -> ServerInfo:
     return server
 
 
-def _run(written: Written, source: str, server: ServerInfo) -> Run:
+def _run(written: Written, source: str, server: ServerInfo, step_timeout: float) -> Run:
     from pgrace.drivers.one_run import run_in_scratch
+    from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
     from pgrace.formats.scenario_toml import parse_toml_scenario
 
     scenario = parse_toml_scenario(written.text, source)
     try:
-        return run_in_scratch(scenario, server)
+        return run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
     except ScenarioFailed as failed:
         if failed.run is None:
             raise
@@ -106,10 +116,14 @@ def _run(written: Written, source: str, server: ServerInfo) -> Run:
 
 
 def verify(
-    incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None
+    incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None, step_timeout: float = 10.0
 ) -> tuple[Verified, Written]:
-    """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails."""
-    run = _run(written, source, server)
+    """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails.
+
+    All of it within :data:`VERIFY_SECONDS` (checked between runs): out of time is not reproduced, and says so.
+    """
+    deadline = time.monotonic() + VERIFY_SECONDS
+    run = _run(written, source, server, step_timeout)
     failures = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]
     if (setup := run.failed_setup()) is not None and setup.outcome.error is not None:
         failures.insert(0, f"the setup failed: {setup.outcome.error.sqlstate} {setup.outcome.error.message}")
@@ -127,12 +141,25 @@ def verify(
         f"SET deadlock_timeout = '{OTHERS_TIMEOUT}'", f"SET deadlock_timeout = '{VICTIM_TIMEOUT}'"
     )
     scenario = prepared(parse_toml_scenario(quick, source))
-    found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0)
+    explored = 0
+
+    def in_time(done: int, total: int) -> None:
+        nonlocal explored
+        explored = done
+        if time.monotonic() > deadline:
+            raise _OutOfTime
+
+    try:
+        found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time, step_timeout=step_timeout)
+    except _OutOfTime:
+        return Verified(False, failures, explored=explored, run=run, out_of_time=True), written
     for cls in found.classes:  # simplest first: the fewest session switches
         if "40P01" not in cls.errors:
             continue
+        if time.monotonic() > deadline:
+            return Verified(False, failures, explored=found.explored, run=run, out_of_time=True), written
         other = write_scenario(incident, dsn, order=list(cls.example))
-        again = _run(other, source, server)
+        again = _run(other, source, server, step_timeout)
         if again.ok:
             return Verified(True, explored=found.explored, order=list(cls.example), run=again), other
     return Verified(False, failures, explored=found.explored, run=run), written

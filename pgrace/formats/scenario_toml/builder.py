@@ -38,6 +38,7 @@ SESSION_KEYS = {"name", "count", "setup", "teardown"}
 TOPIC = re.compile(r"^[a-z0-9-]+( [a-z0-9-]+)*\Z")
 TAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*\Z")
 MAX_LABEL = 40
+MAX_SCENARIO_NAME = 63  # NAMEDATALEN - 1
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 
 
@@ -75,6 +76,13 @@ class Builder:
         if not SCENARIO_NAME.match(name):
             raise self.loc.error(
                 f"scenario name {name!r} must be letters, digits, '_', '-' or '.'",
+                "name",
+            )
+        if len(name) > MAX_SCENARIO_NAME:
+            raise self.loc.error(
+                f"scenario name of {len(name):,} characters: at most {MAX_SCENARIO_NAME}, as PostgreSQL names "
+                "(its sessions' application_name carries it)"
+                + ("" if "name" in data else '; give it a shorter name = "..."'),
                 "name",
             )
         variant = self.read.text(data.get("variant", "bug"), "variant")
