@@ -271,6 +271,7 @@ REACHED: dict[str, tuple[str, list[str]]] = {
     "matrix": ("pgrace.servers.open_server", ["matrix"]),  # the CLI imports it when the command runs
     "load": ("pgrace.formats.catalog.load", ["load", "nowait", "-t", "1"]),
     "from-log": ("pgrace.drivers.fromlog.from_log", ["from-log", "examples/from-log/deadlock.log"]),
+    "minimize": ("pgrace.formats.catalog.load", ["minimize", "lost-update"]),
 }
 
 

@@ -128,6 +128,13 @@ EXPLORE_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
     "--show": values,
     "--format": st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)),
 }
+MINIMIZE_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
+    "--class": values,
+    "--order": st.one_of(st.sampled_from(["alice-read,bob-read", ",", "nope"]), st.text(max_size=12)),
+    "--repeat": values,
+    "--step-timeout": values,
+    "--format": st.one_of(st.sampled_from(["text", "json"]), st.text(max_size=8)),
+}
 
 
 # -- offline: no server can be had -----------------------------------------------------------
@@ -171,6 +178,14 @@ def test_explore_never_crashes_offline(workdir: Path, data: st.DataObject) -> No
         merge = workdir / "merge.json"
         merge.write_bytes(data.draw(st.one_of(hostile(TOML_SEEDS, TOML_PIECES), st.binary(max_size=64))))
         args += ["--merge", str(merge)]
+    invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
+
+
+@fuzz_settings(300)
+@given(data=st.data())
+def test_minimize_never_crashes_offline(workdir: Path, data: st.DataObject) -> None:
+    ref = data.draw(scenario_ref(workdir))
+    args = ["minimize", ref, *data.draw(params), *options(data.draw, MINIMIZE_OPTIONS)]
     invoke([*args, "--dsn", data.draw(dsns)], {2, 3})
 
 
@@ -249,7 +264,7 @@ def test_from_log_never_crashes_offline(workdir: Path, data: st.DataObject) -> N
 
 @pytest.mark.server
 def test_every_command_is_fuzzed() -> None:
-    fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix", "load", "from-log"}
+    fuzzed = {"show", "run", "check", "explore", "sweep", "clean", "list", "matrix", "load", "from-log", "minimize"}
     assert set(main.commands) == fuzzed, "a new command needs its fuzz test here"
 
 
