@@ -13,15 +13,16 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.engine.options import RunOptions
-from pgrace.errors import PgraceError, ScenarioError
+from pgrace.errors import OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.formats import catalog
+from pgrace.model.monitor import Monitor, Note, Unwatched
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
+    from pgrace.drivers.minimize import Minimized
 
 
 def run(
@@ -64,46 +66,6 @@ def run(
 
 
 # -- what the commands do, for a Python caller too ---------------------------------------------
-
-
-class Monitor(Protocol):
-    """Where long work reports how far it got (the CLI's progress line); the drivers never print."""
-
-    done: int
-
-    def start(self, label: str, total: int, unit: str) -> None: ...
-
-    def update(self, done: int, detail: str = "") -> None: ...
-
-    def note(self, text: str) -> None: ...
-
-    def pause(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class _Unwatched:
-    """The monitor of a caller that does not watch."""
-
-    done = 0
-
-    def start(self, label: str, total: int, unit: str) -> None:
-        self.done = 0
-
-    def update(self, done: int, detail: str = "") -> None:
-        self.done = done
-
-    def note(self, text: str) -> None:
-        pass
-
-    def pause(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-Note = Callable[[str], None]
 
 
 def _ignore(line: str) -> None:
@@ -245,7 +207,7 @@ def explore(
     from pgrace.drivers.bounded import check_bounds
 
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
     preempting = max_preemptions is not None and pct is None  # its runs are learnt as it goes, as reduced ones
@@ -291,6 +253,42 @@ def explore(
     return result
 
 
+def minimize(
+    scenario: Scenario,
+    *,
+    dsn: str | None = None,
+    server: ServerInfo | None = None,
+    superuser: bool = False,
+    cls: int | None = None,
+    order: Sequence[str] | None = None,
+    output: str | Path | None = None,
+    spec: str | Path | None = None,
+    pytest: str | Path | None = None,
+    step_timeout: float = 10.0,
+    repeats: int | None = None,
+    on_note: Note | None = None,
+) -> Minimized:
+    """Shrink a failing run of ``scenario`` to the smallest scenario that fails the same way.
+
+    The run: class ``cls`` of its exploration (numbered from 1), the steps in ``order``, or
+    the file's own order. ``output``, ``spec``, ``pytest``: paths to write the minimized
+    scenario (TOML), an isolation spec (and its ``.out`` beside it) and a pytest test (it
+    needs ``output``) to, each verified on the server first. ``repeats``: runs per
+    candidate (by default 1, or 5 when the failure may hang on timing or chance).
+    """
+    from pgrace.drivers.minimize import failing_order
+    from pgrace.drivers.minimize import minimize as shrink
+    from pgrace.drivers.minimize.export import export
+
+    if pytest is not None and output is None:
+        raise OptionError("a pytest test runs the minimized scenario: write it too with -o FILE", "--pytest")
+    with _serving(server, dsn, superuser, on_note) as opened:
+        start = failing_order(scenario, opened, cls, tuple(order) if order is not None else None, step_timeout)
+        found = shrink(scenario, opened, start, step_timeout=step_timeout, repeats=repeats)
+        export(found, opened, _path(output), _path(spec), _path(pytest), step_timeout)
+    return found
+
+
 def sweep(
     scenarios: Sequence[str],
     params: Mapping[str, Sequence[str]],
@@ -325,7 +323,7 @@ def sweep(
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
     bounds.check_combinations(combinations)
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     if combinations > bounds.LONG_COMBINATIONS:
         watch.note(f"pgrace: {combinations:,} combinations to run")
     # Every combination is loaded once, up front: invalid input fails before a server starts.
@@ -422,7 +420,7 @@ def check(
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
@@ -461,6 +459,10 @@ def check(
                 watch.update(len(checked.results))
         watch.close()
     return checked
+
+
+def _path(name: str | Path | None) -> Path | None:
+    return None if name is None else Path(name)
 
 
 def _whole(raw: str | int | float | None, option: str) -> int | None:
@@ -532,7 +534,7 @@ def load(
         setup_timeout=float(setup_seconds or 60),
         on_progress=on_measured,
     )
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     loaded = Loaded()
     settings = None
     if server is None and pgrace.servers.starts_its_own(dsn):

@@ -19,8 +19,10 @@ stays pending while the others go on, exactly as in a scenario run. Each step is
 with the same timeline events as a scenario run (launched, waiting with the row and its
 holder, finished with what released it, locks held), into a :class:`~pgrace.model.timeline.Run`
 whose :class:`~pgrace.model.scenario.Scenario` is made from the steps as they were discovered, so
-every renderer draws it. A step's note is its caller's ``file:line``: the first frame
-outside psycopg, SQLAlchemy and pgrace.
+every renderer draws it. A step's note is its caller's ``file:line``: the innermost frame
+outside psycopg, SQLAlchemy, Django, pgrace, the standard library and the modules named by
+``framework_modules``. A call that sends nothing (``conn.autocommit = False`` and the other
+attributes' setters, ``commit()`` when idle) is no step.
 
 A callable's statements are only known by running it (they may depend on what it read),
 so :func:`explore_code` searches the tree of "which session goes next" choices. Reduced
@@ -66,8 +68,9 @@ from typing import Any
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.code_runner import CODE_SCHEMA, CodeRunner
 from pgrace.engine.code_scheduler import Chooser
+from pgrace.engine.frames import display_name
 from pgrace.engine.schedule import Choices, ChoiceTree, Follow, NamedOrder
-from pgrace.engine.threads import SessionCode, TracedConnection, display_name
+from pgrace.engine.threads import SessionCode, TracedConnection
 from pgrace.errors import CodeError
 from pgrace.model.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
 from pgrace.model.timeline import Run
@@ -107,6 +110,7 @@ def _runner(
     teardown: str | None,
     step_timeout: float,
     expect: Sequence[Sequence[Any]] | None,
+    framework_modules: Sequence[str] = (),
 ) -> Iterator[CodeRunner]:
     if len(sessions) < 1 or not all(callable(fn) for fn in sessions.values()):
         raise CodeError("sessions: a mapping of session names to callables that take a connection")
@@ -123,6 +127,7 @@ def _runner(
             server=server,
             expect=expect,
             observer_dsn=db.observer_dsn,
+            framework_modules=framework_modules,
         ) as runner,
     ):
         runner.has_row_locks = db.has_pgrowlocks
@@ -149,12 +154,16 @@ def run_code(
     server: ServerInfo | str | None = None,
     name: str | None = None,
     step_timeout: float = 10.0,
+    framework_modules: Sequence[str] = (),
 ) -> Run:
     """Run the sessions' code once, in ``order`` (session names, one per statement), fully observed.
 
     A session named in ``order`` that is blocked or finished is passed over until it can go
     (the next statement of it then comes first); after ``order``, the first session ready goes.
     ``final`` is a query run after the sessions; ``expect``, its rows, if they are checked.
+    ``framework_modules``: module prefixes (``"myapp.db"``) whose frames a step's note passes
+    over to name the application's line, besides psycopg's, SQLAlchemy's, Django's, pgrace's
+    and the standard library's.
     """
     runner = _runner(
         _name_of(sessions, name),
@@ -165,6 +174,7 @@ def run_code(
         teardown=teardown,
         step_timeout=step_timeout,
         expect=expect,
+        framework_modules=framework_modules,
     )
     return _observed_run(runner, NamedOrder(order, list(sessions)), expect is not None)
 
@@ -197,6 +207,7 @@ def explore_code(
     step_timeout: float = 10.0,
     limit: int = EXPLORE_LIMIT,
     reduce: bool = True,
+    framework_modules: Sequence[str] = (),
 ) -> Exploration:
     """Run the sessions under every order of their statements (a blocked one is no choice); group the outcomes.
 
@@ -208,7 +219,8 @@ def explore_code(
     ``reduce`` (the default): orders that differ only by swapping statements that commute
     (by what the server showed each one touched, as ``pgrace explore``'s reduction) are run
     once; ``complete`` says every order was covered. Without, every order is run. Either way
-    ``explored`` and ``runs`` count the runs, at most ``limit``.
+    ``explored`` and ``runs`` count the runs, at most ``limit``. ``framework_modules``: as
+    :func:`run_code`'s.
     """
     info = shared_server(server)
     name = _name_of(sessions, name)
@@ -223,6 +235,7 @@ def explore_code(
         teardown=teardown,
         step_timeout=step_timeout,
         expect=expect,
+        framework_modules=framework_modules,
     )
 
     def count(run: Run, taken: Sequence[int], runs: int) -> None:

@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pgrace import scratch
 from pgrace.engine.code_scheduler import Chooser, CodeOrder
 from pgrace.engine.control import ControlSql
+from pgrace.engine.frames import where_defined
 from pgrace.engine.observe.locks import LockInspector
 from pgrace.engine.runner import setup_failed
 from pgrace.engine.sqlerrors import first_line
@@ -33,7 +34,6 @@ from pgrace.engine.threads import (
     TracedCursor,
     TracedServerCursor,
     connections_guarded,
-    where_defined,
 )
 from pgrace.errors import CodeError, RunAborted, ScenarioFailed, StepsStuck
 from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario, Session, Step
@@ -60,7 +60,9 @@ class CodeRunner:
         server: ServerInfo,
         expect: Sequence[Sequence[Any]] | None = None,
         observer_dsn: str | None = None,
+        framework_modules: Sequence[str] = (),
     ) -> None:
+        """``framework_modules``: module prefixes a step's note passes over, besides the known frameworks'."""
         self.name = name
         self.code = dict(sessions)
         self.dsn = dsn
@@ -69,6 +71,7 @@ class CodeRunner:
         self.final = final
         self.expect = expect
         self.teardown = teardown
+        self.framework_modules = tuple(framework_modules)
         self.step_timeout = step_timeout
         self.server = server
         self.cond = threading.Condition()
@@ -208,7 +211,7 @@ class CodeRunner:
         except psycopg.Error as exc:
             raise RunAborted(f"could not open the sessions' connections: {first_line(str(exc))}") from None
         for session in self.sessions.values():
-            session.gate = Gate(session.name, self.cond)
+            session.gate = Gate(session.name, self.cond, self.framework_modules)
         self.inspector.set_sessions({s.pid: name for name, s in self.sessions.items()})
 
     def _close_sessions(self) -> None:

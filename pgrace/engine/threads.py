@@ -9,19 +9,18 @@ until the scheduler lets it go. So the scheduler owns the order, one statement a
 and nothing depends on timing. A send it could not order is refused: on the connection
 from a thread that is not its session's, or on an earlier run's connection object, and a
 connect (psycopg, psycopg2, asyncpg) from a session's thread or to a running code run's
-database. A step's note is its caller's ``file:line``: the first
-frame outside psycopg, SQLAlchemy and pgrace.
+database. A call that sends nothing (an attribute's setter, commit() when idle) is no step:
+the server cannot tell its order. A step's note is its caller's ``file:line``: the first
+frame outside the frameworks (:mod:`pgrace.engine.frames`: the standard library, the known
+ones, and the modules a run names besides).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import importlib
 import inspect
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import psycopg
 from psycopg import pq, sql
 
+from pgrace.engine.frames import caller
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import exception_error
 from pgrace.errors import CodeError
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
     from pgrace.model.variables import Value
 
 SessionCode = Callable[[Any], object]
-_SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib", "psycopg2", "asyncpg", "asyncio")
-
 # -- the session's side: a connection that asks before it sends -------------------------------
 
 
@@ -64,6 +62,7 @@ class Gate:
 
     name: str
     cond: threading.Condition
+    framework: tuple[str, ...] = ()  # module prefixes whose frames are not the application's, besides the known ones
     thread: threading.Thread | None = None
     state: Literal["python", "ready", "running", "done"] = "python"
     since: float = 0.0  # when it entered its state
@@ -165,20 +164,29 @@ class TracedConnection(psycopg.Connection[Any]):
         name = getattr(gen, "__name__", "")
         if gate is None or name in ("copy_to", "copy_end", "copy_from"):
             return super().wait(gen, interval, timeout)
-        label, self._label = self._label or _GEN_LABELS.get(name, name or "psycopg"), None
+        label, self._label = self._label or _sent_by(self, gen), None
+        if label is None:  # client-side state only: the server sees nothing, so there is nothing to order
+            return super().wait(gen, interval, timeout)
         return self._step(label, None, lambda: super(TracedConnection, self).wait(gen, interval, timeout))
 
     def commit(self) -> None:
-        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-            with self.untracked():  # psycopg sends nothing: not a step
+        if self._sends_nothing_to_end():
+            with self.untracked():  # psycopg sends nothing (or refuses before sending): not a step
                 return super().commit()
         self._step("COMMIT", None, super().commit)
 
     def rollback(self) -> None:
-        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        if self._sends_nothing_to_end(rollback=True):
             with self.untracked():  # e.g. a pool's reset of an idle connection: nothing sent
                 return super().rollback()
         self._step("ROLLBACK", None, super().rollback)
+
+    def _sends_nothing_to_end(self, rollback: bool = False) -> bool:
+        """commit() and rollback() send nothing when idle (but a rollback syncs a pipeline first), and
+        refuse before sending inside ``conn.transaction()`` or a two-phase transaction."""
+        idle = self.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        syncs = rollback and self._pipeline is not None
+        return (idle and not syncs) or bool(self._num_transactions) or self._tpc is not None
 
     def close(self) -> None:
         if not self._lent and not self._stale:  # a session closing (or SQLAlchemy disposing) it: kept open
@@ -213,6 +221,63 @@ _GEN_LABELS = {
     "_scroll_gen": "MOVE (server-side cursor)",
     "_close_gen": "CLOSE (server-side cursor)",
 }
+_SETTERS = {
+    "_set_autocommit_gen": "autocommit",
+    "_set_isolation_level_gen": "isolation_level",
+    "_set_read_only_gen": "read_only",
+    "_set_deferrable_gen": "deferrable",
+}
+
+
+def _sent_by(conn: TracedConnection, gen: Any) -> str | None:
+    """What a psycopg generator is about to send, as a step's label; None when it sends nothing.
+
+    Decided before it runs, from the state its code reads: a connection attribute's setter
+    only checks the transaction status (and refuses inside a transaction, still sending
+    nothing) unless a pipeline must be synced first; a pipeline's outermost entry only
+    switches libpq's mode; a server-side cursor without HOLD is gone once its transaction
+    ended, so closing it is client-side.
+    """
+    name = getattr(gen, "__name__", "")
+    owner = _generator_self(gen)
+    status = conn.pgconn.transaction_status
+    if name in _SETTERS:
+        if conn._pipeline is None or status != pq.TransactionStatus.IDLE:
+            return None
+        return f"SYNC (pipeline, before setting {_SETTERS[name]})"
+    if isinstance(owner, psycopg.Pipeline):
+        if name == "_enter_gen":
+            syncs = owner.level > 0 and (owner.command_queue or status == pq.TransactionStatus.ACTIVE)
+            return "SYNC (nested conn.pipeline())" if syncs else None
+        return "SYNC (end of conn.pipeline())" if name == "_exit_gen" else "SYNC (pipeline)"
+    if name == "_declare_gen" and isinstance(owner, psycopg.ServerCursor):
+        # A library's own server-side cursor class (conn.cursor(name) is labelled by TracedServerCursor);
+        # its name is left out: Django's carries the thread's ident, another in every run.
+        query = _describe(owner, _generator_local(gen, "query"), _generator_local(gen, "params"))
+        return f"DECLARE CURSOR FOR {query}"
+    if name == "_close_gen" and isinstance(owner, psycopg.ServerCursor):
+        sane = status in (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS)
+        if not sane or (status == pq.TransactionStatus.IDLE and not owner.withhold):
+            return None
+    if isinstance(owner, psycopg.Transaction):
+        if name == "_enter_gen":
+            return _GEN_LABELS[name] if status == pq.TransactionStatus.IDLE else "SAVEPOINT (conn.transaction())"
+        if name == "_exit_gen":
+            kept = _generator_local(gen, "exc_val") is None and not owner.force_rollback
+            if owner._outer_transaction:
+                return _GEN_LABELS[name] if kept else "ROLLBACK (end of conn.transaction())"
+            return "RELEASE (end of conn.transaction())" if kept else "ROLLBACK TO (end of conn.transaction())"
+    return _GEN_LABELS.get(name, name or "psycopg")
+
+
+def _generator_self(gen: Any) -> object:
+    """The object whose method made ``gen`` (its ``self``, bound before the generator starts)."""
+    return _generator_local(gen, "self")
+
+
+def _generator_local(gen: Any, name: str) -> object:
+    frame = getattr(gen, "gi_frame", None)  # None for psycopg's C generators: none of them is client-side
+    return None if frame is None else frame.f_locals.get(name)
 
 
 def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: Any, params: Any) -> str:
@@ -228,32 +293,12 @@ def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: An
         return str(query)
 
 
-def _caller() -> tuple[str, int | None]:
-    """The first frame outside psycopg, SQLAlchemy and pgrace: the application's line."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = str(frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] not in _SKIPPED_MODULES:
-            return shown_path(frame.f_code.co_filename), frame.f_lineno
-        frame = frame.f_back  # type: ignore[assignment]
-    return "?", None
-
-
-def shown_path(path: str) -> str:
-    """Relative to the working directory when under it: the text timeline must not depend on the machine."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative
-
-
 def _ask(gate: Gate, label: str) -> None:
     """In the session's thread: park at a statement until the scheduler lets it go."""
     if gate.end_location is not None:
         request = dataclasses.replace(gate.end_location, sql=label)
     else:
-        path, line = _caller()
+        path, line = caller(gate.framework)
         request = Request(label, f"{path}:{line}", line)
     with gate.cond:
         gate.request, gate.state, gate.since = request, "ready", time.perf_counter()
@@ -267,7 +312,7 @@ def _ask(gate: Gate, label: str) -> None:
 
 def _strayed(gate: Gate | None, why: str) -> None:
     """A send the scheduler cannot order (another thread's, an earlier run's connection): refused, and remembered."""
-    path, line = _caller()
+    path, line = caller(gate.framework if gate is not None else ())
     if gate is not None:
         with gate.cond:
             gate.strayed = gate.strayed or f"at {path}:{line}: {why}"
@@ -305,7 +350,7 @@ _MISSING: set[str] = set()  # drivers not installed: not looked for again at eve
 def _refuse(call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A connection the scheduler would not see: refused from a session's thread, or to a running run's database."""
     gate = GATES.get(threading.get_ident())
-    path, line = _caller()
+    path, line = caller(gate.framework if gate is not None else ())
     if gate is not None:
         with gate.cond:
             gate.intruded = gate.intruded or f"{path}:{line} ({call})"
@@ -383,57 +428,6 @@ def connections_guarded(database: str) -> Iterator[list[str]]:
                 while _PATCHED:
                     owner, attribute, original = _PATCHED.pop()
                     setattr(owner, attribute, original)
-
-
-def raised_at(exc: BaseException) -> tuple[str, int | None]:
-    """The innermost frame of the traceback in the application's code."""
-    found: tuple[str, int | None] = ("?", None)
-    tb = exc.__traceback__
-    while tb is not None:
-        module = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] not in _SKIPPED_MODULES:
-            found = (shown_path(tb.tb_frame.f_code.co_filename), tb.tb_lineno)
-        tb = tb.tb_next
-    return found
-
-
-def _underlying(fn: Any) -> Any:
-    """The function a session callable runs: through ``functools.partial``, decorators and bound methods."""
-    seen = 0
-    while seen < 100:  # a partial of a partial of ...; never a loop forever
-        seen += 1
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif hasattr(fn, "__wrapped__"):
-            fn = fn.__wrapped__
-        elif inspect.ismethod(fn):
-            fn = fn.__func__
-        elif not inspect.isfunction(fn) and not inspect.isbuiltin(fn) and callable(fn):
-            fn = type(fn).__call__
-            break
-        else:
-            break
-    return fn
-
-
-def display_name(fn: Any) -> str:
-    """A session callable's name: its function's, or its class's for an object with ``__call__``."""
-    target = _underlying(fn)
-    if getattr(target, "__name__", "") == "__call__":
-        return str(target.__qualname__.rsplit(".", 1)[0])
-    return str(getattr(target, "__name__", ""))
-
-
-def where_defined(fn: Any) -> tuple[str, int | None]:
-    """Where a session's code is, as ``path`` and line; its name when the source cannot be found (never a repr,
-    which carries a memory address that changes every run)."""
-    target = _underlying(fn)
-    try:
-        path = inspect.getsourcefile(target) or inspect.getfile(target)
-        _, line = inspect.getsourcelines(target)
-    except (TypeError, OSError):
-        return str(getattr(target, "__qualname__", type(target).__qualname__)), None
-    return shown_path(path), line
 
 
 class ThreadSession:
