@@ -1,9 +1,10 @@
 """Explore's reduction reads rows: a read by key, an insert's key, a delete's rows, told apart on one table.
 
 Each small scenario of ``tests/explore/reads/`` is explored reduced and exhaustively, and the
-two must find the same outcome classes. Four are the orders that must stay dependent (an
+two must find the same outcome classes. Five are the orders that must stay dependent (an
 update that moves a row into the key a write reads, an insert of a key it missed, a delete
-by a predicate, a phantom in a range); ``reads-apart`` is a read beside a transaction that
+by a predicate, a phantom in a range, a write that waited on a row and then left it
+alone); ``reads-apart`` is a read beside a transaction that
 touches only other keys, and needs fewer runs than when a read was of the whole table
 (``TABLE_RUNS``, measured with that rule). The figures of the acceptance: two independent
 lost updates on two rows of one table, and three sessions on one table.
@@ -27,7 +28,7 @@ READS = Path(__file__).parent / "explore" / "reads"
 
 #: Runs of the reduced search when a read, and a COMMIT, was of the whole table.
 TABLE_RUNS = {"reads-apart": 7}
-MUST_DEPEND = ["key-moves-in", "insert-missed", "delete-under-predicate", "phantom-range"]
+MUST_DEPEND = ["key-moves-in", "insert-missed", "delete-under-predicate", "phantom-range", "wait-then-skip"]
 
 
 def _classes(found: object) -> list[str]:

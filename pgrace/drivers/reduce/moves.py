@@ -8,12 +8,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pgrace.drivers.reduce.nature import CHECK_OPAQUE, Nature
-from pgrace.drivers.reduce.reads import effect_of, shapes
+from pgrace.drivers.reduce.reads import Shape, effect_of, in_physical_order, shapes
 from pgrace.engine.observe.footprints import ROW_ACTING
 from pgrace.engine.observe.locks.conflicts import CONFLICTS, ROW_CONFLICTS
 from pgrace.model.outcomes import Observed, classify
 from pgrace.model.scenario import Scenario
-from pgrace.model.timeline import FootprintObserved, ResultSet, Run, StepFinished, StepLaunched, StepWaiting
+from pgrace.model.timeline import (
+    CheckQueried,
+    FootprintObserved,
+    ResultSet,
+    Run,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+)
 
 __all__ = ["Access", "Move", "Trace", "chains", "dependent", "moves_of"]
 
@@ -37,6 +45,7 @@ class Access:
     rows: frozenset[tuple[str, str]] | None = frozenset()
     scan: frozenset[str] | None = None
     made: frozenset[str] | None = None
+    wrote: bool = True  # the step itself may have inserted, updated or deleted rows of it
 
     def merged(self, other: Access) -> Access:
         rows = None if self.rows is None or other.rows is None else self.rows | other.rows
@@ -47,6 +56,7 @@ class Access:
             rows,
             _union(self.scan, other.scan),
             _union(self.made, other.made),
+            self.wrote or other.wrote,
         )
 
     @property
@@ -96,6 +106,7 @@ class Move:
     snapshot: bool = False  # took its transaction's snapshot (REPEATABLE READ, SERIALIZABLE)
     isolated: bool = False  # runs in a transaction that keeps a snapshot
     enablers: tuple[int, ...] = ()  # positions whose completion it had to wait for (not reversible)
+    physical: bool = False  # a final check may see rows in the order they lie on disk
 
 
 def dependent(a: Move, b: Move) -> bool:
@@ -113,6 +124,8 @@ def dependent(a: Move, b: Move) -> bool:
                 return True
         elif _conflict(x, y) or (a.releases and _sees(x, y)) or (b.releases and _sees(y, x)):
             return True
+        elif (a.physical or b.physical) and (a.releases or b.releases or (x.wrote and y.wrote)):
+            return True  # where new row versions land, and what space an ended transaction frees
     return False
 
 
@@ -185,7 +198,8 @@ def _read_and_made(
     for key, a in access.items():
         if a.fine:
             scan = frozenset() if effect.quiet else effect.scans.get(key[1])
-            a = dataclasses.replace(a, scan=scan, made=mine.get(key[1], frozenset()))
+            wrote = effect.writes and "RowExclusiveLock" in a.modes
+            a = dataclasses.replace(a, scan=scan, made=mine.get(key[1], frozenset()), wrote=wrote)
         out[key] = a
     return out
 
@@ -253,6 +267,8 @@ def moves_of(
     readings: list[tuple[int, dict[str, tuple[bool, frozenset[str]]]]] = []  # launches before it, per session
     finished: dict[int, tuple[int, bool, bool]] = {}  # seq -> (launches before it, waited, failed)
     texts: dict[int, str] = {}
+    checks: list[str] = []
+    tables: dict[str, Shape] = {}
     wait_kinds: dict[int, set[str]] = {}
     returned: dict[int, ResultSet | None] = {}
     for event in run.events:
@@ -265,6 +281,10 @@ def moves_of(
                 wait_kinds[event.seq].add("marker")
         elif isinstance(event, FootprintObserved):
             readings.append((len(launches), {name: (busy, held) for name, busy, held in event.held}))
+            for _, _, entries in event.held:
+                tables.update(shapes(entries))
+        elif isinstance(event, CheckQueried):
+            checks.append(event.sql)
         elif isinstance(event, StepFinished):
             finished[event.seq] = (len(launches), event.after_wait, event.outcome.error is not None)
             returned[event.seq] = event.outcome.last_rows
@@ -284,6 +304,7 @@ def moves_of(
 
     scenario_defers = "deferr" in " ".join((*scenario.setup, *(s.sql for s in scenario.steps))).lower()
     all_opaque = any(CHECK_OPAQUE.search(c.sql) for c in scenario.checks)
+    physical = any(in_physical_order(text, tables) for text in checks or [c.sql for c in scenario.checks])
     own: list[Move] = []
     made: dict[str, tuple[str | None, dict[str, frozenset[str] | None]]] = {}  # session -> (vxid, keys by table)
     for i, (seq, name, session) in enumerate(launches):
@@ -346,7 +367,8 @@ def moves_of(
             if j is not None and j < i:
                 enablers.append(done_at[launches[j][0]])
         snapshot = "snapshot" in after and ("snapshot" not in before or vx_before != vx_after)
-        own.append(Move(name, session, access, opaque, releases, snapshot, isolated, tuple(sorted(set(enablers)))))
+        enabled_by = tuple(sorted(set(enablers)))
+        own.append(Move(name, session, access, opaque, releases, snapshot, isolated, enabled_by, physical))
     moves: list[Move] = []
     for i, move in enumerate(own):
         waiters = [own[j] for j, (seq, _, _) in enumerate(launches) if j != i and done_at[seq] == i]

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Effect", "Shape", "effect_of", "record_text", "shapes"]
+__all__ = ["Effect", "Shape", "effect_of", "in_physical_order", "record_text", "shapes"]
 
 #: The most keys a read is narrowed to (an IN list times another): beyond, every row.
 MOST_KEYS = 1000
@@ -75,6 +75,7 @@ class Effect:
     scans: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
     made: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
     made_anywhere: bool = False
+    writes: bool = True  # it may insert, update or delete rows
 
 
 UNKNOWN = Effect(made_anywhere=True)
@@ -143,15 +144,17 @@ def effect_of(
         return UNKNOWN
     kinds = [type(s).__name__ for s in statements]
     if all(k in QUIET_STATEMENTS for k in kinds):
-        return Effect(quiet=True)
+        return Effect(quiet=True, writes=False)
     if not closed or probes:
         return UNKNOWN
     scans: dict[str, frozenset[str] | None] = {}
     made: dict[str, frozenset[str] | None] = {}
     anywhere = False
+    writes = False
     for statement, kind in zip(statements, kinds, strict=True):
         if kind in QUIET_STATEMENTS:
             continue
+        writes = writes or any(type(n).__name__ in WRITES | {"DeleteStmt", "FuncCall"} for n in _walk(statement))
         one = _statement(statement, kind, tables, returned if len(statements) == 1 else None)
         if one is None:
             anywhere = anywhere or any(type(n).__name__ in WRITES | {"FuncCall"} for n in _walk(statement))
@@ -161,7 +164,76 @@ def effect_of(
         for name, keys in one.made.items():
             made[name] = _union(made.get(name, frozenset()), keys)
         anywhere = anywhere or one.made_anywhere
-    return Effect(False, scans, made, anywhere)
+    return Effect(False, scans, made, anywhere, writes)
+
+
+def in_physical_order(text: str, tables: Mapping[str, Shape]) -> bool:
+    """Whether a final check's rows may come in the order they lie on disk (which the order of
+    writes to different rows changes): anything but SELECTs (subqueries too) each ordered by
+    ORDER BY, of no table, or of order-blind aggregates alone (an ORDER BY's ties are taken
+    as broken by its columns)."""
+    import pglast
+
+    try:
+        statements = [raw.stmt for raw in pglast.parse_sql(text)]
+    except Exception:
+        return True
+    if any(type(s).__name__ != "SelectStmt" for s in statements):
+        return True
+    nodes = [n for s in statements for n in _walk(s)]
+    inner = {id(n.subselect) for n in nodes if type(n).__name__ == "SubLink"}  # one value, or a set
+    for select in (n for n in nodes if type(n).__name__ == "SelectStmt"):
+        if int(select.op) != 0:
+            return True
+        if id(select) in inner:
+            calls = (f for t in select.targetList or () for f in _walk(t.val) if type(f).__name__ == "FuncCall")
+            if not all(_order_blind(f) for f in calls):
+                return True
+            continue
+        if select.sortClause or not select.fromClause or _one_row(select, tables):
+            continue
+        if select.groupClause or not all(_aggregated(t.val) for t in select.targetList or ()):
+            return True
+    return False
+
+
+def _one_row(select: Any, tables: Mapping[str, Shape]) -> bool:
+    """A SELECT of one table whose WHERE fixes its primary key to one value."""
+    if len(select.fromClause) != 1 or type(select.fromClause[0]).__name__ != "RangeVar":
+        return False
+    shape = _resolve(select.fromClause[0], tables)
+    if shape is None:
+        return False
+    keys = _keys_of(select.whereClause, shape, select.fromClause[0])
+    return keys is not None and len(keys) <= 1
+
+
+def _aggregated(node: Any) -> bool:
+    """Every column it reads is inside an order-blind aggregate: one value, whatever the rows' order."""
+    from pglast import ast
+
+    if type(node).__name__ == "FuncCall" and _order_blind(node):
+        return True
+    if type(node).__name__ in ("ColumnRef", "FuncCall"):
+        return type(node).__name__ == "FuncCall" and all(_aggregated(a) for a in node.args or ())
+    if type(node).__name__ == "SubLink":
+        return True  # its SELECT is looked at on its own
+    if isinstance(node, ast.Node):
+        return all(_aggregated(getattr(node, name, None)) for name in getattr(type(node), "__slots__", ()))
+    if isinstance(node, list | tuple):
+        return all(_aggregated(item) for item in node)
+    return True
+
+
+ORDER_BLIND = {"count", "sum", "min", "max", "avg", "bool_and", "bool_or", "every"}
+
+
+def _order_blind(node: Any) -> bool:
+    """An aggregate whose value does not hang on the order of its rows."""
+    if type(node).__name__ != "FuncCall" or node.over is not None:
+        return False
+    name = getattr(node.funcname[-1], "sval", "")
+    return name in ORDER_BLIND or bool(node.agg_order)
 
 
 def _union(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
