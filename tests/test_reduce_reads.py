@@ -157,3 +157,23 @@ def test_which_reads_an_ending_transaction_changes(
     read = Access(False, True, frozenset({"AccessShareLock"}), frozenset(), reader, frozenset())
     assert dependent(_move("x", read), _move("y", ending, releases=True)) is depends
     assert dependent(_move("y", ending, releases=True), _move("x", read)) is depends
+
+
+@pytest.mark.parametrize(
+    ("sql", "physical"),
+    [
+        ("SELECT * FROM accounts", True),  # the rows as they lie on disk
+        ("SELECT * FROM accounts ORDER BY id", False),
+        ("SELECT balance FROM accounts WHERE id = 1", False),  # one row
+        ("SELECT (SELECT balance FROM accounts WHERE id = 1), (SELECT balance FROM accounts WHERE id = 2)", False),
+        ("SELECT count(*), sum(balance) FROM accounts", False),
+        ("SELECT string_agg(balance::text, ',' ORDER BY id) FROM accounts", False),
+        ("SELECT string_agg(balance::text, ',') FROM accounts", True),
+        ("SELECT (SELECT string_agg(balance::text, ',') FROM accounts)", True),
+        ("SELECT balance, count(*) FROM accounts GROUP BY balance", True),
+    ],
+)
+def test_which_final_checks_see_rows_in_disk_order(sql: str, physical: bool) -> None:
+    from pgrace.drivers.reduce.reads import in_physical_order
+
+    assert in_physical_order(sql, ACCOUNTS) is physical

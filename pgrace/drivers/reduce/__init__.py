@@ -32,6 +32,8 @@ The dependence relation errs one way only: two steps of different sessions are
   updated or locked, and those it inserted or moved a row to (``reads.py`` says which rows
   a step's text reads and which keys it makes; any other read is of every row, an
   unknown key any key);
+* the scenario's final checks may see rows in the order they lie on disk (``reads.in_physical_order``),
+  and both write a common table, or one of them ends a transaction and they share a table;
 * they touch a common advisory key, object, or relation other than a table (a sequence,
   a view, a TOAST table ...), and one of them more than reads it;
 * they touch a common table (plain or partitioned; an index counts as its table) and
