@@ -194,16 +194,14 @@ def explore(
     exploration's ``guarantee`` says which of these its classes carry.
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
-    from pgrace.drivers.explore import Space, load_explorations, merge_explorations, reduces, replay, same_class
+    from pgrace.drivers.explore import Space, reduces, replay, same_class
     from pgrace.drivers.explore import explore as explore_space
+    from pgrace.drivers.shards import load_explorations, merge_explorations
 
     space = Space(scenario)
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
-        merged = merge_explorations(load_explorations(texts, space))
-        if (merged.scenario, merged.variant) != (scenario.name, scenario.variant):
-            raise ScenarioError(f"the files explored {merged.scenario} ({merged.variant}), not this scenario")
-        return Explored(scenario, merged)
+        return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
     from pgrace.drivers.bounded import check_bounds
 
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
