@@ -2,11 +2,14 @@
 
 For every shipped scenario (both variants), the hard ones in tests/explore/hard/, the rows
 ones in tests/explore/rows/ and the two shapes of the acceptance (three withdrawals: 3
-sessions x 4 steps; two independent lost updates: 4 x 4), runs the reduced search and,
+sessions x 4 steps; two independent lost updates: 4 x 4, on two tables and on two rows of one
+table in tests/explore/reads/, with the other reads ones), runs the reduced search and,
 where the space is at most MAX_WHOLE, the exhaustive one, and says whether their outcome
 classes are the same (they must be).
 
-    python bench/bench_reduce.py [MAX_WHOLE]      # default 40,000: includes the 34,650 (about 6 min)
+    python bench/bench_reduce.py [MAX_WHOLE] [NAME ...]   # default 40,000: includes the 34,650 (about 6 min)
+
+NAME: only the scenarios of these names (``one-reader-two-writers two-pairs-one-table``).
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ def main() -> None:
         *sorted((ROOT / "scenarios").glob("*.toml")),
         *sorted((ROOT / "tests" / "explore" / "hard").glob("*.toml")),
         *sorted((ROOT / "tests" / "explore" / "rows").glob("*.toml")),
+        *sorted((ROOT / "tests" / "explore" / "reads").glob("*.toml")),
     ]
     files += [
         ROOT / "tests" / "explore" / "three-withdrawals.toml",
         ROOT / "tests" / "explore" / "two-lost-updates.toml",
     ]
+    names = set(sys.argv[2:])
+    files = [f for f in files if not names or f.stem in names]
     print(
         "| scenario | variant | interleavings | reduced runs | reduced s | exhaustive runs | exhaustive s | classes |"
     )

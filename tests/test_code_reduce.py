@@ -81,7 +81,18 @@ EXAMPLES: dict[str, tuple[dict[str, Callable[[Any], object]], str, str]] = {
     "an exception": ({"alice": withdraw_checked, "bob": withdraw_checked}, SETUP, FINAL),
     "REPEATABLE READ": ({"alice": withdraw_repeatable, "bob": withdraw_repeatable}, SETUP, FINAL),
     "SKIP LOCKED": ({"w1": claim, "w2": claim}, JOBS, "SELECT id, owner FROM jobs ORDER BY id"),
-    "rows apart": ({"alice": withdraw, "bob": withdraw_second}, f"{SETUP}, (2, 500)", "SELECT * FROM accounts"),
+    # ORDER BY: without, the rows come in the order they lie on disk, which the order of the two updates decides
+    "rows apart": (
+        {"alice": withdraw, "bob": withdraw_second},
+        f"{SETUP}, (2, 500)",
+        "SELECT * FROM accounts ORDER BY id",
+    ),
+    # the final rows in the order they lie on disk: the two updates of different rows stay ordered
+    "rows apart, in disk order": (
+        {"alice": withdraw, "bob": withdraw_second},
+        f"{SETUP}, (2, 500)",
+        "SELECT * FROM accounts",
+    ),
     "an exception, and one apart": (
         {"alice": withdraw_checked, "bob": withdraw_checked, "carol": deposit},
         f"{SETUP}; {SAVINGS}",

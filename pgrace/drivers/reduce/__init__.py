@@ -26,8 +26,14 @@ The dependence relation errs one way only: two steps of different sessions are
 * both run in transactions that keep a snapshot (REPEATABLE READ, SERIALIZABLE:
   serialization failures are decided by the order of all their steps);
 * one ends a transaction or releases a lock (COMMIT, ROLLBACK, ROLLBACK TO SAVEPOINT,
-  an advisory unlock) and the other takes a snapshot, or touches anything the ending
-  transaction held;
+  an advisory unlock) and the other takes a snapshot, or touches anything but a table the
+  ending transaction held, or a table whose locks or rows conflict with the other's (as
+  below), or reads a row of a table the ending transaction changed: the keys it deleted,
+  updated or locked, and those it inserted or moved a row to (``reads.py`` says which rows
+  a step's text reads and which keys it makes; any other read is of every row, an
+  unknown key any key);
+* the scenario's final checks may see rows in the order they lie on disk (``reads.in_physical_order``),
+  and both write a common table, or one of them ends a transaction and they share a table;
 * they touch a common advisory key, object, or relation other than a table (a sequence,
   a view, a TOAST table ...), and one of them more than reads it;
 * they touch a common table (plain or partitioned; an index counts as its table) and
@@ -37,15 +43,18 @@ The dependence relation errs one way only: two steps of different sessions are
   NO KEY UPDATE, FOR UPDATE; an UPDATE takes one of the last two, a DELETE FOR UPDATE, a
   foreign key's check FOR KEY SHARE on the parent). A plain read and another open
   transaction's change commute: neither order lets the read see it; what orders them is
-  the writer's COMMIT or ROLLBACK, dependent on both. Rows inserted by the transaction
-  are not in its rows: no one else sees them, and a clash of keys shows as a wait.
+  the writer's COMMIT or ROLLBACK, dependent on the read when it read a row the writer
+  changed. Rows inserted by the transaction are not in its rows (its made keys are): no
+  one else sees them, and a clash of keys shows as a wait.
 
 A step's rows are every row of the table (dependent on every other step that locks or
 writes rows of it) when they cannot all be named (no primary key, a row version the
 observer cannot see, ``pgrowlocks`` missing, a table under ACCESS EXCLUSIVE), and for
 SKIP LOCKED, NOWAIT, ON CONFLICT and MERGE: their result hangs on rows they examined and
 may leave alone. A step that waited falls back to the relation-level rule on every table
-it touched (the conflict the run's order hit need not be a row: two inserts of one key).
+it touched (the conflict the run's order hit need not be a row: two inserts of one key),
+unless every reading while it was blocked shows it waiting on rows (a tuple lock), each
+named by its key: then each counts as a FOR UPDATE lock of that row.
 
 What a step touches is every lock and row its session holds after it, before it and,
 when it waited, while it waited: a transaction's locks only grow until it ends, so

@@ -8,11 +8,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pgrace.drivers.reduce.nature import CHECK_OPAQUE, Nature
+from pgrace.drivers.reduce.reads import Shape, effect_of, in_physical_order, shapes
 from pgrace.engine.observe.footprints import ROW_ACTING
 from pgrace.engine.observe.locks.conflicts import CONFLICTS, ROW_CONFLICTS
 from pgrace.model.outcomes import Observed, classify
 from pgrace.model.scenario import Scenario
-from pgrace.model.timeline import FootprintObserved, Run, StepFinished, StepLaunched
+from pgrace.model.timeline import (
+    CheckQueried,
+    FootprintObserved,
+    ResultSet,
+    Run,
+    StepFinished,
+    StepLaunched,
+    StepWaiting,
+)
 
 __all__ = ["Access", "Move", "Trace", "chains", "dependent", "moves_of"]
 
@@ -24,23 +33,52 @@ class Access:
     ``fine``: a table whose rows are told apart (a plain or partitioned one, read without a
     wait); then ``modes`` (its table locks, held or awaited) conflict by the eight-mode
     table and ``rows`` ((primary key, row-lock strength) its transaction locked or changed,
-    None: which is unknown) by the row-lock table. Otherwise ``writes`` (more than a read)
-    is all there is.
+    None: which is unknown) by the row-lock table; ``scan``: the keys of the rows the step
+    itself read (None: any row), and ``made``: the keys of the rows its transaction
+    inserted or moved a key to (None: not known), see :mod:`.reads`. Otherwise ``writes``
+    (more than a read) is all there is.
     """
 
     writes: bool
     fine: bool = False
     modes: frozenset[str] = frozenset()
     rows: frozenset[tuple[str, str]] | None = frozenset()
+    scan: frozenset[str] | None = None
+    made: frozenset[str] | None = None
+    wrote: bool = True  # the step itself may have inserted, updated or deleted rows of it
 
     def merged(self, other: Access) -> Access:
         rows = None if self.rows is None or other.rows is None else self.rows | other.rows
-        return Access(self.writes or other.writes, self.fine and other.fine, self.modes | other.modes, rows)
+        return Access(
+            self.writes or other.writes,
+            self.fine and other.fine,
+            self.modes | other.modes,
+            rows,
+            _union(self.scan, other.scan),
+            _union(self.made, other.made),
+            self.wrote or other.wrote,
+        )
 
     @property
     def acts_on_rows(self) -> bool:
         """Locks or writes rows (an insert too): its rows then matter to another's."""
         return bool(self.modes & ROW_ACTING) or self.rows is None or bool(self.rows)
+
+
+def _union(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+    return None if a is None or b is None else a | b
+
+
+def _sees(ending: Access, other: Access) -> bool:
+    """Whether a read of ``other``'s could see a row version ``ending``'s transaction changed, made
+    visible (COMMIT) or took back (ROLLBACK): the keys ``other`` read against those it deleted,
+    updated, locked or made."""
+    if other.scan == frozenset() or "RowExclusiveLock" not in ending.modes:
+        return False  # it reads no row, or the ending transaction changed none of this table
+    if ending.rows is None or ending.made is None:
+        return True
+    changed = {key for key, _ in ending.rows} | ending.made
+    return bool(changed) and (other.scan is None or bool(changed & other.scan))
 
 
 def _conflict(a: Access, b: Access) -> bool:
@@ -68,6 +106,7 @@ class Move:
     snapshot: bool = False  # took its transaction's snapshot (REPEATABLE READ, SERIALIZABLE)
     isolated: bool = False  # runs in a transaction that keeps a snapshot
     enablers: tuple[int, ...] = ()  # positions whose completion it had to wait for (not reversible)
+    physical: bool = False  # a final check may see rows in the order they lie on disk
 
 
 def dependent(a: Move, b: Move) -> bool:
@@ -78,14 +117,23 @@ def dependent(a: Move, b: Move) -> bool:
         return True
     if (a.releases and b.snapshot) or (b.releases and a.snapshot):
         return True
-    common = a.access.keys() & b.access.keys()
-    if not common:
-        return False
-    return a.releases or b.releases or any(_conflict(a.access[k], b.access[k]) for k in common)
+    for key in a.access.keys() & b.access.keys():
+        x, y = a.access[key], b.access[key]
+        if not (x.fine and y.fine):
+            if a.releases or b.releases or x.writes or y.writes:
+                return True
+        elif _conflict(x, y) or (a.releases and _sees(x, y)) or (b.releases and _sees(y, x)):
+            return True
+        elif (a.physical or b.physical) and (a.releases or b.releases or (x.wrote and y.wrote)):
+            return True  # where new row versions land, and what space an ended transaction frees
+    return False
 
 
-def _resources(entries: frozenset[str]) -> dict[tuple[str, ...], Access]:
-    """One reading's entries (see :class:`~pgrace.model.timeline.FootprintObserved`) as resources."""
+def _resources(entries: frozenset[str], row_wait: bool = False) -> dict[tuple[str, ...], Access]:
+    """One reading's entries (see :class:`~pgrace.model.timeline.FootprintObserved`) as resources.
+
+    ``row_wait``: a row-lock waiter's, each row it waits for named (``wants|``): its tuple
+    lock counts as the strongest lock of that row, and the table's rows stay told apart."""
     out: dict[tuple[str, ...], Access] = {}
     named = {e[5:] for e in entries if e.startswith("rows|")}
     rows: dict[str, set[tuple[str, str]]] = {}
@@ -93,11 +141,16 @@ def _resources(entries: frozenset[str]) -> dict[tuple[str, ...], Access]:
         if entry.startswith("row|"):
             table, strength, row = json.loads(entry[4:])
             rows.setdefault(table, set()).add((row, strength))
+        elif row_wait and entry.startswith("wants|"):
+            table, row = json.loads(entry[6:])
+            rows.setdefault(table, set()).add((row, "FOR UPDATE"))
     for entry in entries:
-        if entry == "snapshot" or entry.startswith(("rows|", "row|")):
+        if entry in ("snapshot", "closed", "wants?") or entry.startswith(("rows|", "row|", "table|", "wants|")):
             continue
         fields = (entry.split("|") + [""] * 10)[:10]
         locktype, database, relation, classid, objid, objsubid, _vxid, mode, granted, relkind = fields
+        if row_wait and locktype == "tuple":
+            continue
         if locktype == "virtualxid" or mode == "SIReadLock":
             continue
         if relation and relation != "?":
@@ -115,6 +168,39 @@ def _resources(entries: frozenset[str]) -> dict[tuple[str, ...], Access]:
             known = frozenset(rows.get(relation, ())) if relation in named or not acting else None
             access = Access(writes, True, frozenset({mode}), known)
         out[key] = out[key].merged(access) if key in out else access
+    return out
+
+
+def _read_and_made(
+    access: dict[tuple[str, ...], Access],
+    text: str,
+    returned: ResultSet | None,
+    reading: frozenset[str],
+    is_after: Mapping[tuple[str, ...], Access],
+    nature: Nature,
+    made: dict[str, tuple[str | None, dict[str, frozenset[str] | None]]],
+    session: str,
+    transaction: str | None,
+) -> dict[tuple[str, ...], Access]:
+    """Each table's ``scan`` (what the step's text says it read) and ``made`` (the keys its
+    transaction made so far: the step's, added to its earlier steps')."""
+    effect = effect_of(text, shapes(reading), "closed" in reading, returned, nature.probes)
+    if made.get(session, (None, {}))[0] != transaction or session not in made:
+        made[session] = (transaction, {})
+    mine = made[session][1]
+    for table, keys in effect.made.items():
+        mine[table] = _union(mine.get(table, frozenset()), keys)
+    if effect.made_anywhere:
+        for key, a in is_after.items():
+            if key[0] == "relation" and "RowExclusiveLock" in a.modes:
+                mine[key[1]] = None
+    out = {}
+    for key, a in access.items():
+        if a.fine:
+            scan = frozenset() if effect.quiet else effect.scans.get(key[1])
+            wrote = effect.writes and "RowExclusiveLock" in a.modes
+            a = dataclasses.replace(a, scan=scan, made=mine.get(key[1], frozenset()), wrote=wrote)
+        out[key] = a
     return out
 
 
@@ -138,7 +224,7 @@ def _probing(access: Mapping[tuple[str, ...], Access]) -> dict[tuple[str, ...], 
 
 def _awaits(entries: frozenset[str]) -> bool:
     """A lock asked for and not granted yet."""
-    return any(e.split("|")[8:9] == ["f"] for e in entries if not e.startswith("row"))
+    return any(e.split("|")[8:9] == ["f"] for e in entries if not e.startswith(("row", "table|", "wants")))
 
 
 def _shrank(before: Access, after: Access | None) -> bool:
@@ -180,13 +266,28 @@ def moves_of(
     launches: list[tuple[int, str, str]] = []  # seq, step, session
     readings: list[tuple[int, dict[str, tuple[bool, frozenset[str]]]]] = []  # launches before it, per session
     finished: dict[int, tuple[int, bool, bool]] = {}  # seq -> (launches before it, waited, failed)
+    texts: dict[int, str] = {}
+    checks: list[str] = []
+    tables: dict[str, Shape] = {}
+    wait_kinds: dict[int, set[str]] = {}
+    returned: dict[int, ResultSet | None] = {}
     for event in run.events:
         if isinstance(event, StepLaunched):
             launches.append((event.seq, event.step, event.session))
+            texts[event.seq] = event.sql
+        elif isinstance(event, StepWaiting):
+            wait_kinds.setdefault(event.seq, set()).update(w.kind for w in event.waits)
+            if event.by_marker:
+                wait_kinds[event.seq].add("marker")
         elif isinstance(event, FootprintObserved):
             readings.append((len(launches), {name: (busy, held) for name, busy, held in event.held}))
+            for _, _, entries in event.held:
+                tables.update(shapes(entries))
+        elif isinstance(event, CheckQueried):
+            checks.append(event.sql)
         elif isinstance(event, StepFinished):
             finished[event.seq] = (len(launches), event.after_wait, event.outcome.error is not None)
+            returned[event.seq] = event.outcome.last_rows
     n = len(launches)
     done_at = {seq: finished[seq][0] - 1 if seq in finished else n for seq, _, _ in launches}
     position_of = {name: i for i, (_, name, _) in enumerate(launches)}
@@ -203,7 +304,9 @@ def moves_of(
 
     scenario_defers = "deferr" in " ".join((*scenario.setup, *(s.sql for s in scenario.steps))).lower()
     all_opaque = any(CHECK_OPAQUE.search(c.sql) for c in scenario.checks)
+    physical = any(in_physical_order(text, tables) for text in checks or [c.sql for c in scenario.checks])
     own: list[Move] = []
+    made: dict[str, tuple[str | None, dict[str, frozenset[str] | None]]] = {}  # session -> (vxid, keys by table)
     for i, (seq, name, session) in enumerate(launches):
         end = done_at[seq]
         before_reading = held(session, i)
@@ -215,11 +318,27 @@ def moves_of(
         access = _merge(was_before, is_after, *(_resources(r) for r in between))
         nature = natures.get(name, Nature(True, False, False))
         waited = (seq in finished and finished[seq][1]) or any(_awaits(r) for r in between)
-        if waited:
+        pending = [per[session] for count, per in readings if i + 1 <= count <= end and session in per]
+        blocked = [h for busy, h in pending if busy]
+        row_wait = (  # every reading while it was blocked shows it on rows, each one named
+            waited
+            and not wait_kinds.get(seq, set()) - {"row"}
+            and bool(blocked)
+            and all(any(e.startswith("tuple|") for e in h) for h in blocked)
+            and any(e.startswith("wants|") for r in between for e in r)
+            and not any("wants?" in r for r in between)
+        )
+        if row_wait:  # what it waited for is rows, each named: they stay told apart
+            access = _merge(was_before, is_after, *(_resources(r, row_wait=True) for r in between))
+        elif waited:
             access = _coarse(access)
         elif nature.probes:
             access = _probing(access)
         vx_before, vx_after = _vxid(before), _vxid(after)
+        transaction = vx_after or vx_before
+        reading = after or before
+        text, result = texts[seq], returned.get(seq)
+        access = _read_and_made(access, text, result, reading, is_after, nature, made, session, transaction)
         releases = (
             bool(was_before.keys() - is_after.keys())
             or (vx_before is not None and vx_before != vx_after)
@@ -248,7 +367,8 @@ def moves_of(
             if j is not None and j < i:
                 enablers.append(done_at[launches[j][0]])
         snapshot = "snapshot" in after and ("snapshot" not in before or vx_before != vx_after)
-        own.append(Move(name, session, access, opaque, releases, snapshot, isolated, tuple(sorted(set(enablers)))))
+        enabled_by = tuple(sorted(set(enablers)))
+        own.append(Move(name, session, access, opaque, releases, snapshot, isolated, enabled_by, physical))
     moves: list[Move] = []
     for i, move in enumerate(own):
         waiters = [own[j] for j, (seq, _, _) in enumerate(launches) if j != i and done_at[seq] == i]
