@@ -7,9 +7,15 @@ Markers (``--strict-markers``: a misspelt one is an error):
 * ``corpus``: reads PostgreSQL's isolation corpus; skips without it, fails under ``PGRACE_REQUIRE_CORPUS``.
 * ``docker``: starts containers on a Docker engine; skips without one, fails under ``PGRACE_REQUIRE_DOCKER``.
 * ``browser``, ``slow``: needs Chromium, or takes seconds even without a server.
+* ``solo``: bounds a wall-clock time or counts processes; ``make test`` runs it after the rest, alone.
 
 ``make test-fast`` runs what needs none of them, with ``PGRACE_NO_SERVER`` set: there pgrace
 refuses to start a server, so a test that needs one but is not marked fails loudly.
+
+``make test`` runs the rest in worker processes (pytest-xdist, ``--dist loadgroup``). Each worker
+has its session fixtures to itself (its own embedded server); the tests of a module whose
+fixtures are module-scoped (a PostgreSQL 15 server, a built wheel) go to one worker together,
+so each such fixture is made once, not once per worker.
 """
 
 from __future__ import annotations
@@ -37,11 +43,25 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop(DSN_ENV_VAR, None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: Fixture scopes wider than a test and narrower than the session: made once per worker that runs such a test.
+SHARED_SCOPES = frozenset({"package", "module", "class"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads xdist_group
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouping = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
+        if grouping and uses_a_shared_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def uses_a_shared_fixture(item: pytest.Item) -> bool:
+    """Whether a fixture of ``item`` lives longer than the test and shorter than the session (e.g. ``each_server``)."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(info, "name2fixturedefs", {})
+    return any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions.values())
 
 
 @functools.cache

@@ -25,7 +25,10 @@ from procs import alive, wait_gone
 
 from pgrace.servers import ServerInfo
 
-pytestmark = pytest.mark.server
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.solo,
+]  # solo: "within 2 s" is measured on a machine not busy with other tests
 
 # s1 is left inside a transaction holding an ACCESS EXCLUSIVE lock: the teardown's DROP waits forever.
 TEARDOWN_HANG = """
