@@ -55,8 +55,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.server)
         if grouping and uses_a_shared_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    if grouping and config.getoption("dist", "no") != "no":
-        # The workers take tests in this order: the long ones first, so none is left running alone at the end.
+    if hasattr(config, "workerinput"):
+        # A worker's collection: tests are handed out in its order (after the groups, largest first).
+        # The long ones go first, so none is left running alone at the end.
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
