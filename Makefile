@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint docs format typecheck demo pictures bench conformance docker clean
+.PHONY: help install test test-fast coverage lint docs format typecheck demo pictures bench conformance docker clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,11 +22,15 @@ install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the
 JOBS ?= 3
 
 test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
-	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not solo"
-	$(BIN)/pytest -q -p no:xdist -m solo
+	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not timing"
+	$(BIN)/pytest -q -p no:xdist -m timing
 
 test-fast: install ## The tests that need no server, corpus, browser or Docker and are quick (no PostgreSQL is started)
 	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow"
+
+coverage: install ## The fast tier's coverage of the engine and the reduced search, line by line (no PostgreSQL)
+	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow" \
+		--cov=pgrace.engine --cov=pgrace.drivers.reduce --cov-report=term-missing
 
 lint: install ## ruff (lint and format check), mypy --strict, no import cycle, the layers contract
 	$(BIN)/ruff check pgrace tests bench tools

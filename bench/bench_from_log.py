@@ -2,11 +2,12 @@
 
 Generates a stderr log of SIZE (default 1 GB) in a temporary directory: a busy server's
 lines (log_statement = all from 200 backends, durations, connections) with the real
-deadlock of examples/from-log/deadlock.log spliced in every 100 MB. Then runs
+deadlock of examples/from-log/deadlock.log spliced in INCIDENTS times (default 20,000),
+evenly, each with pids of its own. Then runs
 ``pgrace from-log --list`` and ``from_log`` writing the last incident's scenario in a
 child process, and reports its throughput and peak RSS. The log is deleted afterwards.
 
-    python bench/bench_from_log.py [SIZE_MB]
+    python bench/bench_from_log.py [SIZE_MB [INCIDENTS]]
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def busy_block(seed: int) -> str:
     return "".join(lines)
 
 
-def generate(path: Path, size: int) -> int:
+def generate(path: Path, size: int, count: int) -> int:
     """Write the log; return how many incidents it holds."""
     incident = "".join(EXAMPLE.read_text().splitlines(keepends=True)[5:])  # the incident's lines
+    every = max(1, size // count)
     written = incidents = 0
     with path.open("w") as f:
         seed = 0
@@ -70,19 +72,21 @@ def generate(path: Path, size: int) -> int:
             f.write(block)
             written += len(block)
             seed += 1
-            if written // (100 << 20) > incidents:
-                f.write(incident)
-                written += len(incident)
+            while incidents < count and written // every > incidents:
+                one = incident.replace("24914", str(400_000 + incidents)).replace("24915", str(600_000 + incidents))
+                f.write(one)
+                written += len(one)
                 incidents += 1
     return incidents
 
 
 def main() -> None:
     size = int(sys.argv[1]) << 20 if len(sys.argv) > 1 else 1 << 30
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 20_000
     with tempfile.TemporaryDirectory(prefix="pgrace-bench-from-log-") as tmp:
         log = Path(tmp) / "postgresql.log"
         started = time.perf_counter()
-        expected = generate(log, size)
+        expected = generate(log, size, count)
         actual = log.stat().st_size
         print(f"generated {actual / 1e6:,.0f} MB with {expected} deadlocks in {time.perf_counter() - started:.1f} s")
         env = dict(os.environ, PYTHONPATH=str(ROOT))

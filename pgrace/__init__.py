@@ -5,7 +5,7 @@ sessions' steps in a fixed interleaving against a real PostgreSQL and records a
 :class:`Run` (a timeline of typed events); renderers turn the run into text or JSON.
 
 The commands are functions of the same names (:mod:`pgrace.api`): ``run``, ``compare``,
-``check``, ``explore``, ``sweep``, ``matrix``, ``load`` (pgbench) and ``clean``, each
+``check``, ``explore``, ``minimize``, ``sweep``, ``matrix``, ``load`` (pgbench) and ``clean``, each
 returning what the command's formats draw; ``load_scenario`` reads a scenario file.
 
 The public names are imported on first use (PEP 562), so that importing a submodule,
@@ -24,7 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, run, sweep
+    from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, minimize, run, sweep
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
     from pgrace.drivers.explore import Exploration
     from pgrace.engine.runner import RunOptions
@@ -56,7 +56,8 @@ _HOMES = {
     "StepRun": "pgrace.model.timeline",
     "open_server": "pgrace.servers",
     **dict.fromkeys(
-        ("check", "clean", "compare", "explore", "load", "load_scenario", "matrix", "run", "sweep"), "pgrace.api"
+        ("check", "clean", "compare", "explore", "load", "load_scenario", "matrix", "minimize", "run", "sweep"),
+        "pgrace.api",
     ),
 }
 
@@ -86,6 +87,7 @@ __all__ = [
     "load",
     "load_scenario",
     "matrix",
+    "minimize",
     "open_server",
     "run",
     "run_code",

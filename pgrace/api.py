@@ -19,7 +19,7 @@ import pgrace.servers  # its open_server looked up at each call: a test may stan
 from pgrace import bounds
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.engine.options import RunOptions
-from pgrace.errors import PgraceError, ScenarioError
+from pgrace.errors import OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.formats import catalog
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Swept
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
+    from pgrace.drivers.minimize import Minimized
 
 
 def run(
@@ -289,6 +290,57 @@ def explore(
                 if not same_class(result.examples[n], found.classes[n - 1]):
                     result.replayed_differently.append(n)
     return result
+
+
+def minimize(
+    scenario: Scenario,
+    *,
+    dsn: str | None = None,
+    server: ServerInfo | None = None,
+    superuser: bool = False,
+    cls: int | None = None,
+    order: Sequence[str] | None = None,
+    output: str | Path | None = None,
+    spec: str | Path | None = None,
+    pytest: str | Path | None = None,
+    step_timeout: float = 10.0,
+    repeats: int | None = None,
+    on_note: Note | None = None,
+) -> Minimized:
+    """Shrink a failing run of ``scenario`` to the smallest scenario that fails the same way.
+
+    The run: class ``cls`` of its exploration (numbered from 1), the steps in ``order``, or
+    the file's own order. ``output``, ``spec``, ``pytest``: paths to write the minimized
+    scenario (TOML), an isolation spec (and its ``.out`` beside it) and a pytest test (it
+    needs ``output``) to, each verified on the server first. ``repeats``: runs per
+    candidate (by default 1, or 5 when the failure may hang on timing or chance).
+    """
+    from pgrace.drivers.minimize import failing_order
+    from pgrace.drivers.minimize import minimize as shrink
+    from pgrace.drivers.minimize.export import verified_pytest, verified_spec, verified_toml
+
+    if pytest is not None and output is None:
+        raise OptionError("a pytest test runs the minimized scenario: write it too with -o FILE", "--pytest")
+    with _serving(server, dsn, superuser, on_note) as opened:
+        start = failing_order(scenario, opened, cls, tuple(order) if order is not None else None, step_timeout)
+        found = shrink(scenario, opened, start, step_timeout=step_timeout, repeats=repeats)
+        texts: list[tuple[str, Path, str]] = []
+        toml = ""
+        if output is not None:
+            toml = verified_toml(found, opened, Path(output).parent, step_timeout)
+            texts.append(("scenario", Path(output), toml))
+        if spec is not None:
+            path = Path(spec)
+            spec_text, expected = verified_spec(found, opened, path.stem, path.parent)
+            texts += [("isolation spec", path, spec_text), ("expected output", path.with_suffix(".out"), expected)]
+        if pytest is not None and output is not None:
+            texts.append(
+                ("pytest test", Path(pytest), verified_pytest(found, opened, Path(output), toml, step_timeout))
+            )
+    for kind, path, text in texts:  # every one verified before any is written
+        path.write_text(text, encoding="utf-8")
+        found.written.append((kind, str(path)))
+    return found
 
 
 def sweep(

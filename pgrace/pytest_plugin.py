@@ -10,7 +10,8 @@ Fixtures:
 * ``pgrace_code`` (function): the application's own functions interleaved on that server
   (:mod:`pgrace.drivers.code`): ``pgrace_code.run(sessions, ...)``, ``pgrace_code.explore(sessions, ...)``,
   and ``pgrace_code.assert_every(found, predicate)``, which fails the test with the text
-  timeline of the simplest interleaving whose outcome does not satisfy ``predicate``.
+  timeline of the simplest interleaving whose outcome does not satisfy ``predicate``. Their
+  options are the functions' (``framework_modules=``: more modules a step's note passes over).
 """
 
 from __future__ import annotations

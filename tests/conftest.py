@@ -7,12 +7,13 @@ Markers (``--strict-markers``: a misspelt one is an error):
 * ``corpus``: reads PostgreSQL's isolation corpus; skips without it, fails under ``PGRACE_REQUIRE_CORPUS``.
 * ``docker``: starts containers on a Docker engine; skips without one, fails under ``PGRACE_REQUIRE_DOCKER``.
 * ``browser``, ``slow``: needs Chromium, or takes seconds even without a server.
-* ``solo``: bounds a wall-clock time or counts processes; ``make test`` runs it after the rest, alone.
+* ``timing``: asserts a wall-clock bound, which an overloaded machine may miss.
 
 ``make test-fast`` runs what needs none of them, with ``PGRACE_NO_SERVER`` set: there pgrace
 refuses to start a server, so a test that needs one but is not marked fails loudly.
 
-``make test`` runs the rest in worker processes (pytest-xdist, ``--dist loadgroup``). Each worker
+``make test`` runs the tests in worker processes (pytest-xdist, ``--dist loadgroup``), then the
+``timing`` ones alone, so that no other worker loads the machine while they measure. Each worker
 has its session fixtures to itself (its own embedded server); the tests of a module whose
 fixtures are module-scoped (a PostgreSQL 15 server, a built wheel) go to one worker together,
 so each such fixture is made once, not once per worker.

@@ -49,6 +49,7 @@ def test_a_cache_named_through_a_link_is_used_by_its_real_path(monkeypatch: pyte
             link.unlink()
 
 
+@pytest.mark.timing
 def test_emit_onto_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "lost-update.bug.pgbench.sql")
     started = time.monotonic()

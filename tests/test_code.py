@@ -298,7 +298,7 @@ def opens_its_own(conn: Any) -> None:
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
-        (never_touches, "session bad never sent a statement to the database"),
+        (never_touches, "session bad sent no statement: none on the connection pgrace passed it"),
         (raises_first, "session bad raised RuntimeError before its first statement: config missing"),
         (opens_its_own, "session bad opened a connection of its own at tests/test_code.py:"),
     ],
@@ -359,6 +359,7 @@ def test_a_statement_that_never_returns_is_cancelled_at_the_step_timeout(pgrace_
     assert _leftovers(pgrace_server, "sleeper") == []
 
 
+@pytest.mark.timing
 def test_a_setup_that_hangs_is_cut_by_the_step_timeout(pgrace_server: ServerInfo) -> None:
     """A code run's setup is control SQL as a scenario's: bounded by the step timeout, then cancelled."""
     started = time.perf_counter()

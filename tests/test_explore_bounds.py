@@ -88,6 +88,7 @@ def _orders(chains: list[list[str]]) -> list[tuple[str, ...]]:
 # -- counting and numbering (no server) ---------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_24_sessions_of_3_steps_are_counted_and_numbered_at_once() -> None:
     out = python(
         """
@@ -140,6 +141,7 @@ def test_sessions_tied_by_captures_are_counted_exactly_with_free_sessions_around
     assert sorted(brute) == sorted(orders)
 
 
+@pytest.mark.timing
 def test_sessions_tied_by_captures_in_too_many_joint_positions_are_refused_at_once() -> None:
     """12 sessions of 3 steps, each using the previous one's capture: 4**12 joint positions."""
     out = python(
@@ -186,6 +188,7 @@ def test_the_same_seed_picks_what_it_always_picked(size: int, limit: int, seed: 
 # -- the options' bounds (refused before a server starts) -----------------------------------------
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "args",
     [
@@ -210,6 +213,7 @@ def test_a_sample_larger_than_the_bound_is_refused(limit: str) -> None:
         assert "at most 1,000,000" in result.stderr and "Traceback" not in result.output
 
 
+@pytest.mark.timing
 def test_a_sweep_of_too_many_combinations_is_refused_before_anything_loads() -> None:
     values = ",".join(str(n) for n in range(2, 39))  # 37 values
     started = time.perf_counter()

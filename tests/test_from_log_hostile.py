@@ -115,6 +115,7 @@ def test_jsonlog_with_lone_surrogates_and_fields_of_the_wrong_type_is_read(
     assert "\\ufffd" in out.read_text() or "\ufffd" in out.read_text()
 
 
+@pytest.mark.timing
 @pytest.mark.server
 def test_long_lines_that_match_no_prefix_are_judged_in_bounded_time(tmp_path: Path) -> None:
     """A 20 kB statement full of spaces and '@' in a log with PostgreSQL's default prefix.

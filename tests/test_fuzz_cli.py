@@ -256,6 +256,7 @@ def test_every_command_is_fuzzed() -> None:
 # -- a small sample on the real server ---------------------------------------------------------
 
 
+@pytest.mark.timing
 @fuzz_settings(20, deadline_s=120)
 @given(data=st.data())
 def test_runs_on_the_server_with_random_options_end_in_time(pgrace_server: ServerInfo, data: st.DataObject) -> None:

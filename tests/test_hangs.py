@@ -25,10 +25,7 @@ from procs import alive, wait_gone
 
 from pgrace.servers import ServerInfo
 
-pytestmark = [
-    pytest.mark.server,
-    pytest.mark.solo,
-]  # solo: "within 2 s" is measured on a machine not busy with other tests
+pytestmark = pytest.mark.server
 
 # s1 is left inside a transaction holding an ACCESS EXCLUSIVE lock: the teardown's DROP waits forever.
 TEARDOWN_HANG = """
@@ -193,6 +190,7 @@ def test_a_setup_that_blocks_forever_fails_the_run_after_the_step_timeout(
     assert leftovers(pgrace_server.dsn, "setup-hang") == ([], 0)
 
 
+@pytest.mark.timing
 @SIGNALS
 @pytest.mark.parametrize(
     ("name", "text", "statement", "waiting_for"),
@@ -225,6 +223,7 @@ def test_a_signal_ends_a_run_in_setup_steps_or_teardown_within_2_s(
     assert leftovers(pgrace_server.dsn, name) == ([], 0)
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(not RUN_ROOT.is_dir(), reason="no /dev/shm on this machine")
 @SIGNALS
 def test_a_signal_while_the_embedded_server_starts_ends_the_run_within_2_s(

@@ -38,6 +38,7 @@ def refused(name: str, content: bytes, tmp_path: Path) -> tuple[str, float]:
     return line.removeprefix(f"pgrace: {path}:"), took
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("name", "content", "where", "says"),
     [

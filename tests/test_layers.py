@@ -32,21 +32,18 @@ def test_a_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
 
 
 MAX_MODULE_LINES = 600
-MAX_CLASS_LINES = 300
 
 
-def test_no_module_is_too_long_to_read_nor_any_class() -> None:
-    """A module is read whole; past these sizes it holds more than one idea (cut it at its seams)."""
-    import ast
+def test_no_module_is_too_long_to_read() -> None:
+    """A module is read whole; past this size it holds more than one idea (cut it at its seams).
 
+    A function's size and branching are ruff's (C901, PLR0915 in pyproject.toml); a class
+    is as long as its methods need.
+    """
     too_long = []
     for path in sorted(Path(__file__).parent.parent.joinpath("pgrace").rglob("*.py")):
-        text = path.read_text()
-        if (lines := text.count("\n")) > MAX_MODULE_LINES:
+        if (lines := path.read_text().count("\n")) > MAX_MODULE_LINES:
             too_long.append(f"{path.name}: {lines} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef) and (size := (node.end_lineno or 0) - node.lineno + 1) > MAX_CLASS_LINES:
-                too_long.append(f"{path.name}: class {node.name} {size} lines")
     assert too_long == []
 
 

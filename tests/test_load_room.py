@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
@@ -36,6 +37,7 @@ transaction = ["UPDATE t SET v = v + 1 WHERE id = 1"]
 """
 
 
+@pytest.mark.server  # the CLI starts the embedded server itself: no fixture says so
 def test_pgraces_own_server_is_started_with_room_for_the_clients_asked_for() -> None:
     clients = DEFAULT_CONNECTIONS + 20  # more than the server has by default: refused before
     result = CliRunner().invoke(

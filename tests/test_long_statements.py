@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 from helpers import by_name
 
 from pgrace.formats.scenario_toml import parse_toml_scenario
@@ -52,6 +53,7 @@ sql = "COMMIT"
 """
 
 
+@pytest.mark.timing
 def test_a_wait_that_ends_during_a_long_statement_is_told_when_it_ends(pgrace_run: RunScenario) -> None:
     run = pgrace_run(scenario_text(LONG_HOLDER))
     assert run.ok, [c for c in run.checks if not c.ok]
@@ -90,6 +92,7 @@ sql = "COMMIT; SELECT pg_sleep(1)"
 """
 
 
+@pytest.mark.timing
 def test_a_step_that_releases_and_keeps_running_is_the_release(pgrace_run: RunScenario) -> None:
     run = pgrace_run(scenario_text(RELEASE_THEN_WORK))
     assert run.ok, [c for c in run.checks if not c.ok]

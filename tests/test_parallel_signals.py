@@ -23,10 +23,7 @@ from procs import alive
 
 from pgrace.servers import ServerInfo, open_server
 
-pytestmark = [
-    pytest.mark.server,
-    pytest.mark.solo,
-]  # solo: "within 2 s" is measured on a machine not busy with other tests
+pytestmark = pytest.mark.server
 
 # 3,000 interleavings of 4 workers × 3 steps: ~20 s of work at -j 3, unless stopped.
 LONG_EXPLORE = ["explore", "skip-locked-fanout", "-p", "workers=4", "--max", "3000"]
@@ -115,6 +112,7 @@ MOMENTS: dict[str, Callable[[subprocess.Popen[str], str, int], bool]] = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("moment", ["workers starting", "workers exploring"])
 def test_ctrl_c_and_sigterm_end_explore_jobs_within_2_s_with_nothing_left(
     pgrace_server: ServerInfo, moment: str

@@ -84,6 +84,7 @@ def test_which_shipped_scenarios_have_every_order_matter(name: str, differs: boo
     assert every_order_differs(catalog.load(name).variant_named("bug")) is differs
 
 
+@pytest.mark.timing
 def test_two_independent_lost_updates_are_covered_completely_in_few_runs(pgrace_server: ServerInfo) -> None:
     """Four sessions of four steps: 63,063,000 interleavings, no sample; each pair's outcome beside the other's."""
     scenario = catalog.load(str(HERE / "two-lost-updates.toml"))

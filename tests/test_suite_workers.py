@@ -1,12 +1,15 @@
-"""How ``make test`` shares the suite out: worker processes for most tests, then the solo tests alone.
+"""How ``make test`` shares the suite out: worker processes for most tests, then the timing tests alone.
 
 A module-scoped fixture (a PostgreSQL 15 server, a built wheel) is made once per worker that
-runs one of its tests, so its tests go to one worker together; and the two pytest commands of
-``make test`` between them run every test, so nothing is left out by the split.
+runs one of its tests, so its tests go to one worker together; the two pytest commands of
+``make test`` between them run every test, so nothing is left out by the split; and a test that
+bounds a wall-clock time is marked ``timing``, so it does not measure while other workers load
+the machine.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from pathlib import Path
@@ -45,15 +48,38 @@ def make_test_commands() -> list[list[str]]:
     return [shlex.split(line) for line in recipe.group(1).splitlines() if "pytest" in line]
 
 
-def test_make_test_runs_every_test_the_workers_first_then_the_solo_ones_alone() -> None:
+def test_make_test_runs_every_test_the_workers_first_then_the_timing_ones_alone() -> None:
     parallel, alone = make_test_commands()
     assert parallel[parallel.index("-n") + 1] == "$(JOBS)" and "loadgroup" in parallel
-    assert parallel[parallel.index("-m") + 1] == "not solo"
-    assert alone[alone.index("-m") + 1] == "solo" and "no:xdist" in alone  # one process
+    assert parallel[parallel.index("-m") + 1] == "not timing"
+    assert alone[alone.index("-m") + 1] == "timing" and "no:xdist" in alone  # one process
     assert all(not arg.startswith(("-k", "--deselect", "--ignore")) for arg in parallel + alone)
 
 
-def test_the_tests_that_bound_an_exit_within_2_s_run_alone() -> None:
-    """A signal must end a run within 2 s: measured while other workers load the machine, that flakes."""
-    for module in ("test_hangs.py", "test_parallel_signals.py"):
-        assert "pytest.mark.solo" in (ROOT / "tests" / module).read_text(), module
+#: An assertion that bounds how long something took: `assert took < 5`, `assert time.monotonic() - started < 2`.
+BOUNDS_TIME = re.compile(r"\b(took|elapsed|seconds_taken)\b\s*<|(perf_counter|monotonic)\(\)\s*-\s*\w+\s*<")
+
+
+def marked_timing(decorators: list[ast.expr]) -> bool:
+    return any(ast.unparse(d).endswith("mark.timing") for d in decorators)
+
+
+def test_every_test_that_bounds_a_wall_clock_time_is_marked_timing() -> None:
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        module = ast.parse(path.read_text())
+        whole_module = any(
+            isinstance(node, ast.Assign)
+            and any(isinstance(target, ast.Name) and target.id == "pytestmark" for target in node.targets)
+            and "mark.timing" in ast.unparse(node.value)
+            for node in module.body
+        )
+        for test in module.body:
+            if not isinstance(test, ast.FunctionDef) or not test.name.startswith("test_"):
+                continue
+            bounds = [
+                a for a in ast.walk(test) if isinstance(a, ast.Assert) and BOUNDS_TIME.search(ast.unparse(a.test))
+            ]
+            if bounds and not (whole_module or marked_timing(test.decorator_list)):
+                unmarked.append(f"{path.name}:{bounds[0].lineno} {test.name}")
+    assert unmarked == [], "these assert a wall-clock bound: mark them @pytest.mark.timing"

@@ -32,7 +32,7 @@ def main(server: Any = None) -> None:
     """Explore the race and the cure; show the timeline of the interleaving that loses 100."""
     for fn in (withdraw, withdraw_locked):
         found = pgrace.explore_code({"alice": fn, "bob": fn}, setup=SETUP, final=FINAL, server=server)
-        covered = "every order covered" if found.complete else "not every order covered"
+        covered = "every order covered" if found.complete else f"not every order covered: {found.incomplete}"
         print(f"{fn.__name__}: {found.run_count} runs, {covered}")
         for c in found.classes:
             print(f"  {c.count:3}  final {c.final[0]}  e.g. {' '.join(session for session, _ in c.statements)}")

@@ -359,3 +359,100 @@ def parse_shard(value: str | None) -> tuple[int, int]:
     if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
         raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
     return int(k), int(n)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@scenario_argument
+@fix_option
+@bug_option
+@param_option
+@click.option(
+    "--class", "cls", type=click.IntRange(min=1), metavar="N", help="Start from class N of the scenario's exploration."
+)
+@click.option("--order", metavar="STEP,STEP,...", help="Start from the steps in this order (default: the file's).")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=writable,
+    help="Write the minimized scenario (TOML, the failure as its expectations) here, once it is verified.",
+)
+@click.option(
+    "--spec",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=writable,
+    metavar="FILE",
+    help="Write an isolation spec here and its expected .out beside it, once the real isolationtester agrees.",
+)
+@click.option(
+    "--pytest",
+    "pytest_file",
+    type=click.Path(dir_okay=False, writable=True),
+    callback=writable,
+    metavar="FILE",
+    help="Write a pytest test of the minimized scenario (-o) here, once it is seen to fail.",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1, max=100),
+    metavar="N",
+    help="Runs per candidate (default 1, or 5 when the failure may hang on timing or chance).",
+)
+@format_option("minimize", f"Output format of the report: {either(formats.names('minimize'))}.")
+@server_option
+@dsn_option
+@step_timeout_option
+@superuser_option
+def minimize(
+    scenario: str,
+    fix: bool,
+    bug: bool,
+    params: tuple[str, ...],
+    cls: int | None,
+    order: str | None,
+    output: str | None,
+    spec: str | None,
+    pytest_file: str | None,
+    repeat: int | None,
+    fmt: str,
+    server_target: str | None,
+    dsn: str | None,
+    step_timeout: float,
+    superuser: bool,
+) -> None:
+    """Shrink a failing run to the smallest scenario that still fails the same way.
+
+    Starts from the file's order, class N of its exploration (--class) or an order of its
+    steps (--order), and removes sessions, transactions, steps, setup statements and seed
+    rows, keeping a removal only when the scenario still fails the same way on a reset
+    scratch database: the same failing checks, the same SQLSTATEs on the same steps, the
+    same waits. Prints each removal tried with its verdict and the minimized run; writes
+    the scenario, a spec and a pytest test, each verified first. The bug variant by default.
+    """
+    from pgrace import api
+    from pgrace.formats import catalog
+
+    loaded = catalog.load(scenario, parse_params(params))
+    if fix and bug:
+        raise click.UsageError("--fix and --bug exclude each other")
+    wanted = "fix" if fix else "bug" if bug or "bug" in loaded.variants else None
+    chosen = pick_variant(loaded, False, False) if wanted is None else catalog.variant(loaded, wanted)
+    if cls is not None and order is not None:
+        raise click.UsageError("--class and --order exclude each other")
+    for path in (output, spec, pytest_file):
+        refuse_overwriting_inputs(path, [chosen.source])
+    steps = [s.strip() for s in order.split(",")] if order is not None else None
+    found = api.minimize(
+        chosen,
+        dsn=server_target or dsn,
+        superuser=superuser,
+        cls=cls,
+        order=steps,
+        output=output,
+        spec=spec,
+        pytest=pytest_file,
+        step_timeout=step_timeout,
+        repeats=repeat,
+        on_note=say,
+    )
+    emit(draw("minimize", fmt, found), None)

@@ -19,8 +19,10 @@ stays pending while the others go on, exactly as in a scenario run. Each step is
 with the same timeline events as a scenario run (launched, waiting with the row and its
 holder, finished with what released it, locks held), into a :class:`~pgrace.model.timeline.Run`
 whose :class:`~pgrace.model.scenario.Scenario` is made from the steps as they were discovered, so
-every renderer draws it. A step's note is its caller's ``file:line``: the first frame
-outside psycopg, SQLAlchemy and pgrace.
+every renderer draws it. A step's note is its caller's ``file:line``: the innermost frame
+outside psycopg, SQLAlchemy, Django, pgrace, the standard library and the modules named by
+``framework_modules``. A call that sends nothing (``conn.autocommit = False`` and the other
+attributes' setters, ``commit()`` when idle) is no step.
 
 A callable's statements are only known by running it (they may depend on what it read),
 so :func:`explore_code` searches the tree of "which session goes next" choices. Reduced
@@ -31,20 +33,24 @@ says which statements commute. With ``reduce=False`` every schedule runs, depth 
 each run follows a prefix of choices, then takes the first ready session; the next run
 changes the last choice that has an untried alternative
 (:class:`pgrace.engine.schedule.ChoiceTree`). The schema is reset between runs (one scratch
-database, one set of connections, as ``pgrace explore``), runs are classified by
+database, one backend per session, reset by DISCARD ALL and handed out as a new connection
+object each run), runs are classified by
 :func:`pgrace.model.outcomes.classify`, and the result is ``pgrace explore``'s
 :class:`~pgrace.drivers.explore.Exploration` of :class:`~pgrace.model.outcomes.OutcomeClass` es.
 
-Bad input is a :class:`~pgrace.errors.CodeError` naming the function's ``file:line``: a
-session that never sends a statement, one that raises before its first statement, one that
-opens a connection of its own (``psycopg.connect`` is guarded while sessions run: a session
-thread calling it is refused), Python that runs longer than the step timeout without
-sending anything. Setup, the final query and teardown are bounded by the step timeout as
-a scenario's are, and a setup that fails is :class:`~pgrace.errors.SetupFailed` (exit 1).
-A statement that runs longer than the step timeout is cancelled, as a
-scenario step is (57014, an outcome), and one that outlives its cancel ends the run
-(:class:`~pgrace.errors.StepsStuck`). Threads are joined, connections closed, the scratch
-database dropped, whatever happens.
+A run proves only what the scheduler ordered: a statement that reaches the run's database
+past it fails the run with a :class:`~pgrace.errors.CodeError` naming the connection (a
+connect of psycopg, psycopg2 or asyncpg from a session's thread, or to the run's database
+from any thread; pgrace's connection used from another thread, or kept from an earlier run;
+any other client backend the server lists in the run's database before a step or at the
+end). Other bad input is a ``CodeError`` naming the function's ``file:line``: a session
+that sends no statement, one that raises before its first statement, Python that
+runs longer than the step timeout without sending anything. Setup, the final query and
+teardown are bounded by the step timeout as a scenario's are, and a setup that fails is
+:class:`~pgrace.errors.SetupFailed` (exit 1). A statement that runs longer than the step
+timeout is cancelled, as a scenario step is (57014, an outcome), and one that outlives its
+cancel ends the run (:class:`~pgrace.errors.StepsStuck`). Threads are joined, connections
+closed, the scratch database dropped, whatever happens.
 """
 
 from __future__ import annotations
@@ -62,8 +68,9 @@ from typing import Any
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.code_runner import CODE_SCHEMA, CodeRunner
 from pgrace.engine.code_scheduler import Chooser
+from pgrace.engine.frames import display_name
 from pgrace.engine.schedule import Choices, ChoiceTree, Follow, NamedOrder
-from pgrace.engine.threads import SessionCode, TracedConnection, display_name
+from pgrace.engine.threads import SessionCode, TracedConnection
 from pgrace.errors import CodeError
 from pgrace.model.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
 from pgrace.model.timeline import Run
@@ -103,6 +110,7 @@ def _runner(
     teardown: str | None,
     step_timeout: float,
     expect: Sequence[Sequence[Any]] | None,
+    framework_modules: Sequence[str] = (),
 ) -> Iterator[CodeRunner]:
     if len(sessions) < 1 or not all(callable(fn) for fn in sessions.values()):
         raise CodeError("sessions: a mapping of session names to callables that take a connection")
@@ -119,6 +127,7 @@ def _runner(
             server=server,
             expect=expect,
             observer_dsn=db.observer_dsn,
+            framework_modules=framework_modules,
         ) as runner,
     ):
         runner.has_row_locks = db.has_pgrowlocks
@@ -145,12 +154,16 @@ def run_code(
     server: ServerInfo | str | None = None,
     name: str | None = None,
     step_timeout: float = 10.0,
+    framework_modules: Sequence[str] = (),
 ) -> Run:
     """Run the sessions' code once, in ``order`` (session names, one per statement), fully observed.
 
     A session named in ``order`` that is blocked or finished is passed over until it can go
     (the next statement of it then comes first); after ``order``, the first session ready goes.
     ``final`` is a query run after the sessions; ``expect``, its rows, if they are checked.
+    ``framework_modules``: module prefixes (``"myapp.db"``) whose frames a step's note passes
+    over to name the application's line, besides psycopg's, SQLAlchemy's, Django's, pgrace's
+    and the standard library's.
     """
     runner = _runner(
         _name_of(sessions, name),
@@ -161,6 +174,7 @@ def run_code(
         teardown=teardown,
         step_timeout=step_timeout,
         expect=expect,
+        framework_modules=framework_modules,
     )
     return _observed_run(runner, NamedOrder(order, list(sessions)), expect is not None)
 
@@ -193,6 +207,7 @@ def explore_code(
     step_timeout: float = 10.0,
     limit: int = EXPLORE_LIMIT,
     reduce: bool = True,
+    framework_modules: Sequence[str] = (),
 ) -> Exploration:
     """Run the sessions under every order of their statements (a blocked one is no choice); group the outcomes.
 
@@ -204,7 +219,8 @@ def explore_code(
     ``reduce`` (the default): orders that differ only by swapping statements that commute
     (by what the server showed each one touched, as ``pgrace explore``'s reduction) are run
     once; ``complete`` says every order was covered. Without, every order is run. Either way
-    ``explored`` and ``runs`` count the runs, at most ``limit``.
+    ``explored`` and ``runs`` count the runs, at most ``limit``. ``framework_modules``: as
+    :func:`run_code`'s.
     """
     info = shared_server(server)
     name = _name_of(sessions, name)
@@ -219,6 +235,7 @@ def explore_code(
         teardown=teardown,
         step_timeout=step_timeout,
         expect=expect,
+        framework_modules=framework_modules,
     )
 
     def count(run: Run, taken: Sequence[int], runs: int) -> None:
@@ -233,13 +250,13 @@ def explore_code(
 
     with runner_for() as runner:
         if reduce:
-            runs, complete = _explore_reduced(runner, list(sessions), count, limit)
+            runs, why = _explore_reduced(runner, list(sessions), count, limit)
         else:
             tree = ChoiceTree(limit)
             for choices in tree:
                 run, _ = runner.run_once(choices, observe=False)
                 count(run, choices.taken, tree.explored + 1)
-            runs, complete = tree.explored, tree.complete
+            runs, why = tree.explored, None if tree.complete else f"stopped at the limit of {limit} runs"
 
     def replay(cls: OutcomeClass) -> Run:
         return _observed_run(runner_for(), Choices(cls.choices), expect is not None)
@@ -247,13 +264,16 @@ def explore_code(
     shown = ordered(classes.values())
     if expect is None:
         shown = [dataclasses.replace(c, summary=c.summary.replace(" · checks hold", "")) for c in shown]
-    return Exploration(name, "code", runs, runs, None, shown, runs=runs, complete=complete, replayer=replay)
+    return Exploration(
+        name, "code", runs, runs, None, shown, runs=runs, complete=why is None, incomplete=why, replayer=replay
+    )
 
 
 def _explore_reduced(
     runner: CodeRunner, names: Sequence[str], count: Callable[[Run, Sequence[int], int], None], limit: int
-) -> tuple[int, bool]:
-    """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): (runs, complete).
+) -> tuple[int, str | None]:
+    """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): the runs, and
+    why they do not cover every order (None: they do).
 
     Each run follows a prefix of statements the search asks for, then keeps the session
     going while it can; what every session held after each statement says which commute.
@@ -266,7 +286,7 @@ def _explore_reduced(
 
     last: list[tuple[Run, list[int]]] = []
     texts: dict[tuple[str, ...], str] = {}  # a prefix of launches: the statement its last one sent
-    changed = False
+    changed: str | None = None
 
     def execute(order: tuple[str, ...], avoid: frozenset[str]) -> Trace:
         nonlocal changed
@@ -276,8 +296,12 @@ def _explore_reduced(
         trace = code_trace(run, runner.raised)
         sent = [s.sql for s in run.scenario.steps if s.name not in runner.raised]
         for k, sql in enumerate(sent):
-            if texts.setdefault(trace.launched[: k + 1], sql) != sql:
-                changed = True
+            before = texts.setdefault(trace.launched[: k + 1], sql)
+            if before != sql and changed is None:
+                changed = (
+                    f"run {search.runs + 1} sent another statement after the same statements ({sql!r}, where an"
+                    f" earlier run sent {before!r}): the code depends on something besides the database"
+                )
                 break
         return trace
 
@@ -288,7 +312,16 @@ def _explore_reduced(
         count(run, taken, search.runs)
 
     complete = search.run(on_trace, limit)
-    return search.runs, complete and not changed
+    if changed is not None:
+        return search.runs, changed
+    if search.cut:
+        return search.runs, f"stopped at the limit of {limit} runs"
+    if not complete:
+        return search.runs, (
+            f"{search.diverged} of the runs did not follow the statements an earlier run sent in the same order"
+            " (the code or the server answered differently)"
+        )
+    return search.runs, None
 
 
 def observed_switches(pairs: Sequence[tuple[str, str]]) -> int:

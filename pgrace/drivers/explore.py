@@ -78,6 +78,7 @@ class Exploration:
     shard: tuple[int, int] = (1, 1)
     runs: int | None = None  # executions actually run (None: one per interleaving explored)
     complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
+    incomplete: str | None = None  # why not complete, in words (code's explorations)
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
@@ -536,6 +537,8 @@ def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Ex
             raise ScenarioError(f"not JSON: {exc.msg}", name, exc.lineno) from None
         except ValueError as exc:  # a number of more digits than Python converts
             raise ScenarioError(f"not an exploration's JSON ({exc})", name) from None
+        except RecursionError:
+            raise ScenarioError("not an exploration's JSON (nested deeper than pgrace writes it)", name, 1) from None
         if not isinstance(data, dict):
             raise ScenarioError("not an exploration's JSON (an object expected)", name)
         parts.append(exploration_from_dict(data, space))

@@ -21,7 +21,7 @@ from pgrace.errors import ScenarioError
 from pgrace.model import variables
 from pgrace.model.outcomes import switches
 from pgrace.model.scenario import Scenario, StepExpectation
-from pgrace.scratch import schema_reset_sql
+from pgrace.scratch import reaches_other_schemas, schema_reset_sql
 
 EXPLORE_SCHEMA = "pgrace_explore"
 
@@ -290,7 +290,10 @@ def prepared(scenario: Scenario) -> Scenario:
     steps = tuple(dataclasses.replace(s, expect=StepExpectation()) for s in scenario.steps)
     changed = dataclasses.replace(scenario, steps=steps, other=None)
     if not scenario.teardown:
-        changed = dataclasses.replace(changed, teardown=(schema_reset_sql(EXPLORE_SCHEMA),))
+        texts = [*scenario.setup, *(s.sql for s in scenario.steps), *(c.sql for c in scenario.checks)]
+        texts += [text for session in scenario.sessions for text in (session.setup, session.teardown) if text]
+        reset = schema_reset_sql(EXPLORE_SCHEMA, others=reaches_other_schemas(texts))
+        changed = dataclasses.replace(changed, teardown=(reset,))
     return changed
 
 

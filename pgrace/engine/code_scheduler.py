@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from pgrace.engine.frames import raised_at, where_defined
 from pgrace.engine.options import RunOptions
 from pgrace.engine.scheduler import Scheduler
-from pgrace.engine.threads import Gate, ThreadSession, raised_at, where_defined
+from pgrace.engine.threads import Gate, ThreadSession
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S, GateWaiting
 from pgrace.errors import CodeError
 from pgrace.model.scenario import PermutationStep, Scenario, Step
@@ -156,7 +157,7 @@ class CodeOrder:
             name = self._step_name(gate.name)
             kind = type(exc).__name__
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
-            path, line = raised_at(exc)
+            path, line = raised_at(exc, gate.framework)
             text = f"raise {kind}({message!r})"
             self.steps.append(Step(name, gate.name, text, note=f"{path}:{line}", line=line))
             self.raised.append(name)

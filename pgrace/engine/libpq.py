@@ -24,7 +24,7 @@ from pgrace.model.timeline import NoticeReceived, NotifyReceived, Outcome, Resul
 from pgrace.model.variables import Value
 
 if TYPE_CHECKING:
-    from pgrace.engine.observe.locks import LockInspector
+    from pgrace.engine.session import Inspector
     from pgrace.engine.steps import Recorder
 
 
@@ -131,7 +131,7 @@ class LibpqSession:
         lost = active.lost is not None or self.pgconn.status == pq.ConnStatus.BAD
         return lost, pq.TransactionStatus(pq.TransactionStatus.UNKNOWN if lost else self.pgconn.transaction_status)
 
-    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+    def heard(self, recorder: Recorder, inspector: Inspector) -> None:
         """As isolationtester after a step's result: read what arrived since, and record its notifications."""
         self.consume()
         while (notify := self.pgconn.notifies()) is not None:

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 from psycopg import pq
 
 if TYPE_CHECKING:
-    from pgrace.engine.libpq import LibpqSession
     from pgrace.engine.session import Session
     from pgrace.engine.steps import Active
     from pgrace.model.scenario import Scenario, Step
 
 
-def attempted(step: Step, session: LibpqSession) -> bool:
+def attempted(step: Step, session: Session) -> bool:
     """Whether to send ``step`` now that its session's earlier steps are done: retry loops decide.
 
     A loop's attempt K is sent only when attempt K-1 failed with one of the loop's
@@ -31,7 +30,7 @@ def attempted(step: Step, session: LibpqSession) -> bool:
         return True
     if step.attempt != session.attempts.get(step.loop, 1):
         return False
-    return not step.rollback or session.pgconn.transaction_status != pq.TransactionStatus.IDLE
+    return not step.rollback or session.transaction_status() != pq.TransactionStatus.IDLE
 
 
 def note_attempt(scenario: Scenario, session: Session, active: Active) -> None:

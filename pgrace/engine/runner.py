@@ -16,8 +16,9 @@ The runner records events into a :class:`~pgrace.model.timeline.Run` and never p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import pq
@@ -37,6 +38,9 @@ from pgrace.model import variables
 from pgrace.model.scenario import PermutationStep, Scenario
 from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
 from pgrace.model.variables import substitute
+
+if TYPE_CHECKING:
+    from pgrace.engine.session import Session
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
@@ -365,7 +369,7 @@ class Runner:
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
 
-def launch_ready(scheduler: Scheduler, sessions: dict[str, LibpqSession], deferred: list[PermutationStep]) -> None:
+def launch_ready(scheduler: Scheduler, sessions: Mapping[str, Session], deferred: list[PermutationStep]) -> None:
     """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
 
     A session runs one statement at a time: a step whose session is still blocked waits

@@ -35,9 +35,8 @@ from pgrace.model.variables import FACTS, Value, find, param_values, substitute
 if TYPE_CHECKING:
     import psycopg
 
-    from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.options import RunOptions
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import Inspector, Session
     from pgrace.engine.steps import Recorder, StepBook
 
 
@@ -55,7 +54,7 @@ class Scheduler:
         run: Run,
         options: RunOptions,
         sessions: Mapping[str, Session],
-        inspector: LockInspector,
+        inspector: Inspector,
         book: StepBook,
         control: psycopg.Connection[Any] | None = None,
         aborted: Callable[[str, str], PgraceError] | None = None,

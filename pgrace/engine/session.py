@@ -9,19 +9,52 @@ over this protocol, and each transport brings its own way to wait
   the scheduler sends each step on and selects on;
 * :class:`pgrace.engine.threads.ThreadSession`: the application's code, a thread parked at
   each statement until the scheduler lets it go, waited for on a condition.
+
+What the scheduler asks the server about its sessions is an :class:`Inspector`:
+:class:`~pgrace.engine.observe.locks.LockInspector` answers from ``pg_locks`` on the
+observer connection; a test of the scheduler alone may answer from a script.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg import pq
 
 if TYPE_CHECKING:
-    from pgrace.engine.observe.locks import LockInspector
-    from pgrace.engine.steps import Active, Recorder
-    from pgrace.model.timeline import Outcome, SessionLost, SqlError
+    import psycopg
+
+    from pgrace.engine.observe.locks import LockSnapshot
+    from pgrace.engine.steps import Active, Graph, Recorder
+    from pgrace.model.timeline import HeldLock, Outcome, SessionLost, SqlError, Wait
     from pgrace.model.variables import Value
+
+
+class Inspector(Protocol):
+    """What the scheduler and its step book ask about the sessions' backends, by pid."""
+
+    sessions: dict[int, str]  # backend pid -> session name
+    observer: psycopg.Connection[Any]  # read for footprints (explore's reduction) only
+
+    def name_of(self, pid: int) -> str: ...
+
+    def states(self, pids: list[int]) -> dict[int, str]:
+        """``pg_stat_activity.state`` of those backends still there."""
+        ...
+
+    def is_blocked(self, pid: int) -> bool:
+        """The server's verdict: the backend waits for another session of the scenario."""
+        ...
+
+    def describe_waits(self, pid: int) -> tuple[Wait, ...]: ...
+
+    def blocking_graph(self) -> Graph: ...
+
+    def deadlock_cycle(self, detail: str) -> tuple[str, ...]: ...
+
+    def row_locks(self) -> LockSnapshot: ...
+
+    def other_locks(self) -> tuple[HeldLock, ...]: ...
 
 
 class Session(Protocol):
@@ -62,7 +95,7 @@ class Session(Protocol):
         """Whether the step ended the session, and the transaction state it left."""
         ...
 
-    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+    def heard(self, recorder: Recorder, inspector: Inspector) -> None:
         """After the step's report: what the server sent since (notifications)."""
         ...
 

@@ -39,8 +39,7 @@ from pgrace.model.timeline import (
 )
 
 if TYPE_CHECKING:
-    from pgrace.engine.observe.locks import LockInspector
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import Inspector, Session
 
 
 Graph = tuple[tuple[str, tuple[str, ...]], ...]  # who waits for whom, by session name
@@ -89,7 +88,7 @@ class Recorder:
 class StepBook:
     """Launch numbers, the release tracker, and the step events of one run."""
 
-    def __init__(self, recorder: Recorder, inspector: LockInspector, step_timeout: float) -> None:
+    def __init__(self, recorder: Recorder, inspector: Inspector, step_timeout: float) -> None:
         self.recorder = recorder
         self.inspector = inspector
         self.step_timeout = step_timeout

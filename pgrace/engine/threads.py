@@ -6,18 +6,21 @@ The connection is a :class:`TracedConnection`: every statement it is about to se
 SAVEPOINT and COMMIT of ``conn.transaction()``, a named cursor's DECLARE, FETCH and
 CLOSE) is handed to the scheduler, and the session's thread waits at its :class:`Gate`
 until the scheduler lets it go. So the scheduler owns the order, one statement at a time,
-and nothing depends on timing. A step's note is its caller's ``file:line``: the first
-frame outside psycopg, SQLAlchemy and pgrace.
+and nothing depends on timing. A send it could not order is refused: on the connection
+from a thread that is not its session's, or on an earlier run's connection object, and a
+connect (psycopg, psycopg2, asyncpg) from a session's thread or to a running code run's
+database. A call that sends nothing (an attribute's setter, commit() when idle) is no step:
+the server cannot tell its order. A step's note is its caller's ``file:line``: the first
+frame outside the frameworks (:mod:`pgrace.engine.frames`: the standard library, the known
+ones, and the modules a run names besides).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
+import importlib
 import inspect
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,19 +30,18 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import psycopg
 from psycopg import pq, sql
 
+from pgrace.engine.frames import caller
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import exception_error
 from pgrace.errors import CodeError
 from pgrace.model.timeline import Outcome, SessionLost, SqlError
 
 if TYPE_CHECKING:
-    from pgrace.engine.observe.locks import LockInspector
+    from pgrace.engine.session import Inspector
     from pgrace.engine.steps import Active, Recorder
     from pgrace.model.variables import Value
 
 SessionCode = Callable[[Any], object]
-_SKIPPED_MODULES = ("psycopg", "sqlalchemy", "pgrace", "threading", "contextlib")
-
 # -- the session's side: a connection that asks before it sends -------------------------------
 
 
@@ -60,6 +62,7 @@ class Gate:
 
     name: str
     cond: threading.Condition
+    framework: tuple[str, ...] = ()  # module prefixes whose frames are not the application's, besides the known ones
     thread: threading.Thread | None = None
     state: Literal["python", "ready", "running", "done"] = "python"
     since: float = 0.0  # when it entered its state
@@ -71,7 +74,8 @@ class Gate:
     step_error: BaseException | None = None  # the exception the last step raised in the session
     raised: BaseException | None = None  # what the callable raised
     steps: int = 0
-    intruded: str | None = None  # where it opened a connection of its own
+    intruded: str | None = None  # where it opened a connection of its own, and with what
+    strayed: str | None = None  # where and how a connection was used past the scheduler (another thread, a stale one)
     end_location: Request | None = None  # the implicit rollback's place
     reported: bool = False  # its escaped exception is in the timeline
 
@@ -119,11 +123,19 @@ class TracedConnection(psycopg.Connection[Any]):
     _label: str | None = None
     _untracked: bool = False
     _lent: bool = False  # in a session's hands: close() is pgrace's to do
+    _owner: Gate | None = None  # the session it is lent to: only that session's thread may send on it
+    _stale: bool = False  # an earlier run's: its backend now serves another connection object
     pgrace_engine: Any = None  # the SQLAlchemy engine made for it (see pgrace.drivers.code_sqlalchemy)
 
     def _gate(self) -> Gate | None:
         gate = GATES.get(threading.get_ident())
-        return None if gate is None or self._untracked or gate.in_step else gate
+        if self._stale:
+            _strayed(gate, "a connection pgrace passed to an earlier run was used again")
+        if self._untracked:
+            return None
+        if self._owner is not None and gate is not self._owner:
+            _strayed(self._owner, "it was used from a thread that is not its session's")
+        return None if gate is None or gate.in_step else gate
 
     def _step(self, label: str, cursor: psycopg.Cursor[Any] | None, call: Callable[[], Any]) -> Any:
         gate = self._gate()
@@ -152,24 +164,41 @@ class TracedConnection(psycopg.Connection[Any]):
         name = getattr(gen, "__name__", "")
         if gate is None or name in ("copy_to", "copy_end", "copy_from"):
             return super().wait(gen, interval, timeout)
-        label, self._label = self._label or _GEN_LABELS.get(name, name or "psycopg"), None
+        label, self._label = self._label or _sent_by(self, gen), None
+        if label is None:  # client-side state only: the server sees nothing, so there is nothing to order
+            return super().wait(gen, interval, timeout)
         return self._step(label, None, lambda: super(TracedConnection, self).wait(gen, interval, timeout))
 
     def commit(self) -> None:
-        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-            with self.untracked():  # psycopg sends nothing: not a step
+        if self._sends_nothing_to_end():
+            with self.untracked():  # psycopg sends nothing (or refuses before sending): not a step
                 return super().commit()
         self._step("COMMIT", None, super().commit)
 
     def rollback(self) -> None:
-        if self.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        if self._sends_nothing_to_end(rollback=True):
             with self.untracked():  # e.g. a pool's reset of an idle connection: nothing sent
                 return super().rollback()
         self._step("ROLLBACK", None, super().rollback)
 
+    def _sends_nothing_to_end(self, rollback: bool = False) -> bool:
+        """commit() and rollback() send nothing when idle (but a rollback syncs a pipeline first), and
+        refuse before sending inside ``conn.transaction()`` or a two-phase transaction."""
+        idle = self.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        syncs = rollback and self._pipeline is not None
+        return (idle and not syncs) or bool(self._num_transactions) or self._tpc is not None
+
     def close(self) -> None:
-        if not self._lent:  # a session closing (or SQLAlchemy disposing) pgrace's connection: kept open
+        if not self._lent and not self._stale:  # a session closing (or SQLAlchemy disposing) it: kept open
             super().close()
+
+    def __del__(self, *args: Any) -> None:
+        if not self._stale:  # a stale object's backend lives on in the next run's object
+            super().__del__(*args)
+
+    def stale(self) -> None:
+        """This object is done with: its backend, reset, goes to a new object for the next run."""
+        self._stale, self._lent, self._owner = True, False, None
 
     def close_for_good(self) -> None:
         self._lent = False
@@ -192,6 +221,63 @@ _GEN_LABELS = {
     "_scroll_gen": "MOVE (server-side cursor)",
     "_close_gen": "CLOSE (server-side cursor)",
 }
+_SETTERS = {
+    "_set_autocommit_gen": "autocommit",
+    "_set_isolation_level_gen": "isolation_level",
+    "_set_read_only_gen": "read_only",
+    "_set_deferrable_gen": "deferrable",
+}
+
+
+def _sent_by(conn: TracedConnection, gen: Any) -> str | None:
+    """What a psycopg generator is about to send, as a step's label; None when it sends nothing.
+
+    Decided before it runs, from the state its code reads: a connection attribute's setter
+    only checks the transaction status (and refuses inside a transaction, still sending
+    nothing) unless a pipeline must be synced first; a pipeline's outermost entry only
+    switches libpq's mode; a server-side cursor without HOLD is gone once its transaction
+    ended, so closing it is client-side.
+    """
+    name = getattr(gen, "__name__", "")
+    owner = _generator_self(gen)
+    status = conn.pgconn.transaction_status
+    if name in _SETTERS:
+        if conn._pipeline is None or status != pq.TransactionStatus.IDLE:
+            return None
+        return f"SYNC (pipeline, before setting {_SETTERS[name]})"
+    if isinstance(owner, psycopg.Pipeline):
+        if name == "_enter_gen":
+            syncs = owner.level > 0 and (owner.command_queue or status == pq.TransactionStatus.ACTIVE)
+            return "SYNC (nested conn.pipeline())" if syncs else None
+        return "SYNC (end of conn.pipeline())" if name == "_exit_gen" else "SYNC (pipeline)"
+    if name == "_declare_gen" and isinstance(owner, psycopg.ServerCursor):
+        # A library's own server-side cursor class (conn.cursor(name) is labelled by TracedServerCursor);
+        # its name is left out: Django's carries the thread's ident, another in every run.
+        query = _describe(owner, _generator_local(gen, "query"), _generator_local(gen, "params"))
+        return f"DECLARE CURSOR FOR {query}"
+    if name == "_close_gen" and isinstance(owner, psycopg.ServerCursor):
+        sane = status in (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS)
+        if not sane or (status == pq.TransactionStatus.IDLE and not owner.withhold):
+            return None
+    if isinstance(owner, psycopg.Transaction):
+        if name == "_enter_gen":
+            return _GEN_LABELS[name] if status == pq.TransactionStatus.IDLE else "SAVEPOINT (conn.transaction())"
+        if name == "_exit_gen":
+            kept = _generator_local(gen, "exc_val") is None and not owner.force_rollback
+            if owner._outer_transaction:
+                return _GEN_LABELS[name] if kept else "ROLLBACK (end of conn.transaction())"
+            return "RELEASE (end of conn.transaction())" if kept else "ROLLBACK TO (end of conn.transaction())"
+    return _GEN_LABELS.get(name, name or "psycopg")
+
+
+def _generator_self(gen: Any) -> object:
+    """The object whose method made ``gen`` (its ``self``, bound before the generator starts)."""
+    return _generator_local(gen, "self")
+
+
+def _generator_local(gen: Any, name: str) -> object:
+    frame = getattr(gen, "gi_frame", None)  # None for psycopg's C generators: none of them is client-side
+    return None if frame is None else frame.f_locals.get(name)
 
 
 def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: Any, params: Any) -> str:
@@ -207,32 +293,12 @@ def _describe(cursor: psycopg.Cursor[Any] | psycopg.ServerCursor[Any], query: An
         return str(query)
 
 
-def _caller() -> tuple[str, int | None]:
-    """The first frame outside psycopg, SQLAlchemy and pgrace: the application's line."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = str(frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] not in _SKIPPED_MODULES:
-            return shown_path(frame.f_code.co_filename), frame.f_lineno
-        frame = frame.f_back  # type: ignore[assignment]
-    return "?", None
-
-
-def shown_path(path: str) -> str:
-    """Relative to the working directory when under it: the text timeline must not depend on the machine."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative
-
-
 def _ask(gate: Gate, label: str) -> None:
     """In the session's thread: park at a statement until the scheduler lets it go."""
     if gate.end_location is not None:
         request = dataclasses.replace(gate.end_location, sql=label)
     else:
-        path, line = _caller()
+        path, line = caller(gate.framework)
         request = Request(label, f"{path}:{line}", line)
     with gate.cond:
         gate.request, gate.state, gate.since = request, "ready", time.perf_counter()
@@ -242,6 +308,15 @@ def _ask(gate: Gate, label: str) -> None:
         if gate.stopping:
             raise Stop
         gate.permitted = False
+
+
+def _strayed(gate: Gate | None, why: str) -> None:
+    """A send the scheduler cannot order (another thread's, an earlier run's connection): refused, and remembered."""
+    path, line = caller(gate.framework if gate is not None else ())
+    if gate is not None:
+        with gate.cond:
+            gate.strayed = gate.strayed or f"at {path}:{line}: {why}"
+    raise CodeError(f"{why}; pgrace did not order that statement", path, line)
 
 
 def _finish(gate: Gate, outcome: Outcome, conn: TracedConnection) -> None:
@@ -266,90 +341,93 @@ def _outcome(cursor: psycopg.Cursor[Any] | None, label: str) -> Outcome:
 
 _GUARD_LOCK = threading.Lock()
 _GUARD_DEPTH = 0
-_ORIGINAL_CONNECT: Any = None
+_GUARDED: dict[str, list[str]] = {}  # a running code run's database -> connections to it refused outside sessions
+_PATCHED: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) to put back
+DRIVERS = ("psycopg2", "asyncpg")  # imported (if installed) when a run starts, so that their connect is guarded
+_MISSING: set[str] = set()  # drivers not installed: not looked for again at every run
 
 
-def _guarded_connect(cls: Any, *args: Any, **kwargs: Any) -> Any:
+def _refuse(call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A connection the scheduler would not see: refused from a session's thread, or to a running run's database."""
     gate = GATES.get(threading.get_ident())
+    path, line = caller(gate.framework if gate is not None else ())
     if gate is not None:
-        path, line = _caller()
         with gate.cond:
-            gate.intruded = gate.intruded or f"{path}:{line}"
+            gate.intruded = gate.intruded or f"{path}:{line} ({call})"
         raise CodeError(
             f"session {gate.name} opened a connection of its own; use the connection pgrace passes it", path, line
         )
-    return _ORIGINAL_CONNECT.__func__(cls, *args, **kwargs)
+    target = " ".join(map(str, args)) + " " + " ".join(f"{k}={v}" for k, v in kwargs.items())
+    with _GUARD_LOCK:
+        database = next((db for db in _GUARDED if db in target), None)
+        if database is not None:
+            _GUARDED[database].append(f"{path}:{line} ({call})")
+    if database is not None:
+        raise CodeError("a thread that is no session's opened a connection to a code run's database", path, line)
+
+
+def _guard_sync(call: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _refuse(call, args[1:] if args and isinstance(args[0], type) else args, kwargs)
+        return original(*args, **kwargs)
+
+    return guarded
+
+
+def _guard_async(call: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    async def guarded(*args: Any, **kwargs: Any) -> Any:
+        _refuse(call, args[1:] if args and isinstance(args[0], type) else args, kwargs)
+        return await original(*args, **kwargs)
+
+    return guarded
+
+
+def _patch_connects() -> None:
+    """Every connect pgrace knows of, guarded: psycopg's (sync and async), psycopg2's, asyncpg's."""
+    for cls, kind in ((psycopg.Connection, _guard_sync), (psycopg.AsyncConnection, _guard_async)):
+        original = cls.__dict__["connect"]
+        _PATCHED.append((cls, "connect", original))
+        cls.connect = classmethod(kind(f"{cls.__module__}.{cls.__name__}.connect", original.__func__))  # type: ignore[method-assign,assignment]
+    _PATCHED.append((psycopg, "connect", psycopg.connect))
+    psycopg.connect = psycopg.Connection.connect
+    for name in DRIVERS:
+        if name in _MISSING:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            _MISSING.add(name)
+            continue
+        owners: list[Any] = [module, getattr(module, "connection", None)] if name == "asyncpg" else [module]
+        for owner in owners:
+            original = getattr(owner, "connect", None)
+            if owner is None or original is None:
+                continue
+            kind = _guard_async if inspect.iscoroutinefunction(original) else _guard_sync
+            _PATCHED.append((owner, "connect", original))
+            owner.connect = kind(f"{name}.connect", original)
 
 
 @contextlib.contextmanager
-def connections_guarded() -> Iterator[None]:
-    """While sessions run, psycopg.connect from a session's thread is refused (and remembered)."""
-    global _GUARD_DEPTH, _ORIGINAL_CONNECT
+def connections_guarded(database: str) -> Iterator[list[str]]:
+    """While sessions run, no connection pgrace could not order: a connect from a session's thread is refused,
+    and so is one to ``database`` from any thread; yields where the latter were tried."""
+    global _GUARD_DEPTH
     with _GUARD_LOCK:
         if _GUARD_DEPTH == 0:
-            _ORIGINAL_CONNECT = psycopg.Connection.__dict__["connect"]
-            psycopg.Connection.connect = classmethod(_guarded_connect)  # type: ignore[method-assign,assignment]
-            psycopg.connect = psycopg.Connection.connect
+            _patch_connects()
         _GUARD_DEPTH += 1
+        refused = _GUARDED.setdefault(database, [])
     try:
-        yield
+        yield refused
     finally:
         with _GUARD_LOCK:
+            _GUARDED.pop(database, None)
             _GUARD_DEPTH -= 1
             if _GUARD_DEPTH == 0:
-                psycopg.Connection.connect = _ORIGINAL_CONNECT  # type: ignore[method-assign]
-                psycopg.connect = psycopg.Connection.connect
-
-
-def raised_at(exc: BaseException) -> tuple[str, int | None]:
-    """The innermost frame of the traceback in the application's code."""
-    found: tuple[str, int | None] = ("?", None)
-    tb = exc.__traceback__
-    while tb is not None:
-        module = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] not in _SKIPPED_MODULES:
-            found = (shown_path(tb.tb_frame.f_code.co_filename), tb.tb_lineno)
-        tb = tb.tb_next
-    return found
-
-
-def _underlying(fn: Any) -> Any:
-    """The function a session callable runs: through ``functools.partial``, decorators and bound methods."""
-    seen = 0
-    while seen < 100:  # a partial of a partial of ...; never a loop forever
-        seen += 1
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif hasattr(fn, "__wrapped__"):
-            fn = fn.__wrapped__
-        elif inspect.ismethod(fn):
-            fn = fn.__func__
-        elif not inspect.isfunction(fn) and not inspect.isbuiltin(fn) and callable(fn):
-            fn = type(fn).__call__
-            break
-        else:
-            break
-    return fn
-
-
-def display_name(fn: Any) -> str:
-    """A session callable's name: its function's, or its class's for an object with ``__call__``."""
-    target = _underlying(fn)
-    if getattr(target, "__name__", "") == "__call__":
-        return str(target.__qualname__.rsplit(".", 1)[0])
-    return str(getattr(target, "__name__", ""))
-
-
-def where_defined(fn: Any) -> tuple[str, int | None]:
-    """Where a session's code is, as ``path`` and line; its name when the source cannot be found (never a repr,
-    which carries a memory address that changes every run)."""
-    target = _underlying(fn)
-    try:
-        path = inspect.getsourcefile(target) or inspect.getfile(target)
-        _, line = inspect.getsourcelines(target)
-    except (TypeError, OSError):
-        return str(getattr(target, "__qualname__", type(target).__qualname__)), None
-    return shown_path(path), line
+                while _PATCHED:
+                    owner, attribute, original = _PATCHED.pop()
+                    setattr(owner, attribute, original)
 
 
 class ThreadSession:
@@ -406,7 +484,7 @@ class ThreadSession:
             assert self.gate.finished is not None
             return False, self.gate.finished[1]
 
-    def heard(self, recorder: Recorder, inspector: LockInspector) -> None:
+    def heard(self, recorder: Recorder, inspector: Inspector) -> None:
         """The step is reported: its thread's answer is taken (the connection is the thread's, not read here)."""
         with self.gate.cond:
             self.gate.finished = None
@@ -438,7 +516,7 @@ class ThreadSession:
                     gate.state, gate.since = "done", time.perf_counter()
                     gate.cond.notify_all()
 
-        conn._lent = True
+        conn._lent, conn._owner = True, gate
         gate.since = time.perf_counter()
         gate.thread = threading.Thread(target=main, name=f"pgrace session {gate.name}", daemon=True)
         gate.thread.start()
@@ -457,7 +535,7 @@ class ThreadSession:
             thread.join(timeout)
         if thread.is_alive():
             return False
-        self.conn._lent = False
+        self.conn._lent, self.conn._owner = False, None
         if self.conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
                 self.conn.rollback()

@@ -24,10 +24,17 @@ MAX_NESTING = 32
 """TOML arrays and inline tables nest at most 32 deep."""
 MAX_KEY_PARTS = 16
 """A TOML dotted key (or table header) has at most 16 parts: ``a.b.c`` has 3."""
+MAX_STEPS = 20_000
+"""A scenario has at most 20,000 steps once its retry loops are unrolled (each attempt is a copy of its loop).
+
+Every step is a launch, an event and a line of the timeline, and explore orders them all:
+a file of 600 kB can ask for a million attempts with ``max = 10`` loops over long sessions.
+"""
 
 LIMITS_TEXT = (
     f"{MAX_FILE_BYTES // 1024 // 1024} MiB per file, {MAX_LINE_CHARS:,} characters per line, "
-    f"TOML nested {MAX_NESTING} deep and {MAX_KEY_PARTS} parts per dotted key"
+    f"TOML nested {MAX_NESTING} deep and {MAX_KEY_PARTS} parts per dotted key, "
+    f"and {MAX_STEPS:,} steps once retry loops are unrolled"
 )
 
 

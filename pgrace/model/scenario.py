@@ -15,6 +15,7 @@ Vocabulary, shared with PostgreSQL's isolationtester:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Literal
 
 Format = Literal["pgrace", "spec"]
@@ -187,11 +188,13 @@ def with_retries(steps: tuple[Step, ...] | list[Step]) -> tuple[Step, ...]:
     """
     steps = list(steps)
     loops: dict[str, list[Step]] = {}
-    for index, step in enumerate(steps):
+    sessions: dict[str, list[Step]] = {}
+    for step in steps:
+        own = sessions.setdefault(step.session, [])
+        own.append(step)
         if step.retry is None:
             continue
-        own = [s for s in steps[: index + 1] if s.session == step.session]
-        first = next(i for i, s in enumerate(own) if s.name == step.retry.start)
+        first = next(i for i in range(len(own) - 1, -1, -1) if own[i].name == step.retry.start)
         loops[step.name] = own[first:]
     if not loops:
         return tuple(steps)
@@ -334,10 +337,12 @@ class Scenario:
         return [s.name for s in self.sessions]
 
     def step(self, name: str) -> Step:
-        for step in self.steps:
-            if step.name == name:
-                return step
-        raise KeyError(name)
+        return self._steps_by_name[name]
+
+    @cached_property
+    def _steps_by_name(self) -> dict[str, Step]:
+        """Steps by name, built once: the run asks for a step's loop at every step it sends."""
+        return {step.name: step for step in reversed(self.steps)}  # the first of a name, as a scan finds
 
     def retry_of(self, step: Step) -> Retry | None:
         """The retry loop ``step`` belongs to (any attempt), or None."""

@@ -37,6 +37,8 @@ FORMATS: dict[tuple[str, str], str] = {
     ("explore", "json"): "pgrace.render.views:explore_json",
     ("explore", "markdown"): "pgrace.render.views:explore_markdown",
     ("explore", "html"): "pgrace.render.views:explore_html",
+    ("minimize", "text"): "pgrace.render.minimize:minimize_text",
+    ("minimize", "json"): "pgrace.render.minimize:minimize_json",
     ("sweep", "text"): "pgrace.render.views:sweep_text",
     ("sweep", "json"): "pgrace.render.views:sweep_json",
     ("sweep", "markdown"): "pgrace.render.views:sweep_markdown",

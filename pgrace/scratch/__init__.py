@@ -25,6 +25,7 @@ from pgrace.scratch.leftovers import Leftovers, sweep_leftovers
 from pgrace.scratch.names import is_scratch_name, lock_key, scratch_name
 from pgrace.scratch.reuse import (
     ReusableScratch,
+    reaches_other_schemas,
     reusable_scratch_database,
     schema_reset_sql,
     scratch_database_with_schema,
@@ -40,6 +41,7 @@ __all__ = [
     "connection_room",
     "is_scratch_name",
     "lock_key",
+    "reaches_other_schemas",
     "reusable_scratch_database",
     "schema_reset_sql",
     "scratch_database",

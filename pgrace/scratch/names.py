@@ -8,6 +8,7 @@ import secrets
 
 _PREFIX = "pgrace_"
 _MAX_NAME_BYTES = 63  # NAMEDATALEN - 1: longer names would be silently truncated
+_WATCHER_SUFFIX = "_watch"  # a run's observer role is its role's name with this: it must fit too
 _RANDOM_HEX = 8
 _TAG_HEX = 4
 _NAME = re.compile(rf"{_PREFIX}[a-z0-9_]*_[0-9a-f]{{{_RANDOM_HEX + _TAG_HEX}}}")
@@ -23,7 +24,7 @@ def scratch_name(hint: str) -> str:
     made (a user's ``pgrace_something`` is not) without anything stored beside it.
     """
     cleaned = re.sub(r"[^a-z0-9_]+", "_", hint.lower()).strip("_")
-    room = _MAX_NAME_BYTES - len(_PREFIX) - 1 - _RANDOM_HEX - _TAG_HEX
+    room = _MAX_NAME_BYTES - len(_PREFIX) - 1 - _RANDOM_HEX - _TAG_HEX - len(_WATCHER_SUFFIX)
     cleaned = cleaned[:room].rstrip("_") or "run"
     stem = f"{_PREFIX}{cleaned}_{secrets.token_hex(_RANDOM_HEX // 2)}"
     return stem + _tag(stem)

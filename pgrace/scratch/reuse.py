@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import psycopg
@@ -132,9 +133,73 @@ def scratch_database_with_schema(server: ServerInfo, hint: str, schema: str) -> 
             yield dataclasses.replace(db, observer_dsn=observer_conninfo(db.observer_dsn, schema))
 
 
-def schema_reset_sql(schema: str) -> str:
-    """The working schema of :func:`scratch_database_with_schema` dropped and made again, empty."""
-    return sql.SQL("DROP SCHEMA {0} CASCADE; CREATE SCHEMA {0}").format(sql.Identifier(schema)).as_string(None)
+#: What a run's setup or steps made outside the working schema, dropped: schemas of their own, and
+#: tables, views, sequences, functions and types in ``public``; never what an extension (pgrowlocks) owns,
+#: nor what the role running it could not have made.
+_OTHERS_RESET = """
+DO $pgrace_reset$
+DECLARE
+  target record;
+BEGIN
+  FOR target IN
+    SELECT format('DROP SCHEMA %I CASCADE', n.nspname) AS drop FROM pg_catalog.pg_namespace n
+    WHERE n.oid >= 16384 AND n.nspname <> {schema} AND n.nspname !~ '^pg_(toast_)?temp_'
+      AND pg_catalog.pg_has_role(n.nspowner, 'USAGE')
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extnamespace = n.oid)
+    UNION ALL
+    SELECT format('DROP %s IF EXISTS %s CASCADE',
+                  CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE'
+                                 WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, c.oid::pg_catalog.regclass)
+    FROM pg_catalog.pg_class c
+    WHERE c.oid >= 16384 AND c.relnamespace = pg_catalog.to_regnamespace('public')
+      AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+      AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.objid = c.oid AND d.deptype IN ('e', 'a', 'i'))
+    UNION ALL
+    SELECT format('DROP ROUTINE IF EXISTS %s CASCADE', p.oid::pg_catalog.regprocedure)
+    FROM pg_catalog.pg_proc p
+    WHERE p.oid >= 16384 AND p.pronamespace = pg_catalog.to_regnamespace('public')
+      AND pg_catalog.pg_has_role(p.proowner, 'USAGE')
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                      AND d.objid = p.oid AND d.deptype = 'e')
+    UNION ALL
+    SELECT format('DROP TYPE IF EXISTS %s CASCADE', t.oid::pg_catalog.regtype)
+    FROM pg_catalog.pg_type t
+    WHERE t.oid >= 16384 AND t.typnamespace = pg_catalog.to_regnamespace('public') AND t.typrelid = 0 AND t.typelem = 0
+      AND t.typtype IN ('e', 'd', 'c', 'r', 'm', 'b') AND pg_catalog.pg_has_role(t.typowner, 'USAGE')
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass
+                      AND d.objid = t.oid AND d.deptype = 'e')
+  LOOP
+    EXECUTE target.drop;
+  END LOOP;
+END
+$pgrace_reset$
+"""
+
+
+def schema_reset_sql(schema: str, others: bool = True) -> str:
+    """The working schema of :func:`scratch_database_with_schema` dropped and made again, empty; with
+    ``others``, whatever the run made outside it (its own schemas, objects in ``public``) dropped too, so
+    that every run starts from the same database whatever its setup creates (about 5 ms more a run: the
+    block is compiled each time)."""
+    working = sql.SQL("DROP SCHEMA {0} CASCADE; CREATE SCHEMA {0}").format(sql.Identifier(schema))
+    if not others:
+        return working.as_string(None)
+    rest = sql.SQL(_OTHERS_RESET.strip()).format(schema=sql.Literal(schema))
+    return sql.Composed([working, sql.SQL("; "), rest]).as_string(None)
+
+
+_ELSEWHERE = re.compile(r"schema|public|search_path|set_config", re.IGNORECASE)
+
+
+def reaches_other_schemas(texts: Iterable[str]) -> bool:
+    """Whether SQL may make objects outside the working schema, first on every session's search_path.
+
+    SQL that never names a schema, ``public`` or the search path creates what it creates in the
+    working schema (or a temporary schema, gone with its session); anything else may not.
+    """
+    return any(_ELSEWHERE.search(text) for text in texts)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from psycopg.rows import TupleRow
 
 from pgrace.errors import ServerUnavailable
 from pgrace.scratch.databases import _connect
+from pgrace.scratch.names import _WATCHER_SUFFIX
 from pgrace.servers import ServerInfo, remember_secrets, scrub_secrets
 
 #: Superuser settings a run's role may set: they change only how its own session behaves.
@@ -81,7 +82,7 @@ def _create_role(
 
 def watcher_of(role: str) -> str:
     """The observer's role of a run's role."""
-    return f"{role}_watch"
+    return f"{role}{_WATCHER_SUFFIX}"
 
 
 def _create_watcher(

@@ -8,10 +8,11 @@ run that scenario in a scratch database to see the incident come back.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.incidents import Incident, find_incidents
+from pgrace.drivers.fromlog.incidents import Incident, find_incidents, reread
 from pgrace.drivers.fromlog.records import open_log
 from pgrace.errors import ScenarioError
 
@@ -57,11 +58,12 @@ def from_log(
     no incident, or one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
     """
     formats = [open_log(path, prefix) for path in paths]
-    found = find_incidents(paths, formats)
+    found = find_incidents(paths, formats, light=True)
     result = FromLog(found.incidents, found.lines, found.skipped, found.unreadable)
     if not found.incidents:
         if found.unreadable:
-            raise ScenarioError(found.unreadable[0].split(": ", 1)[1], found.unreadable[0].split(":", 1)[0])
+            where, line, message = _located(found.unreadable[0])
+            raise ScenarioError(message, where, line)
         where = paths[0] if len(paths) == 1 else f"{len(paths)} files"
         raise ScenarioError(
             f"no incident: no deadlock and no lock wait longer than deadlock_timeout in {found.lines:,} lines "
@@ -75,7 +77,8 @@ def from_log(
         raise ScenarioError(f"--incident {number}: the logs hold {len(found.incidents)} incident(s) (see --list)")
     from pgrace.drivers.fromlog.writer import write_scenario
 
-    chosen = found.incidents[number - 1]
+    chosen = reread(found.incidents[number - 1], formats[paths.index(found.incidents[number - 1].file)])
+    found.incidents[number - 1] = chosen
     result.chosen = number
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)
@@ -94,6 +97,12 @@ def from_log(
                 safe = verification_server(opened, dsn)
                 result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn)
     return result
+
+
+def _located(said: str) -> tuple[str, int | None, str]:
+    """``FILE:LINE: message`` taken apart (a file name may hold ':' too)."""
+    m = re.match(r"(.*?):(\d+): (.*)\Z", said, re.S)
+    return (m.group(1), int(m.group(2)), m.group(3)) if m else ("", None, said)
 
 
 def _check_parses(written: Written, incident: Incident) -> None:

@@ -10,16 +10,19 @@ the order the server received them; ``%v`` groups them by transaction.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pgrace.drivers.fromlog.records import LogFormat, Record, Window, scan, window
+from pgrace.drivers.fromlog.records import SPAN, Hit, LogFormat, Record, Window, scan, window
 
-__all__ = ["Incident", "Step", "Wait", "find_incidents"]
+__all__ = ["Incident", "Step", "Wait", "find_incidents", "reread"]
 
 _WAITING = re.compile(r"process (\d+) still waiting for (.+?) after ([\d.]+) ms")
 _HOLDERS = re.compile(r"Process(?:es)? holding the lock: ([\d, ]+)\. Wait queue: ([\d, ]*)\.")
+_PID = re.compile(r"[1-9]\d{0,9}\Z")  # a process id: a positive 32-bit number, at most 10 digits
+_MS = re.compile(r"\d{1,15}(?:\.\d{1,9})?\Z")
 _EDGE = re.compile(r"Process (\d+) waits for (.+?); blocked by process (\d+)\.")
 _STATEMENT_OF = re.compile(r"Process (\d+): (.*)", re.S)
 _TUPLE = re.compile(r'while (\w+(?: \w+)*?) (?:index )?tuple \((\d+),(\d+)\) in relation "([^"]+)"')
@@ -27,6 +30,14 @@ _RELATION = re.compile(r'relation "([^"]+)"')
 _ENDS = ("COMMIT", "ROLLBACK", "END", "ABORT")
 _BEGINS = ("BEGIN", "START TRANSACTION")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+#: What one incident may hold: logs are written by anyone who can connect, and a lock with
+#: 10,000 holders, or the same two pids in 20,000 incidents of one stretch, must cost no more
+#: than a real incident. Beyond these, the rest is cut and the incident says what was.
+MAX_PROCESSES = 32  # sessions of one scenario (a waiter and its holders, a cycle's processes)
+BEFORE = 200  # a process's records read before the report (its transaction's statements)
+AFTER = 50  # and after it (how its transaction ended)
+MAX_STEPS = 1_000  # statements of one incident
 
 
 @dataclass
@@ -70,6 +81,7 @@ class Incident:
     steps: list[Step] = field(default_factory=list)
     logged: bool = False
     unsaid: list[str] = field(default_factory=list)
+    offset: int = 0  # where its report's line starts in the file
 
     @property
     def summary(self) -> str:
@@ -91,6 +103,27 @@ class Found:
     unreadable: list[str] = field(default_factory=list)
 
 
+class _Unreadable(Exception):
+    """A report whose numbers are not the server's (a pid of 5,000 digits, ``after 1.2.3 ms``)."""
+
+
+def _pid(text: str) -> int:
+    if not _PID.match(text) or int(text) > 2**31:
+        raise _Unreadable(f"{text[:20]!r}{'...' if len(text) > 20 else ''} is not a process id")
+    return int(text)
+
+
+def _pids(text: str) -> list[int]:
+    """``1, 2, 3`` as PostgreSQL lists processes: an empty item or a trailing comma is not its list."""
+    return [_pid(item.strip()) for item in text.split(",")]
+
+
+def _ms(text: str) -> float:
+    if not _MS.match(text):
+        raise _Unreadable(f"{text[:20]!r} is not a duration in ms")
+    return float(text)
+
+
 @dataclass
 class _Stretch:
     """A window's records, indexed once by line and by process: each incident reads its own, not the whole window."""
@@ -108,13 +141,22 @@ class _Stretch:
             if r.severity == "LOG" and _WAITING.match(r.message):
                 self.lock_waits.append(pos)
 
-    def of(self, pids: set[int]) -> list[int]:
-        """The positions of the records of ``pids``, in log order."""
-        return sorted(pos for pid in pids for pos in self.by_pid.get(pid, ()))
+    def of(self, pids: set[int], index: int) -> list[int]:
+        """The positions of the records of ``pids`` near ``index`` (``BEFORE`` and ``AFTER`` each), in log order."""
+        near: list[int] = []
+        for pid in pids:
+            at = self.by_pid.get(pid, [])
+            middle = bisect.bisect_right(at, index)
+            near += at[max(0, middle - BEFORE) : middle + AFTER]
+        return sorted(near)
 
 
-def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
-    """Every incident of ``paths``, in log order; the line counts and the reports that were cut short."""
+def find_incidents(paths: list[str], formats: list[LogFormat], *, light: bool = False) -> Found:
+    """Every incident of ``paths``, in log order; the line counts and the reports that were cut short.
+
+    ``light``: without their statements (``steps``), which only the written incident needs
+    (:func:`reread` gives it whole): a log of 20,000 incidents is listed in bounded memory.
+    """
     found = Found()
     for path, fmt in zip(paths, formats, strict=True):
         scanned = scan(path)
@@ -123,15 +165,21 @@ def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
         seen: set[int] = set()
         current: Window | None = None
         stretch = _Stretch([])
-        for hit in scanned.hits:
+        offsets = [hit.offset for hit in scanned.hits]
+        for at, hit in enumerate(scanned.hits):
             if hit.line in seen:
                 continue
             if current is None or not current.covers(hit):  # hits close together share one parse
-                current = window(path, fmt, hit)
+                last = bisect.bisect_right(offsets, hit.offset + SPAN, lo=at) - 1
+                current, stretch = None, _Stretch([])  # the last window's records go before the next is read
+                current = window(path, fmt, hit, offsets[last])
                 found.skipped += current.skipped
                 stretch = _Stretch(current.records)
             for incident, covered in _incidents_at(path, fmt, stretch, hit.line, found.unreadable):
                 seen.update(covered)
+                incident.offset = hit.offset
+                if light:
+                    incident.steps = []
                 (waits if incident.kind == "lock wait" else found.incidents).append(incident)
         # A wait that was one edge of a deadlock is told with the deadlock, not again on its own.
         in_cycles = {(i.file, w.waiter, w.lock) for i in found.incidents for w in i.waits}
@@ -140,28 +188,56 @@ def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
     return found
 
 
+def reread(incident: Incident, fmt: LogFormat) -> Incident:
+    """``incident`` found again, whole (its statements too), from the stretch of log around its report."""
+    stretch = _Stretch(window(incident.file, fmt, Hit(incident.offset, incident.line)).records)
+    for again, _ in _incidents_at(incident.file, fmt, stretch, incident.line, []):
+        if again.kind == incident.kind:
+            again.offset = incident.offset
+            return again
+    return incident
+
+
 def _incidents_at(
     path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str]
 ) -> Iterator[tuple[Incident, list[int]]]:
     for index in stretch.by_line.get(line, []):
         record = stretch.records[index]
-        if record.message == "deadlock detected" and record.severity == "ERROR":
-            incident = _deadlock(path, fmt, stretch, index)
-            if incident is None:
-                unreadable.append(f"{path}:{record.line}: a deadlock report without its cycle (cut short?)")
-                continue
+        try:
+            incident = _incident(path, fmt, stretch, index)
+        except _Unreadable as exc:
+            unreadable.append(f"{path}:{record.line}: a report pgrace cannot read: {exc}")
+            continue
+        if isinstance(incident, str):
+            unreadable.append(f"{path}:{record.line}: {incident}")
+        elif incident is not None:
             yield incident, [record.line]
-        elif record.severity == "LOG" and (m := _WAITING.match(record.message)):
-            holders = _HOLDERS.match(record.detail)
-            if holders is None or record.pid is None:
-                unreadable.append(f"{path}:{record.line}: a lock wait report without its holders (cut short?)")
-                continue
-            wait = _wait_from(record, int(m.group(1)), m.group(2), [int(p) for p in holders.group(1).split(",")])
-            wait.after_ms = float(m.group(3))
-            pids = [wait.waiter, *[p for p in wait.holders if p != wait.waiter]]
-            incident = Incident("lock wait", path, record.line, record.time, record.database, pids, {}, [wait])
-            _recover(incident, fmt, stretch, index)
-            yield incident, [record.line]
+
+
+def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incident | str | None:
+    """The incident the record at ``index`` reports, what is missing from its report, or None (not a report)."""
+    record = stretch.records[index]
+    if record.message == "deadlock detected" and record.severity == "ERROR":
+        return _deadlock(path, fmt, stretch, index) or "a deadlock report without its cycle (cut short?)"
+    if record.severity == "LOG" and (m := _WAITING.match(record.message)):
+        holders = _HOLDERS.match(record.detail)
+        if holders is None or record.pid is None:
+            return "a lock wait report without its holders (cut short?)"
+        listed = _pids(holders.group(1))
+        waiter = _pid(m.group(1))
+        others = list(dict.fromkeys(p for p in listed if p != waiter))
+        kept = others[: MAX_PROCESSES - 1]
+        wait = _wait_from(record, waiter, m.group(2), [p for p in listed if p in set(kept) or p == waiter])
+        wait.after_ms = _ms(m.group(3))
+        incident = Incident("lock wait", path, record.line, record.time, record.database, [waiter, *kept], {}, [wait])
+        if len(others) > len(kept):
+            incident.unsaid.append(
+                f"the lock had {len(others):,} holders: the scenario has the first {len(kept)} "
+                f"(at most {MAX_PROCESSES} sessions)"
+            )
+        _recover(incident, fmt, stretch, index)
+        return incident
+    return None
 
 
 def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wait:
@@ -178,16 +254,20 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
     edges: list[tuple[int, str, int]] = []
     statements: dict[int, str] = {}
     current: int | None = None
+    waiters: set[int] = set()
     for part in record.detail.split("\n"):
         if m := _EDGE.match(part):
-            edges.append((int(m.group(1)), m.group(2), int(m.group(3))))
-        elif (m := _STATEMENT_OF.match(part)) and int(m.group(1)) in {e[0] for e in edges}:
+            edges.append((_pid(m.group(1)), m.group(2), _pid(m.group(3))))
+            waiters.add(edges[-1][0])
+        elif (m := _STATEMENT_OF.match(part)) and _PID.match(m.group(1)) and int(m.group(1)) in waiters:
             current = int(m.group(1))
             statements[current] = m.group(2)
         elif current is not None:
             statements[current] += "\n" + part
     if len(edges) < 2:
         return None
+    if len(edges) > MAX_PROCESSES:
+        raise _Unreadable(f"a deadlock of {len(edges):,} processes: a scenario has at most {MAX_PROCESSES} sessions")
     victim = record.pid if record.pid is not None else edges[0][0]
     pids = [e[0] for e in edges]
     waits = []
@@ -205,10 +285,10 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
         r = stretch.records[pos]
         if m := _WAITING.match(r.message):
             for wait in waits:
-                if wait.waiter == int(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
+                if wait.waiter == _pid(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
                     told = _wait_from(r, wait.waiter, wait.lock, wait.holders)
                     wait.table, wait.ctid, wait.line = told.table, told.ctid, told.line
-                    wait.after_ms = float(m.group(3))
+                    wait.after_ms = _ms(m.group(3))
     _recover(incident, fmt, stretch, index)
     return incident
 
@@ -239,7 +319,7 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
     """Name the sessions, and gather each process's logged statements of the incident's transaction."""
     records = stretch.records
     pids = set(incident.pids)
-    theirs = stretch.of(pids)
+    theirs = stretch.of(pids, index)
     apps: dict[int, str] = {}
     vxids: dict[int, str] = {}
     for pos in theirs:
@@ -259,8 +339,7 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
     closed: set[int] = set()
 
     def drop(pid: int) -> None:
-        per_pid[pid].clear()
-        logged[:] = [(p, s) for p, s in logged if p != pid]
+        per_pid[pid].clear()  # its steps leave ``logged`` too, below
 
     for pos in theirs:
         r = records[pos]
@@ -294,11 +373,19 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
         logged.append((r.pid, step))
         if after and word in _ENDS:
             closed.add(r.pid)
+    kept = {id(step) for steps in per_pid.values() for step in steps}
+    logged = [(p, step) for p, step in logged if id(step) in kept]
     incident.logged = all(
         any(s.sql.strip() == w.sql.strip() for s in per_pid[p]) for p, w in waiting.items() if w.sql
     ) and any(per_pid.values())
     if incident.logged:
         incident.steps = [s for _, s in logged]
+        if len(incident.steps) > MAX_STEPS:
+            unsaid.append(
+                f"{len(incident.steps):,} statements of its transactions were logged: the scenario has the last "
+                f"{MAX_STEPS:,}, from line {incident.steps[-MAX_STEPS].line}"
+            )
+            incident.steps = incident.steps[-MAX_STEPS:]
         for p in incident.pids:
             first = next(iter(per_pid[p]), None)
             if first is None or _first_word(first.sql) in _BEGINS:
@@ -333,10 +420,10 @@ def _pooled(incident: Incident, stretch: _Stretch, index: int) -> None:
     """One pid with several applications or users in the window: a pooler shares the connection."""
     for pid in incident.pids:
         at = stretch.by_pid.get(pid, [])
+        middle = bisect.bisect_right(at, index)
         seen = {
             (stretch.records[pos].app, stretch.records[pos].user, stretch.records[pos].database)
-            for pos in at
-            if pos <= index
+            for pos in at[max(0, middle - BEFORE) : middle]
         }
         if len(seen) > 1:
             incident.unsaid.append(

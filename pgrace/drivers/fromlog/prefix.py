@@ -43,7 +43,7 @@ _ESCAPES = {
     "m": r"(?P<m>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}(?: [A-Za-z0-9+:-]+)?)",
     "t": r"(?P<t>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Za-z0-9+:-]+)?)",
     "n": r"(?P<n>\d+\.\d+)",
-    "p": r"(?P<p>\d+)",
+    "p": r"(?P<p>\d{1,10})",
     "P": r"(?:\d*)",
     "a": r"(?P<a>.{0,63}?)",
     "u": r"(?P<u>.{0,63}?)",
@@ -106,7 +106,8 @@ class Prefix:
                 if esc == "%":
                     parts.append("%")
                 elif esc == "q":
-                    parts.append("(?:")  # the rest is only printed by session processes
+                    if not optional:  # the rest is only printed by session processes; a second %q adds nothing
+                        parts.append("(?:")
                     optional = True
                 elif esc in _ESCAPES:
                     group = _ESCAPES[esc]

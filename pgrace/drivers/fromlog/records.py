@@ -16,17 +16,20 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from pgrace.drivers.fromlog.prefix import Prefix, detect_prefix
 from pgrace.errors import ScenarioError
 
-__all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "scan", "window"]
+__all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "open_regular", "scan", "window"]
 
 #: Bytes read at a time: large enough that the per-chunk Python work is noise.
 CHUNK = 4 << 20
-#: How much log before a hit is parsed for the incident's transactions, and after it.
+#: How much log before a hit is parsed for the incident's transactions, and after it; and
+#: how far ahead later hits share the parse of an earlier one.
 BACK = 4 << 20
 AHEAD = 1 << 20
+SPAN = 2 << 20
 #: Phrases PostgreSQL writes (untranslated, lc_messages C or English) when an incident happens.
 MARKERS = (b"deadlock detected", b"still waiting for")
 _SECONDARY = frozenset({"DETAIL", "HINT", "CONTEXT", "STATEMENT", "QUERY", "LOCATION"})
@@ -96,21 +99,39 @@ def _looks_csv(line: str) -> bool:
     return _CSV_START.match(line) is not None
 
 
+def open_regular(path: str) -> BinaryIO:
+    """``path`` opened for reading, refused unless what was opened is a regular file.
+
+    A pipe or a device (/dev/zero) may never end, and a log is opened three times (its head,
+    a scan, the stretches around its incidents): each opening is checked, never the path
+    beforehand, which could be replaced by a FIFO in between. ``O_NONBLOCK`` makes opening a
+    FIFO that has no writer return at once instead of waiting for one.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ScenarioError("not a regular file: a log is read from a file", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def open_log(path: str, given_prefix: str | None) -> LogFormat:
     """Tell a file's format from its first lines; a stderr log's prefix is the given one or detected.
 
     Invalid input (not a log, a binary file, a prefix that does not match) is one
     :class:`ScenarioError` naming the file and, where there is one, the line.
     """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            # A pipe or a device (/dev/zero) may never end, and a log is read twice: a scan,
-            # then the stretches around its incidents.
-            raise ScenarioError("not a regular file: a log is read from a file", path)
-        with open(path, "rb") as f:
+    with open_regular(path) as f:
+        try:
             head = f.read(64 << 10)
-    except OSError as exc:
-        raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
+        except OSError as exc:
+            raise ScenarioError(f"cannot read: {exc.strerror or exc}", path) from None
     if not head:
         raise ScenarioError("empty file: no server log to read", path)
     if head.startswith(_COMPRESSED):
@@ -127,6 +148,8 @@ def open_log(path: str, given_prefix: str | None) -> LogFormat:
             json.loads(lines[0])
         except ValueError:
             raise ScenarioError("starts like a jsonlog file but its first line is not JSON", path, 1) from None
+        except RecursionError:
+            raise ScenarioError(_TOO_DEEP, path, 1) from None
         return LogFormat("jsonlog")
     if lines and _looks_csv(lines[0]) and given_prefix is None:
         return LogFormat("csvlog")
@@ -162,7 +185,7 @@ def scan(path: str) -> Scanned:
     lines = 0
     offset = 0
     carry = b""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         left = os.fstat(f.fileno()).st_size  # a live server's log grows: read what it held when opened
         while left > 0:
             block = f.read(min(CHUNK, left))
@@ -223,17 +246,20 @@ class Window:
         return self.start <= hit.offset and hit.offset + AHEAD // 2 <= self.end
 
 
-def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
-    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after), and the lines skipped.
+def window(path: str, fmt: LogFormat, hit: Hit, until: int = 0) -> Window:
+    """The records logged around ``hit`` (``BACK`` bytes before, ``AHEAD`` after it or ``until``), lines skipped.
 
-    A skipped line is one that is not a record of the file's format: cut short, or
-    another program's output mixed in.
+    ``until`` is the offset of a later hit the same parse should serve: hits close together
+    are read in one window, so that each byte of a log dense with incidents is parsed about
+    twice, not ``BACK / AHEAD`` times. A skipped line is one that is not a record of the
+    file's format: cut short, or another program's output mixed in.
     """
     start = max(0, hit.offset - BACK)
-    with open(path, "rb") as f:
+    want = max(hit.offset, until) - start + AHEAD
+    with open_regular(path) as f:
         f.seek(start)
-        data = f.read(hit.offset - start + AHEAD)
-    eof = len(data) < hit.offset - start + AHEAD  # the whole rest of the file is in this window
+        data = f.read(want)
+    eof = len(data) < want  # the whole rest of the file is in this window
     if start > 0:
         cut = data.find(b"\n") + 1
         data, start = data[cut:], start + cut
@@ -244,7 +270,7 @@ def window(path: str, fmt: LogFormat, hit: Hit) -> Window:
     first_line = hit.line - data.count(b"\n", 0, hit.offset - start)
     text = data.decode("utf-8", errors="replace")
     if fmt.kind == "jsonlog":
-        records, skipped = _json_records(text, first_line)
+        records, skipped = _json_records(text, first_line, path)
     elif fmt.kind == "csvlog":
         records, skipped = _csv_records(text, first_line)
     else:
@@ -259,19 +285,28 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
     skipped = 0
     last: Record | None = None
     last_field = "message"
+    more: list[str] = []  # the tab-continued lines of last's last_field, joined once: appending to a str is quadratic
     by_pid: dict[int | None, Record] = {}
     lineno = first_line - 1
-    for line in text.split("\n"):
+
+    def flush() -> None:
+        if more and last is not None and last_field:
+            setattr(last, last_field, "\n".join([getattr(last, last_field), *more]))
+        more.clear()
+
+    for ended in io.StringIO(text, newline="\n"):  # one line at a time: a list of a million short lines is 60 MB
+        line = ended[:-1] if ended.endswith("\n") else ended
         lineno += 1
         if line.startswith("\t"):
             if last is not None:
-                setattr(last, last_field, getattr(last, last_field) + "\n" + line[1:])
+                more.append(line[1:])
             continue
         m = prefix.match(line)
         if m is None:
             if line:
                 skipped += 1
             continue
+        flush()
         groups = m.groupdict()
         pid = int(groups["p"]) if groups.get("p") else None
         severity = groups["sev"]
@@ -281,6 +316,7 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
             if target is not None:
                 last_field = severity.lower() if severity != "QUERY" else "statement"
                 if last_field == "location":
+                    last, last_field = target, ""  # its continuation lines, if any, belong to no field
                     continue
                 setattr(target, last_field, message)
                 last = target
@@ -300,6 +336,7 @@ def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Re
         records.append(record)
         by_pid[pid] = record
         last, last_field = record, "message"
+    flush()
     return records, skipped
 
 
@@ -321,7 +358,7 @@ def _csv_records(text: str, first_line: int) -> tuple[list[Record], int]:
             skipped += 1
             continue
         lineno = line + at
-        if len(row) < _CSV_COLUMNS or not row[3].isdigit():
+        if len(row) < _CSV_COLUMNS or not (row[3].isdigit() and len(row[3]) <= 10):
             skipped += bool(row)
             continue
         records.append(
@@ -346,6 +383,8 @@ def _csv_records(text: str, first_line: int) -> tuple[list[Record], int]:
     return records, skipped
 
 
+#: jsonlog writes one flat object a line; JSON nested deeper than Python's decoder recurses is not the server's.
+_TOO_DEEP = "a JSON value nested too deep to be a jsonlog record (the server writes one flat object a line)"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -359,7 +398,7 @@ def _json_text(value: object) -> str | None:
     return _SURROGATE.sub("\ufffd", str(value))
 
 
-def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
+def _json_records(text: str, first_line: int, path: str) -> tuple[list[Record], int]:
     records: list[Record] = []
     skipped = 0
     for n, line in enumerate(text.split("\n")):
@@ -370,6 +409,8 @@ def _json_records(text: str, first_line: int) -> tuple[list[Record], int]:
         except ValueError:
             skipped += 1
             continue
+        except RecursionError:
+            raise ScenarioError(_TOO_DEEP, path, first_line + n) from None
         if not isinstance(obj, dict) or (message := _json_text(obj.get("message"))) is None:
             skipped += 1
             continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pgrace.drivers.fromlog.verify import VERIFY_SECONDS
 from pgrace.text import visible
 
 if TYPE_CHECKING:
@@ -49,4 +50,9 @@ def report_lines(result: FromLog) -> list[str]:
         out += [f"pgrace:   ✔ {check.description}" for check in verified.run.checks] if verified.run else []
     elif verified is not None:
         out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
+        if verified.out_of_time:
+            out.append(
+                f"pgrace: from-log: verification stopped at its {VERIFY_SECONDS:g} s limit, "
+                f"after {verified.explored} other interleaving(s)"
+            )
     return [visible(line) for line in out]

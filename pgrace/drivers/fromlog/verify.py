@@ -7,6 +7,7 @@ in which every one held reproduced it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,13 @@ __all__ = ["Verified", "verification_server", "verify"]
 
 #: Interleavings tried at most when the file's order does not reproduce (a seeded sample beyond).
 EXPLORE_LIMIT = 200
+#: Seconds verification takes at most, all its runs together: a logged statement that sleeps
+#: (pg_sleep(300)) would otherwise wait out the step timeout in each of 200 interleavings.
+VERIFY_SECONDS = 60.0
+
+
+class _OutOfTime(Exception):
+    """Verification's budget ran out between two interleavings."""
 
 
 @dataclass
@@ -32,6 +40,7 @@ class Verified:
     explored: int = 0
     order: list[str] | None = None
     run: Run | None = None
+    out_of_time: bool = False
 
 
 #: Roles whose members may run programs or read and write files as the server's account.
@@ -108,7 +117,11 @@ def _run(written: Written, source: str, server: ServerInfo) -> Run:
 def verify(
     incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None
 ) -> tuple[Verified, Written]:
-    """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails."""
+    """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails.
+
+    All of it within :data:`VERIFY_SECONDS` (checked between runs): out of time is not reproduced, and says so.
+    """
+    deadline = time.monotonic() + VERIFY_SECONDS
     run = _run(written, source, server)
     failures = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]
     if (setup := run.failed_setup()) is not None and setup.outcome.error is not None:
@@ -127,10 +140,23 @@ def verify(
         f"SET deadlock_timeout = '{OTHERS_TIMEOUT}'", f"SET deadlock_timeout = '{VICTIM_TIMEOUT}'"
     )
     scenario = prepared(parse_toml_scenario(quick, source))
-    found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0)
+    explored = 0
+
+    def in_time(done: int, total: int) -> None:
+        nonlocal explored
+        explored = done
+        if time.monotonic() > deadline:
+            raise _OutOfTime
+
+    try:
+        found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time)
+    except _OutOfTime:
+        return Verified(False, failures, explored=explored, run=run, out_of_time=True), written
     for cls in found.classes:  # simplest first: the fewest session switches
         if "40P01" not in cls.errors:
             continue
+        if time.monotonic() > deadline:
+            return Verified(False, failures, explored=found.explored, run=run, out_of_time=True), written
         other = write_scenario(incident, dsn, order=list(cls.example))
         again = _run(other, source, server)
         if again.ok:

@@ -26,6 +26,7 @@ TOP_KEYS = {
     "variant",
     "params",
     "setup",
+    "setup_file",
     "teardown",
     "sessions",
     "step",
@@ -37,6 +38,7 @@ SESSION_KEYS = {"name", "count", "setup", "teardown"}
 TOPIC = re.compile(r"^[a-z0-9-]+( [a-z0-9-]+)*\Z")
 TAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*\Z")
 MAX_LABEL = 40
+MAX_SCENARIO_NAME = 63  # NAMEDATALEN - 1
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 
 
@@ -54,6 +56,19 @@ class Builder:
         self.steps = StepReader(self.read, self.expects, self.retries)
         self.variants = VariantEditor(self.read, self.steps, self.expects, self.retries)
 
+    def _setup_file(self) -> tuple[str, ...]:
+        """``setup_file``: a ``pg_dump --schema-only`` file (or a list), before ``setup``."""
+        raw = self.data.get("setup_file")
+        if raw is None:
+            return ()
+        names = [raw] if isinstance(raw, str) else raw
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise self.loc.error("setup_file is a file name, or a list of them, relative to this file", "setup_file")
+        from pgrace.formats.scenario_toml.setup_file import read_setup_file
+
+        line = self.loc.line_of("setup_file")
+        return tuple(text for name in names for text in read_setup_file(name, self.source, line))
+
     def build(self) -> Scenario:
         data = self.data
         self.read.check_keys(data, TOP_KEYS | set(VARIANTS), (), "top-level key")
@@ -61,6 +76,13 @@ class Builder:
         if not SCENARIO_NAME.match(name):
             raise self.loc.error(
                 f"scenario name {name!r} must be letters, digits, '_', '-' or '.'",
+                "name",
+            )
+        if len(name) > MAX_SCENARIO_NAME:
+            raise self.loc.error(
+                f"scenario name of {len(name):,} characters: at most {MAX_SCENARIO_NAME}, as PostgreSQL names "
+                "(its sessions' application_name carries it)"
+                + ("" if "name" in data else '; give it a shorter name = "..."'),
                 "name",
             )
         variant = self.read.text(data.get("variant", "bug"), "variant")
@@ -76,7 +98,7 @@ class Builder:
         sessions, groups = self._sessions(params)
         steps = self.steps.parse(data.get("step"), sessions, groups, ("step",))  # retry loops not yet unrolled
         checks = self.expects.checks(data.get("check", []), ("check",))
-        setup = self.read.sql_list(data.get("setup", []), "setup")
+        setup = self._setup_file() + self.read.sql_list(data.get("setup", []), "setup")
         main = Scenario(
             name=name,
             title=self.read.text(data.get("title", name), "title"),

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from pgrace.errors import ScenarioError
+from pgrace.formats.limits import MAX_STEPS
 from pgrace.formats.names import KeyPath, base_name, did_you_mean
 from pgrace.formats.scenario_toml.reader import SQLSTATE, Reader
 from pgrace.model.scenario import MAX_RETRIES, Retry, Step, with_retries
@@ -57,7 +58,11 @@ class Retries:
         """
         resolved = list(steps)
         taken: dict[str, str] = {}  # a step in a loop -> that loop's last step
+        sessions: dict[str, list[int]] = {}  # a session's step positions so far
+        total = len(resolved)  # steps once unrolled
         for index, step in enumerate(resolved):
+            own = sessions.setdefault(step.session, [])
+            own.append(index)
             retry = step.retry
             if retry is None:
                 continue
@@ -65,7 +70,6 @@ class Retries:
             def named(s: Step, start: str = retry.start) -> bool:
                 return s.name == start or base_name(s.name) == start
 
-            own = [i for i in range(index + 1) if resolved[i].session == step.session]
             first = next((i for i in own if named(resolved[i])), None)
             if first is None:
                 elsewhere = [s for s in resolved if named(s)]
@@ -80,6 +84,15 @@ class Retries:
                     known = {resolved[i].name for i in own} | {base_name(resolved[i].name) for i in own}
                     why = f"is no step of session {step.session!r}{did_you_mean(retry.start, known)}"
                 raise ScenarioError(f"retry: from {retry.start!r} {why}", self.source, retry.line)
+            body = len(own) - own.index(first)
+            total += retry.max * (body + 1)  # each attempt: a ROLLBACK and a copy of the loop
+            if total > MAX_STEPS:
+                raise ScenarioError(
+                    f"retry: unrolled, this loop ({body} steps, max = {retry.max}) makes the scenario "
+                    f"{total:,} steps or more: at most {MAX_STEPS:,}, pgrace's limit",
+                    self.source,
+                    retry.line,
+                )
             for i in own:
                 if i >= first and resolved[i].name in taken:
                     raise ScenarioError(
