@@ -3,9 +3,11 @@
 Generates a stderr log of SIZE (default 1 GB) in a temporary directory: a busy server's
 lines (log_statement = all from 200 backends, durations, connections) with the real
 deadlock of examples/from-log/deadlock.log spliced in INCIDENTS times (default 20,000),
-evenly, each with pids of its own. Then runs
-``pgrace from-log --list`` and ``from_log`` writing the last incident's scenario in a
-child process, and reports its throughput and peak RSS. The log is deleted afterwards.
+evenly, each with pids of its own. Then runs a plain ``bytes.find`` scan of the file
+(``records.scan``), ``pgrace from-log --list`` and ``from_log`` writing the last incident's
+scenario in a child process, and reports their throughput (wall clock and CPU time: on a
+machine others load, the CPU time and the ratio to the scan are the figures that hold) and
+the peak RSS. The log is deleted afterwards.
 
     python bench/bench_from_log.py [SIZE_MB [INCIDENTS]]
 """
@@ -28,13 +30,17 @@ MAX_RSS_MIB = 128.0
 CHILD = """
 import sys, time
 from pgrace.drivers.fromlog import from_log
-started = time.perf_counter()
+from pgrace.drivers.fromlog.records import scan
+started, cpu = time.perf_counter(), time.process_time()
+scan(sys.argv[1])
+scanned, scanned_cpu = time.perf_counter() - started, time.process_time() - cpu
+started, cpu = time.perf_counter(), time.process_time()
 found = from_log([sys.argv[1]], list_only=True)
-listed = time.perf_counter() - started
+listed, listed_cpu = time.perf_counter() - started, time.process_time() - cpu
 started = time.perf_counter()
 written = from_log([sys.argv[1]], incident=len(found.incidents), verify=False)
 wrote = time.perf_counter() - started
-print(len(found.incidents), found.lines, listed, wrote, len(written.written.text))
+print(len(found.incidents), found.lines, listed, wrote, listed_cpu, scanned, scanned_cpu)
 """
 
 
@@ -96,8 +102,15 @@ def main() -> None:
         ).stdout.split()
         peak_mib = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
         found, lines, listed, wrote = int(out[0]), int(out[1]), float(out[2]), float(out[3])
-        mb_s = actual / 1e6 / listed
-        print(f"--list: {found} incidents in {lines:,} lines, {listed:.2f} s: {mb_s:,.0f} MB/s (floor {MIN_MB_S:.0f})")
+        listed_cpu, scanned, scanned_cpu = float(out[4]), float(out[5]), float(out[6])
+        mb = actual / 1e6
+        mb_s = mb / listed_cpu
+        print(f"bytes.find scan: {scanned:.2f} s ({mb / scanned:,.0f} MB/s), CPU {scanned_cpu:.2f} s")
+        print(
+            f"--list: {found} incidents in {lines:,} lines, {listed:.2f} s ({mb / listed:,.0f} MB/s), "
+            f"CPU {listed_cpu:.2f} s: {mb_s:,.0f} MB/s (floor {MIN_MB_S:.0f}), "
+            f"{listed_cpu / scanned_cpu:.1f} times the scan's CPU"
+        )
         print(f"writing the last incident's scenario: {wrote:.2f} s ({actual / 1e6 / wrote:,.0f} MB/s)")
         print(f"peak RSS of the child: {peak_mib:.0f} MiB (ceiling {MAX_RSS_MIB:.0f})")
     ok = found == expected and mb_s >= MIN_MB_S and peak_mib <= MAX_RSS_MIB

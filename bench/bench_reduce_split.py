@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from pgrace.drivers.explore import explore, merge_explorations
+from pgrace.drivers.explore import explore
+from pgrace.drivers.shards import merge_explorations
 from pgrace.formats import catalog
 from pgrace.servers import open_server
 

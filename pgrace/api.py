@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
@@ -22,6 +22,7 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs
 from pgrace.formats import catalog
+from pgrace.model.monitor import Monitor, Note, Unwatched
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
@@ -65,46 +66,6 @@ def run(
 
 
 # -- what the commands do, for a Python caller too ---------------------------------------------
-
-
-class Monitor(Protocol):
-    """Where long work reports how far it got (the CLI's progress line); the drivers never print."""
-
-    done: int
-
-    def start(self, label: str, total: int, unit: str) -> None: ...
-
-    def update(self, done: int, detail: str = "") -> None: ...
-
-    def note(self, text: str) -> None: ...
-
-    def pause(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class _Unwatched:
-    """The monitor of a caller that does not watch."""
-
-    done = 0
-
-    def start(self, label: str, total: int, unit: str) -> None:
-        self.done = 0
-
-    def update(self, done: int, detail: str = "") -> None:
-        self.done = done
-
-    def note(self, text: str) -> None:
-        pass
-
-    def pause(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-Note = Callable[[str], None]
 
 
 def _ignore(line: str) -> None:
@@ -233,20 +194,18 @@ def explore(
     exploration's ``guarantee`` says which of these its classes carry.
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
-    from pgrace.drivers.explore import Space, load_explorations, merge_explorations, reduces, replay, same_class
+    from pgrace.drivers.explore import Space, reduces, replay, same_class
     from pgrace.drivers.explore import explore as explore_space
+    from pgrace.drivers.shards import load_explorations, merge_explorations
 
     space = Space(scenario)
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
-        merged = merge_explorations(load_explorations(texts, space))
-        if (merged.scenario, merged.variant) != (scenario.name, scenario.variant):
-            raise ScenarioError(f"the files explored {merged.scenario} ({merged.variant}), not this scenario")
-        return Explored(scenario, merged)
+        return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
     from pgrace.drivers.bounded import check_bounds
 
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
     preempting = max_preemptions is not None and pct is None  # its runs are learnt as it goes, as reduced ones
@@ -317,29 +276,14 @@ def minimize(
     """
     from pgrace.drivers.minimize import failing_order
     from pgrace.drivers.minimize import minimize as shrink
-    from pgrace.drivers.minimize.export import verified_pytest, verified_spec, verified_toml
+    from pgrace.drivers.minimize.export import export
 
     if pytest is not None and output is None:
         raise OptionError("a pytest test runs the minimized scenario: write it too with -o FILE", "--pytest")
     with _serving(server, dsn, superuser, on_note) as opened:
         start = failing_order(scenario, opened, cls, tuple(order) if order is not None else None, step_timeout)
         found = shrink(scenario, opened, start, step_timeout=step_timeout, repeats=repeats)
-        texts: list[tuple[str, Path, str]] = []
-        toml = ""
-        if output is not None:
-            toml = verified_toml(found, opened, Path(output).parent, step_timeout)
-            texts.append(("scenario", Path(output), toml))
-        if spec is not None:
-            path = Path(spec)
-            spec_text, expected = verified_spec(found, opened, path.stem, path.parent)
-            texts += [("isolation spec", path, spec_text), ("expected output", path.with_suffix(".out"), expected)]
-        if pytest is not None and output is not None:
-            texts.append(
-                ("pytest test", Path(pytest), verified_pytest(found, opened, Path(output), toml, step_timeout))
-            )
-    for kind, path, text in texts:  # every one verified before any is written
-        path.write_text(text, encoding="utf-8")
-        found.written.append((kind, str(path)))
+        export(found, opened, _path(output), _path(spec), _path(pytest), step_timeout)
     return found
 
 
@@ -377,7 +321,7 @@ def sweep(
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
     bounds.check_combinations(combinations)
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     if combinations > bounds.LONG_COMBINATIONS:
         watch.note(f"pgrace: {combinations:,} combinations to run")
     # Every combination is loaded once, up front: invalid input fails before a server starts.
@@ -474,7 +418,7 @@ def check(
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
@@ -513,6 +457,10 @@ def check(
                 watch.update(len(checked.results))
         watch.close()
     return checked
+
+
+def _path(name: str | Path | None) -> Path | None:
+    return None if name is None else Path(name)
 
 
 def _whole(raw: str | int | float | None, option: str) -> int | None:
@@ -584,7 +532,7 @@ def load(
         setup_timeout=float(setup_seconds or 60),
         on_progress=on_measured,
     )
-    watch = monitor or _Unwatched()
+    watch = monitor or Unwatched()
     loaded = Loaded()
     settings = None
     if server is None and pgrace.servers.starts_its_own(dsn):

@@ -18,7 +18,8 @@ from helpers import steps_scenario
 
 from pgrace.cli import main
 from pgrace.drivers import check as regression
-from pgrace.drivers.explore import explore, merge_explorations
+from pgrace.drivers.explore import explore
+from pgrace.drivers.shards import merge_explorations
 from pgrace.drivers.space import Space, choose
 from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import ScenarioError
@@ -102,10 +103,14 @@ def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: S
     first = explore(scenario, pgrace_server, limit=24, seed=5)
     again = explore(scenario, pgrace_server, limit=24, seed=5)
     assert first.to_dict() == again.to_dict()
-    assert (first.space, first.explored, first.seed) == (1680, 24, 5)
+    assert (first.space, first.explored, first.seed) == (140, 24, 5)
     shards = [explore(scenario, pgrace_server, limit=24, seed=5, shard=(k, 3)) for k in (1, 2, 3)]
     assert [s.explored for s in shards] == [8, 8, 8]
-    assert merge_explorations(shards).to_dict() == first.to_dict()
+    merged = merge_explorations(shards).to_dict()
+    assert merged.pop("shard") == {"n": 3, "held": [1, 2, 3], "missing": []}
+    whole = first.to_dict()
+    assert whole.pop("shard") == {"n": 1, "held": [1], "missing": []}
+    assert merged == whole
 
 
 def test_jobs_run_in_separate_processes_with_the_same_result(pgrace_server: ServerInfo) -> None:
@@ -182,7 +187,8 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
 
     whole = json.loads(cli.invoke(main, ["explore", "lost-update", "--no-reduce", "-f", "json", *dsn]).output)
     assert set(whole) == {
-        *("scenario", "variant", "space", "explored", "runs", "complete", "guarantee", "repeats", "seed", "classes")
+        *("scenario", "variant", "space", "explored", "runs", "complete", "guarantee", "repeats", "seed", "classes"),
+        *("search", "shard"),
     }
     assert (whole["space"], whole["explored"], whole["runs"], whole["complete"]) == (70, 70, 70, True)
     assert whole["guarantee"] == {"kind": "complete"}
@@ -197,6 +203,9 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
         "final",
         "waits",
         "example",
+        "retries",
+        "retried_on",
+        "retry_example",
     }
     files = []
     for k in (1, 2):
@@ -205,8 +214,9 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
         done = cli.invoke(main, args)
         assert done.exit_code == 0, done.output
         files += ["--merge", str(out)]
-    merged = cli.invoke(main, ["explore", "lost-update", "-f", "json", *files])
-    assert json.loads(merged.output) == whole
+    merged = json.loads(cli.invoke(main, ["explore", "lost-update", "-f", "json", *files]).output)
+    assert merged.pop("shard") == {"n": 2, "held": [1, 2], "missing": []}
+    assert merged == {k: v for k, v in whole.items() if k != "shard"}
 
     shown = cli.invoke(main, ["explore", "lost-update", "--show", "2", "-f", "json", *dsn])
     assert shown.exit_code == 0, shown.output

@@ -24,7 +24,7 @@ def python_blocks() -> list[str]:
 
 def test_the_python_examples_pass(tmp_path: Path, pgrace_server: ServerInfo) -> None:
     blocks = python_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     (tmp_path / "test_script.py").write_text(
         "def test_script():\n" + "".join(f"    {line}\n" for line in blocks[0].splitlines())
     )
@@ -49,4 +49,4 @@ def test_the_python_examples_pass(tmp_path: Path, pgrace_server: ServerInfo) -> 
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 passed" in result.stdout, result.stdout
+    assert "5 passed" in result.stdout, result.stdout

@@ -16,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.explore import Exploration, explore, merge_explorations, reduces
+from pgrace.drivers.explore import Exploration, explore, reduces
 from pgrace.drivers.reduce import explore_roots
+from pgrace.drivers.shards import merge_explorations
 from pgrace.drivers.space import Space
 from pgrace.formats import catalog
 from pgrace.model.scenario import Scenario

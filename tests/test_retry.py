@@ -9,6 +9,7 @@ another only where unsent attempts stood is that one again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from click.testing import CliRunner
 
 from pgrace import api
 from pgrace.cli import main
-from pgrace.drivers.explore import explore, merge_explorations
+from pgrace.drivers.explore import explore, replay
+from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
 from pgrace.model.timeline import Run
@@ -171,6 +173,66 @@ def test_explore_counts_the_attempts_and_a_repeat_once(pgrace_server: ServerInfo
     shards = [explore(load_toml_scenario(RETRY_ONCE), pgrace_server, shard=(k, 2)) for k in (1, 2)]
     merged = merge_explorations(shards)
     assert (merged.explored, merged.repeats, [c.count for c in merged.classes]) == (4, 1, [2, 1])
+
+
+SERIALIZABLE_RETRY = Path(__file__).resolve().parents[1] / "examples" / "serializable-retry.toml"
+
+
+def test_a_class_says_how_many_of_its_runs_went_through_a_retry(pgrace_server: ServerInfo) -> None:
+    """Every order of the doctors' fix holds, but some only because a 40001 was retried: the class says so."""
+    fix = load_toml_scenario(SERIALIZABLE_RETRY).variant_named("fix")
+    found = explore(fix, pgrace_server)
+    [only] = found.classes
+    assert only.ok and only.errors == ()  # the loop handled every 40001: it does not classify
+    assert 0 < only.retries < only.count and only.retried_on == ("40001",)
+    assert any("#2" in name for name in only.retry_example)  # the example retried: a second attempt ran
+    assert not any("#2" in name for name in only.example)  # the class's own example needed none
+    replayed = replay(fix, pgrace_server, dataclasses.replace(only, example=only.retry_example))
+    assert [s.outcome.error.sqlstate for s in replayed.step_runs() if s.retried and s.outcome and s.outcome.error] == [
+        "40001"
+    ]
+    said = only.to_dict("fix")
+    assert (said["retries"], said["retried_on"], said["retry_example"]) == (
+        only.retries,
+        ["40001"],
+        list(only.retry_example),
+    )
+
+
+def test_every_exploration_format_shows_the_retries(pgrace_server: ServerInfo, tmp_path: Path) -> None:
+    cli = CliRunner()
+    args = ["explore", str(SERIALIZABLE_RETRY), "--fix", "--dsn", pgrace_server.dsn]
+    out = tmp_path / "fix.json"
+    assert cli.invoke(main, [*args, "-f", "json", "-o", str(out)]).exit_code == 0
+    [data] = json.loads(out.read_text())["classes"]
+    retried = f"{data['retries']} (40001)"
+    assert data["retries"] > 0 and data["retried_on"] == ["40001"] and "#2" in str(data["retry_example"])
+    text = cli.invoke(main, args).stdout
+    assert "retried" in text.splitlines()[2] and f"  {retried}  " in text
+    assert "class 1 retried, e.g.: alice-begin → " in text and "#2" in text
+    markdown = cli.invoke(main, [*args, "-f", "markdown"]).stdout
+    assert "| retried |" in markdown and f"| {retried} |" in markdown and "| retried, e.g. |" in markdown
+    page = cli.invoke(main, [*args, "-f", "html", "-o", str(tmp_path / "fix.html")])
+    assert page.exit_code == 0, page.output
+    html = (tmp_path / "fix.html").read_text()
+    assert "<th>retried</th>" in html and f"<td>{retried}</td>" in html
+
+
+def test_a_sweep_says_which_cells_classes_retried(pgrace_server: ServerInfo, tmp_path: Path) -> None:
+    swept = tmp_path / "retry-once.toml"
+    swept.write_text(RETRY_ONCE.read_text() + "\n[params]\nx = 1\n")
+    args = ["sweep", str(swept), "-p", "x=1", "--explore", "--dsn", pgrace_server.dsn]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "retry-once [x=1] ×2: final (true) · checks hold · retried: 1 (40001)\n" in result.stdout
+
+
+def test_shards_add_their_retries_up(pgrace_server: ServerInfo) -> None:
+    one = explore(load_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False)
+    shards = [explore(load_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False, shard=(k, 2)) for k in (1, 2)]
+    merged = merge_explorations(shards)
+    assert [(c.retries, c.retried_on) for c in merged.classes] == [(c.retries, c.retried_on) for c in one.classes]
+    assert [c.retries for c in one.classes] == [1, 1]  # ready after the first claim failed; claim failed twice
 
 
 def test_a_sample_counts_a_repeat_only_when_what_it_repeats_is_in_the_sample(pgrace_server: ServerInfo) -> None:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from pgrace.cli.base import EXIT_CODES_HELP, emit, main, output_option
+from pgrace.cli.base import EXIT_CODES_HELP, emit, main, output_option, step_timeout_option
 from pgrace.files import refuse_overwriting_inputs
 
 
@@ -24,6 +24,7 @@ from pgrace.files import refuse_overwriting_inputs
     help="Where to verify: 'embedded' (default; PGRACE_DSN is not used), a connection string, a bin directory "
     "or docker:IMAGE. Never the incident's server; never as a superuser (a role is made for each run).",
 )
+@step_timeout_option
 @output_option
 def from_log_command(
     logfiles: tuple[str, ...],
@@ -33,6 +34,7 @@ def from_log_command(
     list_only: bool,
     no_verify: bool,
     server_target: str | None,
+    step_timeout: float,
     output: str | None,
 ) -> None:
     """Turn a server log's deadlock or long lock wait into a scenario that reproduces it.
@@ -53,6 +55,7 @@ def from_log_command(
         list_only=list_only,
         verify=not no_verify,
         server_target=server_target,
+        step_timeout=step_timeout,
     )
     if list_only:
         emit("\n".join(incident_list(result)) + "\n", None)
@@ -61,4 +64,6 @@ def from_log_command(
         click.echo(line, err=True)
     assert result.written is not None
     emit(result.written.text + "\n", output)
+    if result.not_checked is not None:
+        sys.exit(result.not_checked_exit)
     sys.exit(0 if result.verified is None or result.verified.reproduced else 1)

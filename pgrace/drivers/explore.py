@@ -28,13 +28,13 @@ parent can tell (reduced, workers count their runs in a file the parent reads).
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgrace.bounds import check_jobs, check_sample
+from pgrace.drivers.identity import Search
 from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, explore_options, prepared
 from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import PgraceError, ScenarioError
@@ -43,10 +43,8 @@ from pgrace.model.outcomes import (
     OutcomeClass,
     add_observed,
     classify,
-    merge_classes,
     ordered,
     split_run,
-    whole_number,
 )
 from pgrace.model.scenario import PermutationStep, Scenario, StepExpectation
 from pgrace.model.timeline import Run
@@ -56,7 +54,7 @@ from pgrace.servers import ServerInfo
 if TYPE_CHECKING:
     from pgrace.drivers.bounded import Bound
 
-__all__ = ["Exploration", "Space", "explore", "merge_explorations"]
+__all__ = ["Exploration", "Space", "explore"]
 
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
@@ -81,6 +79,9 @@ class Exploration:
     incomplete: str | None = None  # why not complete, in words (code's explorations)
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
+    search: Search | None = None  # which search this is a shard of (None: code's, never split)
+    held: tuple[int, ...] | None = None  # the shards of N a merge holds (None: ``shard``'s K alone)
+    origin: str | None = field(default=None, compare=False)  # the file it was read from
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
 
     def replay(self, cls: OutcomeClass) -> Run:
@@ -96,13 +97,23 @@ class Exploration:
         return render_text(self.replay(cls))
 
     @property
+    def shards_held(self) -> tuple[int, ...]:
+        """Which of the search's N shards this holds: K for one shard, those merged for a merge."""
+        return (self.shard[0],) if self.held is None else self.held
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """The shards of the search this does not hold: while any is missing, it is a part."""
+        return tuple(k for k in range(1, self.shard[1] + 1) if k not in self.shards_held)
+
+    @property
     def run_count(self) -> int:
         return self.explored if self.runs is None else self.runs
 
     @property
     def covers_all(self) -> bool:
         """Every interleaving covered, by a run or by an equivalent one."""
-        return self.bound is None and self.complete and self.explored == self.space
+        return self.bound is None and self.complete and not self.missing and self.explored == self.space
 
     @property
     def guarantee(self) -> dict[str, Any]:
@@ -111,7 +122,7 @@ class Exploration:
             return self.bound.to_dict()
         if self.covers_all:
             return {"kind": "complete"}
-        if self.seed is not None:
+        if self.seed is not None and not self.missing:
             return {"kind": "sample", "seed": self.seed}
         return {"kind": "part"}
 
@@ -132,67 +143,14 @@ class Exploration:
             "guarantee": self.guarantee,
             "repeats": self.repeats,
             "seed": self.seed,
+            "search": None if self.search is None else self.search.to_dict(),
+            "shard": {"n": self.shard[1], "held": list(self.shards_held), "missing": list(self.missing)},
             "classes": [c.to_dict(self.variant) for c in self.classes],
         }
 
     @property
     def all_ok(self) -> bool:
         return all(c.ok for c in self.classes)
-
-
-def exploration_from_dict(data: dict[str, Any], space: Space) -> Exploration:
-    from pgrace.drivers.bounded import Bound
-
-    try:
-        classes = [OutcomeClass.from_dict(c, space.preference(c["example"])) for c in data["classes"]]
-        guarantee = data.get("guarantee", {"kind": "complete"})
-        bounded = guarantee["kind"] in ("preemptions", "pct")
-        return Exploration(
-            str(data["scenario"]),
-            str(data["variant"]),
-            whole_number(data["space"], "space"),
-            whole_number(data["explored"], "explored"),
-            data["seed"],
-            classes,
-            runs=whole_number(data["runs"], "runs") if "runs" in data else None,
-            complete=bool(data.get("complete", True)),
-            repeats=whole_number(data.get("repeats", 0), "repeats"),
-            bound=Bound.from_dict(guarantee, whole_number(data["runs"], "runs")) if bounded else None,
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})") from None
-
-
-def merge_explorations(parts: Sequence[Exploration]) -> Exploration:
-    """Shards of one exploration (same scenario, variant, space and seed) added up."""
-    if not parts:
-        raise ScenarioError("nothing to merge")
-    first = parts[0]
-    if any(p.bound is not None for p in parts):
-        raise ScenarioError("cannot merge bounded explorations (--max-preemptions, --pct): they are not shards")
-    for part in parts[1:]:
-        if (part.scenario, part.variant, part.space, part.seed) != (
-            first.scenario,
-            first.variant,
-            first.space,
-            first.seed,
-        ):
-            raise ScenarioError(
-                f"cannot merge explorations of different runs: {first.scenario} ({first.variant}, seed {first.seed})"
-                f" and {part.scenario} ({part.variant}, seed {part.seed})"
-            )
-    explored = sum(p.explored for p in parts)
-    return Exploration(
-        first.scenario,
-        first.variant,
-        first.space,
-        explored,
-        first.seed,
-        merge_classes(p.classes for p in parts),
-        runs=sum(p.run_count for p in parts),
-        complete=all(p.complete for p in parts),
-        repeats=sum(p.repeats for p in parts),
-    )
 
 
 def run_interleavings(
@@ -320,7 +278,27 @@ def explore(
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)
     if max_preemptions is not None or pct is not None:
         return _explore_bounded(scenario, server, space, step_timeout, on_progress, max_preemptions, pct, limit, seed)
-    if reduce and reduces(scenario, space, limit, shard, jobs):
+    reduced = reduce and reduces(scenario, space, limit, shard, jobs)
+    sample = limit is not None and limit < space.size
+    search = Search.of(scenario, reduced, limit if sample else None, seed if sample else None, step_timeout)
+    found = _explore_space(scenario, server, space, limit, seed, shard, jobs, step_timeout, on_progress, reduced)
+    return dataclasses.replace(found, search=search)
+
+
+def _explore_space(
+    scenario: Scenario,
+    server: ServerInfo,
+    space: Space,
+    limit: int | None,
+    seed: int | None,
+    shard: tuple[int, int],
+    jobs: int,
+    step_timeout: float,
+    on_progress: Callable[[int, int], None] | None,
+    reduced: bool,
+) -> Exploration:
+    """Every interleaving, a sample of them, or the reduced search; of one shard."""
+    if reduced:
         from pgrace.drivers.reduce import opaque_orders
 
         if space.size > WHOLE_SPACE_LIMIT and (least := opaque_orders(scenario)) > WHOLE_SPACE_LIMIT:
@@ -525,24 +503,6 @@ def _explore_bounded(
         complete=False,
         bound=bound,
     )
-
-
-def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
-    """Parse the JSON of shards (``(name, text)`` pairs) for :func:`merge_explorations`."""
-    parts = []
-    for name, text in texts:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScenarioError(f"not JSON: {exc.msg}", name, exc.lineno) from None
-        except ValueError as exc:  # a number of more digits than Python converts
-            raise ScenarioError(f"not an exploration's JSON ({exc})", name) from None
-        except RecursionError:
-            raise ScenarioError("not an exploration's JSON (nested deeper than pgrace writes it)", name, 1) from None
-        if not isinstance(data, dict):
-            raise ScenarioError("not an exploration's JSON (an object expected)", name)
-        parts.append(exploration_from_dict(data, space))
-    return parts
 
 
 def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeout: float = 10.0) -> Run:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,6 +42,7 @@ class Observed:
     launched: tuple[str, ...]
     timed_out: bool = False
     same_as: int | None = None  # a lower-numbered interleaving that runs alike (only unsent retry steps moved)
+    retried_on: tuple[str, ...] = ()  # the SQLSTATE of each attempt a retry loop ran again, sorted
 
     @property
     def key(self) -> str:
@@ -55,7 +56,10 @@ class OutcomeClass:
 
     ``example`` is the launch order of the interleaving with the fewest session switches
     (ties: the first in enumeration order); ``waits`` counts the interleavings of the
-    class in which some step waited for a lock.
+    class in which some step waited for a lock. A retry loop's error does not classify (the
+    loop handled it), so ``retries`` counts the runs of the class that went through one and
+    its retry, ``retried_on`` names their SQLSTATEs and ``retry_example`` is the simplest
+    of them: a class that "holds" may hold only thanks to the retry.
     """
 
     ok: bool
@@ -71,10 +75,23 @@ class OutcomeClass:
     # launch order, and the choices that replay it (see pgrace.engine.schedule.ChoiceTree).
     statements: tuple[tuple[str, str], ...] = ()
     choices: tuple[int, ...] = ()
+    retries: int = 0
+    retried_on: tuple[str, ...] = ()
+    retry_example: tuple[str, ...] = ()
+    retry_preference: tuple[int, int] = (0, 0)
 
     @property
     def key(self) -> str:
         return json.dumps([self.final, self.failed_checks, self.errors], default=str)
+
+    def count_retries(
+        self, runs: int, sqlstates: Sequence[str], example: tuple[str, ...], preference: tuple[int, int]
+    ) -> None:
+        """Count ``runs`` runs that retried on ``sqlstates``, keeping the simplest example."""
+        if not self.retries or preference < self.retry_preference:
+            self.retry_example, self.retry_preference = example, preference
+        self.retried_on = tuple(sorted({*self.retried_on, *sqlstates}))
+        self.retries += runs
 
     def to_dict(self, variant: str | None = None) -> dict[str, Any]:
         """The JSON shape; ``reproduces`` (a bug variant's: did the bug happen?) is null for a fix."""
@@ -88,10 +105,16 @@ class OutcomeClass:
             "final": [[list(row) for row in rows] for rows in self.final],
             "waits": self.waits,
             "example": list(self.example),
+            "retries": self.retries,
+            "retried_on": list(self.retried_on),
+            "retry_example": list(self.retry_example) if self.retries else None,
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], preference: tuple[int, int]) -> OutcomeClass:
+    def from_dict(cls, data: dict[str, Any], rank: Callable[[Sequence[str]], tuple[int, int]]) -> OutcomeClass:
+        """A class read back from JSON; ``rank`` gives an example's preference (see ``Space.preference``)."""
+        retries = whole_number(data.get("retries", 0), "retries")
+        retry_example = tuple(data["retry_example"]) if retries else ()
         return cls(
             ok=bool(data["ok"]),
             count=whole_number(data["count"], "count"),
@@ -100,8 +123,12 @@ class OutcomeClass:
             final=tuple(tuple(tuple(row) for row in rows) for rows in data["final"]),
             waits=whole_number(data["waits"], "waits"),
             example=tuple(data["example"]),
-            preference=preference,
+            preference=rank(data["example"]),
             summary=str(data["summary"]),
+            retries=retries,
+            retried_on=tuple(str(code) for code in data.get("retried_on", [])),
+            retry_example=retry_example,
+            retry_preference=rank(retry_example) if retries else (0, 0),
         )
 
 
@@ -116,11 +143,9 @@ def classify(run: Run) -> Observed:
     """The outcome of a run of one interleaving (its final checks ran before its teardown)."""
     scenario = run.scenario
     steps = run.step_runs()
-    errors = sorted(
-        s.outcome.error.sqlstate
-        for s in steps
-        if s.outcome is not None and s.outcome.error is not None and not s.retried  # a retried error is handled
-    )
+    erred = [(s.outcome.error.sqlstate, s.retried) for s in steps if s.outcome is not None and s.outcome.error]
+    errors = sorted(code for code, retried in erred if not retried)  # a retried error is handled
+    retried = sorted(code for code, retried in erred if retried)
     timed_out = any(isinstance(e, StepCancelled) for e in run.events)
     outcomes = {e.index: e.outcome for e in run.events if isinstance(e, CheckQueried)}
     final: list[tuple[tuple[Any, ...], ...]] = []
@@ -140,6 +165,7 @@ def classify(run: Run) -> Observed:
         waited=any(s.waited for s in steps),
         launched=tuple(s.step for s in steps),
         timed_out=timed_out,
+        retried_on=tuple(retried),
     )
 
 
@@ -237,6 +263,8 @@ def add_observed(
     found.waits += int(observed.waited)
     if preference < found.preference:
         found.example, found.preference = observed.launched, preference
+    if observed.retried_on:
+        found.count_retries(1, observed.retried_on, observed.launched, preference)
 
 
 def merge_classes(parts: Iterable[Iterable[OutcomeClass]]) -> list[OutcomeClass]:
@@ -250,6 +278,8 @@ def merge_classes(parts: Iterable[Iterable[OutcomeClass]]) -> list[OutcomeClass]
                 continue
             found.count += cls.count
             found.waits += cls.waits
+            if cls.retries:
+                found.count_retries(cls.retries, cls.retried_on, cls.retry_example, cls.retry_preference)
             if cls.preference < found.preference:
                 found.example, found.preference = cls.example, cls.preference
                 found.statements, found.choices = cls.statements, cls.choices

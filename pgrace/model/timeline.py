@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any, Literal, get_args
 
 from pgrace.model.scenario import RowRef, Scenario
+from pgrace.model.words import ReleaseWords, RowKeyWords, RunWords, ServerChoseWords, StepRunWords
 
 WaitKind = Literal["row", "transaction", "relation", "advisory", "virtualxid", "speculative", "other"]
 """What a step waits for: a row, a transaction to end, a table, an advisory lock, a
@@ -112,7 +113,7 @@ class AdvisoryKey:
 
 
 @dataclass(frozen=True)
-class HeldLock:
+class HeldLock(RowKeyWords):
     """A lock held by a session: a row lock from pgrowlocks, or (``kind``) another kind from pg_locks.
 
     A table, advisory or SIRead lock has ``row`` None and ``ctid`` "" (a predicate lock on
@@ -173,7 +174,7 @@ class WaitLink:
 
 
 @dataclass(frozen=True)
-class Wait:
+class Wait(RowKeyWords):
     """Why a step is blocked: one heavyweight-lock wait, attributed to sessions and a row.
 
     ``blocked_by`` is what ``pg_blocking_pids`` says (the next link of the chain);
@@ -272,7 +273,7 @@ class StepCancelled:
 
 
 @dataclass(frozen=True)
-class ServerChose:
+class ServerChose(ServerChoseWords):
     """One release woke several waiters and the server, not the scenario, chose which went first.
 
     Step ``seq`` was woken with step ``winner_seq`` (of session ``winner``) when step
@@ -310,7 +311,7 @@ class SessionLost:
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(ReleaseWords):
     """What ended a wait: one fact every renderer draws from.
 
     * ``step``: step ``seq`` of ``session`` ended the transaction (or the lock) the
@@ -428,7 +429,7 @@ Event = (
 
 
 @dataclass
-class StepRun:
+class StepRun(StepRunWords):
     """One launched step with everything known about it, folded from the events."""
 
     seq: int
@@ -496,7 +497,7 @@ class CheckResult:
 
 
 @dataclass
-class Run:
+class Run(RunWords):
     """The record of running one scenario variant on one server."""
 
     scenario: Scenario

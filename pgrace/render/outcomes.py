@@ -52,12 +52,13 @@ def _space_line(exploration: Exploration) -> str:
     elif exploration.reduced and exploration.covers_all:
         runs = exploration.run_count
         text = f"all {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
-    elif exploration.reduced and exploration.complete and exploration.shard[1] > 1:  # a shard's share, covered
+    elif exploration.reduced and exploration.complete and exploration.shard[1] > 1 and exploration.held is None:
+        # a shard's share, covered
         runs = exploration.run_count
         text = f"{exploration.explored:,} of {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
     elif exploration.reduced:
         text = f"{exploration.run_count:,} runs of {space:,} {noun}, not all covered"
-    elif exploration.explored == space:
+    elif exploration.explored == space and not exploration.missing:
         text = f"all {space} {noun}"
     else:
         text = f"{exploration.explored} of {space} {noun}"
@@ -69,24 +70,51 @@ def _space_line(exploration: Exploration) -> str:
     if said:
         text += f" ({'; '.join(said)})"
     k, n = exploration.shard
-    if n > 1:
+    if exploration.held is not None and exploration.missing:  # a merge of some of the shards
+        text += f", {_shards(exploration.held, n)} merged, {_shards(exploration.missing, n)} missing"
+    elif exploration.held is None and n > 1:
         text += f", shard {k}/{n}"
     count = len(exploration.classes)
     return f"{text}: {count} outcome class{'es' if count != 1 else ''}"
 
 
+def _shards(numbers: Sequence[int], n: int) -> str:
+    return f"shard{'s' if len(numbers) > 1 else ''} {', '.join(str(k) for k in numbers)} of {n}"
+
+
+def retried_text(cls: OutcomeClass) -> str:
+    """How many of a class's runs went through a retry loop, and on which SQLSTATEs: ``6 (40001)``."""
+    return f"{cls.retries} ({', '.join(cls.retried_on)})" if cls.retries else "0"
+
+
+def _retrying(classes: Sequence[OutcomeClass]) -> bool:
+    """Whether to show retries: a column that would say 0 in every row is left out."""
+    return any(c.retries for c in classes)
+
+
 def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str:
     exploration, scenario = without_controls(exploration), without_controls(scenario)
+    retrying = _retrying(exploration.classes)
     rows = [
-        [number, c.count, verdict_of(c.ok, exploration.variant, bool(scenario.checks))[0], c.waits, c.summary]
+        [
+            number,
+            c.count,
+            verdict_of(c.ok, exploration.variant, bool(scenario.checks))[0],
+            c.waits,
+            *([retried_text(c)] if retrying else []),
+            c.summary,
+        ]
         for number, c in enumerate(exploration.classes, 1)
     ]
     lines = [f"{exploration.scenario} ({exploration.variant}): {_space_line(exploration)}", ""]
-    table = tabulate(rows, headers=["class", "count", "checks", "waited", "outcome"], tablefmt="simple")
+    headers = ["class", "count", "checks", "waited", *(["retried"] if retrying else []), "outcome"]
+    table = tabulate(rows, headers=headers, tablefmt="simple")
     lines.extend(table.splitlines())
     lines.append("")
     for number, c in enumerate(exploration.classes, 1):
         lines.append(f"class {number} example: {example_text(scenario, c.example)}")
+        if c.retries and c.retry_example != c.example:
+            lines.append(f"class {number} retried, e.g.: {example_text(scenario, c.retry_example)}")
     if exploration.classes:
         lines.append("")
         lines.append("`--show N` prints class N's example as a timeline (any --format).")
@@ -99,17 +127,23 @@ def _md(text: str) -> str:
 
 def render_exploration_markdown(exploration: Exploration, scenario: Scenario) -> str:
     exploration, scenario = without_controls(exploration), without_controls(scenario)
+    retrying = _retrying(exploration.classes)
     lines = [
         f"### {_md(exploration.scenario)} ({_md(exploration.variant)}): {_md(_space_line(exploration))}",
         "",
-        "| class | count | checks | waited | outcome | example (launch order) |",
-        "|---:|---:|:---|---:|:---|:---|",
+        "| class | count | checks | waited | "
+        + ("retried | " if retrying else "")
+        + "outcome | example (launch order) |"
+        + (" retried, e.g. |" if retrying else ""),
+        "|---:|---:|:---|---:|" + ("---:|" if retrying else "") + ":---|:---|" + (":---|" if retrying else ""),
     ]
     for number, c in enumerate(exploration.classes, 1):
         said, bad = verdict_of(c.ok, exploration.variant, bool(scenario.checks))
+        retried = f" {retried_text(c)} |" if retrying else ""
+        retry_example = f" {_md(example_text(scenario, c.retry_example))} |" if retrying else ""
         lines.append(
-            f"| {number} | {c.count} | {f'**{said}**' if bad else said} | {c.waits} | {_md(c.summary)} "
-            f"| {_md(example_text(scenario, c.example))} |"
+            f"| {number} | {c.count} | {f'**{said}**' if bad else said} | {c.waits} |{retried} {_md(c.summary)} "
+            f"| {_md(example_text(scenario, c.example))} |{retry_example}"
         )
     return "\n".join(lines) + "\n"
 
@@ -140,17 +174,25 @@ def _page(title: str, body: str) -> str:
 def _classes_html(
     classes: Sequence[OutcomeClass], scenario: Scenario, timelines: Mapping[int, str], anchor: str
 ) -> list[str]:
+    retrying = _retrying(classes)
     parts = [
         "<table>",
-        "<tr><th>class</th><th>count</th><th>checks</th><th>waited</th><th>outcome</th><th>example</th></tr>",
+        "<tr><th>class</th><th>count</th><th>checks</th><th>waited</th>"
+        + ("<th>retried</th>" if retrying else "")
+        + "<th>outcome</th><th>example</th>"
+        + ("<th>retried, e.g.</th>" if retrying else "")
+        + "</tr>",
     ]
     for number, c in enumerate(classes, 1):
         link = f"{anchor}-{number}"
         said, bad = verdict_of(c.ok, scenario.variant, bool(scenario.checks))
+        retried = f"<td>{html.escape(retried_text(c))}</td>" if retrying else ""
+        retry_example = f"<td>{html.escape(example_text(scenario, c.retry_example))}</td>" if retrying else ""
         parts.append(
             f'<tr class="{"fail" if bad else "ok"}"><td><a href="#{link}">{number}</a></td><td>{c.count}</td>'
-            f'<td class="verdict">{said}</td><td>{c.waits}</td>'
-            f"<td>{html.escape(c.summary)}</td><td>{html.escape(example_text(scenario, c.example))}</td></tr>"
+            f'<td class="verdict">{said}</td><td>{c.waits}</td>{retried}'
+            f"<td>{html.escape(c.summary)}</td><td>{html.escape(example_text(scenario, c.example))}</td>"
+            f"{retry_example}</tr>"
         )
     parts.append("</table>")
     for number, c in enumerate(classes, 1):
@@ -284,7 +326,8 @@ def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
     for s in sweeps:
         for cell in s.cells:
             for c in cell.classes:
-                lines.append(f"{s.scenario} [{_combination_label(cell.params)}] ×{c.count}: {c.summary}")
+                retried = f" · retried: {retried_text(c)}" if c.retries else ""
+                lines.append(f"{s.scenario} [{_combination_label(cell.params)}] ×{c.count}: {c.summary}{retried}")
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,9 @@ class FromLog:
     chosen: int | None = None
     written: Written | None = None
     verified: Verified | None = None
+    not_checked: str | None = None
+    """Why the scenario, written, could not be run to check it (its exit code is ``not_checked_exit``)."""
+    not_checked_exit: int = 1
 
 
 def from_log(
@@ -47,6 +50,7 @@ def from_log(
     verify: bool = True,
     server: ServerInfo | None = None,
     server_target: str | None = None,
+    step_timeout: float = 10.0,
 ) -> FromLog:
     """Read ``paths``; write (and verify) incident number ``incident`` (1-based; default the first).
 
@@ -56,6 +60,8 @@ def from_log(
     statements run only where the user says), never on the incident's server, and never as
     a superuser (see :func:`~pgrace.drivers.fromlog.verify.verification_server`). A log with
     no incident, or one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
+    When the check cannot run (its setup fails, no server, too few connections, more
+    sessions than pgrace runs at once), the scenario is still written and ``not_checked`` says why.
     """
     formats = [open_log(path, prefix) for path in paths]
     found = find_incidents(paths, formats, light=True)
@@ -83,20 +89,69 @@ def from_log(
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)
     if verify:
-        from pgrace.drivers.fromlog.verify import verification_server
-        from pgrace.drivers.fromlog.verify import verify as run_verify
+        _check(result, chosen, dsn, server, server_target, step_timeout)
+    return result
 
-        source = f"<from-log {chosen.file}:{chosen.line}>"
+
+#: The most sessions a check runs: each is a connection and a backend, and the run's steps grow with them
+#: (a cycle of 30 is checked in about 30 s on two busy cores; of 60, not in 8 minutes). An incident
+#: has no more (incidents.MAX_PROCESSES): this holds should that change.
+MOST_CHECKED_SESSIONS = 32
+
+
+def _check(
+    result: FromLog,
+    chosen: Incident,
+    dsn: str | None,
+    server: ServerInfo | None,
+    server_target: str | None,
+    step_timeout: float,
+) -> None:
+    """Run the written scenario (see :func:`~pgrace.drivers.fromlog.verify.verify`); when it cannot run, say why."""
+    from pgrace.drivers.fromlog.verify import verification_server
+    from pgrace.drivers.fromlog.verify import verify as run_verify
+    from pgrace.drivers.load.run import DEFAULT_CONNECTIONS, connections_for
+    from pgrace.errors import ScenarioFailed, ServerUnavailable
+    from pgrace.servers import open_server, starts_its_own
+
+    assert result.written is not None
+    sessions = len(chosen.pids)
+    if sessions > MOST_CHECKED_SESSIONS:
+        result.not_checked = (
+            f"a {chosen.kind} of {sessions:,} processes: pgrace checks at most {MOST_CHECKED_SESSIONS} sessions at "
+            f"once; run the scenario on a server with max_connections of {connections_for(sessions)} or more"
+        )
+        return
+    source = f"<from-log {chosen.file}:{chosen.line}>"
+    try:
         if server is not None:
             safe = verification_server(server, dsn)
-            result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn)
-        else:
-            from pgrace.servers import open_server
+            _room(safe, sessions)
+            result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn, step_timeout)
+            return
+        target = server_target or "embedded"
+        needed = connections_for(sessions)
+        settings = {"max_connections": str(needed)} if needed > DEFAULT_CONNECTIONS and starts_its_own(target) else None
+        with open_server(target, settings=settings) as opened:
+            safe = verification_server(opened, dsn)
+            _room(safe, sessions)
+            result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn, step_timeout)
+    except (ScenarioFailed, ServerUnavailable) as exc:
+        result.not_checked, result.not_checked_exit = str(exc), exc.exit_code
 
-            with open_server(server_target or "embedded") as opened:
-                safe = verification_server(opened, dsn)
-                result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn)
-    return result
+
+def _room(server: ServerInfo, sessions: int) -> None:
+    """Too few connections for every session: one line, before a run fails session by session."""
+    from pgrace.drivers.explore import CONNECTIONS_PER_WORKER
+    from pgrace.errors import ServerUnavailable
+    from pgrace.scratch import connection_room
+
+    room = connection_room(server)
+    if room.free < sessions + CONNECTIONS_PER_WORKER:
+        raise ServerUnavailable(
+            f"the check needs {sessions + CONNECTIONS_PER_WORKER} connections ({sessions} sessions and pgrace's "
+            f"own {CONNECTIONS_PER_WORKER}), and {server.label} has room for {max(0, room.free)} ({room})"
+        )
 
 
 def _located(said: str) -> tuple[str, int | None, str]:
@@ -107,8 +162,17 @@ def _located(said: str) -> tuple[str, int | None, str]:
 
 def _check_parses(written: Written, incident: Incident) -> None:
     """The file written must read back as a scenario; if the log's text broke it, say so, exit 2, write nothing."""
+    from pgrace.formats.limits import MAX_FILE_BYTES
     from pgrace.formats.scenario_toml import parse_toml_scenario
 
+    size = len(written.text.encode())
+    if size > MAX_FILE_BYTES:
+        raise ScenarioError(
+            f"a {incident.kind} of {len(incident.pids):,} processes: its scenario would be {size / 2**20:.1f} MiB, "
+            f"over the {MAX_FILE_BYTES // 2**20} MiB pgrace reads in a scenario file; nothing is written",
+            incident.file,
+            incident.line,
+        )
     try:
         parse_toml_scenario(written.text, "<written>")
     except ScenarioError as exc:

@@ -13,6 +13,7 @@ copied is listed, for the team to review before the file is shared.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,8 @@ class Described:
     keys: dict[str, list[str]] = field(default_factory=dict)
     copied: list[str] = field(default_factory=list)
     """One line per table whose rows were copied: which rows, for review before the file is shared."""
+    partitioned: set[str] = field(default_factory=set)
+    """The tables (as named) whose rows are in partitions: a wait names the partition, not them."""
 
 
 @contextlib.contextmanager
@@ -120,10 +123,13 @@ def describe(
     from pgrace.servers import scrub_secrets
 
     out = Described()
+    later: list[str] = []  # foreign keys between the incident's tables: added once every table has its rows
     with _connected(dsn) as conn:
-        for table in tables:
+        resolved = _resolve(conn, tables, out)
+        for found in resolved.values():
+            table = found.name
             try:
-                _describe_table(conn, table, tables, keys, ctids, out)
+                _describe_table(conn, found, resolved, keys, ctids, out, later)
             except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
                 conn.rollback()  # a table locked, a query past its statement_timeout: the others are copied
                 reason = scrub_secrets(" ".join(str(exc).splitlines()[0].split()), dsn)
@@ -136,21 +142,58 @@ def describe(
                 out.notes.append(
                     f"table {table} could not be read through --dsn ({reason}): what it could not copy is a TODO"
                 )
+    out.setup += later
     return out
 
 
-def _user_table(conn: psycopg.Connection[Any], table: str, out: Described) -> tuple[int, str, str] | None:
-    """The oid and qualified name of ``table`` as the DSN's ``search_path`` resolves it, if it is a user's table."""
+@dataclass
+class _Table:
+    """A table the incident names, as the database knows it."""
+
+    name: str  # as the log's statements write it (SQL text): the scenario uses that name
+    oid: int
+    regclass: str  # as the DSN's search_path names it
+    schema: str
+    kind: str  # 'r' a table, 'p' a partitioned table
+    parent: int | None  # the partitioned table of a partition
+
+
+def _resolve(conn: psycopg.Connection[Any], tables: list[str], out: Described) -> dict[int, _Table]:
+    """The user tables ``tables`` name (SQL names, schema-qualified or on the DSN's search_path), once each.
+
+    A partition a wait's CONTEXT names is copied with its partitioned table when the
+    statements name that one.
+    """
+    found: dict[int, _Table] = {}
+    for table in tables:
+        user = _user_table(conn, table, out)
+        conn.rollback()
+        if user is not None and user[0] not in found:
+            found[user[0]] = _Table(table, *user)
+    return {oid: t for oid, t in found.items() if t.parent not in found}
+
+
+def _unquoted(name: str) -> str:
+    """A SQL name without its quoted parts: a dot left is a schema's."""
+    return re.sub(r'"(?:[^"]|"")*"', "", name)
+
+
+def _user_table(
+    conn: psycopg.Connection[Any], table: str, out: Described
+) -> tuple[int, str, str, str, int | None] | None:
+    """The oid, qualified name, schema, kind and partitioned table of ``table`` as the DSN's ``search_path``
+    resolves it, if it is a user's table."""
     row = conn.execute(
         "SELECT c.oid, c.oid::regclass::text, n.nspname, c.relkind::text,"
-        " has_any_column_privilege(c.oid, 'SELECT')"
+        " has_any_column_privilege(c.oid, 'SELECT'),"
+        " (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition)"
         " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
         [table],
     ).fetchone()
     if row is None:
         out.notes.append(f"table {table} is not in the database --dsn names: its setup is a TODO")
         return None
-    oid, name, schema, kind, readable = row
+    oid, name, schema, kind, readable, parent = row
     if schema in _CATALOG_SCHEMAS or schema.startswith(("pg_temp", "pg_toast")):
         out.notes.append(f"{table} is one of PostgreSQL's catalogs: nothing of it is copied")
         return None
@@ -160,57 +203,69 @@ def _user_table(conn: psycopg.Connection[Any], table: str, out: Described) -> tu
     if not readable:
         out.notes.append(f"the role of --dsn may not read {table}: its setup is a TODO")
         return None
-    return int(oid), str(name), str(schema)
+    return int(oid), str(name), str(schema), str(kind), None if parent is None else int(parent)
 
 
 def _describe_table(
     conn: psycopg.Connection[Any],
-    table: str,
-    tables: list[str],
+    found: _Table,
+    tables: dict[int, _Table],
     keys: dict[str, list[dict[str, Any]]],
     ctids: dict[str, list[str]],
     out: Described,
+    later: list[str],
 ) -> None:
-    """Add ``table``'s DDL and the incident's rows of it to ``out`` (read only)."""
+    """Add ``found``'s DDL and the incident's rows of it to ``out`` (read only); its keys to the others to ``later``."""
     from psycopg import sql
 
-    found = _user_table(conn, table, out)
-    if found is None:
-        return
-    oid, regclass, schema = found
+    from pgrace.drivers.fromlog.sqlinfo import quoted
+
+    table, oid = found.name, found.oid
     columns = conn.execute(
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid),"
-        " has_column_privilege(a.attrelid, a.attnum, 'SELECT')"
+        " has_column_privilege(a.attrelid, a.attnum, 'SELECT'), a.attidentity::text, a.attgenerated::text"
         " FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
         " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         [oid],
     ).fetchall()
-    parts = []
-    for name, type_, notnull, default, _readable in columns:
-        text = f"{sql.Identifier(name).as_string(conn)} {type_}"
-        if notnull:
-            text += " NOT NULL"
-        if default is not None and not default.startswith("nextval("):
-            text += f" DEFAULT {default}"
-        parts.append(text)
+    if "." in _unquoted(table) and found.schema != "public":  # the log names its schema: the scenario does too
+        out.setup.append(f"CREATE SCHEMA IF NOT EXISTS {sql.Identifier(found.schema).as_string(conn)};")
+    parts, sequences = _columns(table, columns, out)
     for conname, contype, definition, target in conn.execute(
-        "SELECT conname, contype, pg_get_constraintdef(oid), confrelid::regclass::text"
-        " FROM pg_constraint WHERE conrelid = %s ORDER BY contype DESC, conname",
+        "SELECT conname, contype, pg_get_constraintdef(oid), confrelid"
+        " FROM pg_constraint WHERE conrelid = %s AND coninhcount = 0 AND contype <> 'n' ORDER BY contype DESC, conname",
         [oid],
     ).fetchall():
-        if contype == "f" and target not in tables:
-            out.notes.append(
-                f"{table}'s foreign key {conname} to {target} is left out: its implicit "
-                f"KEY SHARE locks on {target} are not reproduced"
-            )
-            return
-        parts.append(f"CONSTRAINT {sql.Identifier(conname).as_string(conn)} {definition}")
-    if "." in table and schema != "public":  # the log names its schema: the scenario's statements do too
-        out.setup.append(f"CREATE SCHEMA IF NOT EXISTS {sql.Identifier(schema).as_string(conn)};")
-    out.setup.append(f"CREATE TABLE {table} (\n  " + ",\n  ".join(parts) + "\n);")
+        constraint = f"CONSTRAINT {quoted(conname)} {definition}"
+        if contype == "f":
+            referenced = conn.execute("SELECT %s::regclass::text", [target]).fetchone()
+            other = str(referenced[0]) if referenced else str(target)
+            if target not in tables:
+                out.notes.append(
+                    f"{table}'s foreign key {conname} to {other} is dropped ({other} is not one of the incident's "
+                    f"tables): its KEY SHARE locks on {other} are not reproduced"
+                )
+                continue
+            # Its rows may reference rows not copied: checked for what the steps write, not for the copy.
+            later.append(f"ALTER TABLE {table} ADD {constraint} NOT VALID;")
+            continue
+        parts.append(constraint)
+    partitioned = ""
+    if found.kind == "p":
+        row = conn.execute("SELECT pg_get_partkeydef(%s)", [oid]).fetchone()
+        partitioned = f" PARTITION BY {row[0]}" if row else ""
+        out.partitioned.add(table)
+    out.setup.append(f"CREATE TABLE {table} (\n  " + ",\n  ".join(parts) + f"\n){partitioned};")
+    for part, bound in conn.execute(
+        "SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+        " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s ORDER BY 1",
+        [oid],
+    ).fetchall():
+        out.setup.append(f"CREATE TABLE {part} PARTITION OF {table} {bound};")
     for (index,) in conn.execute(
         "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s"
-        " AND indexrelid NOT IN (SELECT conindid FROM pg_constraint WHERE conrelid = %s)",
+        " AND indexrelid NOT IN (SELECT conindid FROM pg_constraint WHERE conrelid = %s)"
+        " AND indexrelid NOT IN (SELECT inhrelid FROM pg_inherits)",
         [oid, oid],
     ).fetchall():
         out.setup.append(index + ";")
@@ -223,7 +278,9 @@ def _describe_table(
         [oid],
     ).fetchall()
     out.keys[table] = [r[0] for r in pk]
-    _copy_rows(conn, table, regclass, columns, keys.get(table, []), ctids.get(table, []), out)
+    if _copy_rows(conn, table, found.regclass, columns, keys.get(table, []), ctids.get(table, []), out):
+        for sequence, column in sequences:  # the next value is past the rows copied, as it was in the database
+            out.setup.append(f"SELECT setval({sequence}, max({column})) FROM {table};")
 
 
 def _copy_rows(
@@ -234,17 +291,21 @@ def _copy_rows(
     keys: list[dict[str, Any]],
     ctids: list[str],
     out: Described,
-) -> None:
-    """The rows the log names by key (by ctid when no key), of the columns the role may read, as an INSERT."""
+) -> bool:
+    """The rows the log names by key (by ctid when no key), of the columns the role may read, as an INSERT.
+
+    Whether there were any to copy.
+    """
     from psycopg import sql
 
     types = {c[0]: c[1] for c in columns}
+    columns = [c for c in columns if not c[6]]  # a generated column is computed, not copied
     readable = [c[0] for c in columns if c[4]]
     hidden = [c[0] for c in columns if not c[4]]
     usable = [k for k in keys if k and all(col in types for col in k)]
     if not readable or not (usable or ctids):
         out.notes.append(f"no row of {table} is named by a key in the log: copy the rows it needs (TODO)")
-        return
+        return False
     if hidden:
         out.notes.append(
             f"the role of --dsn may not read {table}'s column(s) {', '.join(hidden)}: they are not copied (TODO)"
@@ -269,10 +330,15 @@ def _copy_rows(
         out.notes.append(f"{skipped} key(s) of {table} in the log are not values of its columns' types: not looked up")
     if not rows:
         out.notes.append(f"the rows of {table} the incident touched are gone from the database (TODO)")
-        return
-    names = "" if not hidden else " (" + ", ".join(sql.Identifier(n).as_string(conn) for n in readable) + ")"
-    out.setup.append(f"INSERT INTO {table}{names} VALUES\n  " + ",\n  ".join(f"({r})" for r in sorted(rows)) + ";")
+        return False
+    listed = ", ".join(sql.Identifier(n).as_string(conn) for n in readable)
+    names = "" if len(readable) == len(types) else f" ({listed})"
+    overriding = " OVERRIDING SYSTEM VALUE" if any(c[5] == "a" for c in columns) else ""
+    out.setup.append(
+        f"INSERT INTO {table}{names}{overriding} VALUES\n  " + ",\n  ".join(f"({r})" for r in sorted(rows)) + ";"
+    )
     out.copied.append(f"{len(rows)} row(s) of {table}" + (f" (columns {', '.join(readable)})" if hidden else ""))
+    return True
 
 
 def _by_key(key: dict[str, Any], types: dict[str, str]) -> sql.Composable:
@@ -309,3 +375,40 @@ def _lookup(
         return sum(_lookup(conn, head, [c], rows) for c in conditions)
     rows.update(r[0] for r in found[: MOST_ROWS - len(rows)])
     return 0
+
+
+def _columns(table: str, columns: list[tuple[Any, ...]], out: Described) -> tuple[list[str], list[tuple[str, str]]]:
+    """Each column's definition (type, NOT NULL, default, identity, generated); the sequences to set past the rows.
+
+    A serial's sequence is made in ``out.setup`` before its table.
+    """
+    from pgrace.drivers.fromlog.sqlinfo import quoted
+
+    parts = []
+    sequences: list[tuple[str, str]] = []  # (sequence, column): set past the copied rows
+    for name, type_, notnull, default, _readable, identity, generated in columns:
+        column = quoted(name)
+        text = f"{column} {type_}"
+        if notnull:
+            text += " NOT NULL"
+        if identity:
+            text += f" GENERATED {'ALWAYS' if identity == 'a' else 'BY DEFAULT'} AS IDENTITY"
+            sequences.append((f"pg_get_serial_sequence('{_literal(table)}', '{_literal(name)}')", column))
+        elif generated:
+            text += f" GENERATED ALWAYS AS ({default}) STORED"
+        elif default is not None:
+            if seq := _SEQUENCE.match(default):  # a serial: its sequence is made, and set past the rows copied
+                out.setup.append(f"CREATE SEQUENCE IF NOT EXISTS {seq.group(1)};")
+                sequences.append((f"'{_literal(seq.group(1))}'", column))
+            text += f" DEFAULT {default}"
+        parts.append(text)
+    return parts, sequences
+
+
+#: A serial column's default: ``nextval('accounts_id_seq'::regclass)``.
+_SEQUENCE = re.compile(r"nextval\('((?:[^']|'')+)'::regclass\)\Z")
+
+
+def _literal(text: str) -> str:
+    """``text`` inside a SQL string literal."""
+    return text.replace("'", "''")

@@ -15,7 +15,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pgrace.drivers.fromlog.records import SPAN, Hit, LogFormat, Record, Window, scan, window
+from pgrace.drivers.fromlog.records import Hit, LogFormat, Record, Scanned
+from pgrace.drivers.fromlog.stream import Group, around, groups
+from pgrace.model.timeline import RELEASE_CAUSES
 
 __all__ = ["Incident", "Step", "Wait", "find_incidents", "reread"]
 
@@ -25,10 +27,11 @@ _PID = re.compile(r"[1-9]\d{0,9}\Z")  # a process id: a positive 32-bit number, 
 _MS = re.compile(r"\d{1,15}(?:\.\d{1,9})?\Z")
 _EDGE = re.compile(r"Process (\d+) waits for (.+?); blocked by process (\d+)\.")
 _STATEMENT_OF = re.compile(r"Process (\d+): (.*)", re.S)
-_TUPLE = re.compile(r'while (\w+(?: \w+)*?) (?:index )?tuple \((\d+),(\d+)\) in relation "([^"]+)"')
+_TUPLE = re.compile(r'while (\w+(?: \w+)*?) tuple \((\d+),(\d+)\) in relation "([^"]+)"')
 _RELATION = re.compile(r'relation "([^"]+)"')
 _ENDS = ("COMMIT", "ROLLBACK", "END", "ABORT")
 _BEGINS = ("BEGIN", "START TRANSACTION")
+_WRITES = ("INSERT", "UPDATE", "DELETE", "MERGE")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
 
 #: What one incident may hold: logs are written by anyone who can connect, and a lock with
@@ -49,6 +52,7 @@ class Step:
     line: int | None = None
     why: str = ""
     xid: str | None = None  # %x on its line: the transaction's xid before it ran ("0": none yet)
+    logged_as: str = ""  # its text as the log wrote it: with $1 where the extended protocol bound a value
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Wait:
     ctid: str | None = None
     after_ms: float | None = None
     line: int | None = None
+    index: str | None = None  # the unique index the wait went through (an INSERT's conflict), when the log says
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Incident:
     steps: list[Step] = field(default_factory=list)
     logged: bool = False
     unsaid: list[str] = field(default_factory=list)
+    open_before: set[int] = field(default_factory=set)  # in a transaction that had written before the log began
     offset: int = 0  # where its report's line starts in the file
 
     @property
@@ -159,28 +165,16 @@ def find_incidents(paths: list[str], formats: list[LogFormat], *, light: bool = 
     """
     found = Found()
     for path, fmt in zip(paths, formats, strict=True):
-        scanned = scan(path)
-        found.lines += scanned.lines
+        scanned = Scanned()
         waits: list[Incident] = []
-        seen: set[int] = set()
-        current: Window | None = None
-        stretch = _Stretch([])
-        offsets = [hit.offset for hit in scanned.hits]
-        for at, hit in enumerate(scanned.hits):
-            if hit.line in seen:
-                continue
-            if current is None or not current.covers(hit):  # hits close together share one parse
-                last = bisect.bisect_right(offsets, hit.offset + SPAN, lo=at) - 1
-                current, stretch = None, _Stretch([])  # the last window's records go before the next is read
-                current = window(path, fmt, hit, offsets[last])
-                found.skipped += current.skipped
-                stretch = _Stretch(current.records)
-            for incident, covered in _incidents_at(path, fmt, stretch, hit.line, found.unreadable):
-                seen.update(covered)
+        for group in groups(path, fmt, scanned):
+            for incident, hit in _incidents_of(path, fmt, group, found):
                 incident.offset = hit.offset
                 if light:
                     incident.steps = []
                 (waits if incident.kind == "lock wait" else found.incidents).append(incident)
+            del group  # its records go before the next group's are read
+        found.lines += scanned.lines
         # A wait that was one edge of a deadlock is told with the deadlock, not again on its own.
         in_cycles = {(i.file, w.waiter, w.lock) for i in found.incidents for w in i.waits}
         found.incidents += [w for w in waits if (w.file, w.waits[0].waiter, w.waits[0].lock) not in in_cycles]
@@ -188,19 +182,52 @@ def find_incidents(paths: list[str], formats: list[LogFormat], *, light: bool = 
     return found
 
 
+def _incidents_of(path: str, fmt: LogFormat, group: Group, found: Found) -> Iterator[tuple[Incident, Hit]]:
+    """The incidents a group's hits report: the processes each report names are read around them, then each hit."""
+    named: set[int] = set()
+    for hit in group.hits:
+        report = group.report(hit)
+        named |= _named(report, hit.line) if report is not None else set()
+    current = group.window(named, BEFORE + 1, AFTER + 1)
+    found.skipped += current.skipped
+    stretch = _Stretch(current.records)
+    for hit in group.hits:
+        for incident in _incidents_at(path, fmt, stretch, hit.line, found.unreadable):
+            yield incident, hit
+
+
+def _named(report: list[Record], line: int) -> set[int]:
+    """The processes the report at ``line`` names (a superset: its pid, a cycle's, a lock's first holders)."""
+    named: set[int] = set()
+    for record in report:
+        if record.line != line or record.pid is None:
+            continue
+        named.add(record.pid)
+        if m := _WAITING.match(record.message):
+            named.update(int(p) for p in [m.group(1)] if _PID.match(p))
+        holders = _HOLDERS.match(record.detail)
+        for part in holders.group(1).split(",") if holders else []:
+            if len(named) > MAX_PROCESSES:  # the waiter and the first 31 others are the incident's
+                break
+            if _PID.match(part.strip()):
+                named.add(int(part.strip()))
+        for edge in record.detail.split("\n")[: MAX_PROCESSES + 1]:
+            if m := _EDGE.match(edge):
+                named.update(int(p) for p in (m.group(1), m.group(3)) if _PID.match(p))
+    return named
+
+
 def reread(incident: Incident, fmt: LogFormat) -> Incident:
     """``incident`` found again, whole (its statements too), from the stretch of log around its report."""
-    stretch = _Stretch(window(incident.file, fmt, Hit(incident.offset, incident.line)).records)
-    for again, _ in _incidents_at(incident.file, fmt, stretch, incident.line, []):
+    hit = Hit(incident.offset, incident.line)
+    for again, _ in _incidents_of(incident.file, fmt, around(incident.file, fmt, hit), Found()):
         if again.kind == incident.kind:
             again.offset = incident.offset
             return again
     return incident
 
 
-def _incidents_at(
-    path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str]
-) -> Iterator[tuple[Incident, list[int]]]:
+def _incidents_at(path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str]) -> Iterator[Incident]:
     for index in stretch.by_line.get(line, []):
         record = stretch.records[index]
         try:
@@ -211,7 +238,7 @@ def _incidents_at(
         if isinstance(incident, str):
             unreadable.append(f"{path}:{record.line}: {incident}")
         elif incident is not None:
-            yield incident, [record.line]
+            yield incident
 
 
 def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incident | str | None:
@@ -243,7 +270,11 @@ def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
 def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wait:
     wait = Wait(waiter, holders, lock, sql=record.statement, line=record.line)
     if t := _TUPLE.search(record.context):
-        wait.table, wait.ctid = t.group(4), f"({t.group(2)},{t.group(3)})"
+        wait.ctid = f"({t.group(2)},{t.group(3)})"
+        if t.group(1) == "inserting index":  # the relation is the unique index, not a table
+            wait.index = t.group(4)
+        else:
+            wait.table = t.group(4)
     elif r := _RELATION.search(record.context):
         wait.table = r.group(1)
     return wait
@@ -287,26 +318,57 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
             for wait in waits:
                 if wait.waiter == _pid(m.group(1)) and wait.lock == m.group(2) and wait.waiter != victim:
                     told = _wait_from(r, wait.waiter, wait.lock, wait.holders)
-                    wait.table, wait.ctid, wait.line = told.table, told.ctid, told.line
+                    wait.table, wait.ctid, wait.line, wait.index = told.table, told.ctid, told.line, told.index
                     wait.after_ms = _ms(m.group(3))
     _recover(incident, fmt, stretch, index)
     return incident
 
 
-def _statement(record: Record) -> str | None:
-    """The SQL of a ``log_statement`` line, its parameters put in where the log gave them."""
+def _statement(record: Record) -> tuple[str, str] | None:
+    """The SQL of a ``log_statement`` line as the server ran it and as the log wrote it.
+
+    The extended protocol (psycopg's parameters and ``prepare=True``, node-postgres,
+    asyncpg) logs ``execute NAME: text with $1`` and the values in a DETAIL line:
+    ``Parameters:`` since PostgreSQL 16, ``parameters:`` before. They are put in where
+    the log gave them; the text as written is what a deadlock report quotes.
+    """
     message = record.message
+    if message.startswith("duration: ") and "  " in message:
+        message = message.split("  ", 1)[1]  # log_min_duration_statement: the same, after the time
     if message.startswith("statement: "):
-        return message[11:]
+        return message[11:], message[11:]
     if message.startswith("execute ") and ": " in message:
         sql = message.split(": ", 1)[1]
-        if record.detail.startswith("Parameters: "):
-            values = dict(re.findall(r"\$(\d+) = ('(?:[^']|'')*'|NULL)", record.detail))
-            sql = re.sub(r"\$(\d+)\b", lambda m: values.get(m.group(1), m.group(0)), sql)
-        return sql
-    if message.startswith("duration: ") and "  statement: " in message:
-        return message.split("  statement: ", 1)[1]
+        return _bound(sql, record.detail), sql
     return None
+
+
+_PARAMETERS = re.compile(r"[Pp]arameters: ")
+_VALUE = re.compile(r"\$(\d+) = ('(?:[^']|'')*'|NULL)")
+_PLACEHOLDER = re.compile(r"\$(\d+)\b")
+
+
+def _bound(sql: str, detail: str) -> str:
+    """``sql`` with each ``$N`` the DETAIL line gave a value for replaced by that value, quoted as the log quotes it."""
+    if _PARAMETERS.match(detail) is None:
+        return sql
+    return _put(sql, dict(_VALUE.findall(detail)))
+
+
+def _put(sql: str, values: dict[str, str]) -> str:
+    """``sql`` with ``$N`` replaced by ``values[N]`` where there is one."""
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), sql)
+
+
+def _began_anew(record: Record, before: list[Step]) -> bool:
+    """With ``%x`` and no ``%v``: no xid yet, though this process's previous statement wrote, is a new transaction.
+
+    ``log_statement = 'mod'`` logs no BEGIN and no COMMIT: a write gives its transaction an
+    xid, so the next statement of the same transaction is logged with it.
+    """
+    if record.xid != "0" or not before:
+        return False
+    return _first_word(before[-1].sql) in _WRITES
 
 
 def _first_word(sql: str) -> str:
@@ -345,36 +407,45 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
         r = records[pos]
         if r.pid is None or r.pid not in pids or r.pid in closed:
             continue
-        sql = _statement(r)
-        if sql is None:
+        said = _statement(r)
+        if said is None:
             continue
+        sql, as_logged = said
         word = _first_word(sql)
         after = pos > index
-        if re.search(r"\$\d+\b", sql):
+        if _PLACEHOLDER.search(sql):
             unsaid.append(f"line {r.line}: the parameters of {incident.names[r.pid]}'s statement were not logged")
         vx = vxids.get(r.pid)
         if vx is not None and "v" in fmt.fields:
             ours = r.vxid == vx
         else:  # no %v: the transaction is what follows the last BEGIN before the incident
             ours = True
-            if not after and (word in _BEGINS or word in _ENDS):
+            if not after and (word in _BEGINS or word in _ENDS or _began_anew(r, per_pid[r.pid])):
                 drop(r.pid)
                 if word in _ENDS:
                     continue
         if not ours:
             if after:
                 if word in _ENDS and per_pid[r.pid]:  # the aborted victim's ROLLBACK has a vxid of its own
-                    per_pid[r.pid].append(Step(r.pid, sql, r.line))
+                    per_pid[r.pid].append(Step(r.pid, sql, r.line, logged_as=as_logged))
                     logged.append((r.pid, per_pid[r.pid][-1]))
                 closed.add(r.pid)
             continue
-        step = Step(r.pid, sql, r.line, xid=r.xid)
+        step = Step(r.pid, sql, r.line, xid=r.xid, logged_as=as_logged)
         per_pid[r.pid].append(step)
         logged.append((r.pid, step))
         if after and word in _ENDS:
             closed.add(r.pid)
     kept = {id(step) for steps in per_pid.values() for step in steps}
     logged = [(p, step) for p, step in logged if id(step) in kept]
+    for p, w in waiting.items():  # a report quotes a statement as logged, $1 and all: the step has its values
+        bound = [
+            s.sql
+            for s in per_pid[p]
+            if s.logged_as.strip() == w.sql.strip() and w.sql.strip() and (s.line or 0) <= incident.line
+        ]
+        if bound:
+            w.sql = bound[-1]
     incident.logged = all(
         any(s.sql.strip() == w.sql.strip() for s in per_pid[p]) for p, w in waiting.items() if w.sql
     ) and any(per_pid.values())
@@ -391,25 +462,51 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
             if first is None or _first_word(first.sql) in _BEGINS:
                 continue
             if first.xid not in (None, "", "0"):  # it had written already: it held locks the log does not show
+                incident.open_before.add(p)
                 unsaid.append(
                     f"{incident.names[p]} had written before its first logged statement (line {first.line} "
                     f"already had xid {first.xid}): statements before the log began"
                 )
             elif p not in waiting:
                 unsaid.append(f"{incident.names[p]}'s transaction began before the log's first statement of it")
+    _made_up_parameters(incident)
     _pooled(incident, stretch, index)
+
+
+def _made_up_parameters(incident: Incident) -> None:
+    """Values for the ``$N`` of a waiting statement whose parameters the log does not hold (log_statement none).
+
+    The report quotes the statement as the client sent it, ``$1`` and all. A key
+    (``id = $2``) gets a value of its own for each wait, quoted as the log quotes
+    parameters, so that each wait is on a row of its own as in the cycle; any other gets '0'.
+    """
+    from pgrace.drivers.fromlog.sqlinfo import key_parameters
+
+    for n, wait in enumerate(incident.waits, 1):
+        if not _PLACEHOLDER.search(wait.sql):
+            continue
+        keys = key_parameters(wait.sql)
+        numbers = {m.group(1) for m in _PLACEHOLDER.finditer(wait.sql)}
+        wait.sql = _put(wait.sql, {number: f"'{n}'" if int(number) in keys else "'0'" for number in numbers})
+        incident.unsaid.append(
+            f"the parameters of {incident.names[wait.waiter]}'s statement were not logged: made up "
+            f"(the row's key '{n}', other values '0')"
+        )
 
 
 def _name(incident: Incident, apps: dict[int, str]) -> None:
     """Each process's session name: its application_name when that is a usable, unique name, else ``pid<N>``.
 
     Anyone can set application_name, to another process's ``pid<N>`` too: a fallback name
-    is never given up, and an application_name that takes one, or another's, is refused.
+    is never given up, and an application_name that takes one, or another's, or a word the
+    expectations use, is refused.
     """
     fallbacks = {f"pid{pid}" for pid in incident.pids}
     wanted = [apps.get(pid, "") for pid in incident.pids]
     for pid, app in zip(incident.pids, wanted, strict=True):
-        usable = _NAME.match(app) and app not in fallbacks and wanted.count(app) == 1
+        # A cause of release (deadlock, step, cancel ...) is a word of the expectations: a session
+        # named so would make "released_by" mean the cause, and the verdict read the name as one.
+        usable = _NAME.match(app) and app not in fallbacks and wanted.count(app) == 1 and app not in RELEASE_CAUSES
         name = app if usable else f"pid{pid}"
         if app and name != app:
             incident.unsaid.append(f"pid {pid}'s application_name {app!r} is not a session name pgrace can use")

@@ -7,6 +7,7 @@ anchor that tells where a lazily matched field (``%a``, ``%u``, ``%d``) ends.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -61,20 +62,40 @@ _ESCAPES = {
     "Q": r"(?:-?\d+)",
 }
 
-#: Shapes seen in the wild, most specific first: PostgreSQL's default since 10, Debian's,
-#: the one pgrace's guide recommends, pgBadger's two, and Amazon RDS's.
-COMMON_PREFIXES = (
-    "%m [%p] %a %v %x ",
-    "%m [%p] %u@%d %a %v %x ",
-    "%m [%p] %q%u@%d ",
-    "%t [%p]: [%l-1] user=%u,db=%d,app=%a,client=%h ",
-    "%t [%p]: user=%u,db=%d,app=%a,client=%h ",
-    "%m [%p] %q[user=%u,db=%d,app=%a] ",
-    "%t:%r:%u@%d:[%p]:",
-    "%m [%p] ",
-    "%m ",
-    "",
-)
+
+def _subsets(items: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Every ordered subset of ``items``, the largest first: a field may be left out, never moved."""
+    out = [tuple(x for i, x in enumerate(items) if mask >> i & 1) for mask in range(1 << len(items))]
+    return sorted(out, key=len, reverse=True)
+
+
+def _shapes() -> tuple[str, ...]:
+    """The common prefixes, each with and without each of its fields, most specific first.
+
+    PostgreSQL's default since 10 (``%m [%p] ``) and what teams add to it (Debian's
+    ``%q%u@%d``, ``%a``, ``%v``, ``%x``); pgBadger's key=value shapes (``user=%u,db=%d,app=%a,
+    client=%h``, either order of user and db, with or without ``[%l-1]``), with ``%t`` or
+    ``%m``; Amazon RDS's.
+    """
+    shapes: list[str] = []
+    for time in ("%m", "%t"):
+        for fields in _subsets(("%q%u@%d ", "%a ", "%v ", "%x ")):
+            shapes.append(f"{time} [%p] " + "".join(fields))
+        for first in (("user=%u", "db=%d"), ("db=%d", "user=%u")):
+            for fields in _subsets((*first, "app=%a", "client=%h")):
+                for line in ("[%l-1] ", ""):
+                    shapes.append(f"{time} [%p]: {line}" + ",".join(fields) + (" " if fields else ""))
+        shapes.append(f"{time} [%p] %q[user=%u,db=%d,app=%a] ")
+        shapes.append(f"{time}:%r:%u@%d:[%p]:")
+    shapes.append("%m ")
+    shapes.append("")
+    unique = list(dict.fromkeys(shapes))
+    # More fields first; of as many, the one with fewer free-text fields (%x, not %a, for "[12] 0 LOG:").
+    return tuple(sorted(unique, key=lambda t: (-t.count("%"), len(re.findall(r"%[audhrbi]", t)))))
+
+
+#: Shapes seen in the wild, most specific first (see :func:`_shapes`).
+COMMON_PREFIXES = _shapes()
 
 _SEVERITY = "(?P<sev>" + "|".join(SEVERITIES) + "):  "
 
@@ -129,13 +150,18 @@ class Prefix:
         return self.pattern.match(line)
 
 
+@functools.cache
+def _compiled() -> list[Prefix]:
+    return [Prefix.compile(t) for t in COMMON_PREFIXES]
+
+
 def detect_prefix(lines: list[str]) -> tuple[Prefix, int] | None:
     """The common prefix that matches most of ``lines`` (ties: the more specific), and how many it matched.
 
     None when none matches even half of the lines that look like log lines (a timestamp or
     a severity near the start): the caller asks for ``--prefix``.
     """
-    candidates = [Prefix.compile(t) for t in COMMON_PREFIXES]
+    candidates = _compiled()
     best: tuple[Prefix, int] | None = None
     for prefix in candidates:
         hits = sum(1 for line in lines if prefix.match(line))

@@ -1,10 +1,12 @@
 """Server log records, read from the stderr format (with its ``log_line_prefix``), csvlog and jsonlog.
 
-Logs are big and mostly unrelated to any incident, so they are read in two speeds:
-:func:`scan` streams the whole file in large binary chunks and only looks for the few
-phrases that announce an incident (``deadlock detected``, ``still waiting for``) with
-``bytes.find``; :func:`window` then parses, line by line, only the stretch of log around
-each hit, where the incident's transactions were logged.
+Logs are big and mostly unrelated to any incident. The file is read once, forward, in large
+binary chunks: ``bytes.find`` finds the few phrases that announce an incident (``deadlock
+detected``, ``still waiting for``). A stderr log whose prefix has ``%p`` is then read as a
+stream (:func:`groups`): each chunk kept while an incident could still need it is indexed
+once by process (one regular expression over the chunk, in C), and only the lines of the
+processes an incident's report names are parsed. Other formats are parsed line by line
+around each hit (:func:`window`), after a first pass (:func:`scan`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,25 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from pgrace.drivers.fromlog.prefix import Prefix, detect_prefix
 from pgrace.errors import ScenarioError
 
-__all__ = ["Hit", "LogFormat", "Record", "Window", "open_log", "open_regular", "scan", "window"]
+__all__ = [
+    "Hit",
+    "LogFormat",
+    "Record",
+    "Window",
+    "open_log",
+    "open_regular",
+    "scan",
+    "scan_chunk",
+    "stderr_records",
+    "window",
+]
 
 #: Bytes read at a time: large enough that the per-chunk Python work is noise.
 CHUNK = 4 << 20
@@ -102,8 +116,8 @@ def _looks_csv(line: str) -> bool:
 def open_regular(path: str) -> BinaryIO:
     """``path`` opened for reading, refused unless what was opened is a regular file.
 
-    A pipe or a device (/dev/zero) may never end, and a log is opened three times (its head,
-    a scan, the stretches around its incidents): each opening is checked, never the path
+    A pipe or a device (/dev/zero) may never end, and a log is opened more than once (its
+    head, the pass over it, the stretch around the incident written): each opening is checked, never the path
     beforehand, which could be replaced by a FIFO in between. ``O_NONBLOCK`` makes opening a
     FIFO that has no writer return at once instead of waiting for one.
     """
@@ -200,11 +214,11 @@ def scan(path: str) -> Scanned:
             if end == 0:
                 end = len(chunk)  # one enormous line: scanned as it is
             carry = chunk[end:]
-            _scan_chunk(chunk, end, offset, lines, out, path)
+            scan_chunk(chunk, end, offset, lines, out, path)
             lines += chunk.count(b"\n", 0, end)
             offset += end
         if carry:
-            _scan_chunk(carry, len(carry), offset, lines, out, path)
+            scan_chunk(carry, len(carry), offset, lines, out, path)
             lines += 1
             offset += len(carry)
     out.lines = lines
@@ -212,7 +226,7 @@ def scan(path: str) -> Scanned:
     return out
 
 
-def _scan_chunk(chunk: bytes, end: int, base: int, lines: int, out: Scanned, path: str) -> None:
+def scan_chunk(chunk: bytes, end: int, base: int, lines: int, out: Scanned, path: str) -> None:
     nul = chunk.find(b"\0", 0, end)
     if nul >= 0:
         raise ScenarioError(
@@ -275,28 +289,32 @@ def window(path: str, fmt: LogFormat, hit: Hit, until: int = 0) -> Window:
         records, skipped = _csv_records(text, first_line)
     else:
         assert fmt.prefix is not None
-        records, skipped = _stderr_records(text, first_line, fmt.prefix)
+        lines = (ln[:-1] if ln.endswith("\n") else ln for ln in io.StringIO(text, newline="\n"))
+        numbered = enumerate(lines, first_line)
+        records, skipped = stderr_records(numbered, fmt.prefix)
     end = start + len(data)
     return Window(records, skipped, start, end + AHEAD if eof else end)
 
 
-def _stderr_records(text: str, first_line: int, prefix: Prefix) -> tuple[list[Record], int]:
+def stderr_records(numbered: Iterable[tuple[int, str]], prefix: Prefix) -> tuple[list[Record], int]:
+    """The records of ``numbered`` lines (their number, their text without the newline), and how many were not records.
+
+    The lines need not be consecutive: a stream gives only the lines of the processes an
+    incident names, each followed by its tab-continued lines.
+    """
     records: list[Record] = []
     skipped = 0
     last: Record | None = None
     last_field = "message"
     more: list[str] = []  # the tab-continued lines of last's last_field, joined once: appending to a str is quadratic
     by_pid: dict[int | None, Record] = {}
-    lineno = first_line - 1
 
     def flush() -> None:
         if more and last is not None and last_field:
             setattr(last, last_field, "\n".join([getattr(last, last_field), *more]))
         more.clear()
 
-    for ended in io.StringIO(text, newline="\n"):  # one line at a time: a list of a million short lines is 60 MB
-        line = ended[:-1] if ended.endswith("\n") else ended
-        lineno += 1
+    for lineno, line in numbered:  # one line at a time: a list of a million short lines is 60 MB
         if line.startswith("\t"):
             if last is not None:
                 more.append(line[1:])

@@ -48,6 +48,8 @@ def report_lines(result: FromLog) -> list[str]:
                 f"({', '.join(verified.order)}); the file has that order:"
             )
         out += [f"pgrace:   ✔ {check.description}" for check in verified.run.checks] if verified.run else []
+    elif result.not_checked is not None:
+        out.append(f"pgrace: from-log: not checked (the scenario is written): {result.not_checked}")
     elif verified is not None:
         out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
         if verified.out_of_time:

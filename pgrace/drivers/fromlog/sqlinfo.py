@@ -7,10 +7,12 @@ does not describe), and a statement that takes the same row locks without writin
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Touch", "analyse", "lock_statement", "quoted"]
+__all__ = ["Touch", "analyse", "key_parameters", "lock_statement", "quoted"]
 
 
 def quoted(name: str) -> str:
@@ -32,6 +34,8 @@ class Touch:
     tables: list[str] = field(default_factory=list)
     schema: str | None = None
     """The target table's schema when the statement names one (``hr.salaries``), else None."""
+    positional: list[str] = field(default_factory=list)
+    """The types of an INSERT's values when it names no columns (``INSERT INTO t VALUES (1, 'x')``)."""
 
     @property
     def relation(self) -> str | None:
@@ -51,12 +55,25 @@ def _const(node: Any) -> tuple[Any, str] | None:
         if isinstance(val, ast.Float):
             return val.fval, "numeric"
         if isinstance(val, ast.String):
-            return val.sval, "text"
+            # A bound parameter is logged quoted ('42' for an int): the text, typed by what it spells.
+            return val.sval, _NUMBER.get(_spelled(str(val.sval)), "text")
         if isinstance(val, ast.Boolean):
             return val.boolval, "boolean"
     if isinstance(node, ast.TypeCast):
         return _const(node.arg)
     return None
+
+
+_NUMBER = {"integer": "int", "decimal": "numeric"}
+
+
+def _spelled(text: str) -> str:
+    """Whether ``text`` spells an integer, a decimal number, or neither."""
+    if re.fullmatch(r"-?\d{1,18}", text):
+        return "integer"
+    if re.fullmatch(r"-?\d+\.\d+", text):
+        return "decimal"
+    return ""
 
 
 def _column(node: Any) -> str | None:
@@ -113,6 +130,7 @@ def _walk_columns(node: Any, out: dict[str, str]) -> None:
         out.setdefault(col, "int")
 
 
+@functools.lru_cache(maxsize=4096)
 def analyse(sql: str) -> Touch:
     """What ``sql`` touches; an empty :class:`Touch` when pglast cannot parse it (a cut statement)."""
     import pglast
@@ -149,9 +167,11 @@ def analyse(sql: str) -> Touch:
                 _walk_columns(target.val, found)
                 lit = _const(target.val)
                 touch.columns.setdefault(target.name, lit[1] if lit else next(iter(found.values()), "int"))
+    rows = getattr(stmt.selectStmt, "valuesLists", None) or () if isinstance(stmt, ast.InsertStmt) else ()
+    first = rows[0] if rows else ()
+    if isinstance(stmt, ast.InsertStmt) and not stmt.cols:  # INSERT INTO t VALUES (...): by position
+        touch.positional = [(c or (None, "text"))[1] for c in map(_const, first)]
     if isinstance(stmt, ast.InsertStmt) and stmt.cols:
-        rows = getattr(stmt.selectStmt, "valuesLists", None) or ()
-        first = rows[0] if rows else ()
         for i, target in enumerate(stmt.cols):
             lit = _const(first[i]) if i < len(first) else None
             touch.columns.setdefault(target.name, lit[1] if lit else "text")
@@ -165,3 +185,30 @@ def lock_statement(sql: str) -> str | None:
         return None
     where = f" WHERE {touch.where}" if touch.where else ""
     return f"SELECT 1 FROM {touch.relation}{where} FOR UPDATE"
+
+
+def key_parameters(sql: str) -> set[int]:
+    """The ``$N`` a statement's WHERE compares a column with by equality (``id = $2``): the row's key."""
+    import pglast
+    from pglast import ast
+    from pglast.enums import BoolExprType
+
+    try:
+        parsed = pglast.parse_sql(sql)
+    except pglast.parser.ParseError:
+        return set()
+    if len(parsed) != 1:
+        return set()
+    found: set[int] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR:
+            for arg in node.args or ():
+                walk(arg)
+        elif isinstance(node, ast.A_Expr) and node.name and getattr(node.name[0], "sval", "") == "=":
+            values = node.rexpr if isinstance(node.rexpr, tuple) else (node.rexpr,)
+            if _column(node.lexpr) is not None:
+                found.update(int(v.number or 0) for v in values if isinstance(v, ast.ParamRef))
+
+    walk(getattr(parsed[0].stmt, "whereClause", None))
+    return found

@@ -99,14 +99,15 @@ def verification_server(server: ServerInfo, dsn: str | None) -> ServerInfo:
     return server
 
 
-def _run(written: Written, source: str, server: ServerInfo) -> Run:
+def _run(written: Written, source: str, server: ServerInfo, step_timeout: float) -> Run:
     from pgrace.drivers.one_run import run_in_scratch
+    from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
     from pgrace.formats.scenario_toml import parse_toml_scenario
 
     scenario = parse_toml_scenario(written.text, source)
     try:
-        return run_in_scratch(scenario, server)
+        return run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
     except ScenarioFailed as failed:
         if failed.run is None:
             raise
@@ -115,14 +116,14 @@ def _run(written: Written, source: str, server: ServerInfo) -> Run:
 
 
 def verify(
-    incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None
+    incident: Incident, written: Written, source: str, server: ServerInfo, dsn: str | None, step_timeout: float = 10.0
 ) -> tuple[Verified, Written]:
     """Run ``written`` on ``server`` (a scratch database); explore its steps when the file's order fails.
 
     All of it within :data:`VERIFY_SECONDS` (checked between runs): out of time is not reproduced, and says so.
     """
     deadline = time.monotonic() + VERIFY_SECONDS
-    run = _run(written, source, server)
+    run = _run(written, source, server, step_timeout)
     failures = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]
     if (setup := run.failed_setup()) is not None and setup.outcome.error is not None:
         failures.insert(0, f"the setup failed: {setup.outcome.error.sqlstate} {setup.outcome.error.message}")
@@ -149,7 +150,7 @@ def verify(
             raise _OutOfTime
 
     try:
-        found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time)
+        found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time, step_timeout=step_timeout)
     except _OutOfTime:
         return Verified(False, failures, explored=explored, run=run, out_of_time=True), written
     for cls in found.classes:  # simplest first: the fewest session switches
@@ -158,7 +159,7 @@ def verify(
         if time.monotonic() > deadline:
             return Verified(False, failures, explored=found.explored, run=run, out_of_time=True), written
         other = write_scenario(incident, dsn, order=list(cls.example))
-        again = _run(other, source, server)
+        again = _run(other, source, server, step_timeout)
         if again.ok:
             return Verified(True, explored=found.explored, order=list(cls.example), run=again), other
     return Verified(False, failures, explored=found.explored, run=run), written

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.drivers.fromlog.incidents import Incident, Wait
-from pgrace.drivers.fromlog.sqlinfo import analyse, lock_statement, quoted
+from pgrace.drivers.fromlog.sqlinfo import Touch, analyse, lock_statement, quoted
 from pgrace.text import has_control, json_safe, visible
 
 __all__ = ["Planned", "Written", "write_scenario"]
@@ -29,6 +29,7 @@ _GUESSED = "-- TODO: guessed from the statements; give --dsn to copy the real ta
 _MADE_UP_NOTE = "-- TODO: the values the log does not show are made up"
 _MADE_UP: dict[str, Any] = {"int": 0, "numeric": 0, "text": ""}
 _BEGAN = "inferred: the transaction began"
+_BEGAN_UNLOGGED = "inferred: the transaction began before its first logged statement (no BEGIN was logged)"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 _COPIED = "# Copied from the database --dsn names (review them before sharing this file):"
 _TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
@@ -85,7 +86,25 @@ def _plan_logged(incident: Incident) -> list[Planned]:
             extra = [] if began else [Planned(names[holder], "BEGIN", inferred=True, pid=holder, note=_BEGAN)]
             extra.append(_lock_step(holder, wait, names))
             steps[place:place] = extra
+    _begin_transactions(incident, steps)
     return steps
+
+
+def _begin_transactions(incident: Incident, steps: list[Planned]) -> None:
+    """Open the transaction of every session whose logged statements were one, though no BEGIN was logged.
+
+    ``log_statement = 'mod'`` logs no BEGIN: a session of a deadlock, one holding a lock
+    another waits for, or one with several statements of one transaction (the log grouped
+    them by ``%v``/``%x``) ran them in a transaction; run one at a time, each would commit
+    on its own and the incident could not come back.
+    """
+    holders = {h for w in incident.waits for h in w.holders}
+    for pid in incident.pids:
+        own = [i for i, s in enumerate(steps) if s.pid == pid]
+        if not own or _word(steps[own[0]].sql) in ("BEGIN", "START"):
+            continue
+        if incident.kind == "deadlock" or pid in holders or len(own) > 1 or pid in incident.open_before:
+            steps.insert(own[0], Planned(incident.names[pid], "BEGIN", inferred=True, pid=pid, note=_BEGAN_UNLOGGED))
 
 
 def _holds(steps: list[Planned], holder: int, wait: Wait) -> bool:
@@ -141,8 +160,11 @@ def _waiting_step(steps: list[Planned], wait: Wait, names: dict[int, str]) -> in
 def _finish(incident: Incident, steps: list[Planned]) -> None:
     """End every transaction: the victim's rolls back, the others commit (inferred unless logged)."""
     names = incident.names
+    by_pid: dict[int, list[Planned]] = {}
+    for step in steps:
+        by_pid.setdefault(step.pid, []).append(step)
     for pid in _end_order(incident):
-        own = [s for s in steps if s.pid == pid]
+        own = by_pid.get(pid, [])
         if not own or _word(own[-1].sql) in _ENDS or not any(_word(s.sql) in ("BEGIN", "START") for s in own):
             continue
         end = "ROLLBACK" if pid == incident.victim else "COMMIT"
@@ -155,17 +177,37 @@ def _end_order(incident: Incident) -> list[int]:
     In a cycle of three, the victim's rollback frees only the process that waited for it;
     the one waiting for that process goes on when that process commits, and so on.
     """
-    waits = {w.waiter: w.holders for w in incident.waits}
-    order: list[int] = [incident.victim] if incident.victim in incident.pids else []
-    left = [p for p in incident.pids if p not in order]
-    while left:
-        free = next((p for p in left if all(h in order for h in waits.get(p, []))), left[0])
-        order.append(free)
-        left.remove(free)
+    import heapq
+
+    waits = {w.waiter: set(w.holders) for w in incident.waits}
+    rank = {p: i for i, p in enumerate(incident.pids)}
+    waiters: dict[int, list[int]] = {}
+    for waiter, holders in waits.items():
+        for holder in holders:
+            waiters.setdefault(holder, []).append(waiter)
+    order: list[int] = []
+    ended: set[int] = set()
+    free = [rank[p] for p in incident.pids if not waits.get(p)]  # the first free one in pids order ends next
+    heapq.heapify(free)
+    first = [incident.victim] if incident.victim in rank else []
+    while len(order) < len(incident.pids):
+        if first:
+            pid = first.pop()
+        else:
+            while free and incident.pids[free[0]] in ended:
+                heapq.heappop(free)
+            pid = incident.pids[heapq.heappop(free)] if free else next(p for p in incident.pids if p not in ended)
+        if pid in ended:
+            continue
+        order.append(pid)
+        ended.add(pid)
+        for waiter in waiters.get(pid, ()):
+            if waiter not in ended and waits[waiter] <= ended:
+                heapq.heappush(free, rank[waiter])
     return order
 
 
-def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[str, list[str]]]:
+def _expect(incident: Incident, steps: list[Planned], partitioned: set[str]) -> tuple[str | None, dict[str, list[str]]]:
     names = incident.names
     victim_step = None
     waits: dict[str, list[str]] = {}
@@ -178,7 +220,8 @@ def _expect(incident: Incident, steps: list[Planned]) -> tuple[str | None, dict[
         expect: dict[str, Any] = {"waits_for": holders if len(holders) > 1 else holders[0]}
         touch = analyse(wait.sql)
         table = wait.table or touch.table
-        if table and table == touch.table and len(touch.keys) == 1:
+        # A partitioned table's row is in a partition the server names, which the statement does not.
+        if table and table == touch.table and len(touch.keys) == 1 and touch.relation not in partitioned:
             expect["waits_on"] = {"table": table, "key": touch.keys[0]}
         elif len(wait.holders) == 1:  # a row the statement does not name by its key: the holder's transaction
             expect["waits_on"] = {"transaction_of": names[wait.holders[0]]}
@@ -227,33 +270,44 @@ def _multiline(text: str) -> str:
 
 
 def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str], list[str]]:
+    """Tables made up from what the statements name: columns, a key, and the rows they name by key.
+
+    A table is the statement's, schema and all (``pgboss.job``, ``"Order Lines"``). An INSERT
+    that names no columns gets as many; a wait on a unique index (``while inserting index
+    tuple``) says the table has one: its first column, when no WHERE names a key.
+    """
     tables: dict[str, dict[str, str]] = {}
     keys: dict[str, list[dict[str, Any]]] = {}
+    schemas: dict[str, str] = {}
+    indexed: set[str] = set()
     for statement in statements:
         touch = analyse(statement)
-        if touch.table is None or _catalog(touch.schema, touch.table):
+        if touch.relation is None or touch.table is None or _catalog(touch.schema, touch.table):
             continue
-        cols = tables.setdefault(touch.table, {})
-        for key in touch.keys:
-            for col in key:
-                cols.setdefault(col, touch.columns.get(col, "int"))
-            if key not in keys.setdefault(touch.table, []):
-                keys[touch.table].append(key)
-        for col, type_ in touch.columns.items():
-            cols.setdefault(col, type_)
+        relation = touch.relation
+        if touch.schema:
+            schemas[relation] = touch.schema
+        if any(w.index and analyse(w.sql).relation == relation for w in incident.waits):
+            indexed.add(relation)
+        _guess_columns(touch, tables.setdefault(relation, {}), keys.setdefault(relation, []))
     sql: list[str] = []
     notes = []
+    for schema in dict.fromkeys(schemas.values()):
+        sql.append(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)};")
     for table, cols in tables.items():
         key_cols = list(keys.get(table, [{}])[0]) if keys.get(table) else []
+        if not key_cols and table in indexed and cols:
+            key_cols = [next(iter(cols))]
+            notes.append(f"the unique index of {table} a wait went through is guessed: its first column (TODO)")
         pk = f",\n  PRIMARY KEY ({', '.join(quoted(c) for c in key_cols)})" if key_cols else ""
         body = ",\n  ".join(f"{quoted(c)} {t}" for c, t in cols.items())
-        sql.append(f"{_GUESSED}\nCREATE TABLE {quoted(table)} (\n  {body}{pk}\n);")
+        sql.append(f"{_GUESSED}\nCREATE TABLE {table} (\n  {body}{pk}\n);")
         rows = []
         for key in keys.get(table, []):
             values = [key.get(c, _MADE_UP.get(t)) for c, t in cols.items()]
             rows.append("(" + ", ".join(_sql_literal(v) for v in values) + ")")
         if rows:
-            sql.append(f"{_MADE_UP_NOTE}\nINSERT INTO {quoted(table)} VALUES {', '.join(rows)};")
+            sql.append(f"{_MADE_UP_NOTE}\nINSERT INTO {table} VALUES {', '.join(rows)};")
         notes.append(f"the table {table} is guessed from the statements (its columns, types and rows): give --dsn")
     if not tables:
         sql.append("-- TODO: the log names no table pgrace could read: create the tables the statements need")
@@ -263,6 +317,19 @@ def _guessed_setup(incident: Incident, statements: list[str]) -> tuple[list[str]
 def _catalog(schema: str | None, table: str) -> bool:
     """A name PostgreSQL resolves to one of its catalogs (``pg_catalog`` comes first on every search_path)."""
     return schema in ("pg_catalog", "information_schema") or (schema is None and table.startswith("pg_"))
+
+
+def _guess_columns(touch: Touch, cols: dict[str, str], keys: list[dict[str, Any]]) -> None:
+    """Add the columns and keys one statement shows of its table to ``cols`` and ``keys``."""
+    for key in touch.keys:
+        for col in key:
+            cols.setdefault(col, touch.columns.get(col, "int"))
+        if key not in keys:
+            keys.append(key)
+    for col, type_ in touch.columns.items():
+        cols.setdefault(col, type_)
+    for n, type_ in enumerate(touch.positional[len(cols) :], len(cols) + 1):
+        cols[f"column{n}"] = type_
 
 
 def _sql_literal(value: Any) -> str:
@@ -275,11 +342,14 @@ def _sql_literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[list[str], list[str], list[str]]:
-    """The setup SQL, what it could not say, and which rows it copied from ``dsn``'s database (none without it)."""
+def _setup(
+    incident: Incident, steps: list[Planned], dsn: str | None
+) -> tuple[list[str], list[str], list[str], set[str]]:
+    """The setup SQL, what it could not say, which rows it copied from ``dsn``'s database, and which of its
+    tables are partitioned."""
     statements = [s.sql for s in steps]
     if dsn is None:
-        return (*_guessed_setup(incident, statements), [])
+        return (*_guessed_setup(incident, statements), [], set())
     from pgrace.drivers.fromlog.database import describe
 
     # Tables as SQL names, with the schema the log's statements give them.
@@ -302,7 +372,7 @@ def _setup(incident: Incident, steps: list[Planned], dsn: str | None) -> tuple[l
                 tables.append(table)
     described = describe(dsn, tables, keys, ctids)
     setup = described.setup or ["-- TODO: nothing of the incident's tables could be copied"]
-    return setup, described.notes, described.copied
+    return setup, described.notes, described.copied, described.partitioned
 
 
 def _comment(text: str) -> str:
@@ -331,8 +401,8 @@ def write_scenario(incident: Incident, dsn: str | None = None, order: list[str] 
     if order is not None:
         rank = {name: i for i, name in enumerate(order)}
         steps.sort(key=lambda s: rank.get(s.name, len(rank)))
-    victim_step, waits = _expect(incident, steps)
-    setup, setup_notes, copied = _setup(incident, steps, dsn)
+    setup, setup_notes, copied, partitioned = _setup(incident, steps, dsn)
+    victim_step, waits = _expect(incident, steps, partitioned)
     unsaid = list(dict.fromkeys(incident.unsaid + setup_notes + _general_unsaid(incident, steps)))
     name = _name(incident)
     who = ", ".join(incident.names[p] for p in incident.pids)
@@ -393,7 +463,12 @@ def _pin(incident: Incident, pid: int, steps: list[Planned]) -> str:
 
 
 def _general_unsaid(incident: Incident, steps: list[Planned]) -> list[str]:
-    out = []
+    out = [
+        f"the BEGIN of {s.session}'s transaction was not logged (log_statement = 'mod' logs none, or the log "
+        "began after it): inferred before its first logged statement"
+        for s in steps
+        if s.note == _BEGAN_UNLOGGED
+    ]
     if not incident.logged:
         out.append(
             "the statements before each process's last one (log_statement was off): the steps that take "

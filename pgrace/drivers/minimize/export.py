@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pgrace.drivers.minimize import Failure, Minimized, failure_of
+from pgrace.drivers.minimize.failure import Failure, Minimized, failure_of
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model import variables
 from pgrace.model.scenario import Scenario
@@ -372,3 +372,28 @@ def verified_pytest(
             except PgraceError as exc:
                 raise ExportError(f"the pytest test could not run: {exc}") from None
     raise ExportError("the pytest test passed: it would not catch the failure")
+
+
+def export(
+    minimized: Minimized,
+    server: ServerInfo,
+    output: Path | None,
+    spec: Path | None,
+    pytest: Path | None,
+    step_timeout: float = 10.0,
+) -> None:
+    """Write the minimized scenario (TOML), an isolation spec with its ``.out``, a pytest test: each verified
+    on ``server`` first, and nothing written until every one asked for is."""
+    texts: list[tuple[str, Path, str]] = []
+    toml = ""
+    if output is not None:
+        toml = verified_toml(minimized, server, output.parent, step_timeout)
+        texts.append(("scenario", output, toml))
+    if spec is not None:
+        spec_source, expected = verified_spec(minimized, server, spec.stem, spec.parent)
+        texts += [("isolation spec", spec, spec_source), ("expected output", spec.with_suffix(".out"), expected)]
+    if pytest is not None and output is not None:
+        texts.append(("pytest test", pytest, verified_pytest(minimized, server, output, toml, step_timeout)))
+    for kind, path, text in texts:
+        path.write_text(text, encoding="utf-8")
+        minimized.written.append((kind, str(path)))
