@@ -86,6 +86,7 @@ def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo)
     )  # 300 only when one reads after the other commits
     lost = by_balance[400]
     assert lost.ok and not by_balance[300].ok  # the bug variant's check is "the balance is 400"
+    assert lost.reproduces and by_balance[300].reproduces is False  # and it is the bug's signature
     reads_and_writes = [n for n in lost.example if n.endswith(("-read", "-write"))]
     assert [n.split("-")[1] for n in reads_and_writes] == ["read", "read", "write", "write"]
 
@@ -188,8 +189,10 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
     whole = json.loads(cli.invoke(main, ["explore", "lost-update", "--no-reduce", "-f", "json", *dsn]).output)
     assert set(whole) == {
         *("scenario", "variant", "space", "explored", "runs", "complete", "guarantee", "repeats", "seed", "classes"),
+        *("claim", "passed"),
         *("search", "shard"),
     }
+    assert (whole["claim"], whole["passed"]) == ("bug", True)
     assert (whole["space"], whole["explored"], whole["runs"], whole["complete"]) == (70, 70, 70, True)
     assert whole["guarantee"] == {"kind": "complete"}
     assert [(c["ok"], c["reproduces"]) for c in whole["classes"]] == [(True, True), (False, False)]
@@ -199,6 +202,7 @@ def test_explore_command_text_json_show_and_merge(pgrace_server: ServerInfo, tmp
         "count",
         "summary",
         "errors",
+        "unexpected_errors",
         "failed_checks",
         "final",
         "waits",

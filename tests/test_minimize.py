@@ -59,7 +59,7 @@ def test_a_padded_race_shrinks_back_and_fails_the_same_way(name: str, pgrace_ser
     assert found.after["steps"] <= len(shipped.steps)
     assert not any(n.startswith("pad-") for n in found.order)
     assert "pgrace_pad" not in "".join(found.scenario.setup)
-    assert found.failure.fails("bug")
+    assert found.failure.fails(scenario)
     assert found.timeline is not None  # the minimized scenario, run again fully observed: the same failure
     assert found.failure.kept_by(failure_of(found.timeline))
     kinds = {(t.kind, t.removed) for t in found.trials}
@@ -179,7 +179,7 @@ def test_a_class_of_the_exploration_is_a_starting_point(pgrace_server: ServerInf
 
     scenario = catalog.load("lost-update").variant_named("bug")
     classes = explore(scenario, pgrace_server).classes
-    bug = next(i for i, c in enumerate(classes, 1) if c.ok)  # a bug variant's class whose checks hold: the bug
+    bug = next(i for i, c in enumerate(classes, 1) if c.reproduces)  # the class where the bug happened
     found = api.minimize(scenario, server=pgrace_server, cls=bug)
-    assert found.failure.fails("bug")
+    assert found.failure.fails(scenario)
     assert found.after["steps"] == 4

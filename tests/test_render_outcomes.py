@@ -67,13 +67,13 @@ def test_matrix_marks_a_cell_that_differs_from_the_manual() -> None:
 
 
 def test_sweep_grid_in_every_format() -> None:
-    occurs = OutcomeClass(True, 1, (), (), (((1,),),), 0, ("a-1",), summary="s")
-    prevented = OutcomeClass(False, 1, ("40001",), ("c",), ((),), 1, ("a-1",), summary="p")
+    occurs = OutcomeClass(True, 1, (), (), (((1,),),), 0, ("a-1",), summary="s", reproduces=True)
+    prevented = OutcomeClass(False, 1, ("40001",), ("c",), ((),), 1, ("a-1",), summary="p", reproduces=False)
     sweep = Sweep(
         "s",
         "bug",
         {"level": ["rc", "ser"]},
-        [GridPoint({"level": "rc"}, [occurs], "bug"), GridPoint({"level": "ser"}, [prevented], "bug")],
+        [GridPoint({"level": "rc"}, [occurs], "bug", True), GridPoint({"level": "ser"}, [prevented], "bug", True)],
     )
     assert "occurs" in render.render_sweep_text([sweep]) and "prevented by 40001" in render.render_sweep_text([sweep])
     assert "| s (bug) | occurs | prevented by 40001 |" in render.render_sweep_markdown([sweep])
@@ -81,5 +81,6 @@ def test_sweep_grid_in_every_format() -> None:
     assert '<td class="fail"><a href="#cell-0-0">occurs</a></td>' in page and "the timeline" in page
     assert json.loads(render.render_sweep_json([sweep]))["cells"][1] == {
         "params": {"level": "ser"},
+        "verdict": "prevented by 40001",
         "classes": [prevented.to_dict("bug")],
     }

@@ -40,17 +40,27 @@ def test_combinations_are_the_product_in_order() -> None:
 
 
 def test_verdicts() -> None:
-    def cls(ok: bool, errors: tuple[str, ...] = (), waits: int = 0, count: int = 1) -> OutcomeClass:
-        return OutcomeClass(ok, count, errors, (), (((1,),),), waits, ())  # one final check's rows
+    def cls(
+        bug: bool, errors: tuple[str, ...] = (), waits: int = 0, count: int = 1, unexpected: tuple[str, ...] = ()
+    ) -> OutcomeClass:  # one final check's rows; ``bug``: they say the bug happened
+        return OutcomeClass(True, count, errors, (), (((1,),),), waits, (), unexpected=unexpected, reproduces=bug)
 
-    assert verdict([OutcomeClass(True, 1, (), (), (), 0, ())], "bug") == "no checks"  # nothing describes a bug
+    assert verdict([OutcomeClass(True, 1, (), (), (), 0, ())], True) == "no checks"  # nothing describes a bug
+    unchecked = OutcomeClass(True, 2, ("23505",), (), (), 0, (), unexpected=("23505",))
+    assert verdict([unchecked, OutcomeClass(True, 1, (), (), (), 0, ())], False) == "unexpected errors in 2/3"
 
-    assert verdict([cls(True)], "bug") == "occurs"
-    assert verdict([cls(True, count=3), cls(False, count=1)], "bug") == "occurs in 3/4"
-    assert verdict([cls(False, ("40001",), waits=1)], "bug") == "prevented by 40001"
-    assert verdict([cls(False, waits=1)], "bug") == "prevented by blocking"
-    assert verdict([cls(False)], "bug") == "prevented"
-    assert verdict([cls(True), cls(False)], "fix") == "fails in 1/2"
+    # signatures: the anomaly occurs where they hold
+    assert verdict([cls(True)], True) == "occurs"
+    assert verdict([cls(True, count=3), cls(False, count=1)], True) == "occurs in 3/4"
+    assert verdict([cls(False, ("40001",), waits=1, unexpected=("40001",))], True) == "prevented by 40001"
+    assert verdict([cls(False, waits=1)], True) == "prevented by blocking"
+    assert verdict([cls(False)], True) == "prevented"
+    tainted = cls(True, ("23505",), unexpected=("23505",))
+    assert verdict([tainted, cls(False)], True) == "occurs only with unexpected errors 23505"
+    # invariants: the cell fails where one breaks, or where a step raised an error nobody declared
+    assert verdict([cls(True), cls(False)], False) == "fails in 1/2"
+    assert verdict([cls(False, count=3), cls(False, ("23505",), unexpected=("23505",))], False) == "fails in 1/4"
+    assert verdict([cls(False, ("40001",), count=2)], False) == "holds"  # a declared error is the story
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

@@ -74,7 +74,8 @@ from pgrace.render import formats
     "--explore",
     "explore_all",
     is_flag=True,
-    help="Judge every interleaving: a bug must occur in one, a fix must hold in all.",
+    help="Judge every interleaving: a bug must occur in one, a fix must hold in all, and no step may"
+    " raise an error it does not declare.",
 )
 @max_option("With --explore: a seeded sample of N")
 @seed_option
@@ -102,9 +103,10 @@ def check(
     PATHs are scenario files (.toml) and isolation specs (.spec), or directories to search
     (default: scenarios/ if there is one here, else the shipped scenarios). Each variant of
     a scenario is one case; a spec's isolationtester output must match NAME.out (or
-    ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, a bug
-    passes when some interleaving reproduces it and a fix (or a scenario with one variant)
-    when every interleaving satisfies its final checks. Exit code 1: a case
+    ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, the
+    bug of a bug and a fix (or a scenario whose checks are all kind = "bug") passes when
+    some interleaving reproduces it without an error no step declares, and anything else
+    when no interleaving shows the bug or raises such an error. Exit code 1: a case
     failed; 2: a file could not be read (it is reported, the others still run).
     """
     from pgrace import api
@@ -207,7 +209,10 @@ def explore(
 
     Each session keeps its own order; the scenario's setup and teardown run around each
     interleaving. Interleavings are grouped by what the final checks saw and which
-    SQLSTATEs the steps raised, each class with its count and its simplest example.
+    SQLSTATEs the steps raised, each class with its count and its simplest example. Exit
+    code 1 when the verdict fails: the bug of a bug and a fix (or a scenario of bug
+    signatures) shown in no class without an undeclared error; otherwise, a class that
+    shows the bug or raises an error no step declares.
     """
     from pgrace import api
     from pgrace.formats import catalog
@@ -239,9 +244,10 @@ def explore(
             max_preemptions=max_preemptions,
             pct=pct,
         )
+    verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
         emit(draw("explore", fmt if fmt in drawn else "text", found), output)
-        return
+        sys.exit(verdict)
     if show > len(classes := found.exploration.classes):
         raise click.BadParameter(
             f"there {'is' if len(classes) == 1 else 'are'} {len(classes)} classes", param_hint="--show"
@@ -249,6 +255,7 @@ def explore(
     if show in found.replayed_differently:
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
     emit(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
+    sys.exit(verdict)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -324,8 +331,9 @@ def sweep(
 ) -> None:
     """Run scenarios under every combination of parameter values; print the grid of outcomes.
 
-    A bug variant's cell says whether the anomaly its final checks describe "occurs" or is
-    "prevented" (by 40001, by blocking, or by neither); a fix's, whether its checks hold.
+    Where the checks are the anomaly's signature (kind = "bug"), a cell says whether it
+    "occurs" or is "prevented" (by 40001, by blocking, or by neither); where they are
+    invariants, whether they hold (an error no step declares fails the cell).
     """
     from pgrace import api
 

@@ -146,10 +146,12 @@ def run_explore_case(
 ) -> CaseResult:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
 
-    A bug (of a bug and a fix) passes when some interleaving reproduces it (its final checks
-    hold there); a fix, or a scenario with one variant, when every interleaving satisfies its
-    final checks. A failure names the class and its example. Specs run as without --explore.
-    ``on_progress(done, total)`` follows the interleavings.
+    The variant's claim (:func:`pgrace.model.outcomes.claim_of`) decides. The bug of a bug
+    and a fix (or a scenario whose checks are all bug signatures) passes when some
+    interleaving reproduces it with no error the scenario does not declare; anything else
+    when no interleaving shows the bug (a failed invariant, a held signature) or raises
+    such an error. A failure names the class and its example. Specs run as without
+    --explore. ``on_progress(done, total)`` follows the interleavings.
     """
     if case.spec is not None:
         return run_case(case, server, options)
@@ -165,18 +167,22 @@ def run_explore_case(
     if found.reduced:  # a class counts runs, one per set of equivalent interleavings
         explored = f"{found.run_count} runs over all {found.space}" if found.covers_all else f"{found.run_count} runs"
     problems = []
-    if case.paired and case.scenario.variant == "bug":
-        if not any(c.ok for c in found.classes):
-            first = found.classes[0]
+    classes = found.classes
+    if found.claim == "bug":
+        if not found.passed:
+            tainted = [(n, c) for n, c in enumerate(classes, 1) if c.reproduces]
+            number, first = tainted[0] if tainted else (1, classes[0])
+            said = "only with an error no step declares" if tainted else "in no interleaving"
+            example = example_text(case.scenario, first.example)
             problems.append(
-                f"no interleaving reproduces the bug ({explored} interleavings, {len(found.classes)} outcome classes); "
-                f"class 1 ({first.count}): {first.summary}; example: {example_text(case.scenario, first.example)}"
+                f"the bug happens {said} ({explored} interleavings, {len(classes)} outcome classes); "
+                f"class {number} ({first.count}): {first.summary}; example: {example}"
             )
     else:
-        for number, cls in enumerate(found.classes, 1):
-            if not cls.ok:
+        for number, cls in enumerate(classes, 1):
+            if cls.breaks:
                 problems.append(
-                    f"class {number} of {len(found.classes)} ({cls.count} of {explored} interleavings): {cls.summary}; "
+                    f"class {number} of {len(classes)} ({cls.count} of {explored} interleavings): {cls.summary}; "
                     f"example: {example_text(case.scenario, cls.example)}"
                 )
     return CaseResult(case, server, not problems, time.perf_counter() - started, problems)

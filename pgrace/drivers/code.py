@@ -330,8 +330,10 @@ def observed_switches(pairs: Sequence[tuple[str, str]]) -> int:
 
 def _observed(run: Run, expected: bool) -> Observed:
     """:func:`classify` (escaped Python exceptions are steps whose error is the class name); a final
-    query without expected rows is not a check that can fail."""
-    observed = classify(run)
+    query without expected rows is not a check that can fail. The application's statements
+    declare nothing (its own code handles an error or does not): their errors are data,
+    never unexpected."""
+    observed = dataclasses.replace(classify(run), unexpected=())
     if not expected:
-        observed = dataclasses.replace(observed, ok=True, failed_checks=())
+        observed = dataclasses.replace(observed, ok=True, failed_checks=(), reproduces=None)
     return observed

@@ -39,14 +39,16 @@ from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, explore_options,
 from pgrace.engine.runner import RunOptions, run_scenario
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model.outcomes import (
+    Claim,
     Observed,
     OutcomeClass,
     add_observed,
+    claim_of,
     classify,
     ordered,
     split_run,
 )
-from pgrace.model.scenario import PermutationStep, Scenario, StepExpectation
+from pgrace.model.scenario import PermutationStep, Scenario
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
 from pgrace.servers import ServerInfo
@@ -79,6 +81,7 @@ class Exploration:
     incomplete: str | None = None  # why not complete, in words (code's explorations)
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
+    claim: Claim = "no bug"  # what the classes must show (pgrace.model.outcomes.claim_of)
     search: Search | None = None  # which search this is a shard of (None: code's, never split)
     held: tuple[int, ...] | None = None  # the shards of N a merge holds (None: ``shard``'s K alone)
     origin: str | None = field(default=None, compare=False)  # the file it was read from
@@ -143,14 +146,20 @@ class Exploration:
             "guarantee": self.guarantee,
             "repeats": self.repeats,
             "seed": self.seed,
+            "claim": self.claim,
+            "passed": self.passed,
             "search": None if self.search is None else self.search.to_dict(),
             "shard": {"n": self.shard[1], "held": list(self.shards_held), "missing": list(self.missing)},
             "classes": [c.to_dict(self.variant) for c in self.classes],
         }
 
     @property
-    def all_ok(self) -> bool:
-        return all(c.ok for c in self.classes)
+    def passed(self) -> bool:
+        """The variant's claim judged on its classes (explore's verdict and exit code): "bug", some class
+        shows it with no undeclared error (a shard need not: the merge is judged); "no bug", none breaks it."""
+        if self.claim == "bug":
+            return any(c.shows_bug for c in self.classes) or self.shard[1] > 1
+        return not any(c.breaks for c in self.classes)
 
 
 def run_interleavings(
@@ -267,6 +276,26 @@ def explore(
     :mod:`pgrace.drivers.bounded`); ``limit`` caps its runs (PCT: the schedules drawn, 100
     by default), ``seed`` seeds PCT (0 by default).
     """
+    found = _explore(
+        scenario, server, limit, seed, shard, jobs, step_timeout, on_progress, reduce, max_preemptions, pct
+    )
+    found.claim = claim_of(scenario)
+    return found
+
+
+def _explore(
+    scenario: Scenario,
+    server: ServerInfo,
+    limit: int | None,
+    seed: int | None,
+    shard: tuple[int, int],
+    jobs: int,
+    step_timeout: float,
+    on_progress: Callable[[int, int], None] | None,
+    reduce: bool,
+    max_preemptions: int | None,
+    pct: int | None,
+) -> Exploration:
     from pgrace.drivers.bounded import check_bounds
 
     check_jobs(jobs)
@@ -508,12 +537,14 @@ def replay(scenario: Scenario, server: ServerInfo, cls: OutcomeClass, step_timeo
     """Run a class's example again as an ordinary run, fully observed (locks, waits), to show it.
 
     Step notes and expectations are left out: they tell the file's own order (a retry
-    attempt's note stays: it says which attempt the step is).
+    attempt's note stays: it says which attempt the step is). The errors they declare stay,
+    declared in every order.
     """
     from pgrace.drivers.one_run import run_in_scratch
 
     steps = tuple(
-        dataclasses.replace(s, expect=StepExpectation(), note=s.note if s.attempt > 1 else "") for s in scenario.steps
+        dataclasses.replace(s, expect=s.expect.declarations(), note=s.note if s.attempt > 1 else "")
+        for s in scenario.steps
     )
     one = dataclasses.replace(
         scenario, steps=steps, other=None, permutations=(tuple(PermutationStep(n) for n in cls.example),)

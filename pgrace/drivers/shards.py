@@ -16,7 +16,7 @@ from pgrace.drivers.explore import Exploration
 from pgrace.drivers.identity import Search, scenario_digest
 from pgrace.drivers.space import Space
 from pgrace.errors import ScenarioError
-from pgrace.model.outcomes import OutcomeClass, merge_classes, whole_number
+from pgrace.model.outcomes import Claim, OutcomeClass, merge_classes, whole_number
 from pgrace.model.scenario import Scenario
 
 __all__ = ["exploration_from_dict", "load_explorations", "merge_explorations"]
@@ -39,6 +39,7 @@ def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None
         held = tuple(whole_number(k, "shard held") for k in shard["held"])
         if n < 1 or not held or not all(1 <= k <= n for k in held) or len(set(held)) != len(held):
             raise ValueError(f"shard holds {held} of {n}")
+        claim: Claim = "bug" if data.get("claim", "no bug") == "bug" else "no bug"
         return Exploration(
             str(data["scenario"]),
             str(data["variant"]),
@@ -54,6 +55,7 @@ def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None
             search=None if data["search"] is None else Search.from_dict(data["search"]),
             held=held,
             origin=origin,
+            claim=claim,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ScenarioError(f"not an exploration's JSON ({exc.__class__.__name__}: {exc})", origin) from None
@@ -94,6 +96,7 @@ def merge_explorations(parts: Sequence[Exploration], scenario: Scenario | None =
         repeats=sum(p.repeats for p in parts),
         search=first.search,
         held=held,
+        claim=first.claim,
     )
 
 

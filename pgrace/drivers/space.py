@@ -20,7 +20,7 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.model import variables
 from pgrace.model.outcomes import switches
-from pgrace.model.scenario import Scenario, StepExpectation
+from pgrace.model.scenario import Scenario
 from pgrace.scratch import reaches_other_schemas, schema_reset_sql
 
 EXPLORE_SCHEMA = "pgrace_explore"
@@ -286,8 +286,8 @@ def sample(rng: random.Random, size: int, limit: int) -> list[int]:
 
 
 def prepared(scenario: Scenario) -> Scenario:
-    """The scenario as explore runs it: no per-step expectations; a teardown when it has none."""
-    steps = tuple(dataclasses.replace(s, expect=StepExpectation()) for s in scenario.steps)
+    """The scenario as explore runs it: of its steps' expectations only the errors they declare; a teardown if none."""
+    steps = tuple(dataclasses.replace(s, expect=s.expect.declarations()) for s in scenario.steps)
     changed = dataclasses.replace(scenario, steps=steps, other=None)
     if not scenario.teardown:
         texts = [*scenario.setup, *(s.sql for s in scenario.steps), *(c.sql for c in scenario.checks)]

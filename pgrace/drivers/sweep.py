@@ -3,9 +3,11 @@
 Each combination is loaded afresh (``catalog.load(name, params)``: the scenario file
 decides what a parameter means) and run in the file's order, or, with ``explore``, in
 every interleaving. A cell holds the outcome classes (:mod:`pgrace.model.outcomes`), and a
-verdict for a reader: for a bug variant, whose final checks describe the anomaly,
-"occurs" or "prevented by 40001" / "prevented by blocking" / "prevented"; for a fix,
-"holds" or "fails".
+verdict for a reader, in the words of the checks' polarity: where they are the anomaly's
+signature, "occurs" or "prevented by 40001" / "prevented by blocking" / "prevented";
+where they are invariants, "holds" or "fails in N/M". An error no step declares is never
+quietly counted as a pass: it fails an invariant's cell, and an occurrence that raised
+one is not counted as the anomaly occurring.
 """
 
 from __future__ import annotations
@@ -34,13 +36,18 @@ class GridPoint:
     params: dict[str, str]
     classes: list[OutcomeClass]
     variant: str
+    signatures: bool = False  # the checks are the anomaly's signature (kind = "bug"), not invariants
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": dict(self.params), "classes": [c.to_dict(self.variant) for c in self.classes]}
+        return {
+            "params": dict(self.params),
+            "verdict": self.verdict,
+            "classes": [c.to_dict(self.variant) for c in self.classes],
+        }
 
     @property
     def verdict(self) -> str:
-        return verdict(self.classes, self.variant)
+        return verdict(self.classes, self.signatures)
 
 
 @dataclass
@@ -56,16 +63,26 @@ class Sweep:
         return {"scenario": self.scenario, "params": self.params, "cells": [c.to_dict() for c in self.cells]}
 
 
-def verdict(classes: Sequence[OutcomeClass], variant: str) -> str:
-    """What a reader wants from a cell. A bug's checks describe the anomaly: they hold when it occurs."""
-    if classes and not any(c.final for c in classes):  # no final check: no anomaly is described
-        return "no checks"
+def verdict(classes: Sequence[OutcomeClass], signatures: bool) -> str:
+    """What a reader wants from a cell, in the words of its checks' polarity.
+
+    Signatures describe the anomaly: it occurs where they hold (and no undeclared error
+    came with it). Invariants must hold: a cell fails where one does not, or where a step
+    raised an error no expectation declares.
+    """
     total = sum(c.count for c in classes)
-    holding = sum(c.count for c in classes if c.ok)
-    if variant != "bug":
-        return "holds" if holding == total else f"fails in {total - holding}/{total}"
-    if holding:
-        return "occurs" if holding == total else f"occurs in {holding}/{total}"
+    if classes and all(c.reproduces is None for c in classes):  # no final check: no anomaly is described
+        unexpected = sum(c.count for c in classes if c.unexpected)
+        return "no checks" if not unexpected else f"unexpected errors in {unexpected}/{total}"
+    if not signatures:
+        failing = sum(c.count for c in classes if c.breaks)
+        return "holds" if not failing else f"fails in {failing}/{total}"
+    occurring = sum(c.count for c in classes if c.shows_bug)
+    if occurring:
+        return "occurs" if occurring == total else f"occurs in {occurring}/{total}"
+    if any(c.reproduces for c in classes):
+        codes = sorted({code for c in classes if c.reproduces for code in c.unexpected})
+        return "occurs only with unexpected errors " + "/".join(codes)
     errors = {code for c in classes for code in c.errors}
     serialization = sorted(code for code in errors if code.startswith("40"))
     if serialization:
@@ -73,6 +90,11 @@ def verdict(classes: Sequence[OutcomeClass], variant: str) -> str:
     if any(c.waits for c in classes):
         return "prevented by blocking"
     return "prevented"
+
+
+def signatures_of(scenario: Scenario) -> bool:
+    """The scenario's checks describe the anomaly (each a bug's signature), rather than what must hold."""
+    return bool(scenario.checks) and all(c.is_signature for c in scenario.checks)
 
 
 def combinations(params: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -144,7 +166,7 @@ def sweep(
             observed = classify(run)
             add_observed(grouped, observed, (0, 0), scenario)  # one run, no other example to prefer
             classes = list(grouped.values())
-        cells.append(GridPoint(combination, classes, scenario.variant))
+        cells.append(GridPoint(combination, classes, scenario.variant, signatures_of(scenario)))
     if on_cell is not None:
         on_cell(len(chosen), len(chosen))
     first = chosen[0][1]

@@ -2,14 +2,22 @@
 
 :func:`classify` is a pure function from the :class:`~pgrace.model.timeline.Run` of one
 interleaving to an :class:`Observed`: the rows each final ``[[check]]`` query returned,
-which final checks failed, and the SQLSTATEs of the steps that failed (a deadlock is
-40P01, a step pgrace cancelled after ``--step-timeout`` is 57014, a lost session 08006
-or the server's FATAL). Those three make the class key. Whether a step waited, and the
-order the steps were launched in, are facts about the interleaving, not part of the key:
-a cure that makes one session wait for the other still has one outcome.
+which final checks failed, the SQLSTATEs of the steps that failed (a deadlock is 40P01, a
+step pgrace cancelled after ``--step-timeout`` is 57014, a lost session 08006 or the
+server's FATAL), and which of those errors no expectation of their step declares. Those
+make the class key. Whether a step waited, and the order the steps were launched in, are
+facts about the interleaving, not part of the key: a cure that makes one session wait for
+the other still has one outcome.
+
+Whether the bug happened follows from each check's polarity (``kind``): an invariant
+that fails, or a bug's signature that holds. What a variant claims (:func:`claim_of`)
+says which classes break it: the bug of a bug and a fix must happen in some interleaving,
+cleanly (no undeclared error); anything else must never show the bug nor raise an error
+no expectation declares.
 
 Per-step expectations (``expect = {...}``) are written for the file's own order and do
-not classify: in another order, the step that waits is another one. Explore, sweep and
+not classify, but the errors they declare are declared in every order: an error on a step
+that does not allow it is unexpected wherever it happens. Explore, sweep and
 ``pgrace check --explore`` all classify with this one function, and merge classes with
 :func:`merge_classes` (what shards of one exploration need to add up to the whole).
 """
@@ -20,14 +28,38 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from pgrace.model.checks import format_value, rows_equal
 from pgrace.model.scenario import Scenario
-from pgrace.model.timeline import CheckQueried, PermutationStarted, Run, StepCancelled
+from pgrace.model.timeline import CheckQueried, PermutationStarted, Run, StepCancelled, StepRun
 from pgrace.model.values import to_json_value
 
-__all__ = ["Observed", "OutcomeClass", "classify", "merge_classes", "switches"]
+__all__ = ["Claim", "Observed", "OutcomeClass", "claim_of", "classify", "merge_classes", "switches"]
+
+#: What a variant's interleavings must show: "bug", the bug in some interleaving (a bug of
+#: a bug and a fix, or a scenario whose checks are all signatures); "no bug", in none, and
+#: no error a step does not declare.
+Claim = Literal["bug", "no bug"]
+
+
+def claim_of(scenario: Scenario) -> Claim:
+    """The bug of a pair must happen; a lone scenario of bug signatures shows one; the rest must hold.
+
+    Without a final check nothing can show the bug (its waits are per-step expectations of
+    the file's order): what is left to prove is that no step raises an undeclared error.
+    """
+    if not scenario.checks:
+        return "no bug"
+    if scenario.other is not None:
+        return "bug" if scenario.variant == "bug" else "no bug"
+    signatures = [c for c in scenario.checks if c.is_signature]
+    return "bug" if signatures and len(signatures) == len(scenario.checks) else "no bug"
+
+
+def _key(final: Any, failed: tuple[str, ...], errors: tuple[str, ...], unexpected: tuple[str, ...]) -> str:
+    """Final rows, failed checks, step SQLSTATEs and the undeclared ones (absent when none: keys stay as they were)."""
+    return json.dumps([final, failed, errors, *([list(unexpected)] if unexpected else [])], default=str)
 
 
 @dataclass(frozen=True)
@@ -42,12 +74,14 @@ class Observed:
     launched: tuple[str, ...]
     timed_out: bool = False
     same_as: int | None = None  # a lower-numbered interleaving that runs alike (only unsent retry steps moved)
+    unexpected: tuple[str, ...] = ()  # SQLSTATEs of errors no expectation of their step declares
+    reproduces: bool | None = None  # the bug happened, by the checks' polarity; None: no final check
     retried_on: tuple[str, ...] = ()  # the SQLSTATE of each attempt a retry loop ran again, sorted
 
     @property
     def key(self) -> str:
-        """The class key: final rows, failed checks, step SQLSTATEs (never waits or order)."""
-        return json.dumps([self.final, self.failed_checks, self.errors], default=str)
+        """The class key: final rows, failed checks, step SQLSTATEs, undeclared ones (never waits or order)."""
+        return _key(self.final, self.failed_checks, self.errors, self.unexpected)
 
 
 @dataclass
@@ -75,6 +109,8 @@ class OutcomeClass:
     # launch order, and the choices that replay it (see pgrace.engine.schedule.ChoiceTree).
     statements: tuple[tuple[str, str], ...] = ()
     choices: tuple[int, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    reproduces: bool | None = None
     retries: int = 0
     retried_on: tuple[str, ...] = ()
     retry_example: tuple[str, ...] = ()
@@ -82,7 +118,17 @@ class OutcomeClass:
 
     @property
     def key(self) -> str:
-        return json.dumps([self.final, self.failed_checks, self.errors], default=str)
+        return _key(self.final, self.failed_checks, self.errors, self.unexpected)
+
+    @property
+    def breaks(self) -> bool:
+        """The class breaks a "no bug" claim: the bug happened, or an error no step declares."""
+        return bool(self.reproduces) or bool(self.unexpected)
+
+    @property
+    def shows_bug(self) -> bool:
+        """The class proves a "bug" claim: the bug happened, and no error the scenario does not declare."""
+        return bool(self.reproduces) and not self.unexpected
 
     def count_retries(
         self, runs: int, sqlstates: Sequence[str], example: tuple[str, ...], preference: tuple[int, int]
@@ -94,13 +140,14 @@ class OutcomeClass:
         self.retries += runs
 
     def to_dict(self, variant: str | None = None) -> dict[str, Any]:
-        """The JSON shape; ``reproduces`` (a bug variant's: did the bug happen?) is null for a fix."""
+        """The JSON shape; ``reproduces`` is null without a final check (nothing to say)."""
         return {
             "ok": self.ok,
-            "reproduces": self.ok if variant == "bug" and self.final else None,  # no final check: nothing to say
+            "reproduces": self.reproduces,
             "count": self.count,
             "summary": self.summary,
             "errors": list(self.errors),
+            "unexpected_errors": list(self.unexpected),
             "failed_checks": list(self.failed_checks),
             "final": [[list(row) for row in rows] for rows in self.final],
             "waits": self.waits,
@@ -125,6 +172,8 @@ class OutcomeClass:
             example=tuple(data["example"]),
             preference=rank(data["example"]),
             summary=str(data["summary"]),
+            unexpected=tuple(data.get("unexpected_errors", ())),
+            reproduces=None if data.get("reproduces") is None else bool(data["reproduces"]),
             retries=retries,
             retried_on=tuple(str(code) for code in data.get("retried_on", [])),
             retry_example=retry_example,
@@ -146,17 +195,21 @@ def classify(run: Run) -> Observed:
     erred = [(s.outcome.error.sqlstate, s.retried) for s in steps if s.outcome is not None and s.outcome.error]
     errors = sorted(code for code, retried in erred if not retried)  # a retried error is handled
     retried = sorted(code for code, retried in erred if retried)
+    unexpected = sorted(code for s in steps if (code := _undeclared(scenario, s)) is not None)
     timed_out = any(isinstance(e, StepCancelled) for e in run.events)
     outcomes = {e.index: e.outcome for e in run.events if isinstance(e, CheckQueried)}
     final: list[tuple[tuple[Any, ...], ...]] = []
     failed: list[str] = []
+    bug_seen: list[bool] = []  # per check: its rows say the bug happened
     for index, check in enumerate(scenario.checks):
         outcome = outcomes.get(index)
         last = outcome.last_rows if outcome is not None else None
         rows = list(last.rows) if last is not None and outcome is not None and outcome.error is None else []
         final.append(tuple(tuple(to_json_value(v) for v in row) for row in rows))
-        if outcome is None or outcome.error is not None or not rows_equal(rows, check.rows):
+        holds = outcome is not None and outcome.error is None and rows_equal(rows, check.rows)
+        if not holds:
             failed.append(check.description)
+        bug_seen.append(holds if check.is_signature else not holds)
     return Observed(
         ok=not failed,
         errors=tuple(errors),
@@ -165,8 +218,34 @@ def classify(run: Run) -> Observed:
         waited=any(s.waited for s in steps),
         launched=tuple(s.step for s in steps),
         timed_out=timed_out,
+        unexpected=tuple(unexpected),
+        reproduces=_reproduces(scenario, bug_seen),
         retried_on=tuple(retried),
     )
+
+
+def _reproduces(scenario: Scenario, bug_seen: list[bool]) -> bool | None:
+    """The bug happened: an invariant failed, or every signature held (together they describe it)."""
+    if not scenario.checks:
+        return None
+    checks = list(zip(scenario.checks, bug_seen, strict=True))
+    if any(seen for check, seen in checks if not check.is_signature):
+        return True
+    signatures = [seen for check, seen in checks if check.is_signature]
+    return bool(signatures) and all(signatures)
+
+
+def _undeclared(scenario: Scenario, step: StepRun) -> str | None:
+    """A step's error that its expectations do not allow (in any order: the step declares it, not the order).
+
+    A retried error is the retry loop's to handle; a step not sent because its session was
+    already gone (08003) carries no error of its own; a spec's errors are output to compare,
+    as isolationtester's, and declared by its expected file.
+    """
+    error = step.outcome.error if step.outcome is not None else None
+    if error is None or step.retried or error.sqlstate == "08003" or scenario.format != "pgrace":
+        return None
+    return None if scenario.step(step.step).expect.allows_error(error.sqlstate) else error.sqlstate
 
 
 def split_run(run: Run) -> list[Run]:
@@ -186,42 +265,58 @@ def switches(order: Sequence[str], scenario: Scenario) -> int:
     return sum(1 for a, b in itertools.pairwise(sessions) if a != b)
 
 
-def verdict_of(ok: bool, variant: str, checked: bool = True) -> tuple[str, bool]:
+def verdict_of(cls: OutcomeClass, scenario: Scenario) -> tuple[str, bool]:
     """A class's checks as a reader takes them, and whether that is the bad news.
 
-    A bug variant's final checks describe the bug: when they hold, the bug happened. Without
-    a final check there is nothing to say either way.
+    The words follow from the checks' polarity: a failed invariant "FAILS", held signatures
+    "reproduce the bug"; an error no step declares is bad news whatever the checks say.
     """
-    if not checked:
+    if cls.reproduces:
+        broken = any(not c.is_signature and c.description in cls.failed_checks for c in scenario.checks)
+        return ("FAILS", True) if broken else ("reproduces the bug", True)
+    if cls.unexpected:
+        return ("unexpected error", True)
+    if cls.reproduces is None:
         return ("no checks", False)
-    if variant == "bug":
-        return ("reproduces the bug", True) if ok else ("does not reproduce", False)
-    return ("holds", False) if ok else ("FAILS", True)
+    if any(c.is_signature for c in scenario.checks):
+        return ("does not reproduce", False)
+    return ("holds", False)
 
 
 def summarize(cls: OutcomeClass, scenario: Scenario) -> str:
-    """One line: the final rows, then what happened (the checks, in the variant's terms), then errors."""
+    """One line: the final rows, then what the checks say (by their polarity), then the errors."""
     parts = []
     if cls.final:
         parts.append("final " + " | ".join(_rows_text(rows) for rows in cls.final))
-    if scenario.variant == "bug" and scenario.checks:
-        if cls.failed_checks:
-            parts.append("no bug: " + "; ".join(f"«{d}» did not happen" for d in cls.failed_checks))
+    signatures = [c.description for c in scenario.checks if c.is_signature]
+    invariants = [c.description for c in scenario.checks if not c.is_signature]
+    if signatures:
+        missed = [d for d in signatures if d in cls.failed_checks]
+        if missed:
+            parts.append("no bug: " + "; ".join(f"«{d}» did not happen" for d in missed))
         else:
-            parts.append("the bug: " + "; ".join(c.description for c in scenario.checks))
-    elif cls.failed_checks:
-        parts.append("fails: " + "; ".join(cls.failed_checks))
-    elif scenario.checks:
+            parts.append("the bug: " + "; ".join(signatures))
+    broken = [d for d in invariants if d in cls.failed_checks]
+    if broken:
+        parts.append("fails: " + "; ".join(broken))
+    elif invariants:
         parts.append("checks hold")
-    if cls.errors:
-        counted: dict[str, int] = {}
-        for code in cls.errors:
-            counted[code] = counted.get(code, 0) + 1
-        named = [f"{code}{' ' + _ERROR_NAMES[code] if code in _ERROR_NAMES else ''}" for code in counted]
-        parts.append(
-            "errors: " + ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in zip(named, counted.values(), strict=True))
-        )
+    declared = list(cls.errors)
+    for code in cls.unexpected:
+        declared.remove(code)
+    if declared:
+        parts.append("errors: " + _errors_text(declared))
+    if cls.unexpected:
+        parts.append("unexpected errors: " + _errors_text(cls.unexpected))
     return " · ".join(parts) or "no checks, no errors"
+
+
+def _errors_text(codes: Iterable[str]) -> str:
+    counted: dict[str, int] = {}
+    for code in codes:
+        counted[code] = counted.get(code, 0) + 1
+    named = [f"{code}{' ' + _ERROR_NAMES[code] if code in _ERROR_NAMES else ''}" for code in counted]
+    return ", ".join(f"{n} ×{c}" if c > 1 else n for n, c in zip(named, counted.values(), strict=True))
 
 
 _ERROR_NAMES = {
@@ -256,6 +351,8 @@ def add_observed(
             0,
             observed.launched,
             preference,
+            unexpected=observed.unexpected,
+            reproduces=observed.reproduces,
         )
         found.summary = summarize(found, scenario)
         classes[key] = found

@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 Format = Literal["pgrace", "spec"]
+CheckKind = Literal["invariant", "bug"]  # a final check's polarity (see FinalCheck)
 CrashMode = Literal["terminate", "disconnect"]  # backend terminated by the server, or the client's socket closed
 
 
@@ -98,7 +99,8 @@ class StepExpectation:
     ``released_by`` is a session whose step ended the wait, or a cause
     (:data:`pgrace.model.timeline.RELEASE_CAUSES`: ``deadlock``, ``lock_timeout`` ...).
     ``may_fail``: an error of the step is allowed (any SQLSTATE); an error no
-    expectation allows fails the verdict.
+    expectation allows fails the verdict. ``allowed``: SQLSTATEs the step may raise,
+    asserting nothing (what other orders than the file's keep of its expectations).
     """
 
     waits: bool | None = None
@@ -111,6 +113,7 @@ class StepExpectation:
     may_fail: bool = False
     message: str | None = None
     deadlock: tuple[str, ...] | None = None
+    allowed: tuple[str, ...] = ()
 
     def allows_error(self, sqlstate: str) -> bool:
         """An error with this SQLSTATE is what the author expects (exactly, "may fail", a message, a deadlock)."""
@@ -119,7 +122,20 @@ class StepExpectation:
             or self.sqlstate == sqlstate
             or self.message is not None
             or (self.deadlock is not None and sqlstate == "40P01")
+            or sqlstate in self.allowed
         )
+
+    def declarations(self) -> StepExpectation:
+        """Only the errors this step may raise, asserting nothing.
+
+        Other orders than the file's do not check what a step does (in another order another
+        step waits), but an error the author declared is declared in every order, and one
+        not declared is unexpected in every order.
+        """
+        if self.may_fail or self.message is not None:
+            return StepExpectation(may_fail=True)
+        codes = [*([self.sqlstate] if self.sqlstate else []), *(["40P01"] if self.deadlock is not None else [])]
+        return StepExpectation(allowed=tuple(dict.fromkeys([*codes, *self.allowed])))
 
     def is_empty(self) -> bool:
         return self == StepExpectation()
@@ -260,12 +276,23 @@ class Session:
 
 @dataclass(frozen=True)
 class FinalCheck:
-    """A query run on the final state, and the rows it must return."""
+    """A query run on the final state, the rows it must return, and what those rows mean.
+
+    ``kind`` is the check's polarity. An ``"invariant"`` (the default) states what every
+    correct outcome keeps: the bug happened where it fails. A ``"bug"`` check is the bug's
+    signature, the state only the bug leaves: the bug happened where it holds. Every
+    "reproduces the bug" and "holds" follows from it, never from the variant's name.
+    """
 
     description: str
     sql: str
     rows: tuple[tuple[Any, ...], ...]
     line: int | None = None
+    kind: CheckKind = "invariant"
+
+    @property
+    def is_signature(self) -> bool:
+        return self.kind == "bug"
 
 
 @dataclass(frozen=True)

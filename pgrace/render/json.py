@@ -40,7 +40,12 @@ def run_to_dict(run: Run) -> dict[str, Any]:
             for e in run.sessions_lost()
         ],
         "final": [
-            {"description": check.description, "sql": check.sql, **_result(run.check_outcomes().get(i))}
+            {
+                "description": check.description,
+                "kind": check.kind,
+                "sql": check.sql,
+                **_result(run.check_outcomes().get(i)),
+            }
             for i, check in enumerate(scenario.checks)
         ],
         "checks": [

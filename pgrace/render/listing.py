@@ -69,7 +69,7 @@ def render_show(loaded: Scenario, variant: Scenario) -> str:
             lines.append(f"{number:>3}. {step.session:<10} {' '.join(step.sql.split())}")
             if step.note:
                 lines.append(f"     {'':<10} » {step.note}")
-    lines += [f"check: {check.description}" for check in chosen.checks]
+    lines += [f"check ({'the bug' if c.is_signature else 'must hold'}): {c.description}" for c in chosen.checks]
     if chosen.other:
         flag = "--fix" if chosen.other.variant == "fix" else "--bug"
         lines.append(f"\nother variant: {flag}: {chosen.other.title}")

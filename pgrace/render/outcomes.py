@@ -78,6 +78,46 @@ def _space_line(exploration: Exploration) -> str:
     return f"{text}: {count} outcome class{'es' if count != 1 else ''}"
 
 
+def _numbers(numbers: Sequence[int]) -> str:
+    listed = [str(n) for n in numbers]
+    return listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
+
+
+def exploration_verdict(exploration: Exploration, scenario: Scenario) -> tuple[str, bool]:
+    """The exploration's verdict in one sentence, and whether it passed (its exit code says the same).
+
+    What passes is the variant's claim (``Exploration.claim``): the bug shown cleanly in some
+    class, or no class that shows it or raises an error no step declares.
+    """
+    classes = exploration.classes
+    if exploration.claim == "bug":
+        clean = [n for n, c in enumerate(classes, 1) if c.shows_bug]
+        if clean:
+            return f"{_classes(clean)} {'shows' if len(clean) == 1 else 'show'} the bug", True
+        tainted = [n for n, c in enumerate(classes, 1) if c.reproduces]
+        said = "with an error no step declares" if tainted else "in no class"
+        if exploration.shard[1] > 1:
+            return f"this shard shows the bug {said}: the merge of all shards decides", True
+        return f"the bug happens {said}" + (f" ({_classes(tainted)})" if tainted else ""), False
+    showing = [n for n, c in enumerate(classes, 1) if c.reproduces]
+    raising = [n for n, c in enumerate(classes, 1) if c.unexpected]
+    if not showing and not raising:
+        said = "no class shows the bug, none raises" if scenario.checks else "no class raises"
+        return f"{said} an error no step declares", True
+    parts = []
+    if showing:
+        parts.append(f"{_classes(showing)} {'shows' if len(showing) == 1 else 'show'} the bug")
+    if raising:
+        codes = sorted({code for n in raising for code in classes[n - 1].unexpected})
+        verb = "raises" if len(raising) == 1 else "raise"
+        parts.append(f"{_classes(raising)} {verb} an error no step declares ({', '.join(codes)})")
+    return "; ".join(parts), False
+
+
+def _classes(numbers: Sequence[int]) -> str:
+    return f"{'class' if len(numbers) == 1 else 'classes'} {_numbers(numbers)}"
+
+
 def _shards(numbers: Sequence[int], n: int) -> str:
     return f"shard{'s' if len(numbers) > 1 else ''} {', '.join(str(k) for k in numbers)} of {n}"
 
@@ -99,7 +139,7 @@ def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str
         [
             number,
             c.count,
-            verdict_of(c.ok, exploration.variant, bool(scenario.checks))[0],
+            verdict_of(c, scenario)[0],
             c.waits,
             *([retried_text(c)] if retrying else []),
             c.summary,
@@ -115,6 +155,8 @@ def render_exploration_text(exploration: Exploration, scenario: Scenario) -> str
         lines.append(f"class {number} example: {example_text(scenario, c.example)}")
         if c.retries and c.retry_example != c.example:
             lines.append(f"class {number} retried, e.g.: {example_text(scenario, c.retry_example)}")
+    said, passed = exploration_verdict(exploration, scenario)
+    lines += ["", f"verdict: {'✔' if passed else '✘'} {said}"]
     if exploration.classes:
         lines.append("")
         lines.append("`--show N` prints class N's example as a timeline (any --format).")
@@ -138,13 +180,15 @@ def render_exploration_markdown(exploration: Exploration, scenario: Scenario) ->
         "|---:|---:|:---|---:|" + ("---:|" if retrying else "") + ":---|:---|" + (":---|" if retrying else ""),
     ]
     for number, c in enumerate(exploration.classes, 1):
-        said, bad = verdict_of(c.ok, exploration.variant, bool(scenario.checks))
+        said, bad = verdict_of(c, scenario)
         retried = f" {retried_text(c)} |" if retrying else ""
         retry_example = f" {_md(example_text(scenario, c.retry_example))} |" if retrying else ""
         lines.append(
             f"| {number} | {c.count} | {f'**{said}**' if bad else said} | {c.waits} |{retried} {_md(c.summary)} "
             f"| {_md(example_text(scenario, c.example))} |{retry_example}"
         )
+    said, passed = exploration_verdict(exploration, scenario)
+    lines += ["", f"**verdict:** {'✔' if passed else '✘'} {_md(said)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -156,6 +200,8 @@ _STYLE = f"""
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #1f2937; }}
 table {{ border-collapse: collapse; margin: 1em 0; }}
 th, td {{ border: 1px solid #d1d5db; padding: .35em .6em; text-align: left; vertical-align: top; }}
+p.verdict.ok {{ color: {OK_COLOUR}; font-weight: bold; }}
+p.verdict.fail {{ color: {ERROR_COLOUR}; font-weight: bold; }}
 tr.ok td.verdict, td.ok {{ background: #dcfce7; color: {OK_COLOUR}; }}
 tr.fail td.verdict, td.fail {{ background: #fee2e2; color: {ERROR_COLOUR}; font-weight: bold; }}
 td.differs {{ outline: 3px solid {ERROR_COLOUR}; }}
@@ -185,7 +231,7 @@ def _classes_html(
     ]
     for number, c in enumerate(classes, 1):
         link = f"{anchor}-{number}"
-        said, bad = verdict_of(c.ok, scenario.variant, bool(scenario.checks))
+        said, bad = verdict_of(c, scenario)
         retried = f"<td>{html.escape(retried_text(c))}</td>" if retrying else ""
         retry_example = f"<td>{html.escape(example_text(scenario, c.retry_example))}</td>" if retrying else ""
         parts.append(
@@ -211,6 +257,8 @@ def render_exploration_html(exploration: Exploration, scenario: Scenario, timeli
     exploration, scenario = without_controls(exploration), without_controls(scenario)
     title = f"{exploration.scenario} ({exploration.variant})"
     body = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(_space_line(exploration))}</p>"]
+    said, passed = exploration_verdict(exploration, scenario)
+    body.append(f'<p class="verdict {"ok" if passed else "fail"}">verdict: {html.escape(said)}</p>')
     body.extend(_classes_html(exploration.classes, scenario, timelines, "class"))
     return _page(f"pgrace explore {title}", "\n".join(body) + "\n")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.drivers.minimize.statements import Statement, join_block
-from pgrace.model.outcomes import classify, verdict_of
+from pgrace.model.outcomes import classify
 from pgrace.model.scenario import PermutationStep, Scenario, Step
 from pgrace.model.timeline import Run
 
@@ -32,9 +32,16 @@ class Failure:
     errors: tuple[tuple[str, str], ...]  # (step, SQLSTATE), sorted
     waits: tuple[str, ...]  # steps that waited, sorted
 
-    def fails(self, variant: str) -> bool:
-        """Bad news: a bug variant's checks held (the bug happened), a fix's failed, or a step raised an error."""
-        return verdict_of(not self.failed_checks, variant, self.checked)[1] or bool(self.errors)
+    def fails(self, scenario: Scenario) -> bool:
+        """Bad news: the bug happened by the checks' polarity (an invariant failed, or every signature of the
+        bug held), or a step raised an error."""
+        if self.errors:
+            return True
+        failed = set(self.failed_checks)
+        if any(not c.is_signature and c.description in failed for c in scenario.checks):
+            return True
+        signatures = [c for c in scenario.checks if c.is_signature]
+        return bool(signatures) and not any(c.description in failed for c in signatures)
 
     def kept_by(self, other: Failure) -> bool:
         return (

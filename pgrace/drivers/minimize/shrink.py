@@ -124,7 +124,7 @@ class Shrink:
             found = failure_of(got)
             if any(isinstance(e, StepCancelled) for e in got.events) and self.repeats == 1:
                 self.repeats = CHANCY_REPEATS  # a step timed out: timing decides, run each candidate again
-            if found.fails(self.original.variant):
+            if found.fails(self.original):
                 seen[found] = seen.get(found, 0) + 1
             else:
                 last = "it " + (found.describe(self.original.variant) if found.errors or found.waits else "passes")
@@ -150,7 +150,7 @@ class Shrink:
             else:
                 why = (
                     "it passes"
-                    if not found.fails(self.original.variant)
+                    if not found.fails(self.original)
                     else "fails differently: " + self.failure.difference(found)
                 )
             if stop_early and count + (self.repeats - done - 1) < self.needed:

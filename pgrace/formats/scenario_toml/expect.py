@@ -7,7 +7,15 @@ from typing import Any
 
 from pgrace.formats.names import KeyPath, did_you_mean
 from pgrace.formats.scenario_toml.reader import SQLSTATE, Reader
-from pgrace.model.scenario import LOCK_MODES, FinalCheck, LockExpectation, RowRef, StepExpectation, WaitTarget
+from pgrace.model.scenario import (
+    LOCK_MODES,
+    CheckKind,
+    FinalCheck,
+    LockExpectation,
+    RowRef,
+    StepExpectation,
+    WaitTarget,
+)
 from pgrace.model.timeline import RELEASE_CAUSES
 
 EXPECT_KEYS = {
@@ -27,7 +35,8 @@ WAITS_ON = (
     'waits_on is a row { table = "jobs", key = { id = 1 } }, a table { table = "jobs", mode = "AccessExclusiveLock" },'
     ' { advisory = 42 }, { transaction_of = "web1" } or { unique_index = "jobs_pkey" } (or true)'
 )
-CHECK_KEYS = {"description", "sql", "rows"}
+CHECK_KEYS = {"description", "sql", "rows", "kind"}
+CHECK_KINDS = ("invariant", "bug")
 LOCK_KEYS = {"table", "key", "session", "mode"}
 ROW_MODES = {
     "FOR UPDATE",
@@ -86,9 +95,9 @@ class Expectations:
                     "error",
                 )
         may_fail = raw.get("may_fail", False)
-        if not isinstance(may_fail, bool):
-            raise self.loc.error("expect.may_fail must be true or false", *where, "may_fail")
-        if may_fail and sqlstate is not None:
+        allowed = self._allowed(may_fail, (*where, "may_fail"))
+        may_fail = may_fail is True
+        if may_fail and sqlstate is not None:  # SQLSTATEs with error: what the file's order does, what others may
             raise self.loc.error(
                 "expect.may_fail allows any error; with expect.error it says nothing more: keep one", *where, "may_fail"
             )
@@ -112,6 +121,7 @@ class Expectations:
         return StepExpectation(
             released_by=released_by,
             may_fail=may_fail,
+            allowed=allowed,
             waits=waits,
             waits_for=waits_for,
             waits_on=self._wait_target(raw["waits_on"], sessions, (*where, "waits_on")) if "waits_on" in raw else None,
@@ -207,6 +217,32 @@ class Expectations:
             )
         return tuple(tuple(r) for r in raw)
 
+    def _allowed(self, raw: Any, where: KeyPath) -> tuple[str, ...]:
+        """``may_fail = "40001"`` or a list of SQLSTATEs: the step may fail with these, in any order, and need not.
+
+        Beside ``error`` (which says what the file's order does) it declares what other orders may raise.
+        """
+        if isinstance(raw, bool):
+            return ()
+        codes = [raw] if isinstance(raw, str) else raw
+        if not isinstance(codes, list) or not codes or not all(isinstance(c, str) and SQLSTATE.match(c) for c in codes):
+            raise self.loc.error(
+                'expect.may_fail is true (any error), an SQLSTATE ("40001") or a list of them (["40001", "40P01"])',
+                *where,
+            )
+        return tuple(dict.fromkeys(codes))
+
+    def _kind(self, raw: Any, where: KeyPath) -> CheckKind:
+        """A check's polarity: the reader must never have to guess it from the variant."""
+        if raw == "invariant" or raw == "bug":
+            return "invariant" if raw == "invariant" else "bug"
+        hint = did_you_mean(raw, set(CHECK_KINDS)) if isinstance(raw, str) else ""
+        raise self.loc.error(
+            'check kind is "invariant" (the rows every correct outcome leaves; the default) or "bug"'
+            f" (the rows only the bug leaves), not {str(raw)[:40]!r}{hint}",
+            *where,
+        )
+
     def checks(self, raw: Any, path: KeyPath) -> tuple[FinalCheck, ...]:
         if not isinstance(raw, list):
             raise self.loc.error("checks are [[check]] tables", *path)
@@ -228,6 +264,7 @@ class Expectations:
                     sql=query,
                     rows=self._rows(item["rows"], (*where, "rows")),
                     line=self.loc.line_of(*where),
+                    kind=self._kind(item.get("kind", "invariant"), (*where, "kind")),
                 )
             )
         return tuple(checks)
