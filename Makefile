@@ -22,8 +22,8 @@ install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the
 JOBS ?= 3
 
 test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
-	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not timing"
-	$(BIN)/pytest -q -p no:xdist -m timing
+	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not timing and not alone"
+	$(BIN)/pytest -q -p no:xdist -m "timing or alone"
 
 test-fast: install ## The tests that need no server, corpus, browser or Docker and are quick (no PostgreSQL is started)
 	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow"

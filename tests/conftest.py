@@ -8,6 +8,7 @@ Markers (``--strict-markers``: a misspelt one is an error):
 * ``docker``: starts containers on a Docker engine; skips without one, fails under ``PGRACE_REQUIRE_DOCKER``.
 * ``browser``, ``slow``: needs Chromium, or takes seconds even without a server.
 * ``timing``: asserts a wall-clock bound, which an overloaded machine may miss.
+* ``alone``: must not run beside other tests; ``make test`` runs it with the ``timing`` ones, after the workers.
 
 ``make test-fast`` runs what needs none of them, with ``PGRACE_NO_SERVER`` set: there pgrace
 refuses to start a server, so a test that needs one but is not marked fails loudly.

@@ -51,8 +51,8 @@ def make_test_commands() -> list[list[str]]:
 def test_make_test_runs_every_test_the_workers_first_then_the_timing_ones_alone() -> None:
     parallel, alone = make_test_commands()
     assert parallel[parallel.index("-n") + 1] == "$(JOBS)" and "loadgroup" in parallel
-    assert parallel[parallel.index("-m") + 1] == "not timing"
-    assert alone[alone.index("-m") + 1] == "timing" and "no:xdist" in alone  # one process
+    assert parallel[parallel.index("-m") + 1] == "not timing and not alone"
+    assert alone[alone.index("-m") + 1] == "timing or alone" and "no:xdist" in alone  # one process
     assert all(not arg.startswith(("-k", "--deselect", "--ignore")) for arg in parallel + alone)
 
 
