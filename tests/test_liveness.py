@@ -103,9 +103,6 @@ def schemas(dsn: str) -> list[str]:
         return [r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pgrace%'")]
 
 
-# alone: `pgrace clean` in a PID namespace of its own sees every pid outside it as dead, so it sweeps the
-# live work directories of loads running beside it (pgrace-load-<pid>-*), other workers' included.
-@pytest.mark.alone
 def test_sweeping_from_another_pid_namespace_leaves_a_live_run_alone(userdb: str, tmp_path: Path) -> None:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-p", "-f", "true"]).returncode != 0:
         pytest.skip("cannot make a PID namespace here (needs unshare and the privilege to use it)")

@@ -91,6 +91,7 @@ def pgbench_children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.alone  # beside other workers, their loads' sweeps may take the killed load's directory first
 def test_pgbench_dies_with_a_sigkilled_pgrace_and_clean_removes_its_work_directory(pgrace_server: ServerInfo) -> None:
     child = subprocess.Popen(
         [sys.executable, "-m", "pgrace", *LONG_LOAD, "--dsn", pgrace_server.dsn],
