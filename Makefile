@@ -17,8 +17,13 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the dev tools
 
+# make test's worker processes, each with its own embedded server (tests/conftest.py). The tests mostly wait on
+# PostgreSQL, so more workers than CPUs still pays: JOBS=1 runs the suite in one process.
+JOBS ?= 3
+
 test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not timing and not alone"
+	$(BIN)/pytest -q -p no:xdist -m "timing or alone"
 
 test-fast: install ## The tests that need no server, corpus, browser or Docker and are quick (no PostgreSQL is started)
 	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow"

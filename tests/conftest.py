@@ -8,9 +8,16 @@ Markers (``--strict-markers``: a misspelt one is an error):
 * ``docker``: starts containers on a Docker engine; skips without one, fails under ``PGRACE_REQUIRE_DOCKER``.
 * ``browser``, ``slow``: needs Chromium, or takes seconds even without a server.
 * ``timing``: asserts a wall-clock bound, which an overloaded machine may miss.
+* ``alone``: must not run beside other tests; ``make test`` runs it with the ``timing`` ones, after the workers.
 
 ``make test-fast`` runs what needs none of them, with ``PGRACE_NO_SERVER`` set: there pgrace
 refuses to start a server, so a test that needs one but is not marked fails loudly.
+
+``make test`` runs the tests in worker processes (pytest-xdist, ``--dist loadgroup``), then the
+``timing`` ones alone, so that no other worker loads the machine while they measure. Each worker
+has its session fixtures to itself (its own embedded server); the tests of a module whose
+fixtures are module-scoped (a PostgreSQL 15 server, a built wheel) go to one worker together,
+so each such fixture is made once, not once per worker.
 """
 
 from __future__ import annotations
@@ -38,11 +45,29 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop(DSN_ENV_VAR, None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: Fixture scopes wider than a test and narrower than the session: made once per worker that runs such a test.
+SHARED_SCOPES = frozenset({"package", "module", "class"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads xdist_group
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouping = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
+        if grouping and uses_a_shared_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if hasattr(config, "workerinput"):
+        # A worker's collection: tests are handed out in its order (after the groups, largest first).
+        # The long ones go first, so none is left running alone at the end.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def uses_a_shared_fixture(item: pytest.Item) -> bool:
+    """Whether a fixture of ``item`` lives longer than the test and shorter than the session (e.g. ``each_server``)."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(info, "name2fixturedefs", {})
+    return any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions.values())
 
 
 @functools.cache

@@ -218,6 +218,7 @@ def test_retry_loops_unrolled_past_the_limit_are_refused_where_the_limit_is_cros
     ]
 
 
+@pytest.mark.timing
 def test_a_steps_loop_is_found_without_a_scan() -> None:
     """13,288 steps: the run asks each step's loop once per step it sends; a scan per question is 10^8 comparisons."""
     scenario = parse_toml_scenario(retry_loops(8, 150, 10), "loops.toml")
@@ -263,6 +264,7 @@ def test_a_lock_with_10000_holders_is_written_with_32_sessions_and_says_so(tmp_p
     assert "the lock had 10,000 holders: the scenario has the first 31 (at most 32 sessions)" in result["unsaid"]  # type: ignore[operator]
 
 
+@pytest.mark.timing  # measured()'s child must answer within its timeout
 def test_tab_continuation_lines_are_joined_in_linear_time(tmp_path: Path) -> None:
     log = tmp_path / "tabs.log"
     statement = "2026-12-01 16:53:15.575 UTC [24913] [unknown] 2/2 0 LOG:  statement: SELECT 1\n"
@@ -271,6 +273,7 @@ def test_tab_continuation_lines_are_joined_in_linear_time(tmp_path: Path) -> Non
     assert result["incidents"] == 1 and result["peak_mib"] < 128  # type: ignore[operator]
 
 
+@pytest.mark.timing  # measured()'s child must answer within its timeout
 def test_the_example_repeated_4000_times_is_listed_in_bounded_time_and_memory(tmp_path: Path) -> None:
     """The same two pids in 4,000 deadlocks (15 MB): each incident reads its own processes' records near it."""
     log = tmp_path / "repeated.log"
@@ -280,6 +283,7 @@ def test_the_example_repeated_4000_times_is_listed_in_bounded_time_and_memory(tm
     assert result["peak_mib"] < 128, result  # type: ignore[operator]
 
 
+@pytest.mark.timing  # measured()'s child must answer within its timeout
 def test_20000_lock_waits_are_listed_in_bounded_memory(tmp_path: Path) -> None:
     log = tmp_path / "waits.log"
     with log.open("w") as f:

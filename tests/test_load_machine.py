@@ -91,6 +91,7 @@ def pgbench_children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.alone  # beside other workers, their loads' sweeps may take the killed load's directory first
 def test_pgbench_dies_with_a_sigkilled_pgrace_and_clean_removes_its_work_directory(pgrace_server: ServerInfo) -> None:
     child = subprocess.Popen(
         [sys.executable, "-m", "pgrace", *LONG_LOAD, "--dsn", pgrace_server.dsn],
@@ -131,6 +132,36 @@ def test_the_sweep_takes_no_work_directory_of_a_live_process_or_of_another_user(
     finally:
         shutil.rmtree(live)
         shutil.rmtree(open_to_all)
+
+
+def test_the_sweep_takes_no_work_directory_a_live_load_holds_whatever_pid_its_name_says() -> None:
+    """A pid names a process in its own PID namespace only: seen from another (a container, ``unshare -p``),
+    a live load's directory is named for a pid that does not exist there. The owner's lock says it is in use."""
+    from pgrace.drivers.load import WORK_PREFIX, sweep_work_dirs
+    from pgrace.servers.processes import held_temporary_dir
+
+    with held_temporary_dir(WORK_PREFIX) as work:
+        as_seen_elsewhere = Path(work).with_name(f"{WORK_PREFIX}3999999-{Path(work).name.rsplit('-', 1)[1]}")
+        os.rename(work, as_seen_elsewhere)  # the name as another namespace reads it: a pid with no process
+        try:
+            assert str(as_seen_elsewhere) not in sweep_work_dirs()
+            assert as_seen_elsewhere.is_dir()
+        finally:
+            os.rename(as_seen_elsewhere, work)
+
+
+def test_pgrace_clean_from_another_pid_namespace_leaves_a_live_loads_work_directory() -> None:
+    from pgrace.drivers.load import WORK_PREFIX
+    from pgrace.servers.processes import held_temporary_dir
+
+    with held_temporary_dir(WORK_PREFIX) as work:
+        swept = subprocess.run(
+            ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c",
+             "from pgrace.drivers.load import sweep_work_dirs; print(sweep_work_dirs())"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert work not in swept.stdout
+        assert Path(work).is_dir()
 
 
 @pytest.mark.parametrize(

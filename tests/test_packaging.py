@@ -1,14 +1,19 @@
 """pgrace as a package people depend on: a wheel with its scenarios, its types, its licence, one version.
 
 The wheel is built from this checkout and installed into a fresh virtualenv, outside the
-checkout, so what a user of ``pip install pgrace`` gets is what is tested: the shipped
+checkout, so what a user of ``pip install pgrace-cli`` gets is what is tested: the shipped
 scenarios are found inside the installed package, not in a ``scenarios/`` nearby.
+
+On the package index the distribution is ``pgrace-cli``: ``pgrace`` there is an unrelated project,
+so an install line that names it would install a stranger's code. The command and the import are ``pgrace``.
 """
 
 from __future__ import annotations
 
+import email.parser
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +29,12 @@ from pgrace.formats import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 
+DISTRIBUTION = "pgrace-cli"
+"""pgrace's name on the package index (the command and the import package are ``pgrace``)."""
+
+WHEEL_STEM = DISTRIBUTION.replace("-", "_")
+"""How a wheel's file name and its .dist-info folder spell the distribution (PEP 427)."""
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -34,7 +45,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
-    (built,) = out.glob("pgrace-*.whl")
+    (built,) = out.glob(f"{WHEEL_STEM}-*.whl")
     return built
 
 
@@ -77,7 +88,8 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_the_version_is_written_once() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "version" not in project and project["dynamic"] == ["version"]
-    assert pgrace.__version__ == importlib.metadata.version("pgrace")
+    assert project["name"] == DISTRIBUTION
+    assert pgrace.__version__ == importlib.metadata.version(DISTRIBUTION)
 
 
 def test_the_wheel_carries_scenarios_types_and_licence(wheel: Path) -> None:
@@ -86,7 +98,70 @@ def test_the_wheel_carries_scenarios_types_and_licence(wheel: Path) -> None:
     assert shipped == {p.name for p in catalog.shipped_dir().iterdir()}
     assert "lost-update.toml" in shipped and "lost-update.bug.out" in shipped
     assert "pgrace/py.typed" in names
-    assert f"pgrace-{pgrace.__version__}.dist-info/licenses/LICENSE" in names
+    assert f"{WHEEL_STEM}-{pgrace.__version__}.dist-info/licenses/LICENSE" in names
+
+
+def test_the_wheel_is_named_for_the_package_index_and_installs_pgrace(wheel: Path) -> None:
+    assert wheel.name.startswith(f"{WHEEL_STEM}-{pgrace.__version__}-")
+    archive = zipfile.ZipFile(wheel)
+    info = f"{WHEEL_STEM}-{pgrace.__version__}.dist-info"
+    metadata = email.parser.Parser().parsestr(archive.read(f"{info}/METADATA").decode())
+    assert metadata["Name"] == DISTRIBUTION
+    assert set(metadata.get_all("Provides-Extra") or ()) >= {"docker", "sqlalchemy"}
+    entry_points = archive.read(f"{info}/entry_points.txt").decode()
+    assert "pgrace = pgrace.entry:main" in entry_points
+    assert {n.split("/")[0] for n in archive.namelist() if not n.startswith(info)} == {"pgrace"}
+
+
+#: The files a user copies an install line from: the README, the docs, the examples, and pgrace's own hints.
+INSTALL_TEXTS = sorted(
+    [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "examples").rglob("*"),
+        *(ROOT / "pgrace").rglob("*.py"),
+    ]
+)
+
+#: `pip install ARGS` (also `python -m pip`, `pipx`), up to the end of the line, a backquote or a shell separator.
+PIP_INSTALL = re.compile(r"\b(?:pip|pipx)\s+install\s+([^`\n;&|)]*)")
+
+#: A requirement's name, before its extras or version: what the package index looks up.
+REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def install_lines() -> list[tuple[str, list[str]]]:
+    """Each `pip install` in INSTALL_TEXTS as (file:line, the names it asks the package index for)."""
+    found = []
+    for path in INSTALL_TEXTS:
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for match in PIP_INSTALL.finditer(line):
+                names = []
+                for word in match.group(1).split():
+                    word = word.strip("'\"")
+                    if word.startswith(("-", ".", "/")) or (name := REQUIREMENT_NAME.match(word)) is None:
+                        continue  # an option, or a path: nothing the package index is asked for
+                    names.append(name.group(0).lower().replace("_", "-"))
+                found.append((f"{path.relative_to(ROOT)}:{number}", names))
+    return found
+
+
+def test_every_install_line_names_pgraces_distribution_never_the_strangers() -> None:
+    lines = install_lines()
+    wrong = [(where, names) for where, names in lines if "pgrace" in names]
+    assert wrong == [], "these install lines name `pgrace`, an unrelated project on the package index"
+    assert sum(DISTRIBUTION in names for _, names in lines) >= 4, lines  # the docs do install pgrace somewhere
+    # An extra is written with the distribution's name too, in prose as in a command.
+    extras = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in INSTALL_TEXTS
+        if path.is_file()
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if re.search(r"(?<![\w.-])pgrace\[", line)
+    ]
+    assert extras == [], "these lines name an extra of `pgrace`, not of `pgrace-cli`"
 
 
 def test_a_checkout_links_its_scenarios_to_the_package() -> None:

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.explore import Exploration, explore
+from pgrace.drivers.explore import Exploration, explore, reduces
 from pgrace.drivers.reduce import explore_roots
 from pgrace.drivers.shards import merge_explorations
 from pgrace.drivers.space import Space
@@ -73,14 +73,15 @@ def test_the_space_splits_into_prefixes_in_number_order_that_count_it_all() -> N
 # -- shards and workers cover the space (real server) ------------------------------------------
 
 
-@pytest.mark.parametrize("name", SHIPPED)  # every shipped one is searched whole in test_reduce.py
+@pytest.mark.parametrize("name", SHIPPED)
 def test_shards_of_the_reduced_search_merge_into_its_classes(pgrace_server: ServerInfo, name: str) -> None:
+    """The one search's classes are every interleaving's: tests/test_reduce.py runs them all for each shipped variant."""
     for scenario in _variants(name):
+        assert reduces(scenario, Space(scenario), None, (1, 1), 1)  # the search tests/test_reduce.py compares
         one = explore(scenario, pgrace_server)
-        every = explore(scenario, pgrace_server, reduce=False)
         merged = _sharded(scenario, pgrace_server, 3)
-        assert merged.covers_all and merged.explored == merged.space == every.space, scenario.variant
-        assert _keys(merged) == _keys(one) == _keys(every), scenario.variant
+        assert merged.covers_all and merged.explored == merged.space == Space(scenario).size, scenario.variant
+        assert _keys(merged) == _keys(one), scenario.variant
         assert sum(c.count for c in merged.classes) == merged.run_count
 
 

@@ -191,6 +191,7 @@ def test_when_one_commit_wakes_two_waiters_the_one_the_server_let_go_first_is_re
     ]
 
 
+@pytest.mark.timing
 def test_a_session_whose_waiter_the_server_let_go_second_is_held_aside_while_the_others_go_on() -> None:
     # alice's commit wakes bob and carol; the server lets bob go first, and carol now waits for bob.
     # carol's next step cannot go before bob's commit: it waits aside (no step timeout), b2 goes.

@@ -49,7 +49,7 @@ def connected(conn: Any, alias: str = "default") -> Iterator[None]:
     try:
         from django.db import connections
     except ImportError:
-        raise CodeError("Django is not installed: pip install 'pgrace[django]'") from None
+        raise CodeError("Django is not installed: pip install 'pgrace-cli[django]'") from None
     saved = (conn.autocommit, conn.cursor_factory, conn.adapters, conn.isolation_level)
     wrapper = _wrapper_class(connections.settings[alias]["ENGINE"])(connections.settings[alias], alias)
     wrapper.pgrace_connection = conn

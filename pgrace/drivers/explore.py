@@ -470,13 +470,12 @@ def _reduce_in_processes(
 ) -> list[tuple[int, bool]]:
     """The roots' searches in worker processes, each taking the next root as it gets free: (runs, complete) each."""
     import os
-    import tempfile
 
     from pgrace.drivers.reduce import Claims, explore_part
-    from pgrace.servers.processes import sweep_dead_dirs
+    from pgrace.servers.processes import held_temporary_dir, sweep_dead_dirs
 
     sweep_dead_dirs(WORK_PREFIX)  # what a killed explore -j left
-    with tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-") as shared:
+    with held_temporary_dir(WORK_PREFIX) as shared:
         claims = Claims(os.path.join(shared, "claims"))
 
         def tell() -> None:

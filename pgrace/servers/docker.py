@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL in a Docker container, through testcontainers (``pgrace[docker]``).
+"""A throwaway PostgreSQL in a Docker container, through testcontainers (``pgrace-cli[docker]``).
 
 testcontainers is an optional extra, imported only when a ``docker:IMAGE`` server is
 asked for; without it, or without a reachable Docker engine, the error says what to do.
@@ -43,7 +43,7 @@ def docker_available() -> str | None:
     try:
         import docker  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
-        return "testcontainers is not installed: pip install 'pgrace[docker]'"
+        return "testcontainers is not installed: pip install 'pgrace-cli[docker]'"
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
         return f"no Docker engine is reachable (no socket at {host.removeprefix('unix://')})"

@@ -7,7 +7,9 @@ both must tell what is provably theirs from what merely looks like it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import os
 import re
@@ -16,7 +18,7 @@ import signal
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1
 
@@ -67,10 +69,42 @@ def sweep_dead_dirs(prefix: str) -> list[str]:
         match = named.match(entry.name)
         if match is None or int(match[1]) == os.getpid() or pid_alive(int(match[1])):
             continue
-        if owned_private_dir(entry.path, {os.geteuid()}):
+        if owned_private_dir(entry.path, {os.geteuid()}) and not held(entry.path):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
     return removed
+
+
+@contextlib.contextmanager
+def held_temporary_dir(prefix: str) -> Iterator[str]:
+    """A temporary directory ``PREFIX<pid>-…``, locked while in use so that no sweep takes it.
+
+    A pid names a process only in its own PID namespace: a sweep from another one (a container,
+    ``unshare -p``) finds no such process and would take a live run's directory for a dead one's.
+    The lock is the owner's own answer, the same in every namespace, and goes with the process.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-") as path:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield path
+        finally:
+            os.close(fd)
+
+
+def held(path: str) -> bool:
+    """Whether a live process holds ``path`` (a directory of `held_temporary_dir`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 @functools.cache

@@ -9,7 +9,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed
 from pgrace.model.load import ClientRun, LoadOptions, LoadResult, NoPgbench
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
-from pgrace.servers.processes import dies_with_parent, sweep_dead_dirs
+from pgrace.servers.processes import dies_with_parent, held_temporary_dir, sweep_dead_dirs
 
 APP_PREFIX = "pgrace-load/"
 
@@ -107,7 +106,7 @@ def _one_count(
     app = f"{APP_PREFIX}{scenario.name[:30]}/{secrets.token_hex(4)}"
     with (
         scratch_database(server, f"load_{scenario.name}", with_pgrowlocks=False) as db,  # pg_locks is sampled
-        tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-") as work,
+        held_temporary_dir(WORK_PREFIX) as work,
     ):
         with psycopg.connect(db.dsn, autocommit=True) as conn:
             for text in setup_sql(scenario):

@@ -1,0 +1,85 @@
+"""How ``make test`` shares the suite out: worker processes for most tests, then the timing tests alone.
+
+A module-scoped fixture (a PostgreSQL 15 server, a built wheel) is made once per worker that
+runs one of its tests, so its tests go to one worker together; the two pytest commands of
+``make test`` between them run every test, so nothing is left out by the split; and a test that
+bounds a wall-clock time is marked ``timing``, so it does not measure while other workers load
+the machine.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from conftest import uses_a_shared_fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def made_once_per_module() -> str:
+    return "expensive"
+
+
+def test_a_test_of_a_module_scoped_fixture_goes_to_its_modules_worker(
+    request: pytest.FixtureRequest, made_once_per_module: str
+) -> None:
+    assert uses_a_shared_fixture(request.node)
+    if request.config.pluginmanager.hasplugin("xdist"):
+        group = request.node.get_closest_marker("xdist_group")
+        assert group is not None and group.args == ("tests/test_suite_workers.py",)
+
+
+def test_a_test_of_function_and_session_fixtures_goes_to_any_worker(
+    request: pytest.FixtureRequest, tmp_path: Path, recorded: object
+) -> None:
+    assert not uses_a_shared_fixture(request.node)
+    assert request.node.get_closest_marker("xdist_group") is None
+
+
+def make_test_commands() -> list[list[str]]:
+    """The pytest command lines of the Makefile's ``test`` recipe."""
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe is not None
+    return [shlex.split(line) for line in recipe.group(1).splitlines() if "pytest" in line]
+
+
+def test_make_test_runs_every_test_the_workers_first_then_the_timing_ones_alone() -> None:
+    parallel, alone = make_test_commands()
+    assert parallel[parallel.index("-n") + 1] == "$(JOBS)" and "loadgroup" in parallel
+    assert parallel[parallel.index("-m") + 1] == "not timing and not alone"
+    assert alone[alone.index("-m") + 1] == "timing or alone" and "no:xdist" in alone  # one process
+    assert all(not arg.startswith(("-k", "--deselect", "--ignore")) for arg in parallel + alone)
+
+
+#: An assertion that bounds how long something took: `assert took < 5`, `assert time.monotonic() - started < 2`.
+BOUNDS_TIME = re.compile(r"\b(took|elapsed|seconds_taken)\b\s*<|(perf_counter|monotonic)\(\)\s*-\s*\w+\s*<")
+
+
+def marked_timing(decorators: list[ast.expr]) -> bool:
+    return any(ast.unparse(d).endswith("mark.timing") for d in decorators)
+
+
+def test_every_test_that_bounds_a_wall_clock_time_is_marked_timing() -> None:
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        module = ast.parse(path.read_text())
+        whole_module = any(
+            isinstance(node, ast.Assign)
+            and any(isinstance(target, ast.Name) and target.id == "pytestmark" for target in node.targets)
+            and "mark.timing" in ast.unparse(node.value)
+            for node in module.body
+        )
+        for test in module.body:
+            if not isinstance(test, ast.FunctionDef) or not test.name.startswith("test_"):
+                continue
+            bounds = [
+                a for a in ast.walk(test) if isinstance(a, ast.Assert) and BOUNDS_TIME.search(ast.unparse(a.test))
+            ]
+            if bounds and not (whole_module or marked_timing(test.decorator_list)):
+                unmarked.append(f"{path.name}:{bounds[0].lineno} {test.name}")
+    assert unmarked == [], "these assert a wall-clock bound: mark them @pytest.mark.timing"
