@@ -82,7 +82,7 @@ def test_shards_of_the_reduced_search_merge_into_its_classes(pgrace_server: Serv
         merged = _sharded(scenario, pgrace_server, 3)
         assert merged.covers_all and merged.explored == merged.space == Space(scenario).size, scenario.variant
         assert _keys(merged) == _keys(one), scenario.variant
-        assert sum(c.count for c in merged.classes) == merged.run_count
+        assert sum(c.count for c in merged.classes) + merged.repeats == merged.run_count  # a repeat is in no class
 
 
 @pytest.mark.parametrize("name", SHAPES)
@@ -112,7 +112,9 @@ def test_workers_see_their_own_databases_advisory_locks_only(pgrace_server: Serv
     for scenario in _variants("advisory-lock"):
         one = explore(scenario, pgrace_server, reduce=False)
         workers = explore(scenario, pgrace_server, reduce=False, jobs=2)
-        assert _keys(workers) == _keys(one) and len(one.classes) == 1, scenario.variant
+        assert _keys(workers) == _keys(one), scenario.variant
+        # The bug's one outcome, split by where its 55P03 fell (a step that declares it, or one that does not)
+        assert len(one.classes) == {"bug": 2, "fix": 1}[scenario.variant], scenario.variant
 
 
 def test_workers_of_the_reduced_search_cover_two_lost_updates(pgrace_server: ServerInfo) -> None:
