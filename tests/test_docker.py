@@ -27,6 +27,8 @@ from pgrace.formats import catalog
 from pgrace.servers import open_server
 
 needs_docker = pytest.mark.docker
+#: Each test counts the engine's containers, which another worker's would change: make test runs them alone.
+pytestmark = pytest.mark.alone
 IMAGE = os.environ.get("PGRACE_DOCKER_IMAGE", "postgres:17")
 #: An image whose PostgreSQL never comes up: testcontainers waits on it until told to stop.
 NEVER_READY = "pgrace-test/never-ready:1"
