@@ -9,35 +9,16 @@ result is locally minimal, and how often a chancy failure was run per candidate.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
+from pathlib import Path
 
 from pgrace.drivers.minimize import minimize
 from pgrace.formats import catalog
-from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.servers import open_server
 
-PAD_SETUP = (
-    "CREATE TABLE pgrace_pad (id int PRIMARY KEY, note text);\nINSERT INTO pgrace_pad VALUES (1, 'a'), (2, 'b');\n"
-)
-
-
-def padded(scenario: Scenario) -> Scenario:
-    pads = (
-        Step("pad-begin", "bystander", "BEGIN"),
-        Step("pad-read", "bystander", "SELECT note FROM pgrace_pad WHERE id = 1"),
-        Step("pad-write", "bystander", "UPDATE pgrace_pad SET note = 'c' WHERE id = 2"),
-        Step("pad-commit", "bystander", "COMMIT"),
-    )
-    order = tuple(p.step for p in scenario.permutations[0])
-    return dataclasses.replace(
-        scenario,
-        sessions=(*scenario.sessions, Session("bystander")),
-        steps=(*scenario.steps, *pads),
-        setup=(*scenario.setup, PAD_SETUP),
-        permutations=(tuple(PermutationStep(n) for n in (order[0], *(p.name for p in pads), *order[1:])),),
-    )
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's tools/
+from tools.padded import padded
 
 
 def main() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -16,34 +15,13 @@ from pgrace.drivers.minimize import Failure, Shape, failure_of, minimize
 from pgrace.drivers.minimize.export import isolationtester
 from pgrace.drivers.minimize.statements import split_block
 from pgrace.formats import catalog
-from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
+from tools.padded import padded
 
 #: One shipped race of each shape of failure (a check, a deadlock, an error raised at once, a wait, a
 #: serialization failure); bench/bench_minimize.py minimizes every shipped race.
 RACES = ["lost-update", "deadlock-transfer", "nowait", "head-of-line-blocking", "write-skew"]
-PAD_SETUP = (
-    "CREATE TABLE pgrace_pad (id int PRIMARY KEY, note text);\nINSERT INTO pgrace_pad VALUES (1, 'a'), (2, 'b');\n"
-)
-
-
-def padded(scenario: Scenario) -> Scenario:
-    """The scenario with an unrelated session, steps, a table and seed rows: what a real incident brings along."""
-    pads = (
-        Step("pad-begin", "bystander", "BEGIN"),
-        Step("pad-read", "bystander", "SELECT note FROM pgrace_pad WHERE id = 1"),
-        Step("pad-write", "bystander", "UPDATE pgrace_pad SET note = 'c' WHERE id = 2"),
-        Step("pad-commit", "bystander", "COMMIT"),
-    )
-    order = tuple(p.step for p in scenario.permutations[0])
-    return dataclasses.replace(
-        scenario,
-        sessions=(*scenario.sessions, Session("bystander")),
-        steps=(*scenario.steps, *pads),
-        setup=(*scenario.setup, PAD_SETUP),
-        permutations=(tuple(PermutationStep(n) for n in (order[0], *(p.name for p in pads), *order[1:])),),
-    )
 
 
 @pytest.mark.parametrize("name", RACES)
