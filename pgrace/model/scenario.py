@@ -171,7 +171,7 @@ class Step:
     A step in a retry loop names the loop by its last step (``loop``); attempt 2 and
     later of the loop are steps of their own (``attempt`` > 1), named ``NAME#K``, each
     after a ``rollback`` step (``LAST#K-rollback``). The runner sends an attempt only
-    when the one before it failed with a listed SQLSTATE (see :func:`with_retries`).
+    when the one before it failed with a listed SQLSTATE (see ``with_retries``).
     """
 
     name: str
@@ -268,6 +268,11 @@ class PermutationStep:
 
 @dataclass(frozen=True)
 class Session:
+    """One connection of the scenario: its ``setup`` runs on it before the first step, its ``teardown`` after the last.
+
+    ``line`` is where the file declares it, for messages.
+    """
+
     name: str
     setup: str | None = None
     teardown: str | None = None
