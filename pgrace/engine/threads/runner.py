@@ -19,14 +19,14 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from pgrace import scratch
-from pgrace.engine.code_scheduler import Chooser, CodeOrder
 from pgrace.engine.control import ControlSql
-from pgrace.engine.frames import where_defined
+from pgrace.engine.libpq.runner import setup_failed
 from pgrace.engine.observe.locks import LockInspector
-from pgrace.engine.runner import setup_failed
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
-from pgrace.engine.threads import (
+from pgrace.engine.threads.frames import where_defined
+from pgrace.engine.threads.order import Chooser, CodeOrder
+from pgrace.engine.threads.session import (
     Gate,
     SessionCode,
     ThreadSession,

@@ -25,16 +25,16 @@ from psycopg import pq
 
 from pgrace import scratch
 from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql
-from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.libpq.session import LibpqSession
 from pgrace.engine.observe.locks import LockInspector
-from pgrace.engine.options import RunOptions as RunOptions  # its options, where its callers look
+from pgrace.engine.options import RunOptions
 from pgrace.engine.retries import attempted
-from pgrace.engine.schedule import Permutations
 from pgrace.engine.scheduler import Scheduler, uses_facts
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
 from pgrace.model import variables
+from pgrace.model.orders import Permutations
 from pgrace.model.scenario import PermutationStep, Scenario
 from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
 from pgrace.model.variables import substitute
