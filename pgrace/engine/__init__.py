@@ -8,6 +8,7 @@ Shared by every transport:
 * :mod:`~pgrace.engine.waiting`: the protocol of how a transport waits;
 * :mod:`~pgrace.engine.steps`: the step book (launches, waits, cancels, ends, releases, locks),
   the only maker of step events;
+* :mod:`~pgrace.engine.connections`: a run's connections (control, sessions, observer), opened at once;
 * :mod:`~pgrace.engine.control`: setup, teardown and checks of every driver, bounded and cancellable;
 * :mod:`~pgrace.engine.options`: how a run goes;
 * :mod:`~pgrace.engine.sqlerrors` and :mod:`~pgrace.engine.results`: a server's error report
