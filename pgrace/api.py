@@ -194,9 +194,10 @@ def explore(
     exploration's ``guarantee`` says which of these its classes carry.
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
-    from pgrace.drivers.explore import Space, reduces, replay, same_class
     from pgrace.drivers.explore import explore as explore_space
+    from pgrace.drivers.explore import reduces, replay, same_class
     from pgrace.drivers.shards import load_explorations, merge_explorations
+    from pgrace.model.orders.space import Space
 
     space = Space(scenario)
     if merge:
