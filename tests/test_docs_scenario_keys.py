@@ -11,10 +11,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Collection
+import tomllib
+from collections.abc import Collection, Iterator
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from documentation import page
+from documentation import ROOT, page
 
 from pgrace.formats import load_toml, scenario_toml
 from pgrace.formats.scenario_toml import builder, expect, params, retry, steps, variants
@@ -40,12 +43,20 @@ TABLES: dict[str, tuple[Collection[str], ...]] = {
 ROW = re.compile(r"^\| `(?P<path>[A-Za-z_.]+)` \|", re.MULTILINE)
 
 
+#: Files the parser accepts that between them use every key on the page (one tells the fix first, for [bug]).
+EVERY_KEY = [ROOT / "tests" / "keys" / "every-key.toml", ROOT / "tests" / "keys" / "every-key-fix-first.toml"]
+
+
 def accepted() -> set[str]:
     return {f"{table}.{key}" if table else key for table, sets in TABLES.items() for keys in sets for key in keys}
 
 
+def documented() -> list[str]:
+    return [m["path"] for m in ROW.finditer(page("reference/scenario-keys.md"))]
+
+
 def test_the_page_lists_exactly_the_keys_the_parser_accepts() -> None:
-    rows = [m["path"] for m in ROW.finditer(page("reference/scenario-keys.md"))]
+    rows = documented()
     assert len(rows) == len(set(rows)), f"listed twice: {sorted({r for r in rows if rows.count(r) > 1})}"
     assert not accepted() - set(rows), f"accepted but not on the page: {sorted(accepted() - set(rows))}"
     assert not set(rows) - accepted(), f"on the page but refused by the parser: {sorted(set(rows) - accepted())}"
@@ -70,3 +81,30 @@ def test_every_key_set_of_the_parser_has_its_place_in_the_file() -> None:
         if name.endswith("_KEYS") and id(value) not in placed
     ]
     assert not unplaced, f"key sets with no path in TABLES (and so none on the page): {unplaced}"
+
+
+def used(data: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """The path of every key a scenario file's data holds, a chosen ``NAME`` written as such."""
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        yield path
+        named = isinstance(value, dict) and f"{path}.NAME" in TABLES
+        inner = [(f"{path}.NAME", v) for v in value.values()] if named else [(path, value)] if path in TABLES else []
+        for where, table in inner:
+            for item in table if isinstance(table, list) else [table]:
+                if isinstance(item, dict):
+                    yield from used(item, where)
+
+
+def test_every_key_on_the_page_is_one_a_file_the_parser_reads_can_hold() -> None:
+    """Not only the sets: the keys at their paths, in files the parser reads without an error."""
+    from pgrace.formats.scenario_toml import load_toml_scenario
+
+    held: set[str] = set()
+    for path in EVERY_KEY:
+        scenario = load_toml_scenario(Path(path))
+        assert scenario.other is not None, f"{path.name} has no other variant"
+        held |= set(used(tomllib.loads(path.read_text(encoding="utf-8"))))
+    assert not set(documented()) - held, f"no example file holds: {sorted(set(documented()) - held)}"
+    inserted = {f"fix.insert.{key}" for key in steps.STEP_KEYS}  # an inserted step's keys, told under [[step]]
+    assert not held - set(documented()) - inserted, f"held but not on the page: {sorted(held - set(documented()))}"
