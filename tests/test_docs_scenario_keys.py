@@ -3,7 +3,9 @@
 The parser says what it accepts in one set per table (``STEP_KEYS``, ``EXPECT_KEYS``, …),
 each checked with ``Reader.check_keys``. ``TABLES`` below places each set at its path in
 the file; the page's rows (`` `step.expect.waits_on.table` ``) must be exactly those
-paths. A key added to a set, or a new set, fails here until the page tells it.
+paths. A key added to a set, or a new set, fails here until the page tells it. And
+every key on the page is held, at its path, by one of two files the parser reads
+(tests/keys/), so a set placed at the wrong path fails too.
 """
 
 from __future__ import annotations
