@@ -20,6 +20,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from pgrace import __version__, bounds
+from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -28,7 +29,6 @@ from pgrace.errors import (
     PgraceError,
     ScenarioError,
 )
-from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
 from pgrace.render import formats
 from pgrace.text import visible
 
@@ -38,8 +38,8 @@ from pgrace.text import visible
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pgrace.cli.terminal.progress import Progress
     from pgrace.model.scenario import Scenario
-    from pgrace.render.progress import Progress
     from pgrace.render.text import Style
     from pgrace.servers import ServerInfo
 
@@ -335,7 +335,7 @@ def say(line: str) -> None:
 
 def progress_line() -> Progress:
     """Progress on stderr when it is a terminal (drawn by the renderer; nothing off a terminal)."""
-    from pgrace.render.progress import Progress
+    from pgrace.cli.terminal.progress import Progress
 
     return Progress(sys.stderr)
 

@@ -30,8 +30,8 @@ from pgrace.cli.base import (
 from pgrace.files import refuse_overwriting_inputs
 
 if TYPE_CHECKING:
+    from pgrace.cli.terminal.progress import Progress
     from pgrace.drivers.load import ClientRun, LoadResult
-    from pgrace.render.progress import Progress
 
 
 @main.command(

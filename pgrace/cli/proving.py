@@ -110,7 +110,8 @@ def check(
     failed; 2: a file could not be read (it is reported, the others still run).
     """
     from pgrace import api
-    from pgrace.render.check import CheckStream, render_summary
+    from pgrace.cli.terminal.stream import CheckStream
+    from pgrace.render.check import render_summary
 
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     with progress_line() as progress:
@@ -215,8 +216,8 @@ def explore(
     shows the bug or raises an error no step declares.
     """
     from pgrace import api
+    from pgrace.cli.terminal.playback import style_of
     from pgrace.formats import catalog
-    from pgrace.render.playback import style_of
 
     chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])

@@ -126,7 +126,7 @@ def run(
 
         loaded = catalog.load(scenario, parse_params(params))
         from pgrace import api
-        from pgrace.render.playback import Playback
+        from pgrace.cli.terminal.playback import Playback
 
         refuse_overwriting_inputs(output, [loaded.source])
         shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)
