@@ -5,8 +5,9 @@ sessions' steps in a fixed interleaving against a real PostgreSQL and records a
 :class:`Run` (a timeline of typed events); renderers turn the run into text or JSON.
 
 The commands are functions of the same names (:mod:`pgrace.api`): ``run``, ``compare``,
-``check``, ``explore``, ``minimize``, ``sweep``, ``matrix``, ``load`` (pgbench) and ``clean``, each
-returning what the command's formats draw; ``load_scenario`` reads a scenario file.
+``check``, ``explore``, ``minimize``, ``sweep``, ``matrix``, ``load`` (pgbench), ``from_log``,
+``list_scenarios``, ``show`` and ``clean``, each returning what the command's formats draw;
+``load_scenario`` reads a scenario file.
 
 The public names are imported on first use (PEP 562), so that importing a submodule,
 such as the console entry point, does not pay for psycopg (and cannot be caught by
@@ -24,11 +25,34 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, minimize, run, sweep
+    from pgrace.api import (
+        check,
+        clean,
+        compare,
+        explore,
+        from_log,
+        list_scenarios,
+        load,
+        load_scenario,
+        matrix,
+        minimize,
+        run,
+        show,
+        sweep,
+    )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
     from pgrace.drivers.explore import Exploration
     from pgrace.engine.options import RunOptions
-    from pgrace.errors import CodeError, PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
+    from pgrace.errors import (
+        CodeError,
+        Interrupted,
+        OptionError,
+        PgraceError,
+        RunAborted,
+        ScenarioError,
+        ServerUnavailable,
+        SetupFailed,
+    )
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario, Session, Step
     from pgrace.model.timeline import CheckResult, Run, StepRun
@@ -37,6 +61,8 @@ if TYPE_CHECKING:
 _HOMES = {
     "CheckResult": "pgrace.model.timeline",
     "CodeError": "pgrace.errors",
+    "Interrupted": "pgrace.errors",
+    "OptionError": "pgrace.errors",
     "Exploration": "pgrace.drivers.explore",
     "OutcomeClass": "pgrace.model.outcomes",
     "TracedConnection": "pgrace.drivers.code",
@@ -56,7 +82,21 @@ _HOMES = {
     "StepRun": "pgrace.model.timeline",
     "open_server": "pgrace.servers",
     **dict.fromkeys(
-        ("check", "clean", "compare", "explore", "load", "load_scenario", "matrix", "minimize", "run", "sweep"),
+        (
+            "check",
+            "clean",
+            "compare",
+            "explore",
+            "from_log",
+            "list_scenarios",
+            "load",
+            "load_scenario",
+            "matrix",
+            "minimize",
+            "run",
+            "show",
+            "sweep",
+        ),
         "pgrace.api",
     ),
 }
@@ -65,6 +105,8 @@ __all__ = [
     "CheckResult",
     "CodeError",
     "Exploration",
+    "Interrupted",
+    "OptionError",
     "OutcomeClass",
     "PgraceError",
     "Run",
@@ -84,6 +126,8 @@ __all__ = [
     "compare",
     "explore",
     "explore_code",
+    "from_log",
+    "list_scenarios",
     "load",
     "load_scenario",
     "matrix",
@@ -91,6 +135,7 @@ __all__ = [
     "open_server",
     "run",
     "run_code",
+    "show",
     "sweep",
 ]
 

@@ -19,11 +19,11 @@ import pgrace.servers  # its open_server looked up at each call: a test may stan
 from pgrace import bounds
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.engine.options import RunOptions
-from pgrace.errors import OptionError, PgraceError, ScenarioError
-from pgrace.files import read_input, refuse_overwriting_inputs
+from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
+from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
 from pgrace.model.monitor import Monitor, Note, Unwatched
-from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Swept
+from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.scratch import sweep_leftovers
@@ -32,9 +32,11 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
+    from pgrace.drivers.fromlog import FromLog
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.drivers.minimize import Minimized
+    from pgrace.formats.catalog import Entry
 
 
 def run(
@@ -79,6 +81,23 @@ def load_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
     (and ``Scenario.variant_named``) hold the other one.
     """
     return catalog.load(ref, params)
+
+
+def list_scenarios(tags: Sequence[str] = (), topic: str | None = None) -> list[Entry]:
+    """The shipped scenarios with every one of ``tags`` and of ``topic``, in the catalogue's order.
+
+    A tag or topic no shipped scenario has is an :class:`OptionError` (with a "did you mean").
+    """
+    return catalog.select(list(tags), topic)
+
+
+def show(ref: str, params: dict[str, str] | None = None, variant: str | None = None) -> Shown:
+    """``ref`` read (as :func:`load_scenario` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
+
+    What ``pgrace show`` tells without running it: the story, the sessions, the steps, the checks.
+    """
+    scenario = catalog.load(ref, params)
+    return Shown(scenario, catalog.variant(scenario, variant))
 
 
 def tidy(server: ServerInfo, on_note: Note | None = None) -> None:
@@ -280,7 +299,7 @@ def minimize(
     from pgrace.drivers.minimize.export import export
 
     if pytest is not None and output is None:
-        raise OptionError("a pytest test runs the minimized scenario: write it too with -o FILE", "--pytest")
+        raise OptionError("a pytest test runs the minimized scenario: give its output too", "pytest")
     with _serving(server, dsn, superuser, on_note) as opened:
         start = failing_order(scenario, opened, cls, tuple(order) if order is not None else None, step_timeout)
         found = shrink(scenario, opened, start, step_timeout=step_timeout, repeats=repeats)
@@ -408,8 +427,9 @@ def check(
     ``--server`` takes, each (None: ``PGRACE_DSN`` or the embedded server); they boot side by
     side while the files are read. A file that cannot be read is reported to ``on_invalid``
     and the others still run; each result goes to ``on_result`` as it is known. ``junit``:
-    a file the caller will write, refused when it is one of the inputs. Specs share one
-    scratch database per server, reset only when a spec leaves objects.
+    a file to write every case to as JUnit XML once all ran (refused, before anything runs,
+    when it is one of the inputs). Specs share one scratch database per server, reset only
+    when a spec leaves objects.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -425,7 +445,7 @@ def check(
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
         cases = regression.prepare(names, golden=golden or update, expected=expected, invalid=checked.invalid)
-        refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
+        refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "junit")
         for error in checked.invalid:  # reported at once; the valid files still run
             if on_invalid is not None:
                 on_invalid(error)
@@ -457,6 +477,10 @@ def check(
                     on_result(result)
                 watch.update(len(checked.results))
         watch.close()
+    if junit is not None:
+        from pgrace.render.junit import render_junit
+
+        write_output(junit, render_junit(checked.results, checked.invalid))
     return checked
 
 
@@ -464,62 +488,72 @@ def _path(name: str | Path | None) -> Path | None:
     return None if name is None else Path(name)
 
 
-def _whole(raw: str | int | float | None, option: str) -> int | None:
-    if raw is None:
+def _whole_seconds(value: float | None, parameter: str) -> int | None:
+    """pgbench counts whole seconds: 1 to a day."""
+    if value is None:
         return None
-    text = str(raw).strip()
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 86400:
-        raise ScenarioError(f"{option} is a whole number from 1 to 86400, not {raw!r}")
-    return int(text)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= bounds.MAX_LOAD_SECONDS:
+        raise OptionError(f"a whole number of seconds from 1 to {bounds.MAX_LOAD_SECONDS}, not {value!r}", parameter)
+    if not float(value).is_integer():
+        raise OptionError(f"a whole number of seconds from 1 to {bounds.MAX_LOAD_SECONDS}, not {value!r}", parameter)
+    return int(value)
 
 
-def _client_counts(raw: str | Sequence[int]) -> tuple[int, ...]:
-    """``1,2,4,8``: whole numbers from 1 to 1000, refused as one line (exit 2) otherwise."""
-    parts = raw.split(",") if isinstance(raw, str) else [str(count) for count in raw]
-    counts: list[int] = []
-    for part in parts:
-        part = part.strip()
-        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= 1000:
-            raise ScenarioError(f"-c/--clients is a list of client counts from 1 to 1000, like 1,2,4,8; not {raw!r}")
-        counts.append(int(part))
-    return tuple(counts)
+def _client_counts(clients: Sequence[int]) -> tuple[int, ...]:
+    """Whole numbers from 1 to bounds.MAX_CLIENTS, at least one."""
+    counts = tuple(clients)
+    if not counts or not all(
+        isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= bounds.MAX_CLIENTS for c in counts
+    ):
+        raise OptionError(
+            f"client counts are whole numbers from 1 to {bounds.MAX_CLIENTS}, like (1, 2, 4, 8); not {clients!r}",
+            "clients",
+        )
+    return counts
 
 
 def load(
     scenario: Scenario,
     *,
     compare: bool = False,
-    clients: str | Sequence[int] = (1, 2, 4, 8),
-    duration: str | int | None = None,
-    transactions: str | int | None = None,
+    clients: Sequence[int] = (1, 2, 4, 8),
+    duration: float | None = None,
+    transactions: int | None = None,
     pgbench: str | None = None,
     emit: Path | None = None,
     dsn: str | None = None,
     server: ServerInfo | None = None,
-    setup_timeout: str | int | None = None,
+    setup_timeout: float | None = None,
     monitor: Monitor | None = None,
     on_measured: Callable[[LoadResult, ClientRun], None] | None = None,
     on_note: Note | None = None,
 ) -> Loaded:
     """Run ``scenario``'s ``[load]`` transaction with pgbench at each client count; count what went wrong.
 
-    ``compare``: the bug's, then the fix's. ``duration`` seconds per count (5 by default),
-    or ``transactions`` per client. ``setup_timeout`` seconds (60 by default) bound each
-    setup statement and each check. A server pgrace starts for the call (no ``server``,
+    ``compare``: the bug's, then the fix's. ``clients``: the client counts, one pgbench run
+    each. ``duration`` whole seconds per count (5 by default), or ``transactions`` per
+    client. ``setup_timeout`` whole seconds (60 by default) bound each setup statement and
+    each check. A server pgrace starts for the call (no ``server``,
     ``dsn`` embedded or a bin directory) is started with room for the most clients asked
     for, and ``on_note`` says so; a server pgrace only connects to must have that room
     already. With ``emit``, the pgbench script and the setup and check SQL are written to
-    that folder and nothing runs. Ctrl-C (or SIGTERM) re-raises with what was measured so
-    far as the exception's ``loaded``.
+    that folder and nothing runs. Ctrl-C (or SIGTERM) raises :class:`~pgrace.errors.Interrupted`
+    whose ``partial`` is the :class:`Loaded` measured so far, once everything is cleaned up.
     """
     from pgrace.drivers import load as engine
 
     counts = _client_counts(clients)
-    seconds = _whole(duration, "-T/--time")
-    per_client = _whole(transactions, "-t/--transactions")
-    setup_seconds = _whole(setup_timeout, "--setup-timeout")
+    seconds = _whole_seconds(duration, "duration")
+    per_client = transactions
+    if per_client is not None and (
+        isinstance(per_client, bool)
+        or not isinstance(per_client, int)
+        or not 1 <= per_client <= bounds.MAX_TRANSACTIONS
+    ):
+        raise OptionError(f"a whole number from 1 to {bounds.MAX_TRANSACTIONS}, not {per_client!r}", "transactions")
+    setup_seconds = _whole_seconds(setup_timeout, "setup_timeout")
     if seconds is not None and per_client is not None:
-        raise ScenarioError("-T/--time and -t/--transactions exclude each other")
+        raise OptionError("duration and transactions exclude each other")
     variants = both_variants(scenario) if compare else [scenario]
     for variant in variants:
         engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
@@ -552,12 +586,45 @@ def load(
             finally:
                 watch.close()
     except KeyboardInterrupt as exc:
-        partial = getattr(exc, "partial", None)
-        if partial is not None:
-            loaded.results.append(partial)
-        exc.loaded = loaded  # type: ignore[attr-defined]
-        raise
+        if isinstance(exc, Interrupted):  # a variant part-measured
+            loaded.results.append(exc.partial)
+        raise Interrupted(loaded, exc) from exc
     return loaded
+
+
+def from_log(
+    paths: Sequence[str | Path],
+    *,
+    prefix: str | None = None,
+    dsn: str | None = None,
+    incident: int | None = None,
+    list_only: bool = False,
+    verify: bool = True,
+    server: ServerInfo | None = None,
+    server_target: str | None = None,
+    step_timeout: float = 10.0,
+) -> FromLog:
+    """Read server logs; write the scenario of incident number ``incident`` (from 1; the first by default).
+
+    ``prefix``: the server's ``log_line_prefix`` (detected by default). ``dsn``: the incident's
+    database, read only, for the tables' DDL and rows. ``list_only``: the incidents found,
+    nothing written. ``verify``: run the scenario in a scratch database on ``server`` (or one
+    opened from ``server_target``: pgrace's own embedded PostgreSQL by default, never the
+    incident's server) and say whether the incident came back.
+    """
+    from pgrace.drivers.fromlog import from_log as read_incidents  # the package's from_log is this function
+
+    return read_incidents(
+        [str(path) for path in paths],
+        prefix=prefix,
+        dsn=dsn,
+        incident=incident,
+        list_only=list_only,
+        verify=verify,
+        server=server,
+        server_target=server_target,
+        step_timeout=step_timeout,
+    )
 
 
 def clean(dsn: str) -> Cleaned:

@@ -33,8 +33,8 @@ from pgrace.cli.base import (
     step_timeout_option,
     superuser_option,
     writable,
-    write_output,
 )
+from pgrace.cli.types import CommaList
 from pgrace.errors import EXIT_INVALID
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
@@ -136,10 +136,6 @@ def check(
             on_note=say,
         )
     emit(render_summary(checked, update), None)
-    if junit is not None:
-        from pgrace.render.junit import render_junit
-
-        write_output(junit, render_junit(checked.results, checked.invalid))
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
 
 
@@ -378,7 +374,12 @@ def parse_shard(value: str | None) -> tuple[int, int]:
 @click.option(
     "--class", "cls", type=click.IntRange(min=1), metavar="N", help="Start from class N of the scenario's exploration."
 )
-@click.option("--order", metavar="STEP,STEP,...", help="Start from the steps in this order (default: the file's).")
+@click.option(
+    "--order",
+    type=CommaList(click.STRING, "step names", "a1,b1,a2"),
+    metavar="STEP,STEP,...",
+    help="Start from the steps in this order (default: the file's).",
+)
 @click.option(
     "--output",
     "-o",
@@ -395,7 +396,7 @@ def parse_shard(value: str | None) -> tuple[int, int]:
 )
 @click.option(
     "--pytest",
-    "pytest_file",
+    "pytest",
     type=click.Path(dir_okay=False, writable=True),
     callback=writable,
     metavar="FILE",
@@ -418,10 +419,10 @@ def minimize(
     bug: bool,
     params: tuple[str, ...],
     cls: int | None,
-    order: str | None,
+    order: tuple[str, ...] | None,
     output: str | None,
     spec: str | None,
-    pytest_file: str | None,
+    pytest: str | None,
     repeat: int | None,
     fmt: str,
     server_target: str | None,
@@ -448,18 +449,17 @@ def minimize(
     chosen = pick_variant(loaded, False, False) if wanted is None else catalog.variant(loaded, wanted)
     if cls is not None and order is not None:
         raise click.UsageError("--class and --order exclude each other")
-    for path in (output, spec, pytest_file):
-        refuse_overwriting_inputs(path, [chosen.source])
-    steps = [s.strip() for s in order.split(",")] if order is not None else None
+    for path, parameter in ((output, "output"), (spec, "spec"), (pytest, "pytest")):
+        refuse_overwriting_inputs(path, [chosen.source], parameter)
     found = api.minimize(
         chosen,
         dsn=server_target or dsn,
         superuser=superuser,
         cls=cls,
-        order=steps,
+        order=order,
         output=output,
         spec=spec,
-        pytest=pytest_file,
+        pytest=pytest,
         step_timeout=step_timeout,
         repeats=repeat,
         on_note=say,

@@ -17,7 +17,7 @@ from pathlib import Path
 from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.engine.options import RunOptions
-from pgrace.errors import ScenarioError, ScenarioFailed
+from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
 from pgrace.formats import catalog
 from pgrace.model.cases import Case as Case
 from pgrace.model.cases import CaseResult as CaseResult
@@ -49,7 +49,7 @@ def prepare(
     if not files:
         raise ScenarioError(f"no scenario files (.toml, .spec) under {', '.join(paths)}")
     if expected is not None and len(files) != 1:
-        raise ScenarioError("--expected needs exactly one spec file")
+        raise OptionError("needs exactly one spec file", "expected")
     cases: list[Case] = []
     for path in files:
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pgrace.bounds import check_combinations, check_jobs, check_sample
 from pgrace.engine.options import RunOptions
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError
 from pgrace.formats import catalog
 from pgrace.model.outcomes import OutcomeClass, add_observed, classify
 from pgrace.model.scenario import Scenario
@@ -108,7 +108,7 @@ def variants(
 ) -> list[tuple[dict[str, str], Scenario]]:
     """``ref`` (a shipped name or a file) loaded once per combination of ``params`` values, ``variant`` chosen."""
     if not params:
-        raise ScenarioError("sweep needs at least one -p NAME=VALUE[,VALUE...]")
+        raise OptionError("a sweep needs at least one parameter and its values", "params")
     return [
         (combination, catalog.variant(catalog.load(ref, combination), variant)) for combination in combinations(params)
     ]
