@@ -86,13 +86,13 @@ def load_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
 def list_scenarios(tags: Sequence[str] = (), topic: str | None = None) -> list[Entry]:
     """The shipped scenarios with every one of ``tags`` and of ``topic``, in the catalogue's order.
 
-    A tag or topic no shipped scenario has is an :class:`OptionError` (with a "did you mean").
+    A tag or topic no shipped scenario has is an ``OptionError`` (with a "did you mean").
     """
     return catalog.select(list(tags), topic)
 
 
 def show(ref: str, params: dict[str, str] | None = None, variant: str | None = None) -> Shown:
-    """``ref`` read (as :func:`load_scenario` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
+    """``ref`` read (as ``load_scenario`` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
 
     What ``pgrace show`` tells without running it: the story, the sessions, the steps, the checks.
     """
@@ -537,8 +537,8 @@ def load(
     ``dsn`` embedded or a bin directory) is started with room for the most clients asked
     for, and ``on_note`` says so; a server pgrace only connects to must have that room
     already. With ``emit``, the pgbench script and the setup and check SQL are written to
-    that folder and nothing runs. Ctrl-C (or SIGTERM) raises :class:`~pgrace.errors.Interrupted`
-    whose ``partial`` is the :class:`Loaded` measured so far, once everything is cleaned up.
+    that folder and nothing runs. Ctrl-C (or SIGTERM) raises ``Interrupted``
+    whose ``partial`` is the ``Loaded`` measured so far, once everything is cleaned up.
     """
     from pgrace.drivers import load as engine
 
