@@ -74,6 +74,14 @@ def test_the_console_entry_imports_only_what_it_needs_before_it_answers_signals(
     }
 
 
+def test_the_packages_the_console_entry_lives_in_import_nothing_before_it_runs() -> None:
+    """Until the entry's first lines run, Ctrl-C is Python's: typing (re, enum) there widens that window."""
+    assert {m for m in modules_after("import pgrace.cli") if m.split(".")[0] in ("pgrace", "typing", "importlib")} == {
+        "pgrace",
+        "pgrace.cli",
+    }
+
+
 def test_importing_the_package_is_light_too() -> None:
     assert loaded(modules_after("import pgrace"), NOT_AT_IMPORT) == []
 

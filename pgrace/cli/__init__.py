@@ -14,10 +14,12 @@ command imports what it needs when it runs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+# Not `from typing import TYPE_CHECKING`, nor importlib here: the console entry, inside this
+# package, takes over Ctrl-C only once the package is imported (as pgrace/__init__.py says).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from pgrace.cli.base import FORMATS, PgraceGroup, main
 
 __all__ = ["FORMATS", "PgraceGroup", "main"]
@@ -26,6 +28,8 @@ COMMAND_MODULES = ("cleaning", "from_log", "loading", "proving", "running")  # e
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     for module in COMMAND_MODULES:
