@@ -488,30 +488,6 @@ def _path(name: str | Path | None) -> Path | None:
     return None if name is None else Path(name)
 
 
-def _whole_seconds(value: float | None, parameter: str) -> int | None:
-    """pgbench counts whole seconds: 1 to a day."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= bounds.MAX_LOAD_SECONDS:
-        raise OptionError(f"a whole number of seconds from 1 to {bounds.MAX_LOAD_SECONDS}, not {value!r}", parameter)
-    if not float(value).is_integer():
-        raise OptionError(f"a whole number of seconds from 1 to {bounds.MAX_LOAD_SECONDS}, not {value!r}", parameter)
-    return int(value)
-
-
-def _client_counts(clients: Sequence[int]) -> tuple[int, ...]:
-    """Whole numbers from 1 to bounds.MAX_CLIENTS, at least one."""
-    counts = tuple(clients)
-    if not counts or not all(
-        isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= bounds.MAX_CLIENTS for c in counts
-    ):
-        raise OptionError(
-            f"client counts are whole numbers from 1 to {bounds.MAX_CLIENTS}, like (1, 2, 4, 8); not {clients!r}",
-            "clients",
-        )
-    return counts
-
-
 def load(
     scenario: Scenario,
     *,
@@ -542,45 +518,26 @@ def load(
     """
     from pgrace.drivers import load as engine
 
-    counts = _client_counts(clients)
-    seconds = _whole_seconds(duration, "duration")
-    per_client = transactions
-    if per_client is not None and (
-        isinstance(per_client, bool)
-        or not isinstance(per_client, int)
-        or not 1 <= per_client <= bounds.MAX_TRANSACTIONS
-    ):
-        raise OptionError(f"a whole number from 1 to {bounds.MAX_TRANSACTIONS}, not {per_client!r}", "transactions")
-    setup_seconds = _whole_seconds(setup_timeout, "setup_timeout")
-    if seconds is not None and per_client is not None:
-        raise OptionError("duration and transactions exclude each other")
+    options = engine.LoadOptions.asked(clients, duration, transactions, setup_timeout, pgbench, on_measured)
     variants = both_variants(scenario) if compare else [scenario]
     for variant in variants:
         engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
     if emit is not None:
         return Loaded(emitted=[path for variant in variants for path in engine.emit(variant, emit)])
-    options = engine.LoadOptions(
-        clients=counts,
-        duration=None if per_client is not None else float(seconds or 5),
-        transactions=per_client,
-        pgbench=pgbench,
-        setup_timeout=float(setup_seconds or 60),
-        on_progress=on_measured,
-    )
     watch = monitor or Unwatched()
     loaded = Loaded()
     settings = None
     if server is None and pgrace.servers.starts_its_own(dsn):
-        settings = {"max_connections": str(engine.connections_for(max(counts)))}
+        settings = {"max_connections": str(engine.connections_for(max(options.clients)))}
         if int(settings["max_connections"]) > engine.DEFAULT_CONNECTIONS:
             (on_note or _ignore)(
                 f"note: starting PostgreSQL with max_connections = {settings['max_connections']}"
-                f" for {max(counts)} clients"
+                f" for {max(options.clients)} clients"
             )
     try:
         with _serving(server, dsn, False, on_note, settings) as opened:
             try:
-                watch.start(f"load {scenario.name}", len(variants) * len(counts), "client counts")
+                watch.start(f"load {scenario.name}", len(variants) * len(options.clients), "client counts")
                 for variant in variants:
                     loaded.results.append(engine.run_load(variant, opened, options))
             finally:
