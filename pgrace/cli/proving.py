@@ -278,13 +278,20 @@ def matrix(
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
 
 
+SWEPT_VALUES = CommaList(click.STRING, "values", "read-committed,serializable")
+
+
 def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
+    """``-p NAME=V1,V2``: each name with the values to try."""
     params: dict[str, list[str]] = {}
     for item in values:
         name, sep, value = item.partition("=")
-        if not sep or not name or not all(v.strip() for v in value.split(",")):
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param")
-        params[name] = [v.strip() for v in value.split(",")]
+        try:
+            if not sep or not name:
+                raise click.BadParameter("no NAME=")
+            params[name] = list(SWEPT_VALUES.convert(value, None, None))
+        except click.BadParameter:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param") from None
     return params
 
 
