@@ -135,6 +135,7 @@ def minimize(
         shrink.race = shrink.serial_failure(start) is not None
         shape, minimal = shrink.shrink(start)
         shape, total, kept = shrink.reorder(shape)
+        shape = shrink.simplify(shape)
         final_failures = shrink.repeat_count(shape)
     result = Minimized(
         original=scenario,
