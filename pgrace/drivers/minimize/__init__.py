@@ -153,6 +153,7 @@ def minimize(
         orders_total=total,
         orders_kept=kept,
         race=shrink.race,
+        candidate_timeout=bench.timeout,
     )
     result.timeline = replay(result.scenario, server, step_timeout)
     result.seconds = time.monotonic() - started

@@ -167,6 +167,7 @@ class Minimized:
     orders_total: int = 0  # pairs of steps of different sessions the final interleaving orders
     orders_kept: int = 0  # of those, the pairs that do not commute
     race: bool = False  # the original did not fail with its sessions one after another: nor may the result
+    candidate_timeout: float = 0.0  # the step timeout of a candidate's run, in seconds (see shrink.Bench)
     timeline: Run | None = field(default=None, repr=False)
     written: list[tuple[str, str]] = field(default_factory=list)  # (kind, path) of each verified export
 
@@ -185,6 +186,7 @@ class Minimized:
             "seconds": round(self.seconds, 3),
             "locally_minimal": self.locally_minimal,
             "race": self.race,
+            "candidate_timeout": round(self.candidate_timeout, 3),
             "repeats": self.repeats,
             "failed": {"before": self.failed_before, "after": self.failed_after, "of": self.repeats},
             "before": self.before,

@@ -251,6 +251,8 @@ class Shrink:
             for block in _blocks(self.original, chain):
                 if len(block) < 2 or len(block) == len(chain):
                     continue
+                if any(self.original.step(n).loop is not None for n in block):
+                    continue  # a retry loop's transactions go with it, as one retry loop (see _steps)
                 yield from self._without(shape, "transaction", set(block), f"{session}: {block[0]} … {block[-1]}")
 
     def _steps(self, shape: Shape) -> Iterator[tuple[str, str, Shape]]:
