@@ -9,7 +9,6 @@ from click.testing import CliRunner
 
 from pgrace.cli import main
 from pgrace.drivers.minimize import failure_of, minimize
-from pgrace.drivers.minimize.simplify import simpler
 from pgrace.formats import catalog
 from pgrace.servers import ServerInfo
 from tools.padded import padded
@@ -54,6 +53,8 @@ rows = [[400]]
 
 
 def test_simpler_proposes_columns_then_terms_then_literals_and_keeps_variables() -> None:
+    from pgrace.drivers.minimize.simplify import simpler
+
     sql = "UPDATE t SET a = :v - 100, b = 'x' WHERE id = 1 AND c = 2 RETURNING a, b"
     edits = simpler(sql, frozenset({"b"}))
     assert [e.what for e in edits] == [
