@@ -119,7 +119,7 @@ class Shape:
             original,
             sessions=tuple(s for s in original.sessions if s.name in self.sessions),
             steps=tuple(
-                dataclasses.replace(s, sql=simpler[s.name]) if s.name in simpler else s
+                dataclasses.replace(s, sql=simpler[s.name], note="") if s.name in simpler else s  # told other SQL
                 for s in original.steps
                 if s.name in kept
             ),
