@@ -194,7 +194,7 @@ def explore(
     schedules of depth D (``limit`` of them, 100 by default; ``seed``, 0 by default). The
     exploration's ``guarantee`` says which of these its classes carry. ``minimize``: the first
     class that fails (the bug happened, or an error no step declares) has its example shrunk
-    to the smallest scenario that fails the same way (``minimized``; see :func:`minimize`).
+    to the smallest scenario that fails the same way (``minimized``; see ``minimize``).
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
     from pgrace.drivers.explore import explore as explore_space

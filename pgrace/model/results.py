@@ -34,7 +34,7 @@ class Explored:
     """Classes whose example ended in another class when replayed (a race the schedule does not pin)."""
     asked_to_minimize: bool = False
     minimized: Minimized | None = None
-    """With ``minimize``: the first failing class's example, shrunk (see :mod:`pgrace.drivers.minimize`)."""
+    """With ``minimize``: the first failing class's example, shrunk (see ``pgrace.drivers.minimize``)."""
     minimized_class: int | None = None
     """Which class (from 1) was minimized; None with ``minimize`` when no class fails."""
 
