@@ -22,7 +22,7 @@ from pgrace.drivers.minimize.failure import (
 from pgrace.errors import PgraceError, ScenarioFailed
 from pgrace.model import variables
 from pgrace.model.scenario import Scenario
-from pgrace.model.timeline import Run, StepCancelled
+from pgrace.model.timeline import Run, StepCancelled, StepLaunched
 from pgrace.servers import ServerInfo
 
 
@@ -33,7 +33,7 @@ class Bench:
     waiting for a session with nothing left to send waits until it is cancelled, and is
     refused then (57014 is not the original's failure): waiting the scenario's whole step
     timeout for that made a shrink take minutes. Once the original has run,
-    :meth:`Shrink.measure` lowers it to a few times what the original's runs took.
+    :meth:`Shrink.measure` lowers it to a few times the original's longest statement.
     """
 
     def __init__(self, original: Scenario, server: ServerInfo, step_timeout: float, stack: ExitStack) -> None:
@@ -87,7 +87,7 @@ class Bench:
             return exc.message
 
 
-#: A candidate's step timeout: ``SLOWER`` times the original's longest run, at least ``MIN_CANDIDATE_TIMEOUT``
+#: A candidate's step timeout: ``SLOWER`` times the original's longest statement, at least ``MIN_CANDIDATE_TIMEOUT``
 #: seconds (a deadlock whose victim checks after 100 ms takes 0.2 s on two busy cores), at most the step timeout.
 SLOWER = 5.0
 MIN_CANDIDATE_TIMEOUT = 1.0
@@ -137,7 +137,7 @@ class Shrink:
                 last = got
                 continue
             found = failure_of(got)
-            longest = max([longest, *(e.t / 1000 for e in got.events)])
+            longest = max(longest, _longest_statement(got))
             if any(isinstance(e, StepCancelled) for e in got.events):
                 cancelled = True
                 if self.repeats == 1:
@@ -396,6 +396,13 @@ class Shrink:
         candidate = dataclasses.replace(shape, order=tuple(simpler))
         what = f"keep {kept} of {total} cross-session orders: " + " ".join(simpler)
         return (candidate if self._try(candidate, "order", what) else shape), total, kept
+
+
+def _longest_statement(run: Run) -> float:
+    """Seconds: the longest step of ``run`` (launch to end), or its setup (the start to the first launch)."""
+    launched = [e.t for e in run.events if isinstance(e, StepLaunched)]
+    steps = [(s.finished_ms or s.started_ms) - s.started_ms for s in run.step_runs()]
+    return max([launched[0] if launched else 0.0, *steps]) / 1000
 
 
 def _fewest_switches(names: list[str], sessions: list[str], before: dict[int, set[int]]) -> list[str]:
