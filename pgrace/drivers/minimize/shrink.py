@@ -154,6 +154,9 @@ class Shrink:
         return failure, seen[failure], last
 
     def repeat_count(self, shape: Shape) -> int:
+        """How many of ``repeats`` runs of ``shape`` fail the same way: counted already when it was kept."""
+        if shape in self._seen and self._seen[shape][0] >= self.needed:  # kept: every one of its runs was made
+            return self._seen[shape][0]
         return self._failures(shape, stop_early=False)[0]
 
     def _failures(self, shape: Shape, stop_early: bool = True) -> tuple[int, str]:
