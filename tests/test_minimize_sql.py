@@ -213,3 +213,12 @@ def test_a_deadlock_minimizes_in_seconds(pgrace_server: ServerInfo) -> None:
     shipped = catalog.load("deadlock-transfer").variant_named("bug")
     found = minimize(shipped, pgrace_server, tuple(p.step for p in shipped.permutations[0]), step_timeout=10.0)
     assert found.seconds < 25.0
+
+
+def test_nothing_is_run_twice_for_the_result(pgrace_server: ServerInfo) -> None:
+    """Beyond its trials, a shrink runs the original, a serial order (which tells a race) and the order's trace:
+    the result's own count of failing runs is the one made when it was kept."""
+    scenario = catalog.load("lost-update").variant_named("bug")
+    found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
+    assert found.race and found.failed_after == found.repeats == 1
+    assert found.runs == sum(t.runs for t in found.trials) + 3
