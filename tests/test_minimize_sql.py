@@ -222,3 +222,14 @@ def test_nothing_is_run_twice_for_the_result(pgrace_server: ServerInfo) -> None:
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
     assert found.race and found.failed_after == found.repeats == 1
     assert found.runs == sum(t.runs for t in found.trials) + 3
+
+
+def test_without_checks_or_errors_a_wait_is_the_failure() -> None:
+    """What from-log writes for a long lock wait: no final check, no error, one step that waits."""
+    import dataclasses
+
+    from pgrace.drivers.minimize import Failure
+
+    waits = dataclasses.replace(catalog.load("head-of-line-blocking").variant_named("bug"), checks=())
+    assert Failure(False, (), (), ("claim2",)).fails(waits)
+    assert not Failure(False, (), (), ()).fails(waits)  # nothing happened: nothing to minimize
