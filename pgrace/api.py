@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
 from pgrace.drivers.one_run import run_in_scratch
+from pgrace.drivers.one_run import teardown_failures as teardown_failures  # what `run` says after a run
 from pgrace.engine.options import RunOptions
 from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
@@ -135,25 +136,11 @@ def _serving(
         yield opened
 
 
-def teardown_failures(result: Run) -> list[str]:
-    """Teardown errors (a teardown cancelled at the step timeout, say): isolationtester reports them, not fatal."""
-    from pgrace.model.timeline import SetupRan
-
-    notes = []
-    for event in result.events:
-        if isinstance(event, SetupRan) and event.phase == "teardown" and event.outcome.error is not None:
-            error = event.outcome.error
-            where = f"teardown of session {event.session}" if event.session else "teardown"
-            detail = f" ({error.detail})" if error.detail else ""
-            notes.append(visible(f"{where} failed: {error.severity}:  {error.message}{detail}"))
-    return notes
-
-
 def both_variants(scenario: Scenario) -> list[Scenario]:
     """What a comparison runs: the bug, then the fix."""
     if scenario.other is None:
         raise ScenarioError(
-            f"scenario {scenario.name!r} has one variant only; --compare needs a bug and a fix", scenario.source
+            f"scenario {scenario.name!r} has one variant only; a comparison needs a bug and a fix", scenario.source
         )
     return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
 
@@ -202,6 +189,7 @@ def explore(
     reduce: bool = True,
     max_preemptions: int | None = None,
     pct: int | None = None,
+    minimize: bool = False,
 ) -> Explored:
     """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
 
@@ -210,7 +198,9 @@ def explore(
     ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
     ``max_preemptions`` K: every schedule with at most K preemptions instead; ``pct`` D: PCT
     schedules of depth D (``limit`` of them, 100 by default; ``seed``, 0 by default). The
-    exploration's ``guarantee`` says which of these its classes carry.
+    exploration's ``guarantee`` says which of these its classes carry. ``minimize``: the first
+    class that fails (the bug happened, or an error no step declares) has its example shrunk
+    to the smallest scenario that fails the same way (``minimized``; see ``minimize``).
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
     from pgrace.drivers.explore import explore as explore_space
@@ -219,6 +209,10 @@ def explore(
     from pgrace.model.orders.space import Space
 
     space = Space(scenario)
+    if merge and minimize:
+        raise OptionError(
+            "merged shards have no server to minimize on: minimize a class of the merged result instead", "minimize"
+        )
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
         return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
@@ -268,6 +262,15 @@ def explore(
                 result.examples[n] = replay(scenario, opened, found.classes[n - 1], step_timeout)
                 if not same_class(result.examples[n], found.classes[n - 1]):
                     result.replayed_differently.append(n)
+        if minimize:
+            from pgrace.drivers.minimize import minimize as shrink
+
+            result.asked_to_minimize = True
+            failing = next((n for n, c in enumerate(found.classes, 1) if c.breaks), None)
+            if failing is not None:
+                result.minimized_class = failing
+                example = tuple(found.classes[failing - 1].example)
+                result.minimized = shrink(scenario, opened, example, step_timeout=step_timeout)
     return result
 
 
@@ -560,6 +563,7 @@ def from_log(
     server: ServerInfo | None = None,
     server_target: str | None = None,
     step_timeout: float = 10.0,
+    minimize: bool = False,
 ) -> FromLog:
     """Read server logs; write the scenario of incident number ``incident`` (from 1; the first by default).
 
@@ -567,7 +571,8 @@ def from_log(
     database, read only, for the tables' DDL and rows. ``list_only``: the incidents found,
     nothing written. ``verify``: run the scenario in a scratch database on ``server`` (or one
     opened from ``server_target``: pgrace's own embedded PostgreSQL by default, never the
-    incident's server) and say whether the incident came back.
+    incident's server) and say whether the incident came back. ``minimize``: once it came
+    back, shrink the scenario to the smallest one that still brings it back.
     """
     from pgrace.drivers.fromlog import from_log as read_incidents  # the package's from_log is this function
 
@@ -581,6 +586,7 @@ def from_log(
         server=server,
         server_target=server_target,
         step_timeout=step_timeout,
+        minimize=minimize,
     )
 
 

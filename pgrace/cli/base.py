@@ -115,11 +115,14 @@ class PgraceCommand(click.Command):
             raise click.BadParameter(exc.message, ctx, param_hint=self.option_setting(exc.parameter)) from None
 
     def option_setting(self, parameter: str) -> str:
-        """The option that sets the library's ``parameter`` (its name in the command): ``limit`` is ``--max``."""
-        for param in self.params:
-            if isinstance(param, click.Option) and param.name == parameter:
-                return max(param.opts, key=len)
-        return parameter
+        """The option that sets the library's ``parameter``: the one of that name in the command (``limit`` is
+        ``--max``), else the one spelt as it (``minimize`` is ``--minimize``)."""
+        options = [param for param in self.params if isinstance(param, click.Option)]
+        for option in options:
+            if option.name == parameter:
+                return max(option.opts, key=len)
+        spelt = f"--{parameter.replace('_', '-')}"
+        return spelt if any(spelt in option.opts for option in options) else parameter
 
 
 PgraceGroup.command_class = PgraceCommand
