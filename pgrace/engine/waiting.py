@@ -19,13 +19,13 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pgrace.engine.libpq import LibpqSession
 
 if TYPE_CHECKING:
     from pgrace.engine.observe.locks import LockInspector
-    from pgrace.engine.threads import ThreadSession
+    from pgrace.engine.threads import Gate
 
 # isolationtester's wait loop: select() on the step's socket for this long, then probe.
 ISOLATIONTESTER_SLICE_S = 0.01
@@ -99,14 +99,26 @@ class SocketWaiting:
         return found
 
 
-class GateWaiting:
-    """Thread sessions: wait on the condition their threads notify when a statement ends."""
+class Gated(Protocol):
+    """A session parked at a gate: an application's thread, or the relay's thread of a client connection."""
+
+    gate: Gate
+
+    @property
+    def pid(self) -> int: ...
+
+
+G = TypeVar("G", bound=Gated)
+
+
+class GateWaiting(Generic[G]):
+    """Gated sessions: wait on the condition their threads notify when a statement ends."""
 
     first_slice = FIRST_SLICE_S
 
     def __init__(
         self,
-        sessions: Mapping[str, ThreadSession],
+        sessions: Mapping[str, G],
         cond: threading.Condition,
         inspector: LockInspector,
         step_timeout: float,
@@ -116,11 +128,11 @@ class GateWaiting:
         self.inspector = inspector
         self.step_timeout = step_timeout
 
-    def running(self, session: ThreadSession, read: bool = False) -> bool:
+    def running(self, session: G, read: bool = False) -> bool:
         with self.cond:
             return session.gate.state == "running" and session.gate.finished is None
 
-    def wait(self, session: ThreadSession, slice_s: float) -> tuple[bool, list[ThreadSession]]:
+    def wait(self, session: G, slice_s: float) -> tuple[bool, list[G]]:
         """Any session's statement that ends notifies the condition: the others' ends are news too."""
         with self.cond:
             if session.gate.finished is None and session.gate.state == "running":
@@ -131,7 +143,7 @@ class GateWaiting:
     def next_slice(self, slice_s: float) -> float:
         return min(slice_s * 2, LAST_SLICE_S)
 
-    def answered(self, sessions: Iterable[ThreadSession]) -> list[ThreadSession]:
+    def answered(self, sessions: Iterable[G]) -> list[G]:
         """A holder's COMMIT frees the waiter before its own answer reaches its thread, so the
         waiter's thread can report first. A blocker whose backend is no longer active has
         its answer on the wire: it is waited for. One still active has not finished.

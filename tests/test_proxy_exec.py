@@ -1,0 +1,54 @@
+"""--exec: commands' own connections, through the proxy, are the sessions of the one scheduler (real clients)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgrace.drivers.exec import explore_exec, run_exec
+from pgrace.engine.proxy.processes import Command
+from pgrace.formats import catalog
+from pgrace.servers import ServerInfo
+
+CLIENTS = Path(__file__).parent / "clients"
+WITHDRAW = f"{sys.executable} {CLIENTS / 'withdraw.py'}"
+
+
+@pytest.fixture(autouse=True)
+def stub_relay(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy_stub import StubProxy
+
+    import pgrace.engine.proxy.runner as runner
+
+    monkeypatch.setattr(runner.ExecRunner, "__init__", _with_stub(runner.ExecRunner.__init__, StubProxy))
+
+
+def _with_stub(init: Any, stub: Any) -> Any:
+    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("proxy", stub)
+        init(self, *args, **kwargs)
+
+    return patched
+
+
+def test_lost_update_one_run(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load("lost-update", {})
+    commands = [Command("alice", WITHDRAW), Command("bob", WITHDRAW)]
+    run = run_exec(scenario, commands, pgrace_server, order=["alice#1", "bob#1", "alice#1", "bob#1"])
+    from pgrace.render.text import render_text
+
+    print(render_text(run))
+    assert [s.session for s in run.scenario.steps][:4] == ["alice#1", "bob#1", "alice#1", "bob#1"]
+
+
+def test_lost_update_explored(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load("lost-update", {})
+    commands = [Command("alice", WITHDRAW), Command("bob", WITHDRAW)]
+    found = explore_exec(scenario, commands, pgrace_server)
+    for cls in found.classes:
+        print(cls.summary, cls.count)
+    print(found.runs, found.complete, found.incomplete)
+    assert found.complete
