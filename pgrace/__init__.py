@@ -24,7 +24,20 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, minimize, run, sweep
+    from pgrace.api import (
+        check,
+        clean,
+        compare,
+        explore,
+        explore_exec,
+        load,
+        load_scenario,
+        matrix,
+        minimize,
+        run,
+        run_exec,
+        sweep,
+    )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
     from pgrace.drivers.explore import Exploration
     from pgrace.engine.runner import RunOptions
@@ -56,7 +69,20 @@ _HOMES = {
     "StepRun": "pgrace.model.timeline",
     "open_server": "pgrace.servers",
     **dict.fromkeys(
-        ("check", "clean", "compare", "explore", "load", "load_scenario", "matrix", "minimize", "run", "sweep"),
+        (
+            "check",
+            "clean",
+            "compare",
+            "explore",
+            "explore_exec",
+            "load",
+            "load_scenario",
+            "matrix",
+            "minimize",
+            "run",
+            "run_exec",
+            "sweep",
+        ),
         "pgrace.api",
     ),
 }
@@ -84,6 +110,7 @@ __all__ = [
     "compare",
     "explore",
     "explore_code",
+    "explore_exec",
     "load",
     "load_scenario",
     "matrix",
@@ -91,6 +118,7 @@ __all__ = [
     "open_server",
     "run",
     "run_code",
+    "run_exec",
     "sweep",
 ]
 

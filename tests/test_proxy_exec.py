@@ -52,3 +52,31 @@ def test_lost_update_explored(pgrace_server: ServerInfo) -> None:
         print(cls.summary, cls.count)
     print(found.runs, found.complete, found.incomplete)
     assert found.complete
+
+
+def _cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from pgrace.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_cli_explore_finds_the_bug_and_proves_the_cure(pgrace_server: ServerInfo) -> None:
+    alice, bob = f"alice={WITHDRAW}", f"bob={WITHDRAW}"
+    found = _cli("explore", "lost-update", "--exec", alice, "--exec", bob, "--dsn", pgrace_server.dsn)
+    print(found.output, found.stderr)
+    cured = _cli(
+        "explore",
+        "lost-update",
+        "--fix",
+        "--exec",
+        alice + " --for-update",
+        "--exec",
+        bob + " --for-update",
+        "--dsn",
+        pgrace_server.dsn,
+    )
+    print(cured.output, cured.stderr)
+    assert found.exit_code == 0
+    assert cured.exit_code == 0

@@ -110,7 +110,6 @@ def explore_exec(
             seen, _ = runner.run_once(NamedOrder(None, []), observe=False)
             first = sorted(s.name for s in seen.scenario.sessions)[:1] or [commands[0].name]
             runs, why = _explore_reduced(runner, first, count, limit)
-            runs += 1
         else:
             tree = ChoiceTree(limit)
             for choices in tree:
@@ -133,7 +132,7 @@ def explore_exec(
         runs,
         None,
         shown,
-        runs=runs,
+        runs=runs + 1 if reduce else runs,  # the reduced search's first run names the connections
         complete=why is None,
         incomplete=why,
         replayer=replay,

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from io import BufferedReader
+from typing import IO
 
 from pgrace.servers.processes import dies_with_parent
 
@@ -232,9 +232,8 @@ def start(command: Command, env: Mapping[str, str], cwd: str | None = None) -> S
     return started
 
 
-def _drain(pipe: object, into: bytearray) -> None:
-    read = pipe.read1
-    while chunk := read(65536):
+def _drain(pipe: IO[bytes], into: bytearray) -> None:
+    while chunk := pipe.read(65536):
         if len(into) < OUTPUT_LIMIT:
             into += chunk[: OUTPUT_LIMIT - len(into)]
 
