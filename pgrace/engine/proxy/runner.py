@@ -349,6 +349,7 @@ class ExecRunner:
             self._check_ordered(order)
             return chooser(ready)
 
+        before = self._sessions_count()
         try:
             self.started = [start(command, env, self.cwd) for command in self.commands]
             self.hooks.begin(self.started)
@@ -361,6 +362,7 @@ class ExecRunner:
         self._kill_all()
         self._backends_gone(order)
         self._check_ordered(order)
+        self._check_counted(before, len(order.sessions))
         for index, check in enumerate(self.scenario.checks):
             outcome = self.sql.execute(self.control.pgconn, check.sql)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), check.sql))
@@ -408,6 +410,26 @@ class ExecRunner:
                 f"a connection that did not come through pgrace's proxy reached the run's database (application_name"
                 f" {str(application)!r}, backend {pid}, {said}); pgrace did not order its statements: connect with"
                 " DATABASE_URL or the PG* variables pgrace sets",
+                self.scenario.source,
+            )
+
+    def _sessions_count(self) -> int:
+        """How many sessions the server has counted in the run's database (``pg_stat_database.sessions``)."""
+        self.observer.execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
+        row = self.observer.execute(
+            "SELECT sessions FROM pg_catalog.pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def _check_counted(self, before: int, proxied: int) -> None:
+        """Every session the server counted during the run came through the proxy: even one that came and went
+        between two looks at ``pg_stat_activity`` is counted there (its backend has ended, its count is flushed)."""
+        around = self._sessions_count() - before - proxied
+        if around > 0:
+            raise ExecError(
+                f"{around} connection{'s' if around > 1 else ''} reached the run's database around pgrace's proxy"
+                " (the server counted them); pgrace did not order their statements: connect with DATABASE_URL or"
+                " the PG* variables pgrace sets",
                 self.scenario.source,
             )
 
