@@ -17,23 +17,6 @@ CLIENTS = Path(__file__).parent / "clients"
 WITHDRAW = f"{sys.executable} {CLIENTS / 'withdraw.py'}"
 
 
-@pytest.fixture(autouse=True)
-def stub_relay(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy_stub import StubProxy
-
-    import pgrace.engine.proxy.runner as runner
-
-    monkeypatch.setattr(runner.ExecRunner, "__init__", _with_stub(runner.ExecRunner.__init__, StubProxy))
-
-
-def _with_stub(init: Any, stub: Any) -> Any:
-    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("proxy", stub)
-        init(self, *args, **kwargs)
-
-    return patched
-
-
 def test_lost_update_one_run(pgrace_server: ServerInfo) -> None:
     scenario = catalog.load("lost-update", {})
     commands = [Command("alice", WITHDRAW), Command("bob", WITHDRAW)]

@@ -15,8 +15,8 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -28,6 +28,7 @@ from pgrace.engine.control import ControlSql
 from pgrace.engine.observe.locks import LockInspector
 from pgrace.engine.options import RunOptions
 from pgrace.engine.proxy.processes import Command, Started, kill, proxy_sockets, quiet, start
+from pgrace.engine.proxy.relay import Proxy
 from pgrace.engine.proxy.session import ProxyHooks, ProxySession, relay_asleep
 from pgrace.engine.runner import setup_failed
 from pgrace.engine.scheduler import Scheduler
@@ -41,20 +42,6 @@ from pgrace.scratch import schema_reset_sql
 from pgrace.servers import ServerInfo
 
 EXEC_SCHEMA = "pgrace_exec"
-
-
-class Listening(Protocol):
-    """The proxy as the runner uses it: where it listens."""
-
-    host: str
-    port: int
-
-    def __enter__(self) -> Listening: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-ProxyFactory = Callable[[str, int, ProxyHooks], Listening]
 
 
 class ExecOrder:
@@ -237,9 +224,7 @@ class ExecRunner:
         server: ServerInfo,
         observer_dsn: str | None = None,
         cwd: str | None = None,
-        proxy: ProxyFactory | None = None,
     ) -> None:
-        """``proxy``: what listens for the commands (the relay's :class:`Proxy`, unless a test brings its own)."""
         self.scenario = scenario
         self.commands = list(commands)
         self.dsn = dsn
@@ -255,14 +240,8 @@ class ExecRunner:
         self.columns: list[str] = []  # sessions that are a command without a connection (its exit shown there)
         self.has_row_locks = True
         self.started: list[Started] = []
-        self.proxy_factory = proxy
 
     def __enter__(self) -> ExecRunner:
-        factory = self.proxy_factory
-        if factory is None:
-            from pgrace.engine.proxy.relay import Proxy
-
-            factory = Proxy
         try:
             self.control = self._connect("control connection")
             self.observer = self._connect("observer", observer=True)
@@ -272,7 +251,7 @@ class ExecRunner:
             params = conninfo_to_dict(self.dsn)
             host = str(params.get("host") or "localhost").split(",")[0]
             port = int(str(params.get("port") or 5432).split(",")[0])
-            self.proxy = self.stack.enter_context(factory(host, port, self.hooks))
+            self.proxy = self.stack.enter_context(Proxy(host, port, self.hooks))
             self.proxy_port = self.proxy.port
             self.stack.callback(self._kill_all)
         except psycopg.Error as exc:

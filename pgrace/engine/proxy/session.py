@@ -21,28 +21,24 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from psycopg import pq
 
 from pgrace.engine.proxy.processes import Started
+from pgrace.engine.proxy.relay import Refused
 from pgrace.engine.threads import Gate, Request
 from pgrace.model.timeline import Outcome, ResultSet, SessionLost, SqlError
 from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.engine.proxy.relay import Client, Reply, Statement
-
     from pgrace.engine.session import Inspector
     from pgrace.engine.steps import Active, Recorder
     from pgrace.model.variables import Value
 
 _STATUS = {b"I": pq.TransactionStatus.IDLE, b"T": pq.TransactionStatus.INTRANS, b"E": pq.TransactionStatus.INERROR}
 SHOWN_PARAMS = 20  # bound parameters shown after a statement's text
-
-
-class Refused(Exception):
-    """The run ended while the connection's statement was held: the relay ends the connection."""
 
 
 class ProxySession:
@@ -264,7 +260,3 @@ def relay_asleep(tid: int | None) -> bool:
     except (OSError, IndexError):
         return True  # the thread is gone: it reads nothing more
     return state == "S" and call not in ("running", "-1")
-
-
-def as_any(value: Any) -> Any:
-    return value
