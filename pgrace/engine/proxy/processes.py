@@ -8,12 +8,17 @@ for another thread (``read``, ``recv*``, ``accept``, ``poll``, ``select``, ``epo
 ``futex``, ``wait4``, ``pause``...) with no timeout. A thread that is runnable, in a sleep
 (``nanosleep``), writing, or in any other call may still act on its own, so it is not quiet.
 
-A *timed* wait is quiet in one case only: every descriptor it waits on is a socket connected
-to the proxy whose connection waits for pgrace (a statement held, or sent and blocked on the
-server). Drivers wait that way (psycopg polls its socket in 0.1 s slices to see Ctrl-C); at
-the timeout they look at the same socket again, and what arrives on it is pgrace's to give.
-A timed wait on anything else (a timer, an idle connection's LISTEN, a pipe) may end in a
-statement nobody held: the process is not quiet until it is back in a wait that says so.
+A *timed* wait (``poll`` with a timeout, a timed ``futex``) is quiet only while the process waits
+for pgrace: one of its connections has a statement that pgrace holds or runs, and every
+descriptor the wait watches is a socket connected to the proxy or the process's own wake-up
+handle (an ``eventfd``, a ``signalfd``). Drivers and runtimes wait that way: psycopg polls its
+socket in 0.1 s slices to see Ctrl-C, Node's event loop keeps a timer for V8's housekeeping
+(8 s) beside the sockets. A timed wait on anything else (a ``timerfd``, a pipe, another
+socket), or in a process none of whose statements is held, may end in a statement nobody held:
+the process is not quiet until it is back in a wait that says so. What the rule cannot see is
+an application timer that fires while another of its connections waits for pgrace; the reduced
+search then meets a run that does not follow an earlier one and says the exploration is
+incomplete.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -76,11 +81,13 @@ def thread_wait(pid: int, tid: int) -> Wait:
     if nr in _ALWAYS_UNTIMED:
         return Wait(True)
     if nr == _FUTEX:
-        return Wait((args[1] & ~_FUTEX_FLAGS) in _FUTEX_WAITS and args[3] == 0)
+        if (args[1] & ~_FUTEX_FLAGS) not in _FUTEX_WAITS:
+            return Wait(False)
+        return Wait(True) if args[3] == 0 else Wait(False, ())
     if nr == _FUTEX_WAITV:
-        return Wait(args[3] == 0)
+        return Wait(True) if args[3] == 0 else Wait(False, ())
     if nr == _RT_SIGTIMEDWAIT:
-        return Wait(args[2] == 0)
+        return Wait(True) if args[2] == 0 else Wait(False, ())
     untimed = {
         _POLL: _signed32(args[2]) < 0,
         _PPOLL: args[2] == 0,
@@ -124,12 +131,31 @@ def _waited_fds(pid: int, nr: int, args: list[int]) -> tuple[int, ...] | None:
     return None
 
 
-def socket_inode(pid: int, fd: int) -> int | None:
+_WAKE_UPS = ("anon_inode:[eventfd]", "anon_inode:[signalfd]")
+
+
+def _pgrace_or_wake_up(pid: int, fd: int, proxied: set[int], own_pipes: set[str]) -> bool:
+    """A descriptor a timed wait may watch and stay quiet: a socket to the proxy, or the process's own wake-up
+    (an eventfd, a signalfd, a pipe whose both ends it holds, as libuv's)."""
     try:
         target = os.readlink(f"/proc/{pid}/fd/{fd}")
     except OSError:
-        return None
-    return int(target[8:-1]) if target.startswith("socket:[") else None
+        return False
+    if target.startswith("socket:["):
+        return int(target[8:-1]) in proxied
+    return target in _WAKE_UPS or target in own_pipes
+
+
+def _own_pipes(pid: int) -> set[str]:
+    """Pipes both of whose ends the process holds: only its own threads write them."""
+    seen: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("pipe:["):
+                    seen[target] = seen.get(target, 0) + 1
+    return {pipe for pipe, count in seen.items() if count > 1}
 
 
 def proxy_sockets(port: int) -> dict[int, int]:
@@ -158,10 +184,10 @@ def descendants(pid: int) -> list[int]:
     return seen
 
 
-def quiet(root: int, held_socket: Callable[[int], bool]) -> str | None:
+def quiet(root: int, proxied: set[int], held: bool) -> str | None:
     """None when every thread of ``root``'s process tree waits provably; else which thread does not, for people.
 
-    ``held_socket(inode)``: whether that socket is a proxy connection waiting for pgrace.
+    ``proxied``: the inodes of sockets connected to the proxy; ``held``: a statement of the process is pgrace's.
     """
     for pid in descendants(root):
         try:
@@ -173,8 +199,10 @@ def quiet(root: int, held_socket: Callable[[int], bool]) -> str | None:
             if wait.quiet:
                 continue
             fds = wait.timed_fds
-            if fds and all((ino := socket_inode(pid, fd)) is not None and held_socket(ino) for fd in fds):
-                continue
+            if held and fds is not None:
+                own = _own_pipes(pid)
+                if all(_pgrace_or_wake_up(pid, fd, proxied, own) for fd in fds):
+                    continue
             return f"process {pid} thread {tid}"
     return None
 

@@ -169,18 +169,12 @@ class ExecOrder:
                     return f"session {name}'s command ended and its connection is closing"
                 if not relay_asleep(relay_tid):
                     return f"session {name}'s bytes are being read"
-        ports = {getattr(s.client, "peer_port", None) for s in held}
-        sockets = proxy_sockets(self.runner.proxy_port) if held else {}
+        proxied = set(proxy_sockets(self.runner.proxy_port)) if held else set()
         for started in self.hooks.commands:
             if started.exit_code() is not None:
                 continue
-            mine = {s for s in held if s.owner is started}
-            exact = None not in ports  # else the relay does not say which socket is whose: any held one of its own
-
-            def held_socket(inode: int, mine: set[ProxySession] = mine, exact: bool = exact) -> bool:
-                return sockets.get(inode) in ports if exact else inode in sockets and bool(mine)
-
-            moving = quiet(started.pid, held_socket)
+            mine = any(s.owner is started for s in held)
+            moving = quiet(started.pid, proxied, mine)
             if moving is not None:
                 return f"command {started.command.name} ({moving}) runs"
         return None
