@@ -14,7 +14,8 @@ from pgrace.formats import catalog
 from pgrace.servers import ServerInfo
 
 CLIENTS = Path(__file__).parent / "clients"
-WITHDRAW = f"{sys.executable} {CLIENTS / 'withdraw.py'}"
+EXAMPLES = Path(__file__).parents[1] / "examples" / "any-language"
+WITHDRAW = f"{sys.executable} {EXAMPLES / 'withdraw.py'}"
 
 
 def test_lost_update_one_run(pgrace_server: ServerInfo) -> None:
@@ -116,3 +117,37 @@ def test_a_command_that_connects_around_the_proxy_fails_the_run(
     assert result.exit_code == 2, result.output
     [line] = result.stderr.splitlines()
     assert "around pgrace's proxy" in line and "did not order" in line
+
+
+def test_pooled_connections_are_sessions_of_their_own(pgrace_server: ServerInfo) -> None:
+    """An idle connection beside a parked one: the process waits for pgrace, so the run goes on; each connection
+    that sends a statement is a session, named by the order the process opened it."""
+    scenario = catalog.load("lost-update", {})
+    pooled = f"{sys.executable} {CLIENTS / 'pooled.py'}"
+    run = run_exec(scenario, [Command("pool", pooled), Command("bob", WITHDRAW)], pgrace_server)
+    sessions = [(s.session, s.sql) for s in run.scenario.steps]
+    assert sessions == [  # the first ready session, by name, goes each time
+        ("bob#1", "BEGIN"),
+        ("bob#1", "SELECT balance FROM accounts WHERE id = 1"),
+        ("bob#1", "UPDATE accounts SET balance = 400 WHERE id = 1"),
+        ("bob#1", "COMMIT"),
+        ("pool#2", "BEGIN"),
+        ("pool#2", "SELECT balance FROM accounts WHERE id = 1"),
+        ("pool#2", "UPDATE accounts SET balance = 300 WHERE id = 1"),
+        ("pool#2", "COMMIT"),
+        ("pool#1", "BEGIN"),
+        ("pool#1", "SELECT 1"),
+        ("pool#1", "COMMIT"),
+    ]
+    assert [s.name for s in run.scenario.sessions] == ["pool#1", "pool#2", "bob#1"]
+
+
+def test_a_command_that_fails_is_an_outcome(pgrace_server: ServerInfo) -> None:
+    """A non-zero exit is a step of the run with the command's last line of stderr, not a crash."""
+    scenario = catalog.load("lost-update", {})
+    failing = f"{sys.executable} -c \"import sys; sys.exit('no more money')\""
+    run = run_exec(scenario, [Command("alice", WITHDRAW), Command("broke", failing)], pgrace_server)
+    [failed] = [s for s in run.steps if s.outcome is not None and s.outcome.error is not None]
+    assert (failed.session, failed.sql) == ("broke", "exit 1")
+    assert failed.outcome is not None and failed.outcome.error is not None
+    assert (failed.outcome.error.sqlstate, failed.outcome.error.message) == ("exit 1", "no more money")

@@ -1,9 +1,10 @@
 // A queue worker with node-postgres: claim the next job with FOR UPDATE SKIP LOCKED, record the claim, mark it done;
-// until no job is left. The worker's name is its first argument. Connects with DATABASE_URL.
+// until no job is left (--once: one job at most). The worker's name is its first argument. Connects with DATABASE_URL.
 const { Client } = require("pg");
 
 async function main() {
   const worker = process.argv[2];
+  const once = process.argv.includes("--once");
   const client = new Client({ connectionString: process.env.DATABASE_URL });
   await client.connect();
   for (;;) {
@@ -18,6 +19,9 @@ async function main() {
     await client.query("INSERT INTO claims (job, worker) VALUES ($1, $2)", [rows[0].id, worker]);
     await client.query("UPDATE jobs SET done = true WHERE id = $1", [rows[0].id]);
     await client.query("COMMIT");
+    if (once) {
+      break;
+    }
   }
   await client.end();
 }

@@ -87,14 +87,37 @@ class ExecOrder:
                     continue
                 if self._all_ended():
                     return met
-                raise StepsStuck(
-                    "every command waits, and no statement of theirs is held or running: they wait for each other"
-                    " or for something besides the database",
-                    self.runner.scenario.source,
-                )
+                self._await_news()
+                continue
             met.append(tuple(ready))
             self._launch(self.sessions[chooser(ready)])
             self.settle()
+
+    def _await_news(self) -> None:
+        """Nothing is held or running, yet a command lives: it is ending, or about to connect or send.
+
+        Waited for on the condition (a hook notifies it) and the commands' exits, up to the step timeout.
+        """
+        deadline = time.perf_counter() + self.step_timeout
+        slice_s = FIRST_SLICE_S
+        while time.perf_counter() < deadline:
+            self._adopt()
+            self._report_exits()
+            with self.cond:
+                if any(s.gate.state == "ready" for s in self.sessions.values()) or self.hooks.fresh:
+                    break
+            if self._all_ended():
+                break
+            with self.cond:
+                self.cond.wait(slice_s)
+            slice_s = min(slice_s * 2, LAST_SLICE_S)
+        else:
+            raise StepsStuck(
+                f"for {self.step_timeout:g} s every command waited with no statement held or running: they wait"
+                " for each other or for something besides the database",
+                self.runner.scenario.source,
+            )
+        self.settle()
 
     def _all_ended(self) -> bool:
         with self.cond:
