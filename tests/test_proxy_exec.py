@@ -151,3 +151,71 @@ def test_a_command_that_fails_is_an_outcome(pgrace_server: ServerInfo) -> None:
     assert (failed.session, failed.sql) == ("broke", "exit 1")
     assert failed.outcome is not None and failed.outcome.error is not None
     assert (failed.outcome.error.sqlstate, failed.outcome.error.message) == ("exit 1", "no more money")
+
+
+@pytest.fixture(scope="module")
+def node_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """node-postgres, installed with npm for these tests alone: NODE_PATH for the commands."""
+    from tools import clients
+
+    return str(clients.node_modules(tmp_path_factory.mktemp("node")) / "node_modules")
+
+
+def _explore(monkeypatch: pytest.MonkeyPatch, node_path: str, *args: str) -> tuple[int, str]:
+    monkeypatch.setenv("NODE_PATH", node_path)
+    result = _cli("explore", *args)
+    return result.exit_code, result.output
+
+
+def test_node_lost_update_found_and_its_cure_proved(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch, node_path: str
+) -> None:
+    withdraw = f"node {EXAMPLES / 'withdraw.js'}"
+    dsn = ("--dsn", pgrace_server.dsn)
+    code, found = _explore(
+        monkeypatch, node_path, "lost-update", "--exec", f"alice={withdraw}", "--exec", f"bob={withdraw}", *dsn
+    )
+    assert code == 0, found
+    assert "all 6 interleavings, 7 runs: 2 outcome classes" in found
+    assert "reproduces the bug" in found
+    cured = f"{withdraw} --for-update"
+    code, proved = _explore(
+        monkeypatch, node_path, "lost-update", "--fix", "--exec", f"alice={cured}", "--exec", f"bob={cured}", *dsn
+    )
+    assert code == 0, proved
+    assert "all 6 interleavings, 7 runs: 1 outcome class" in proved and "holds" in proved
+    code, exhaustive = _explore(
+        monkeypatch,
+        node_path,
+        "lost-update",
+        "--fix",
+        "--no-reduce",
+        "--exec",
+        f"alice={cured}",
+        "--exec",
+        f"bob={cured}",
+        *dsn,
+    )
+    assert code == 0, exhaustive
+    assert "all 24 interleavings: 1 outcome class" in exhaustive, exhaustive  # reduced: 6, and a first run
+
+
+@pytest.mark.slow
+def test_node_queue_worker_claims_no_job_twice(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch, node_path: str
+) -> None:
+    worker = f"node {EXAMPLES / 'worker.js'}"
+    code, out = _explore(
+        monkeypatch,
+        node_path,
+        str(EXAMPLES / "queue.toml"),
+        "--exec",
+        f"w1={worker} w1 --once",
+        "--exec",
+        f"w2={worker} w2 --once",
+        "--dsn",
+        pgrace_server.dsn,
+    )
+    assert code == 0, out
+    assert "all 70 interleavings, 71 runs: 1 outcome class" in out
+    assert "no class shows the bug" in out
