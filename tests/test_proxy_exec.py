@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +222,63 @@ def test_node_queue_worker_claims_no_job_twice(
     assert code == 0, out
     assert "all 70 interleavings, 71 runs: 1 outcome class" in out
     assert "no class shows the bug" in out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
+def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
+    pgrace_server: ServerInfo, tmp_path: Path, signum: int
+) -> None:
+    """pgrace stopped while a command works inside its transaction: the command's process goes with it, and so
+    do its connection, the scratch database and the run's role (after `pgrace clean`, for SIGKILL)."""
+    import psycopg
+    from procs import wait_gone
+
+    pid_file = tmp_path / "pid"
+    hold = f"alice={sys.executable} {CLIENTS / 'hold.py'} {pid_file}"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pgrace",
+            "run",
+            "lost-update",
+            "--exec",
+            hold,
+            "--step-timeout",
+            "60",
+            "--dsn",
+            pgrace_server.dsn,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+        roles = "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pgrace%'"
+        (roles_before,) = admin.execute(roles).fetchone() or (0,)
+        locked = "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'"
+        holders = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+        deadline = time.monotonic() + 60
+        while (
+            not pid_file.exists() or admin.execute(holders).fetchone() != (1,) or not admin.execute(locked).fetchone()
+        ):
+            assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+            time.sleep(0.01)  # polling for the client to be inside its transaction, not lock detection
+        client = int(pid_file.read_text())
+        during = admin.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'pgrace%'").fetchone()
+        assert during == (1,)
+        child.send_signal(signum)
+        child.communicate(timeout=30)
+        assert child.returncode == (130 if signum == signal.SIGINT else -signal.SIGKILL)
+        assert wait_gone(client), "the command outlived pgrace"
+        if signum == signal.SIGKILL:
+            subprocess.run(
+                [sys.executable, "-m", "pgrace", "clean", "--dsn", pgrace_server.dsn], check=True, capture_output=True
+            )
+        left = admin.execute(
+            "SELECT (SELECT count(*) FROM pg_database WHERE datname LIKE 'pgrace%'),"
+            f" ({roles}) - {roles_before},"
+            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            "  AND datname LIKE 'pgrace%')"
+        ).fetchone()
+    assert left == (0, 0, 0)
