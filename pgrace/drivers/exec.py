@@ -19,8 +19,8 @@ from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.proxy.processes import Command
 from pgrace.engine.proxy.runner import EXEC_SCHEMA, ExecRunner
-from pgrace.engine.schedule import Choices, ChoiceTree, NamedOrder
 from pgrace.errors import OptionError
+from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
 from pgrace.model.outcomes import OutcomeClass, add_observed, claim_of, ordered
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run

@@ -16,26 +16,26 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 from urllib.parse import quote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from pgrace import scratch
-from pgrace.engine.code_scheduler import Chooser
+from pgrace.engine.connections import RunConnections
 from pgrace.engine.control import ControlSql
-from pgrace.engine.observe.locks import LockInspector
+from pgrace.engine.libpq.runner import setup_failed
 from pgrace.engine.options import RunOptions
 from pgrace.engine.proxy.processes import Command, Started, kill, proxy_sockets, quiet, start
 from pgrace.engine.proxy.relay import Proxy
 from pgrace.engine.proxy.session import ProxyHooks, ProxySession, relay_asleep
-from pgrace.engine.runner import setup_failed
 from pgrace.engine.scheduler import Scheduler
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
-from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S, GateWaiting
-from pgrace.errors import ExecError, RunAborted, ScenarioFailed, StepsStuck
+from pgrace.engine.threads.order import Chooser
+from pgrace.engine.threads.waiting import GateWaiting
+from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
+from pgrace.errors import ExecError, ScenarioFailed, StepsStuck
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan, SqlError
 from pgrace.scratch import schema_reset_sql
@@ -260,20 +260,30 @@ class ExecRunner:
 
     def __enter__(self) -> ExecRunner:
         try:
-            self.control = self._connect("control connection")
-            self.observer = self._connect("observer", observer=True)
-            self.observer.execute("SET lock_timeout = '200ms'")
-            self.observer.prepare_threshold = 0
-            self.inspector = LockInspector(self.observer, {})
+            connections = self.stack.enter_context(
+                RunConnections(
+                    lambda name, observer: scratch.connect(
+                        self.observer_dsn if observer else self.dsn,
+                        None,
+                        observer=observer,
+                        application_name=name[:63],
+                        client_encoding="UTF8",
+                    ),
+                    f"pgrace/{self.scenario.name}/control connection",
+                    f"pgrace/{self.scenario.name}/observer",
+                )
+            )
+            self.control, self.observer, self.inspector = (
+                connections.control,
+                connections.observer,
+                connections.inspector,
+            )
             params = conninfo_to_dict(self.dsn)
             host = str(params.get("host") or "localhost").split(",")[0]
             port = int(str(params.get("port") or 5432).split(",")[0])
             self.proxy = self.stack.enter_context(Proxy(host, port, self.hooks))
             self.proxy_port = self.proxy.port
             self.stack.callback(self._kill_all)
-        except psycopg.Error as exc:
-            self.stack.close()
-            raise RunAborted(f"could not set up pgrace's connections: {first_line(str(exc))}") from None
         except BaseException:
             self.stack.close()
             raise
@@ -282,17 +292,6 @@ class ExecRunner:
     def __exit__(self, *exc: object) -> None:
         self.hooks.stop()
         self.stack.close()
-
-    def _connect(self, who: str, observer: bool = False) -> Any:
-        conn = scratch.connect(
-            self.observer_dsn if observer else self.dsn,
-            None,
-            observer=observer,
-            application_name=f"pgrace/{self.scenario.name}/{who}"[:63],
-            client_encoding="UTF8",
-        )
-        self.stack.callback(conn.close)
-        return conn
 
     def _cancel(self, pid: int) -> None:
         with contextlib.suppress(psycopg.Error):

@@ -27,7 +27,7 @@ from psycopg import pq
 
 from pgrace.engine.proxy.processes import Started
 from pgrace.engine.proxy.relay import Refused
-from pgrace.engine.threads import Gate, Request
+from pgrace.engine.threads.session import Gate, Request
 from pgrace.model.timeline import Outcome, ResultSet, SessionLost, SqlError
 from pgrace.text import visible
 
