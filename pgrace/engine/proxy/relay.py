@@ -362,6 +362,10 @@ class _Relay:
         self.to_client += data
         self._flush(self.client_sock, self.to_client)
         for message in self.reader.feed(data):
+            if message.code == b"S":
+                name, value = wire.parameter_status(message.body)
+                if name == "application_name":  # pgjdbc names itself with SET after its start-up
+                    client.application_name = value or None
             if message.code == b"E" and self.running is None:
                 fields = wire.error_fields(message.body)
                 if fields.get("S") in ("FATAL", "PANIC"):
