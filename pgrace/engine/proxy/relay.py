@@ -247,6 +247,7 @@ class _Relay:
             selector.register(self.client_sock, selectors.EVENT_READ)
             selector.register(server, selectors.EVENT_READ)
             selector.register(self._wake_read, selectors.EVENT_READ)
+            interest = (selectors.EVENT_READ, selectors.EVENT_READ)
             while True:
                 self._advance(client)
                 if self.proxy.closing.is_set():
@@ -258,9 +259,16 @@ class _Relay:
                     self.terminate = None
                     self._flush(server, self.to_server)
                     return None
-                selector.modify(self.client_sock, self._interest(self.to_client, reading=self._reads_client()))
-                backlog = len(self.to_client) < MAX_WAITING_OUTPUT
-                selector.modify(server, self._interest(self.to_server, reading=backlog))
+                wanted = (
+                    self._interest(self.to_client, reading=self._reads_client()),
+                    self._interest(self.to_server, reading=len(self.to_client) < MAX_WAITING_OUTPUT),
+                )
+                if wanted != interest:  # epoll_ctl only when it changes: most statements need none
+                    if wanted[0] != interest[0]:
+                        selector.modify(self.client_sock, wanted[0])
+                    if wanted[1] != interest[1]:
+                        selector.modify(server, wanted[1])
+                    interest = wanted
                 for key, events in selector.select():
                     sock = key.fileobj
                     if sock is self._wake_read:
