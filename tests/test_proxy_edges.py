@@ -3,6 +3,7 @@ messages, cancels (protocol 3.0 and 3.2), authentication passed through, and not
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import socket
@@ -292,3 +293,42 @@ def test_asyncpg_logs_in_with_scram_through_the_proxy(auth_server: ServerInfo) -
     with proxied(auth_server) as (proxy, hooks):
         assert asyncio.run(main(proxy.port)) == "scram_user"
     assert len(hooks.clients) == 1
+
+
+def test_a_unix_socket_beside_the_tcp_port_knows_its_clients_process(pgrace_server: ServerInfo) -> None:
+    where = tempfile.mkdtemp(prefix="pgrace-proxy-")
+    try:
+        with proxied(pgrace_server, socket_dir=where) as (proxy, hooks):
+            conninfo = dsn(proxy, pgrace_server, "local").replace(f"host={proxy.host}", f"host={where}")
+            with psycopg.connect(conninfo) as conn:
+                assert conn.execute("SELECT 3").fetchone() == (3,)
+            assert Path(proxy.socket_path).is_socket()
+        assert not Path(proxy.socket_path).exists()
+        assert [(client.application_name, client.peer_pid) for client in hooks.clients] == [("local", os.getpid())]
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_client_that_leaves_mid_statement_leaves_no_backend_behind(pgrace_server: ServerInfo) -> None:
+    """Its running statement is cancelled and its connection closed at once, not when the statement ends."""
+    with proxied(pgrace_server) as (proxy, hooks):
+        raw = RawClient(proxy)
+        started = raw.start(user_of(pgrace_server), "postgres", application_name="leaver")
+        (pid,) = [wire.backend_key(m.body).pid for m in started if m.code == b"K"]
+        raw.send(wire.message(b"Q", b"SELECT pg_sleep(30)\0") + wire.message(b"Q", b"SELECT 1\0"))
+        wait_for(lambda: active(pgrace_server, pid), "pg_sleep running")
+        raw.close()
+        assert gone(pgrace_server, pid, timeout=5)
+        wait_for(lambda: len(hooks.closed_why) == 1, "the connection reported closed")
+    assert [r.statement.sql for r in hooks.records] == []  # neither statement completed
+
+
+def test_a_backend_terminated_by_the_server_ends_its_client_with_the_servers_words(pgrace_server: ServerInfo) -> None:
+    with proxied(pgrace_server) as (proxy, hooks):
+        with psycopg.connect(dsn(proxy, pgrace_server, "victim"), autocommit=True) as victim:
+            with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", [victim.info.backend_pid])
+            with pytest.raises(psycopg.OperationalError, match="terminating connection due to administrator command"):
+                victim.execute("SELECT 1")
+        wait_for(lambda: len(hooks.closed_why) == 1, "the connection reported closed")
+    assert hooks.closed_why[1] == "terminating connection due to administrator command"
