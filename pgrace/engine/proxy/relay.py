@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import selectors
 import socket
 import threading
@@ -73,7 +74,9 @@ class Hooks(Protocol):
 class Proxy:
     """Listens on 127.0.0.1 at a free port and relays each client to ``upstream_host:upstream_port``.
 
-    ``upstream_host`` may be a unix socket directory (a path, as in libpq). Leaving the ``with``
+    ``upstream_host`` may be a unix socket directory (a path, as in libpq). With ``socket_dir``
+    the proxy also listens on a unix socket there, at the same port number (``host=DIR`` for libpq):
+    a client on it is known by its process id for sure (SO_PEERCRED). Leaving the ``with``
     block closes every connection, cancelling a statement still running upstream, and joins
     every thread: nothing the proxy opened is left on the server.
     """
@@ -85,6 +88,7 @@ class Proxy:
         hooks: Hooks,
         *,
         max_message: int = wire.DEFAULT_MAX_MESSAGE,
+        socket_dir: str | None = None,
     ) -> None:
         self.upstream = startup.Upstream(upstream_host, upstream_port)
         self.hooks = hooks
@@ -94,7 +98,8 @@ class Proxy:
         self.closing = threading.Event()
         """Set when the proxy closes: a hook holding a statement must let go."""
         self._cancels = startup.CancelKeys(self.upstream)
-        self._listener: socket.socket | None = None
+        self.socket_dir = socket_dir
+        self._listeners: list[socket.socket] = []
         self._wake_accept: tuple[socket.socket, socket.socket] | None = None
         self._threads: list[threading.Thread] = []
         self._relays: set[_Relay] = set()
@@ -112,12 +117,22 @@ class Proxy:
         listener.bind((self.host, 0))
         listener.listen(128)
         self.port = listener.getsockname()[1]
-        self._listener = listener
+        self._listeners.append(listener)
+        if self.socket_dir is not None:
+            local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listeners.append(local)
+            local.bind(self.socket_path)
+            local.listen(128)
         self._wake_accept = socket.socketpair()
         accept = threading.Thread(target=self._accept, name=f"pgrace-proxy:{self.port}", daemon=True)
         self._threads.append(accept)
         accept.start()
         return self
+
+    @property
+    def socket_path(self) -> str:
+        """The unix socket a libpq client reaches with ``host=socket_dir port=port``."""
+        return f"{self.socket_dir}/.s.PGSQL.{self.port}"
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
@@ -130,36 +145,48 @@ class Proxy:
         if self._wake_accept is not None:
             with contextlib.suppress(OSError):
                 self._wake_accept[1].send(b"x")
+        if self._threads:
+            self._threads[0].join()  # the accept thread: no relay is added after it ends
         with self._lock:
-            relays = list(self._relays)
+            relays, threads = list(self._relays), list(self._threads)
         for relay in relays:
             relay.wake()
-        for thread in list(self._threads):
+        for thread in threads:
             thread.join()
-        for sock in (self._listener, *(self._wake_accept or ())):
-            if sock is not None:
-                sock.close()
+        for sock in (*self._listeners, *(self._wake_accept or ())):
+            sock.close()
+        if self.socket_dir is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
 
     def _accept(self) -> None:
-        assert self._listener is not None and self._wake_accept is not None
+        assert self._wake_accept is not None
         with selectors.DefaultSelector() as selector:
-            selector.register(self._listener, selectors.EVENT_READ)
+            for listener in self._listeners:
+                selector.register(listener, selectors.EVENT_READ)
             selector.register(self._wake_accept[0], selectors.EVENT_READ)
             while not self.closing.is_set():
                 for key, _ in selector.select():
-                    if key.fileobj is not self._listener or self.closing.is_set():
+                    ready = key.fileobj
+                    if not isinstance(ready, socket.socket) or ready not in self._listeners:
                         continue
+                    if self.closing.is_set():
+                        break
                     try:
-                        sock, _ = self._listener.accept()
+                        sock, _ = ready.accept()
                     except OSError:
                         continue
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    relay = _Relay(self, sock)
-                    thread = threading.Thread(target=relay.run, name=f"pgrace-proxy-client:{self.port}", daemon=True)
-                    with self._lock:
-                        self._relays.add(relay)
-                        self._threads.append(thread)
-                    thread.start()
+                    if sock.family == socket.AF_INET:
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._start(_Relay(self, sock))
+
+    def _start(self, relay: _Relay) -> None:
+        thread = threading.Thread(target=relay.run, name=f"pgrace-proxy-client:{self.port}", daemon=True)
+        with self._lock:
+            self._threads = [self._threads[0], *(t for t in self._threads[1:] if t.is_alive())]
+            self._relays.add(relay)
+            self._threads.append(thread)
+        thread.start()
 
     def _number(self) -> int:
         with self._lock:
@@ -189,6 +216,8 @@ class _Relay:
         self.to_client = bytearray()
         self.to_server = bytearray()
         self.client_done = False
+        """The client sent Terminate (or left): nothing more is read from it."""
+        self.client_gone = False
         self.terminate: bytes | None = None
         self.fatal: str | None = None
         """The server's FATAL message, when it ends the connection with one."""
@@ -247,20 +276,29 @@ class _Relay:
             selector.register(self.client_sock, selectors.EVENT_READ)
             selector.register(server, selectors.EVENT_READ)
             selector.register(self._wake_read, selectors.EVENT_READ)
+            interest = (selectors.EVENT_READ, selectors.EVENT_READ)
             while True:
                 self._advance(client)
                 if self.proxy.closing.is_set():
                     return "the proxy closed"
+                if self.client_gone:  # without a Terminate: what it queued is dropped, what runs is cancelled
+                    return None
                 if self.client_done and self.running is None and not self.steps and not self.to_server:
-                    if self.terminate is None:
-                        return None
+                    assert self.terminate is not None
                     self.to_server += self.terminate
                     self.terminate = None
                     self._flush(server, self.to_server)
                     return None
-                selector.modify(self.client_sock, self._interest(self.to_client, reading=self._reads_client()))
-                backlog = len(self.to_client) < MAX_WAITING_OUTPUT
-                selector.modify(server, self._interest(self.to_server, reading=backlog))
+                wanted = (
+                    self._interest(self.to_client, reading=self._reads_client()),
+                    self._interest(self.to_server, reading=len(self.to_client) < MAX_WAITING_OUTPUT),
+                )
+                if wanted != interest:  # epoll_ctl only when it changes: most statements need none
+                    if wanted[0] != interest[0]:
+                        selector.modify(self.client_sock, wanted[0])
+                    if wanted[1] != interest[1]:
+                        selector.modify(server, wanted[1])
+                    interest = wanted
                 for key, events in selector.select():
                     sock = key.fileobj
                     if sock is self._wake_read:
@@ -321,7 +359,7 @@ class _Relay:
         except OSError:
             data = b""
         if not data:
-            self.client_done = True
+            self.client_done = self.client_gone = True
             return
         for message in self.framer.feed(data):
             self._client_message(message)
@@ -362,6 +400,10 @@ class _Relay:
         self.to_client += data
         self._flush(self.client_sock, self.to_client)
         for message in self.reader.feed(data):
+            if message.code == b"S":
+                name, value = wire.parameter_status(message.body)
+                if name == "application_name":  # pgjdbc names itself with SET after its start-up
+                    client.application_name = value or None
             if message.code == b"E" and self.running is None:
                 fields = wire.error_fields(message.body)
                 if fields.get("S") in ("FATAL", "PANIC"):

@@ -160,20 +160,17 @@ class Tracker:
         self.memory = memory
         self.kind = step.statement.kind
         self.discarding = discarding
-        self._describing: list[str] = []
+        self._describing: list[wire.Target] = []
         self._executes: list[str] = []
         self._waiting = 0
         for message in step.messages:
             code = message.code
             if code == b"D":
-                target = wire.parse_target(message.body, "Describe")
-                if target.kind == "S":
-                    self._describing.append(target.name)
+                self._describing.append(wire.parse_target(message.body, "Describe"))
             elif code == b"E":
                 self._executes.append(wire.execute_portal(message.body))
             if code in _EXTENDED:
                 self._waiting += 1
-        self._described: str | None = None
         self._row_columns: tuple[wire.Column, ...] | None = None
         self.copy_in = False
         """The server waits for the client's COPY data: CopyData, CopyDone, CopyFail go upstream at once."""
@@ -204,8 +201,7 @@ class Tracker:
         elif code == b"n":
             self._describe(None)
         elif code == b"t" and self._describing:
-            self._described = self._describing.pop(0)
-            prepared = self.memory.statements.get(self._described)
+            prepared = self.memory.statements.get(self._describing[0].name)
             if prepared is not None:
                 prepared.types = wire.parameter_types(message.body)
         elif code in (b"1", b"2", b"3"):
@@ -239,13 +235,18 @@ class Tracker:
         self._answered()
 
     def _describe(self, columns: tuple[wire.Column, ...] | None) -> None:
-        if self._described is not None:  # a statement's Describe: remember its columns for later Executes
-            prepared = self.memory.statements.get(self._described)
-            if prepared is not None:
-                prepared.columns = columns or ()
-            self._described = None
+        """A RowDescription or NoData: the statement's columns are remembered for the Executes that follow."""
+        target = self._describing.pop(0) if self._describing else None
+        name: str | None = None
+        if target is None or target.kind == "P":
+            self._row_columns = columns  # a Query's, or a portal's: with the formats its rows come in
+            if target is not None:
+                name = self.memory.portals.get(target.name, ("", ()))[0]
         else:
-            self._row_columns = columns
+            name = target.name
+        prepared = self.memory.statements.get(name) if name is not None else None
+        if prepared is not None:
+            prepared.columns = columns or ()
         if columns and not self._columns:
             self._columns = tuple(column.name for column in columns)
         self._answered()

@@ -215,6 +215,8 @@ class BackendReader:
                 raise ProtocolViolation(f"server sent an invalid message length {length}")
             end = start + 1 + length
             if length - 4 > self.keep and end > len(buffer):
+                if len(buffer) - start - 5 < self.keep:
+                    break
                 body = bytes(buffer[start + 5 : start + 5 + self.keep])
                 have = len(buffer) - start
                 self._skip = 1 + length - have
