@@ -19,6 +19,7 @@ from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.proxy.processes import Command
 from pgrace.engine.proxy.runner import EXEC_SCHEMA, ExecRunner
+from pgrace.engine.proxy.tasks import AsyncSession
 from pgrace.errors import OptionError
 from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
 from pgrace.model.outcomes import OutcomeClass, add_observed, claim_of, ordered
@@ -48,7 +49,7 @@ def parse_exec(values: Sequence[str]) -> list[Command]:
 
 @contextlib.contextmanager
 def _runner(
-    scenario: Scenario, commands: Sequence[Command], server: ServerInfo, step_timeout: float
+    scenario: Scenario, commands: Sequence[Command | AsyncSession], server: ServerInfo, step_timeout: float
 ) -> Iterator[ExecRunner]:
     with (
         scratch_database_with_schema(server, f"exec_{scenario.name}", EXEC_SCHEMA) as db,
@@ -69,7 +70,7 @@ def _judged(run: Run) -> Run:
 
 def run_exec(
     scenario: Scenario,
-    commands: Sequence[Command],
+    commands: Sequence[Command | AsyncSession],
     server: ServerInfo,
     *,
     order: Sequence[str] | None = None,
@@ -83,7 +84,7 @@ def run_exec(
 
 def explore_exec(
     scenario: Scenario,
-    commands: Sequence[Command],
+    commands: Sequence[Command | AsyncSession],
     server: ServerInfo,
     *,
     step_timeout: float = 10.0,

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Protocol
 
 from pgrace.servers.processes import dies_with_parent
 
@@ -134,7 +134,9 @@ def _waited_fds(pid: int, nr: int, args: list[int]) -> tuple[int, ...] | None:
 _WAKE_UPS = ("anon_inode:[eventfd]", "anon_inode:[signalfd]")
 
 
-def _pgrace_or_wake_up(pid: int, fd: int, proxied: set[int], own_pipes: set[str]) -> bool:
+def _pgrace_or_wake_up(
+    pid: int, fd: int, proxied: set[int], own_pipes: set[str], wake_ups: frozenset[int] = frozenset()
+) -> bool:
     """A descriptor a timed wait may watch and stay quiet: a socket to the proxy, or the process's own wake-up
     (an eventfd, a signalfd, a pipe whose both ends it holds, as libuv's)."""
     try:
@@ -142,7 +144,7 @@ def _pgrace_or_wake_up(pid: int, fd: int, proxied: set[int], own_pipes: set[str]
     except OSError:
         return False
     if target.startswith("socket:["):
-        return int(target[8:-1]) in proxied
+        return int(target[8:-1]) in proxied or int(target[8:-1]) in wake_ups
     return target in _WAKE_UPS or target in own_pipes
 
 
@@ -191,20 +193,59 @@ def quiet(root: int, proxied: set[int], held: bool) -> str | None:
     """
     for pid in descendants(root):
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
+            tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
         except OSError:
             continue
-        for tid in tids:
-            wait = thread_wait(pid, int(tid))
-            if wait.quiet:
-                continue
-            fds = wait.timed_fds
-            if held and fds is not None:
-                own = _own_pipes(pid)
-                if all(_pgrace_or_wake_up(pid, fd, proxied, own) for fd in fds):
-                    continue
-            return f"process {pid} thread {tid}"
+        moving = threads_quiet(pid, tids, proxied, held)
+        if moving is not None:
+            return moving
     return None
+
+
+def threads_quiet(
+    pid: int, tids: list[int], proxied: set[int], held: bool, wake_ups: frozenset[int] = frozenset()
+) -> str | None:
+    """:func:`quiet` for some threads of one process; ``wake_ups``: socket inodes that are the process's own."""
+    own: set[str] | None = None
+    for tid in tids:
+        wait = thread_wait(pid, tid)
+        if wait.quiet:
+            continue
+        fds = wait.timed_fds
+        if held and fds is not None:
+            own = _own_pipes(pid) if own is None else own
+            if all(_pgrace_or_wake_up(pid, fd, proxied, own, wake_ups) for fd in fds):
+                continue
+        return f"process {pid} thread {tid}"
+    return None
+
+
+class Actor(Protocol):
+    """What sends statements through the proxy in a run: an ``--exec`` command's process, or an async session's thread.
+
+    ``owns``: whether a client connection is its own; ``moving``: None while it provably waits (see
+    :func:`quiet`), else who runs, for people; ``exit_code``: None while it lives.
+    """
+
+    opened: int  # its connections so far, for NAME#N names
+    reported: bool  # its end is on the timeline
+
+    @property
+    def name(self) -> str: ...
+
+    def owns(self, peer_pid: int | None, application_name: str | None) -> bool: ...
+
+    def moving(self, proxied: set[int], held: bool) -> str | None: ...
+
+    def exit_code(self) -> int | None: ...
+
+    def last_words(self) -> str:
+        """Why it failed, in one line (a command's last line of stderr, a session's exception)."""
+        ...
+
+    def stop(self) -> None:
+        """End it, and wait until it has ended (the run is over, or pgrace is)."""
+        ...
 
 
 @dataclass
@@ -230,11 +271,43 @@ class Started:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def name(self) -> str:
+        return self.command.name
+
+    def owns(self, peer_pid: int | None, application_name: str | None) -> bool:
+        """A connection from the command's process tree (its parents walked up from ``peer_pid``)."""
+        pid = peer_pid
+        for _ in range(64):
+            if pid is None or pid <= 1:
+                return False
+            if pid == self.pid:
+                return True
+            pid = _parent(pid)
+        return False
+
+    def moving(self, proxied: set[int], held: bool) -> str | None:
+        return quiet(self.pid, proxied, held)
+
     def exit_code(self) -> int | None:
         return self.proc.poll()
 
     def text(self, stream: str) -> str:
         return bytes(self.output[stream]).decode("utf-8", "replace")
+
+    def last_words(self) -> str:
+        for reader in self.readers:
+            reader.join(1.0)
+        return next((ln.strip() for ln in reversed(self.text("stderr").splitlines()) if ln.strip()), "")
+
+    def stop(self) -> None:
+        kill(self)
+
+
+def _parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return None
 
 
 def start(command: Command, env: Mapping[str, str], cwd: str | None = None) -> Started:

@@ -26,9 +26,10 @@ from pgrace.engine.connections import RunConnections
 from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq.runner import setup_failed
 from pgrace.engine.options import RunOptions
-from pgrace.engine.proxy.processes import Command, Started, kill, proxy_sockets, quiet, start
+from pgrace.engine.proxy.processes import Actor, Command, proxy_sockets, start
 from pgrace.engine.proxy.relay import Proxy
 from pgrace.engine.proxy.session import ProxyHooks, ProxySession, relay_asleep
+from pgrace.engine.proxy.tasks import AsyncSession, TaskActor
 from pgrace.engine.scheduler import Scheduler
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
@@ -197,9 +198,9 @@ class ExecOrder:
             if started.exit_code() is not None:
                 continue
             mine = any(s.owner is started for s in held)
-            moving = quiet(started.pid, proxied, mine)
+            moving = started.moving(proxied, mine)
             if moving is not None:
-                return f"command {started.command.name} ({moving}) runs"
+                return f"{started.name} ({moving}) runs"
         return None
 
     def _report_exits(self) -> None:
@@ -213,18 +214,16 @@ class ExecOrder:
                 continue
             with self.cond:
                 mine = [n for n, s in self.sessions.items() if s.owner is started]
-            column = mine[-1] if mine else started.command.name
+            column = mine[-1] if mine else started.name
             if column not in self.sessions and column not in self.runner.columns:
                 self.runner.columns.append(column)
-            for reader in started.readers:
-                reader.join(1.0)
-            last = next((ln for ln in reversed(started.text("stderr").splitlines()) if ln.strip()), "")
+            last = started.last_words()
             name = self._step_name(column)
             text = f"exit {code}" if code > 0 else f"killed by signal {-code}"
             self.steps.append(Step(name, column, text))
             self.raised.append(name)
             seq = self.book.launch(name, column, text)
-            error = SqlError(f"exit {code}", last.strip() or text, "ERROR", f"command {started.command.name}")
+            error = SqlError(f"exit {code}", last or text, "ERROR", started.name)
             self.book.finished(seq, Outcome(error=error))
 
 
@@ -234,7 +233,7 @@ class ExecRunner:
     def __init__(
         self,
         scenario: Scenario,
-        commands: Sequence[Command],
+        commands: Sequence[Command | AsyncSession],
         dsn: str,
         *,
         step_timeout: float,
@@ -256,7 +255,8 @@ class ExecRunner:
         self.raised: list[str] = []
         self.columns: list[str] = []  # sessions that are a command without a connection (its exit shown there)
         self.has_row_locks = True
-        self.started: list[Started] = []
+        self.started: list[Actor] = []
+        self.counted: int | None = None  # sessions the server should have counted in the database by now
 
     def __enter__(self) -> ExecRunner:
         try:
@@ -344,10 +344,14 @@ class ExecRunner:
             self._check_ordered(order)
             return chooser(ready)
 
-        before = self._sessions_count()
+        if self.counted is None:
+            self.counted = self._sessions_count()
         try:
-            self.started = [start(command, env, self.cwd) for command in self.commands]
-            self.hooks.begin(self.started)
+            self.started = []
+            self.hooks.begin(self.started)  # the same list: a connection is matched to whoever is started so far
+            for command in self.commands:
+                with self.cond:  # a connection that opens meanwhile waits in the hook for its owner to be listed
+                    self.started.append(self._start(command, env))
             met = order.run(checked)
         except BaseException:
             self.hooks.stop()
@@ -357,7 +361,7 @@ class ExecRunner:
         self._kill_all()
         self._backends_gone(order)
         self._check_ordered(order)
-        self._check_counted(before, len(order.sessions))
+        self._check_counted(len(order.sessions))
         for index, check in enumerate(self.scenario.checks):
             outcome = self.sql.execute(self.control.pgconn, check.sql)
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), check.sql))
@@ -365,9 +369,15 @@ class ExecRunner:
         self.run.scenario = self._scenario(order)
         return self.run, met
 
+    def _start(self, command: Command | AsyncSession, env: Mapping[str, str]) -> Actor:
+        if isinstance(command, Command):
+            return start(command, env, self.cwd)
+        dsn = f"{env['DATABASE_URL']}&application_name={quote(command.name, safe='')}"  # a URL: asyncpg takes no other
+        return TaskActor(command, dsn).start()
+
     def _kill_all(self) -> None:
         for started in self.started:
-            kill(started)
+            started.stop()
         self.started = []
 
     def _backends_gone(self, order: ExecOrder) -> None:
@@ -416,11 +426,26 @@ class ExecRunner:
         ).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
-    def _check_counted(self, before: int, proxied: int) -> None:
-        """Every session the server counted during the run came through the proxy: even one that came and went
-        between two looks at ``pg_stat_activity`` is counted there (its backend has ended, its count is flushed)."""
-        around = self._sessions_count() - before - proxied
+    def _check_counted(self, proxied: int) -> None:
+        """Every session the server counted during the run came through the proxy.
+
+        A session is counted when its backend flushes its statistics, which may come after it left
+        ``pg_stat_activity``: the count is waited for until it holds this run's sessions (the server's
+        answer, bounded by the step timeout), and a late one is expected in the next run's count, never
+        taken for a stranger. One that came and went between two looks at ``pg_stat_activity`` is
+        counted here.
+        """
+        assert self.counted is not None
+        self.counted += proxied
+        deadline = time.perf_counter() + self.step_timeout
+        slice_s = FIRST_SLICE_S
+        while (now := self._sessions_count()) < self.counted and time.perf_counter() < deadline:
+            with self.cond:
+                self.cond.wait(slice_s)
+            slice_s = min(slice_s * 2, 0.01)
+        around = now - self.counted
         if around > 0:
+            self.counted = now
             raise ExecError(
                 f"{around} connection{'s' if around > 1 else ''} reached the run's database around pgrace's proxy"
                 " (the server counted them); pgrace did not order their statements: connect with DATABASE_URL or"
@@ -432,7 +457,7 @@ class ExecRunner:
         rank = {c.name: k for k, c in enumerate(self.commands)}
         opened = sorted(
             order.sessions.values(),
-            key=lambda s: (rank.get(s.owner.command.name, len(rank)) if s.owner else len(rank), s.client.number),
+            key=lambda s: (rank.get(s.owner.name, len(rank)) if s.owner else len(rank), s.client.number),
         )
         names = [s.name for s in opened] + [c for c in self.columns if c not in order.sessions]
         steps = tuple(order.steps)

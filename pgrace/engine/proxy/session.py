@@ -16,7 +16,6 @@ only connections that send a statement become steps.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import pq
 
-from pgrace.engine.proxy.processes import Started
+from pgrace.engine.proxy.processes import Actor
 from pgrace.engine.proxy.relay import Refused
 from pgrace.engine.threads.session import Gate, Request
 from pgrace.model.timeline import Outcome, ResultSet, SessionLost, SqlError
@@ -47,7 +46,7 @@ class ProxySession:
     lost: SessionLost | None = None  # a client connection is the client's: pgrace never loses it
     ended: SessionLost | None = None
 
-    def __init__(self, name: str, client: Client, gate: Gate, owner: Started | None, cancel: Callable[[int], None]):
+    def __init__(self, name: str, client: Client, gate: Gate, owner: Actor | None, cancel: Callable[[int], None]):
         self.name = name
         self.client = client
         self.pid = client.backend_pid
@@ -135,14 +134,14 @@ class ProxyHooks:
     def __init__(self, cond: threading.Condition, cancel: Callable[[int], None]) -> None:
         self.cond = cond
         self.cancel = cancel
-        self.commands: list[Started] = []
+        self.commands: list[Actor] = []
         self.sessions: dict[str, ProxySession] = {}  # this run's, by name, in the order they opened
         self.by_number: dict[int, ProxySession] = {}
         self.fresh: list[ProxySession] = []  # opened since the scheduler last looked
         self.stopping = False
         self.strays: list[str] = []  # connections after the run ended, or before it began
 
-    def begin(self, commands: list[Started]) -> None:
+    def begin(self, commands: list[Actor]) -> None:
         with self.cond:
             self.commands, self.sessions, self.by_number, self.fresh = commands, {}, {}, []
             self.stopping = False
@@ -159,7 +158,7 @@ class ProxyHooks:
 
     def opened(self, client: Client) -> None:
         with self.cond:
-            owner = self._owner(client.peer_pid)
+            owner = next((a for a in self.commands if a.owns(client.peer_pid, client.application_name)), None)
             name = self._name(client, owner)
             session = ProxySession(name, client, Gate(name, self.cond), owner, self.cancel)
             session.relay_tid = threading.get_native_id()
@@ -173,10 +172,12 @@ class ProxyHooks:
 
     def ready(self, client: Client, statement: Statement) -> None:
         with self.cond:
-            session = self.by_number[client.number]
+            session = self.by_number.get(client.number)
+            if session is None:  # opened in an earlier run, or after this one ended
+                raise Refused("pgrace's run this connection belonged to has ended")
             gate = session.gate
             session.relay_tid = threading.get_native_id()
-            owner = session.owner.command.name if session.owner is not None else "client"
+            owner = session.owner.name if session.owner is not None else "client"
             gate.request, gate.state, gate.since = (
                 Request(shown(statement), f"({owner})", None),
                 "ready",
@@ -193,7 +194,9 @@ class ProxyHooks:
 
     def done(self, client: Client, statement: Statement, reply: Reply) -> None:
         with self.cond:
-            session = self.by_number[client.number]
+            session = self.by_number.get(client.number)
+            if session is None:
+                return
             gate = session.gate
             status = _STATUS.get(reply.status or b"", session.status)
             gate.finished = (outcome_of(reply), status)
@@ -214,22 +217,10 @@ class ProxyHooks:
 
     # -- naming -----------------------------------------------------------------------------
 
-    def _owner(self, peer_pid: int | None) -> Started | None:
-        """The command whose process tree holds ``peer_pid`` (walking up its parents)."""
-        roots = {started.pid: started for started in self.commands}
-        pid = peer_pid
-        for _ in range(64):
-            if pid is None or pid <= 1:
-                return None
-            if pid in roots:
-                return roots[pid]
-            pid = _parent(pid)
-        return None
-
-    def _name(self, client: Client, owner: Started | None) -> str:
+    def _name(self, client: Client, owner: Actor | None) -> str:
         wanted = (client.application_name or "").strip()
         if not wanted:
-            prefix = owner.command.name if owner is not None else "client"
+            prefix = owner.name if owner is not None else "client"
             if owner is not None:
                 owner.opened += 1
                 wanted = f"{prefix}#{owner.opened}"
@@ -240,12 +231,6 @@ class ProxyHooks:
             k += 1
             name = f"{wanted}#{k}"
         return name
-
-
-def _parent(pid: int) -> int | None:
-    with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-    return None
 
 
 def relay_asleep(tid: int | None) -> bool:
