@@ -477,3 +477,38 @@ def test_a_held_statement_is_not_on_the_server_until_released(
     else:
         assert (update.statement.sql, update.statement.params) == (HOLD_SQL, ("1",))
     assert update.reply.rows == (("11",),)
+
+
+def test_an_extended_copy_from_is_one_step_with_the_sync_after_its_copy_done(pgrace_server: ServerInfo) -> None:
+    """libpq's COPY in the extended protocol: the server ignores the cycle's Sync in COPY; libpq sends another."""
+    with (
+        proxied(pgrace_server) as (proxy, hooks),
+        psycopg.connect(dsn(proxy, pgrace_server, "xcopy"), autocommit=True) as connection,
+    ):
+        connection.execute("CREATE TEMP TABLE t (n int)")
+        conn = connection.pgconn
+        conn.send_query_params(b"COPY t FROM STDIN", None)
+        statuses = []
+        while not statuses or statuses[-1] != psycopg.pq.ExecStatus.COPY_IN:
+            select.select([conn.socket], [], [], 10)
+            conn.consume_input()
+            if not conn.is_busy() and (result := conn.get_result()) is not None:
+                statuses.append(result.status)  # in COPY IN libpq returns its COPY_IN result again and again
+        assert conn.put_copy_data(b"1\n2\n3\n") == 1 and conn.put_copy_end() == 1
+        while conn.flush():
+            select.select([], [conn.socket], [], 10)
+        finished = []
+        while True:
+            select.select([conn.socket], [], [], 10)
+            conn.consume_input()
+            if conn.is_busy():
+                continue
+            result = conn.get_result()
+            if result is None:
+                break
+            finished.append((result.status, result.command_status))
+        assert finished == [(psycopg.pq.ExecStatus.COMMAND_OK, b"COPY 3")]
+        assert connection.execute("SELECT sum(n) FROM t").fetchone() == (6,)
+    (copy,) = [r for r in hooks.of("xcopy") if r.statement.sql == "COPY t FROM STDIN"]
+    assert (copy.statement.kind, copy.reply.tags, copy.reply.status) == ("extended", ("COPY 3",), b"I")
+    assert hooks.steps("xcopy")[-1] == ("query", "SELECT sum(n) FROM t")  # the extra Sync was no step of its own
