@@ -488,7 +488,7 @@ def test_an_extended_copy_from_is_one_step_with_the_sync_after_its_copy_done(pgr
         connection.execute("CREATE TEMP TABLE t (n int)")
         conn = connection.pgconn
         conn.send_query_params(b"COPY t FROM STDIN", None)
-        statuses = []
+        statuses: list[int] = []
         while not statuses or statuses[-1] != psycopg.pq.ExecStatus.COPY_IN:
             select.select([conn.socket], [], [], 10)
             conn.consume_input()
