@@ -10,15 +10,16 @@ import select
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import psycopg2
 import pytest
-from proxying import Recorder, activity, dsn, proxied, wait_for
+from proxying import Recorder, activity, dsn, proxied
 
-from pgrace.engine.proxy.relay import Client, Statement
+from pgrace.engine.proxy.relay import Client, Proxy, Statement
 from pgrace.servers import ServerInfo
 from tools.clients import CLIENTS
 
@@ -210,6 +211,18 @@ const { Client } = require('pg');
 """
 
 
+NODE_HOLD = """
+const { Client } = require('pg');
+(async () => {
+  const client = new Client(JSON.parse(process.argv[2]));
+  await client.connect();
+  const result = await client.query(process.argv[3], [1]);
+  await client.end();
+  console.log(result.rows[0].n);
+})().catch((e) => { console.error(e.message); process.exit(1); });
+"""
+
+
 @pytest.fixture(scope="module")
 def node_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("npm") is None:
@@ -224,6 +237,7 @@ def node_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=300,
     )
     (where / "client.js").write_text(NODE_CLIENT)
+    (where / "hold.js").write_text(NODE_HOLD)
     return where
 
 
@@ -274,13 +288,41 @@ public class Client {
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not JDBC.exists(), reason=f"no pgjdbc at {JDBC} (apt-get install libpostgresql-jdbc-java)")
-def test_pgjdbc(pgrace_server: ServerInfo, tmp_path: Path) -> None:
-    (tmp_path / "Client.java").write_text(JAVA_CLIENT)
+JAVA_HOLD = """
+import java.sql.*;
+public class Hold {
+    public static void main(String[] args) throws Exception {
+        try (Connection conn = DriverManager.getConnection(args[0]);
+             PreparedStatement ps = conn.prepareStatement(args[1].replace("$1", "?"))) {
+            ps.setInt(1, 1);
+            try (ResultSet rs = ps.executeQuery()) { rs.next(); System.out.println(rs.getInt(1)); }
+        }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def java_classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not JDBC.exists():
+        pytest.skip(f"no pgjdbc at {JDBC} (apt-get install libpostgresql-jdbc-java)")
+    where = tmp_path_factory.mktemp("java")
+    (where / "Client.java").write_text(JAVA_CLIENT)
+    (where / "Hold.java").write_text(JAVA_HOLD)
     subprocess.run(
-        ["javac", "-cp", str(JDBC), "Client.java"], cwd=tmp_path, check=True, capture_output=True, timeout=120
+        ["javac", "-cp", str(JDBC), "Client.java", "Hold.java"], cwd=where, check=True, capture_output=True, timeout=120
     )
+    return where
+
+
+def jdbc_url(proxy: Proxy, server: ServerInfo, name: str) -> str:
+    user = str(psycopg.conninfo.conninfo_to_dict(server.dsn)["user"])
+    return f"jdbc:postgresql://{proxy.host}:{proxy.port}/postgres?user={user}&sslmode=disable&ApplicationName={name}"
+
+
+@pytest.mark.slow
+def test_pgjdbc(pgrace_server: ServerInfo, java_classes: Path) -> None:
+    tmp_path = java_classes
     user = str(psycopg.conninfo.conninfo_to_dict(pgrace_server.dsn)["user"])
     with proxied(pgrace_server) as (proxy, hooks):
         url = f"jdbc:postgresql://{proxy.host}:{proxy.port}/postgres?user={user}&sslmode=disable&ApplicationName=jdbc"
@@ -305,45 +347,168 @@ def test_pgjdbc(pgrace_server: ServerInfo, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- holding
 
 
-def test_a_held_statement_is_not_on_the_server_until_released(pgrace_server: ServerInfo) -> None:
-    """The held client's UPDATE waits in the proxy (its backend idle) while the other client runs."""
+HOLD_SQL = "UPDATE proxy_held SET n = n + 1 WHERE id = $1 RETURNING n"
 
-    def hold(client: Client, statement: Statement) -> bool:
-        return client.application_name == "held" and statement.sql.startswith("UPDATE")
+
+def hold_with_psycopg(proxy: Proxy, server: ServerInfo, how: str) -> str:
+    with psycopg.connect(dsn(proxy, server, "held"), autocommit=True) as conn:
+        row = conn.execute(HOLD_SQL.replace("$1", "%s"), (1,)).fetchone()
+    return str(row[0]) if row else ""
+
+
+def hold_with_psycopg_async(proxy: Proxy, server: ServerInfo, how: str) -> str:
+    async def main() -> str:
+        async with await psycopg.AsyncConnection.connect(dsn(proxy, server, "held"), autocommit=True) as conn:
+            row = await (await conn.execute(HOLD_SQL.replace("$1", "%s"), (1,))).fetchone()
+        return str(row[0]) if row else ""
+
+    return asyncio.run(main())
+
+
+def hold_with_asyncpg(proxy: Proxy, server: ServerInfo, how: str) -> str:
+    import asyncpg
+
+    async def main() -> str:
+        user = str(psycopg.conninfo.conninfo_to_dict(server.dsn)["user"])
+        conn = await asyncpg.connect(
+            host=proxy.host, port=proxy.port, user=user, database="postgres", ssl=False,
+            server_settings={"application_name": "held"},
+        )  # fmt: skip
+        try:
+            return str(await conn.fetchval(HOLD_SQL, 1))
+        finally:
+            await conn.close()
+
+    return asyncio.run(main())
+
+
+def hold_with_psycopg2(proxy: Proxy, server: ServerInfo, how: str) -> str:
+    conn = psycopg2.connect(dsn(proxy, server, "held"))
+    try:
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute(HOLD_SQL.replace("$1", "%s"), (1,))
+        row = cur.fetchone()
+        return str(row[0]) if row else ""
+    finally:
+        conn.close()
+
+
+def hold_with_node(proxy: Proxy, server: ServerInfo, where: str) -> str:
+    user = str(psycopg.conninfo.conninfo_to_dict(server.dsn)["user"])
+    config = {"host": proxy.host, "port": proxy.port, "user": user, "database": "postgres", "application_name": "held"}
+    done = subprocess.run(
+        ["node", "hold.js", json.dumps(config), HOLD_SQL], cwd=where, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def hold_with_jdbc(proxy: Proxy, server: ServerInfo, where: str) -> str:
+    done = subprocess.run(
+        ["java", "-cp", f"{JDBC}:{where}", "Hold", jdbc_url(proxy, server, "held"), HOLD_SQL],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+HOLDERS: dict[str, Callable[[Proxy, ServerInfo, str], str]] = {
+    "psycopg": hold_with_psycopg,
+    "psycopg-async": hold_with_psycopg_async,
+    "asyncpg": hold_with_asyncpg,
+    "psycopg2": hold_with_psycopg2,
+    "node-postgres": hold_with_node,
+    "pgjdbc": hold_with_jdbc,
+}
+
+
+@pytest.mark.parametrize("client", list(HOLDERS))
+def test_a_held_statement_is_not_on_the_server_until_released(
+    pgrace_server: ServerInfo, request: pytest.FixtureRequest, client: str
+) -> None:
+    """Each client's UPDATE waits in the proxy (its backend idle, the row free) while another client runs."""
+    where = ""
+    if client == "node-postgres":
+        where = str(request.getfixturevalue("node_client"))
+    elif client == "pgjdbc":
+        where = str(request.getfixturevalue("java_classes"))
+
+    def hold(held: Client, statement: Statement) -> bool:
+        return held.application_name == "held" and statement.sql.startswith("UPDATE")
 
     hooks = Recorder(hold=hold)
     with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
         admin.execute("DROP TABLE IF EXISTS proxy_held; CREATE TABLE proxy_held (id int PRIMARY KEY, n int)")
         admin.execute("INSERT INTO proxy_held VALUES (1, 0)")
     try:
-        with (
-            proxied(pgrace_server, hooks) as (proxy, _),
-            psycopg.connect(dsn(proxy, pgrace_server, "held"), autocommit=True) as held,
-            psycopg.connect(dsn(proxy, pgrace_server, "free"), autocommit=True) as free,
-        ):
+        with proxied(pgrace_server, hooks) as (proxy, _):
+            got: list[str] = []
             failed: list[BaseException] = []
 
-            def update() -> None:
+            def run() -> None:
                 try:
-                    held.execute("UPDATE proxy_held SET n = n + 1 WHERE id = %s", (1,))
+                    got.append(HOLDERS[client](proxy, pgrace_server, where))
                 except BaseException as exc:
                     failed.append(exc)
 
-            worker = threading.Thread(target=update)
+            worker = threading.Thread(target=run)
             worker.start()
-            assert hooks.held.wait(10)
-            pid = held.info.backend_pid
-            state, query = activity(pgrace_server, pid) or ("gone", "")
+            assert hooks.held.wait(60), failed
+            (held,) = [c for c in hooks.clients if c.application_name == "held"]
+            state, query = activity(pgrace_server, held.backend_pid) or ("gone", "")
             assert state == "idle" and not query.startswith("UPDATE")
-            assert free.execute("UPDATE proxy_held SET n = n + 10 WHERE id = 1 RETURNING n").fetchone() == (10,)
-            assert worker.is_alive()
+            with psycopg.connect(dsn(proxy, pgrace_server, "free"), autocommit=True) as free:
+                # The row is free: a held UPDATE never reached the server, so this one does not wait.
+                assert free.execute("UPDATE proxy_held SET n = n + 10 WHERE id = 1 RETURNING n").fetchone() == (10,)
+            assert worker.is_alive() and not got
             hooks.release.set()
-            worker.join(10)
-            assert not worker.is_alive() and not failed
-            assert free.execute("SELECT n FROM proxy_held").fetchone() == (11,)
+            worker.join(60)
+            assert not failed and got == ["11"]
     finally:
         with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
             admin.execute("DROP TABLE proxy_held")
-    held_update = next(r for r in hooks.of("held") if r.statement.sql.startswith("UPDATE"))
-    assert held_update.statement.params == ("1",) and held_update.reply.tags == ("UPDATE 1",)
-    wait_for(lambda: len(hooks.closed_why) == 2, "both connections closed")
+    # The step that ran it: asyncpg's fetchval reads one row (PortalSuspended, no tag); psycopg2 binds in the text.
+    (update,) = [r for r in hooks.of("held") if r.statement.sql.startswith("UPDATE") and r.reply.rows]
+    if client == "psycopg2":
+        assert (update.statement.sql, update.statement.params) == (HOLD_SQL.replace("$1", "1"), ())
+    else:
+        assert (update.statement.sql, update.statement.params) == (HOLD_SQL, ("1",))
+    assert update.reply.rows == (("11",),)
+
+
+def test_an_extended_copy_from_is_one_step_with_the_sync_after_its_copy_done(pgrace_server: ServerInfo) -> None:
+    """libpq's COPY in the extended protocol: the server ignores the cycle's Sync in COPY; libpq sends another."""
+    with (
+        proxied(pgrace_server) as (proxy, hooks),
+        psycopg.connect(dsn(proxy, pgrace_server, "xcopy"), autocommit=True) as connection,
+    ):
+        connection.execute("CREATE TEMP TABLE t (n int)")
+        conn = connection.pgconn
+        conn.send_query_params(b"COPY t FROM STDIN", None)
+        statuses: list[int] = []
+        while not statuses or statuses[-1] != psycopg.pq.ExecStatus.COPY_IN:
+            select.select([conn.socket], [], [], 10)
+            conn.consume_input()
+            if not conn.is_busy() and (result := conn.get_result()) is not None:
+                statuses.append(result.status)  # in COPY IN libpq returns its COPY_IN result again and again
+        assert conn.put_copy_data(b"1\n2\n3\n") == 1 and conn.put_copy_end() == 1
+        while conn.flush():
+            select.select([], [conn.socket], [], 10)
+        finished = []
+        while True:
+            select.select([conn.socket], [], [], 10)
+            conn.consume_input()
+            if conn.is_busy():
+                continue
+            result = conn.get_result()
+            if result is None:
+                break
+            finished.append((result.status, result.command_status))
+        assert finished == [(psycopg.pq.ExecStatus.COMMAND_OK, b"COPY 3")]
+        assert connection.execute("SELECT sum(n) FROM t").fetchone() == (6,)
+    (copy,) = [r for r in hooks.of("xcopy") if r.statement.sql == "COPY t FROM STDIN"]
+    assert (copy.statement.kind, copy.reply.tags, copy.reply.status) == ("extended", ("COPY 3",), b"I")
+    assert hooks.steps("xcopy")[-1] == ("query", "SELECT sum(n) FROM t")  # the extra Sync was no step of its own

@@ -18,7 +18,7 @@ import pytest
 from proxying import RawClient, Recorder, activity, dsn, gone, proxied, wait_for
 
 from pgrace.engine.proxy import wire
-from pgrace.engine.proxy.relay import Client, Statement
+from pgrace.engine.proxy.relay import Client, Refused, Statement
 from pgrace.servers import ServerInfo
 
 pytestmark = pytest.mark.server  # auth_server starts a server of its own
@@ -332,3 +332,25 @@ def test_a_backend_terminated_by_the_server_ends_its_client_with_the_servers_wor
                 victim.execute("SELECT 1")
         wait_for(lambda: len(hooks.closed_why) == 1, "the connection reported closed")
     assert hooks.closed_why[1] == "terminating connection due to administrator command"
+
+
+class Refusing(Recorder):
+    """Turns away any statement that mentions ``forbidden``."""
+
+    def ready(self, client: Client, statement: Statement) -> None:
+        if "forbidden" in statement.sql:
+            raise Refused("pgrace refused this statement: the run is over", "57P01")
+
+
+def test_a_statement_the_hooks_refuse_ends_its_connection_with_their_words(pgrace_server: ServerInfo) -> None:
+    hooks = Refusing()
+    with proxied(pgrace_server, hooks) as (proxy, _):
+        with psycopg.connect(dsn(proxy, pgrace_server, "refused"), autocommit=True) as conn:
+            pid = conn.info.backend_pid
+            assert conn.execute("SELECT 'allowed'").fetchone() == ("allowed",)
+            with pytest.raises(psycopg.errors.AdminShutdown, match="pgrace refused this statement: the run is over"):
+                conn.execute("SELECT 'forbidden'")
+        assert gone(pgrace_server, pid)
+        wait_for(lambda: len(hooks.closed_why) == 1, "the connection reported closed")
+    assert hooks.closed_why[1] == "pgrace refused this statement: the run is over"
+    assert [r.statement.sql for r in hooks.records] == ["SELECT 'allowed'"]

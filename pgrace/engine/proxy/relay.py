@@ -248,7 +248,8 @@ class _Relay:
             why = str(violation)
             self._send_quietly(wire.Refusal(violation.sqlstate, why).encode())
         except OSError as exc:
-            why = f"connection lost: {exc}"
+            self._last_words()
+            why = self.fatal or f"connection lost: {exc}"
         finally:
             if keys is not None:
                 proxy._cancels.remove(keys)
@@ -260,6 +261,24 @@ class _Relay:
             proxy._forget(self)
             if client is not None:
                 proxy.hooks.closed(client, why)
+
+    def _last_words(self) -> None:
+        """What the server said before it went (its FATAL ErrorResponse), read and passed on to the client."""
+        if self.server_sock is None:
+            return
+        with contextlib.suppress(OSError):
+            self.server_sock.setblocking(False)
+            while data := self.server_sock.recv(65536):
+                self.to_client += data
+                self._note_fatal(self.reader.feed(data))
+        self._send_quietly(b"")
+
+    def _note_fatal(self, messages: list[wire.Message]) -> None:
+        for message in messages:
+            if message.code == b"E":
+                fields = wire.error_fields(message.body)
+                if fields.get("S") in ("FATAL", "PANIC"):
+                    self.fatal = fields.get("M")
 
     def _send_quietly(self, data: bytes) -> None:
         with contextlib.suppress(OSError):
@@ -282,7 +301,7 @@ class _Relay:
                 if self.proxy.closing.is_set():
                     return "the proxy closed"
                 if self.client_gone:  # without a Terminate: what it queued is dropped, what runs is cancelled
-                    return None
+                    return self.fatal
                 if self.client_done and self.running is None and not self.steps and not self.to_server:
                     assert self.terminate is not None
                     self.to_server += self.terminate
@@ -404,10 +423,8 @@ class _Relay:
                 name, value = wire.parameter_status(message.body)
                 if name == "application_name":  # pgjdbc names itself with SET after its start-up
                     client.application_name = value or None
-            if message.code == b"E" and self.running is None:
-                fields = wire.error_fields(message.body)
-                if fields.get("S") in ("FATAL", "PANIC"):
-                    self.fatal = fields.get("M")
+            if message.code == b"E":
+                self._note_fatal([message])
             if self.running is not None and self.running[1].feed(message):
                 self._finish(client)
         return None

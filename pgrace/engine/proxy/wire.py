@@ -33,6 +33,7 @@ PROTOCOL_VIOLATION = "08P01"
 FEATURE_NOT_SUPPORTED = "0A000"
 
 _INT32 = struct.Struct("!i")
+_INT16 = struct.Struct("!h")
 _HEADER = struct.Struct("!ci")
 
 
@@ -160,21 +161,24 @@ class Framer:
 
     def feed(self, data: bytes) -> list[Message]:
         """The messages ``data`` completes, in order; a partial one waits for more."""
-        buffer = self._buffer
-        buffer += data
+        if self._buffer:
+            self._buffer += data
+            data = bytes(self._buffer)
+            self._buffer.clear()
         messages: list[Message] = []
-        start = 0
-        while len(buffer) - start >= 5:
-            code, length = _HEADER.unpack_from(buffer, start)
-            if length < 4 or length > self.max_message:
+        start, size, cap = 0, len(data), self.max_message
+        while size - start >= 5:
+            code, length = _HEADER.unpack_from(data, start)
+            if length < 4 or length > cap:
                 raise ProtocolViolation(f"invalid message length {length} for message type {code!r}")
             end = start + 1 + length
-            if end > len(buffer):
+            if end > size:
                 break
-            raw = bytes(buffer[start:end])
+            raw = data[start:end]
             messages.append(Message(code, raw[5:], raw))
             start = end
-        del buffer[:start]
+        if start < size:
+            self._buffer += data[start:]
         return messages
 
     @property
@@ -198,39 +202,39 @@ class BackendReader:
 
     def feed(self, data: bytes) -> list[Message]:
         messages: list[Message] = []
-        view = memoryview(data)
         if self._skip:
-            used = min(self._skip, len(view))
+            used = min(self._skip, len(data))
             self._skip -= used
-            view = view[used:]
+            data = data[used:]
             if not self._skip and self._skipped is not None:
                 messages.append(self._skipped)
                 self._skipped = None
-        buffer = self._buffer
-        buffer += view
-        start = 0
-        while len(buffer) - start >= 5:
-            code, length = _HEADER.unpack_from(buffer, start)
+        if self._buffer:
+            self._buffer += data
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        start, size, keep = 0, len(data), self.keep
+        while size - start >= 5:
+            code, length = _HEADER.unpack_from(data, start)
             if length < 4:
                 raise ProtocolViolation(f"server sent an invalid message length {length}")
             end = start + 1 + length
-            if length - 4 > self.keep and end > len(buffer):
-                if len(buffer) - start - 5 < self.keep:
+            if length - 4 > keep:
+                if end > size:
+                    if size - start - 5 < keep:
+                        break  # wait for the head of the body
+                    self._skip = end - size
+                    self._skipped = Message(code, data[start + 5 : start + 5 + keep], whole=False)
+                    start = size
                     break
-                body = bytes(buffer[start + 5 : start + 5 + self.keep])
-                have = len(buffer) - start
-                self._skip = 1 + length - have
-                self._skipped = Message(code, body, whole=False)
-                start = len(buffer)
+                messages.append(Message(code, data[start + 5 : start + 5 + keep], whole=False))
+            elif end > size:
                 break
-            if end > len(buffer):
-                break
-            if length - 4 > self.keep:
-                messages.append(Message(code, bytes(buffer[start + 5 : start + 5 + self.keep]), whole=False))
             else:
-                messages.append(Message(code, bytes(buffer[start + 5 : end])))
+                messages.append(Message(code, data[start + 5 : end]))
             start = end
-        del buffer[:start]
+        if start < size:
+            self._buffer += data[start:]
         return messages
 
 
@@ -255,10 +259,18 @@ class Fields:
         return at
 
     def int16(self) -> int:
-        return int.from_bytes(self.body[self._need(2) : self.at], "big", signed=True)
+        at = self.at
+        if at + 2 > len(self.body):
+            raise ProtocolViolation(f"{self.what} message is too short")
+        self.at = at + 2
+        return int(_INT16.unpack_from(self.body, at)[0])
 
     def int32(self) -> int:
-        return int.from_bytes(self.body[self._need(4) : self.at], "big", signed=True)
+        at = self.at
+        if at + 4 > len(self.body):
+            raise ProtocolViolation(f"{self.what} message is too short")
+        self.at = at + 4
+        return int(_INT32.unpack_from(self.body, at)[0])
 
     def raw(self, size: int) -> bytes:
         return self.body[self._need(size) : self.at]
