@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
@@ -252,53 +252,26 @@ def explore(
     return result
 
 
-def run_exec(
-    scenario: Scenario,
-    commands: Sequence[str],
-    *,
-    dsn: str | None = None,
-    server: ServerInfo | None = None,
-    superuser: bool = False,
-    step_timeout: float = 10.0,
-    order: Sequence[str] | None = None,
-    on_note: Note | None = None,
-) -> Run:
+def run_exec(scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any) -> Run:
     """Run ``commands`` (``NAME=COMMAND``) once over ``scenario``'s setup, their connections through pgrace's proxy
-    one statement at a time, then its final checks (any client, any language: docs/guide/any-language.md)."""
-    from pgrace.drivers.exec import parse_exec
-    from pgrace.drivers.exec import run_exec as run_commands
+    one statement at a time, then its checks (docs/guide/any-language.md). ``how``: ``dsn``, ``superuser``,
+    ``on_note`` as :func:`explore`'s; ``order`` (session names, one per statement), ``step_timeout``."""
+    from pgrace.drivers.exec import run_commands
 
-    parsed = parse_exec(commands)
-    with _serving(server, dsn, superuser, on_note) as opened:
-        return run_commands(scenario, parsed, opened, order=order, step_timeout=step_timeout)
+    with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
+        return run_commands(scenario, commands, opened, **how)
 
 
 def explore_exec(
-    scenario: Scenario,
-    commands: Sequence[str],
-    *,
-    dsn: str | None = None,
-    server: ServerInfo | None = None,
-    superuser: bool = False,
-    step_timeout: float = 10.0,
-    reduce: bool = True,
-    examples: Iterable[int] | Literal["all"] = (),
-    on_note: Note | None = None,
+    scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any
 ) -> Explored:
-    """Every order of the statements ``commands`` send (reduced, unless ``reduce`` is False), grouped into classes
-    judged by ``scenario``'s checks; ``examples``: classes whose example is replayed fully observed."""
-    from pgrace.drivers.exec import explore_exec as explore_commands
-    from pgrace.drivers.exec import parse_exec
+    """Every order of the statements ``commands`` send, grouped into classes judged by ``scenario``'s checks.
+    ``how``: as :func:`run_exec`'s, and ``reduce`` (default True), ``examples`` (classes replayed, as
+    :func:`explore`'s)."""
+    from pgrace.drivers.exec import explore_commands
 
-    parsed = parse_exec(commands)
-    with _serving(server, dsn, superuser, on_note) as opened:
-        found = explore_commands(scenario, parsed, opened, step_timeout=step_timeout, reduce=reduce)
-        result = Explored(scenario, found)
-        wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
-        for n in wanted:
-            if 1 <= n <= len(found.classes):
-                result.examples[n] = found.replay(found.classes[n - 1])
-    return result
+    with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
+        return explore_commands(scenario, commands, opened, **how)
 
 
 def minimize(

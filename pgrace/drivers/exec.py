@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal
 
 from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
 from pgrace.drivers.explore import Exploration
@@ -23,6 +24,7 @@ from pgrace.engine.proxy.tasks import AsyncSession
 from pgrace.errors import OptionError
 from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
 from pgrace.model.outcomes import OutcomeClass, add_observed, claim_of, ordered
+from pgrace.model.results import Explored
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
@@ -140,3 +142,34 @@ def explore_exec(
     )
     found.claim = claim_of(scenario)
     return found
+
+
+def run_commands(
+    scenario: Scenario,
+    commands: Sequence[str],
+    server: ServerInfo,
+    *,
+    order: Sequence[str] | None = None,
+    step_timeout: float = 10.0,
+) -> Run:
+    """:func:`run_exec` of ``NAME=COMMAND`` options."""
+    return run_exec(scenario, parse_exec(commands), server, order=order, step_timeout=step_timeout)
+
+
+def explore_commands(
+    scenario: Scenario,
+    commands: Sequence[str],
+    server: ServerInfo,
+    *,
+    step_timeout: float = 10.0,
+    reduce: bool = True,
+    examples: Iterable[int] | Literal["all"] = (),
+) -> Explored:
+    """:func:`explore_exec` of ``NAME=COMMAND`` options; ``examples``: classes whose example is replayed observed."""
+    found = explore_exec(scenario, parse_exec(commands), server, step_timeout=step_timeout, reduce=reduce)
+    result = Explored(scenario, found)
+    wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
+    for n in wanted:
+        if 1 <= n <= len(found.classes):
+            result.examples[n] = found.replay(found.classes[n - 1])
+    return result
