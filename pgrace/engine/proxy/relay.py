@@ -382,6 +382,8 @@ class _Relay:
             return
         for message in self.framer.feed(data):
             self._client_message(message)
+        if self.to_server and self.server_sock is not None:  # COPY data of the running step goes on at once
+            self._flush(self.server_sock, self.to_server)
 
     def _client_message(self, message: wire.Message) -> None:
         if self.terminate is not None:
