@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from proxying import RawClient, Recorder, activity, dsn, gone, proxied, wait_for
 
 from pgrace.engine.proxy import wire
@@ -354,3 +356,61 @@ def test_a_statement_the_hooks_refuse_ends_its_connection_with_their_words(pgrac
         wait_for(lambda: len(hooks.closed_why) == 1, "the connection reported closed")
     assert hooks.closed_why[1] == "pgrace refused this statement: the run is over"
     assert [r.statement.sql for r in hooks.records] == ["SELECT 'allowed'"]
+
+
+MESSAGE_TYPES = b"QPBDECSHXdcfFpYz\x00\xff"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(list(MESSAGE_TYPES)), st.binary(max_size=40), st.integers(-2, 60)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_hostile_bytes_after_the_start_up_end_only_that_connection(
+    pgrace_server: ServerInfo, messages: list[tuple[int, bytes, int]]
+) -> None:
+    """Any type byte, body and length: the relay answers, or ends the connection; it never dies or leaves a backend."""
+    with proxied(pgrace_server) as (proxy, hooks):
+        raw = RawClient(proxy)
+        try:
+            started = raw.start(user_of(pgrace_server), "postgres")
+            (pid,) = [wire.backend_key(m.body).pid for m in started if m.code == b"K"]
+            stream = b"".join(bytes([code]) + struct.pack("!i", length) + body for code, body, length in messages)
+            raw.send(stream)
+            raw.sock.shutdown(socket.SHUT_WR)
+            assert raw.eof()
+        finally:
+            raw.close()
+        assert gone(pgrace_server, pid)
+        wait_for(lambda: len(hooks.closed_why) == 1, "the connection reported closed")
+        why = hooks.closed_why[1]
+        assert why is None or "invalid" in why or "message" in why or "Terminate" in why, why
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.builds(
+            lambda length, code, rest: struct.pack("!ii", length, code) + rest,
+            st.integers(-1, 70),
+            st.sampled_from([wire.PROTOCOL_3_0, wire.PROTOCOL_3_2, wire.SSL_REQUEST, wire.CANCEL_REQUEST, 0, 4 << 16]),
+            st.binary(max_size=60),
+        ),
+    )
+)
+def test_hostile_start_up_packets_end_only_that_connection(pgrace_server: ServerInfo, packet: bytes) -> None:
+    with proxied(pgrace_server) as (proxy, hooks):
+        raw = RawClient(proxy)
+        try:
+            raw.send(packet)
+            raw.sock.shutdown(socket.SHUT_WR)
+            assert raw.eof()
+        finally:
+            raw.close()
+        with psycopg.connect(dsn(proxy, pgrace_server, "after")) as conn:  # the proxy serves the next client
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert [client.application_name for client in hooks.clients] == ["after"]

@@ -172,6 +172,12 @@ def check(
     help="Run every interleaving, not one of each set of equivalent ones (--max always does).",
 )
 @click.option(
+    "--minimize",
+    "minimize_first",
+    is_flag=True,
+    help="Shrink the first failing class's example to the smallest scenario that fails the same way, and print it.",
+)
+@click.option(
     "--merge",
     "merge_files",
     multiple=True,
@@ -199,6 +205,7 @@ def explore(
     jobs: int,
     show: int | None,
     no_reduce: bool,
+    minimize_first: bool,
     merge_files: tuple[str, ...],
     fmt: str,
     server_target: str | None,
@@ -226,11 +233,13 @@ def explore(
     drawn = formats.names("explore")
     if show is None and fmt not in drawn:
         raise click.UsageError(f"explore prints --format {', '.join(drawn)}; --show N prints any format")
+    if minimize_first and (show is not None or fmt not in ("text", "json")):
+        raise click.UsageError("--minimize prints the classes and the minimized run as text or json, without --show")
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
     if commands:
-        refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files)
+        refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
         found = api.explore_exec(
             chosen,
             commands,
@@ -259,6 +268,7 @@ def explore(
                 reduce=not no_reduce,
                 max_preemptions=max_preemptions,
                 pct=pct,
+                minimize=minimize_first,
             )
     verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
@@ -281,8 +291,9 @@ def refuse_exec_explore(
     shard: str | None,
     jobs: int,
     merge_files: tuple[str, ...],
+    minimize_first: bool,
 ) -> None:
-    """What ``explore --exec`` does not do yet: samples, bounded searches, shards, -j processes, merges."""
+    """What ``explore --exec`` does not do yet: samples, bounded searches, shards, -j processes, merges, minimizing."""
     given = [
         name
         for name, value in (
@@ -292,6 +303,7 @@ def refuse_exec_explore(
             ("--shard", shard is not None),
             ("-j", jobs != 1),
             ("--merge", bool(merge_files)),
+            ("--minimize", minimize_first),
         )
         if value
     ]

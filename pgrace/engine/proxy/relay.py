@@ -29,6 +29,8 @@ __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
 
 #: Server bytes waiting for a slow client before the relay stops reading the server (backpressure, not an error).
 MAX_WAITING_OUTPUT = 1024 * 1024
+#: How long the relay waits for a client to take its last bytes (an ErrorResponse) before closing anyway.
+LAST_WORDS_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -281,9 +283,11 @@ class _Relay:
                     self.fatal = fields.get("M")
 
     def _send_quietly(self, data: bytes) -> None:
+        """The client's last bytes, the server's pending ones first; a client that reads nothing does not hold us."""
+        pending, self.to_client = bytes(self.to_client) + data, bytearray()
         with contextlib.suppress(OSError):
-            self.client_sock.setblocking(True)
-            self.client_sock.sendall(bytes(self.to_client) + data)
+            self.client_sock.settimeout(LAST_WORDS_TIMEOUT_S)
+            self.client_sock.sendall(pending)
 
     def _loop(self, client: Client) -> str | None:
         """Relay until the client leaves (None), or the server or the proxy ends it (why)."""
@@ -382,6 +386,8 @@ class _Relay:
             return
         for message in self.framer.feed(data):
             self._client_message(message)
+        if self.to_server and self.server_sock is not None:  # COPY data of the running step goes on at once
+            self._flush(self.server_sock, self.to_server)
 
     def _client_message(self, message: wire.Message) -> None:
         if self.terminate is not None:
