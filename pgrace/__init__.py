@@ -29,13 +29,11 @@ if TYPE_CHECKING:
         clean,
         compare,
         explore,
-        explore_exec,
         load,
         load_scenario,
         matrix,
         minimize,
         run,
-        run_exec,
         sweep,
     )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
@@ -45,6 +43,7 @@ if TYPE_CHECKING:
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario, Session, Step
     from pgrace.model.timeline import CheckResult, Run, StepRun
+    from pgrace.proxy import explore_exec, run_exec
     from pgrace.servers import ServerInfo, open_server
 
 _HOMES = {
@@ -54,6 +53,8 @@ _HOMES = {
     "OutcomeClass": "pgrace.model.outcomes",
     "TracedConnection": "pgrace.drivers.code",
     "explore_code": "pgrace.drivers.code",
+    "explore_exec": "pgrace.proxy",
+    "run_exec": "pgrace.proxy",
     "run_code": "pgrace.drivers.code",
     "PgraceError": "pgrace.errors",
     "Run": "pgrace.model.timeline",
@@ -74,13 +75,11 @@ _HOMES = {
             "clean",
             "compare",
             "explore",
-            "explore_exec",
             "load",
             "load_scenario",
             "matrix",
             "minimize",
             "run",
-            "run_exec",
             "sweep",
         ),
         "pgrace.api",

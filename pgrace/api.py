@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
@@ -266,28 +266,6 @@ def explore(
                 example = tuple(found.classes[failing - 1].example)
                 result.minimized = shrink(scenario, opened, example, step_timeout=step_timeout)
     return result
-
-
-def run_exec(scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any) -> Run:
-    """Run ``commands`` (``NAME=COMMAND``) once over ``scenario``'s setup, their connections through pgrace's proxy
-    one statement at a time, then its checks (docs/guide/any-language.md). ``how``: ``dsn``, ``superuser``,
-    ``on_note`` as :func:`explore`'s; ``order`` (session names, one per statement), ``step_timeout``."""
-    from pgrace.drivers.exec import run_commands
-
-    with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
-        return run_commands(scenario, commands, opened, **how)
-
-
-def explore_exec(
-    scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any
-) -> Explored:
-    """Every order of the statements ``commands`` send, grouped into classes judged by ``scenario``'s checks.
-    ``how``: as :func:`run_exec`'s, and ``reduce`` (default True), ``examples`` (classes replayed, as
-    :func:`explore`'s)."""
-    from pgrace.drivers.exec import explore_commands
-
-    with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
-        return explore_commands(scenario, commands, opened, **how)
 
 
 def minimize(

@@ -1,4 +1,5 @@
-"""Interleave async code through pgrace's proxy: asyncpg, psycopg's async API, SQLAlchemy's async engine.
+"""Any client through pgrace's proxy: ``--exec`` commands (:func:`run_exec`, :func:`explore_exec`, what the CLI
+calls), and async Python (:func:`run_async`, :func:`explore_async`): asyncpg, psycopg's async API, SQLAlchemy's.
 
 Each session is an ``async def`` that takes a DSN (a ``postgresql://`` URL with the session's
 name as its ``application_name``) and connects with any driver. It runs in a thread and an
@@ -19,20 +20,25 @@ statement the server blocks is seen blocked by its backend. ``setup``, ``final``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+import pgrace.servers
+from pgrace.api import tidy
+from pgrace.drivers import exec as commands_driver
 from pgrace.drivers.code import shared_server
-from pgrace.drivers.exec import explore_exec, run_exec
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.proxy.tasks import AsyncCode, AsyncSession
 from pgrace.engine.threads.frames import where_defined
 from pgrace.errors import CodeError
+from pgrace.model.monitor import Note
+from pgrace.model.results import Explored
 from pgrace.model.scenario import FinalCheck, Scenario
 from pgrace.model.timeline import Run
 from pgrace.servers import ServerInfo
 
-__all__ = ["AsyncCode", "explore_async", "run_async"]
+__all__ = ["AsyncCode", "explore_async", "explore_exec", "run_async", "run_exec"]
 
 
 def _scenario(
@@ -71,7 +77,7 @@ def run_async(
 ) -> Run:
     """Run the async sessions once: ``order`` names sessions (``alice``, ``alice#2``) one per statement."""
     scenario, tasks = _scenario(sessions, name, setup, final, expect)
-    return run_exec(scenario, tasks, shared_server(server), order=order, step_timeout=step_timeout)
+    return commands_driver.run_exec(scenario, tasks, shared_server(server), order=order, step_timeout=step_timeout)
 
 
 def explore_async(
@@ -87,4 +93,35 @@ def explore_async(
 ) -> Exploration:
     """Every order of the async sessions' statements (reduced by default), grouped into outcome classes."""
     scenario, tasks = _scenario(sessions, name, setup, final, expect)
-    return explore_exec(scenario, tasks, shared_server(server), step_timeout=step_timeout, reduce=reduce)
+    return commands_driver.explore_exec(
+        scenario, tasks, shared_server(server), step_timeout=step_timeout, reduce=reduce
+    )
+
+
+@contextmanager
+def _serving(server: ServerInfo | None, dsn: str | None, superuser: bool, on_note: Note | None) -> Iterator[ServerInfo]:
+    """The caller's server as it is, or one opened (and tidied, as every command's) from ``dsn`` for the call."""
+    if server is not None:
+        yield server
+        return
+    with pgrace.servers.open_server(dsn, superuser) as opened:
+        tidy(opened, on_note)
+        yield opened
+
+
+def run_exec(scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any) -> Run:
+    """Run ``commands`` (``NAME=COMMAND``) once over ``scenario``'s setup, their connections through pgrace's proxy
+    one statement at a time, then its checks (docs/guide/any-language.md). ``how``: ``dsn``, ``superuser``,
+    ``on_note`` as ``pgrace.explore``'s; ``order`` (session names, one per statement), ``step_timeout``."""
+    with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
+        return commands_driver.run_commands(scenario, commands, opened, **how)
+
+
+def explore_exec(
+    scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any
+) -> Explored:
+    """Every order of the statements ``commands`` send, grouped into classes judged by ``scenario``'s checks.
+    ``how``: as ``run_exec``'s, and ``reduce`` (default True), ``examples`` (classes replayed, as
+    ``pgrace.explore``'s)."""
+    with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
+        return commands_driver.explore_commands(scenario, commands, opened, **how)

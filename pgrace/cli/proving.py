@@ -240,7 +240,9 @@ def explore(
         examples = "all"
     if commands:
         refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
-        found = api.explore_exec(
+        from pgrace import proxy
+
+        found = proxy.explore_exec(
             chosen,
             commands,
             dsn=server_target or dsn,

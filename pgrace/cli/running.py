@@ -135,7 +135,9 @@ def run(
         shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)
         if commands:
             refuse_exec(compare, shown.live, fmt)
-            result = api.run_exec(
+            from pgrace import proxy
+
+            result = proxy.run_exec(
                 pick_variant(loaded, fix, bug), commands, server=tidied(server_ready()), step_timeout=step_timeout
             )
             emit(draw("run", fmt, result, shown.style()), output)
