@@ -18,7 +18,7 @@ from fake_engine import Bench, after, scenario
 
 from pgrace.engine.session import Session
 from pgrace.engine.steps import Active
-from pgrace.engine.transport import Plain, Steps
+from pgrace.engine.transport import Launched, Plain
 from pgrace.engine.waiting import Waiting
 from pgrace.errors import ScenarioError, StepsStuck
 from pgrace.model.timeline import Outcome, StepCancelled
@@ -261,9 +261,9 @@ class OwnSteps(Plain):
         self.own: list[str] = []
         self.reported: list[int] = []
 
-    def run_own(self, session: Session, active: Active, steps: Steps) -> Outcome | None:
+    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
         self.own.append(active.step.name)
-        assert steps.is_waiting(active) is False  # being launched: not yet among the steps waited for
+        assert launched.is_waiting(active) is False  # being launched: not yet among the steps waited for
         return Outcome()
 
     def step_reported(self, last_done: int) -> None:

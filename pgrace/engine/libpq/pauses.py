@@ -5,7 +5,7 @@ A sleep is what lets ``lock_timeout``, ``statement_timeout``, the deadlock detec
 are still watched; a crash kills a session as a dying worker would; and a session the
 server ends while it runs nothing is noted when found, with the server's reason.
 
-The scheduler's steps are given to each call (:class:`~pgrace.engine.transport.Steps`):
+The scheduler's steps are given to each call (:class:`~pgrace.engine.transport.Launched`):
 a waiting step that ends meanwhile is handed back to it, never reported from here.
 """
 
@@ -32,7 +32,7 @@ RELEASER_GRACE_S = 0.05
 
 if TYPE_CHECKING:
     from pgrace.engine.steps import Recorder
-    from pgrace.engine.transport import Steps
+    from pgrace.engine.transport import Launched
 
 
 class Pauses:
@@ -57,7 +57,7 @@ class Pauses:
         """The control connection was opened again (a step had ended it)."""
         self.control = control
 
-    def sleep(self, seconds: float, steps: Steps) -> None:
+    def sleep(self, seconds: float, launched: Launched) -> None:
         """A deliberate pause: the schedule stands still while the other sessions are still watched.
 
         A waiting step that ends meanwhile is reported as it ends (its time, who released it,
@@ -69,22 +69,22 @@ class Pauses:
             watched = sockets(s for s in self.sessions.values() if s.lost is None and s.ended is None)
             if not watched:
                 time.sleep(min(left, 0.1))  # nothing to watch: only the clock
-                steps.idle()
+                launched.idle()
                 continue
             readable, _, _ = select.select(list(watched), [], [], min(left, 0.1))
             for fd in readable:
                 session = watched[fd]
                 active = session.active
-                if active is not None and steps.is_waiting(active) and active.outcome is None:
+                if active is not None and launched.is_waiting(active) and active.outcome is None:
                     session.consume()
                     if not session.pgconn.is_busy():
-                        steps.settle(session, active)
-                        steps.report_unless_held(session, active)
+                        launched.settle(session, active)
+                        launched.report_unless_held(session, active)
                 else:
-                    self.found_ended_idle(session, steps.last_done)
-            steps.idle()
+                    self.found_ended_idle(session, launched.last_done)
+            launched.idle()
 
-    def others_ended(self, running: Active, sessions: list[LibpqSession], steps: Steps) -> None:
+    def others_ended(self, running: Active, sessions: list[LibpqSession], launched: Launched) -> None:
         """While ``running`` runs on, other steps ended (a lock_timeout, a release) or the server ended a session.
 
         Each is reported as it ends, with the locks then, as during a sleep. When
@@ -99,19 +99,19 @@ class Pauses:
         for session in sessions:
             other = session.active
             if other is None:
-                self.found_ended_idle(session, steps.last_done, during=running.seq)
+                self.found_ended_idle(session, launched.last_done, during=running.seq)
                 continue
             session.consume()
-            if session.pgconn.is_busy() or not steps.is_waiting(other):
+            if session.pgconn.is_busy() or not launched.is_waiting(other):
                 continue
             if not graced:  # one grace for all that ended together, not one each
                 if self._ends_within(running, RELEASER_GRACE_S):
                     return  # reported after it, by whoever polls the waiting steps next
                 graced = True
-            steps.settle(session, other)
+            launched.settle(session, other)
             if other.lost is not None:
                 continue  # collected now, told after the running step (which polls the waiting steps)
-            steps.report_unless_held(session, other)
+            launched.report_unless_held(session, other)
 
     def _ends_within(self, active: Active, seconds: float) -> bool:
         """Whether ``active``'s result is all in within ``seconds``."""

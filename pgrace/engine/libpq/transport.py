@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pgrace.engine.libpq.session import LibpqSession
     from pgrace.engine.session import Session
     from pgrace.engine.steps import Active, Recorder
-    from pgrace.engine.transport import Steps
+    from pgrace.engine.transport import Launched
     from pgrace.errors import PgraceError
     from pgrace.model.timeline import Release
 
@@ -49,18 +49,18 @@ class LibpqTransport:
     def quoting(self, session: Session) -> psycopg.Connection[Any] | None:
         return self.sessions[session.name].conn
 
-    def run_own(self, session: Session, active: Active, steps: Steps) -> Outcome | None:
+    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
         step = active.step
         if step.sleep is not None:
-            self.pauses.sleep(step.sleep, steps)
+            self.pauses.sleep(step.sleep, launched)
             return Outcome()
         if step.crash is not None:
             self.pauses.crashes.add(active.seq)  # what it releases, the scenario's own crash did: nothing to add
-            return self.pauses.crash(self.sessions[session.name], active, steps.idle)
+            return self.pauses.crash(self.sessions[session.name], active, launched.idle)
         return None
 
-    def others_ended(self, running: Active, others: list[Any], steps: Steps) -> bool:
-        self.pauses.others_ended(running, others, steps)
+    def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:
+        self.pauses.others_ended(running, others, launched)
         return True
 
     def step_reported(self, last_done: int) -> None:
