@@ -26,7 +26,7 @@ from psycopg import pq
 
 from pgrace import scratch
 from pgrace.engine.connections import RunConnections
-from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql
+from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql, setup_failed
 from pgrace.engine.libpq.session import LibpqSession
 from pgrace.engine.libpq.transport import LibpqTransport
 from pgrace.engine.options import RunOptions
@@ -34,7 +34,7 @@ from pgrace.engine.retries import attempted
 from pgrace.engine.scheduler import Scheduler, uses_facts
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
-from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
+from pgrace.errors import RunAborted, ScenarioFailed
 from pgrace.model import variables
 from pgrace.model.orders import Permutations
 from pgrace.model.scenario import PermutationStep, Scenario
@@ -378,10 +378,3 @@ def launch_ready(scheduler: Scheduler, sessions: Mapping[str, Session], deferred
             continue  # an attempt nobody needs: its place in the interleaving stays empty
         scheduler.launch_entry(step, entry)
         position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
-
-
-def setup_failed(where: str, outcome: Any, source: str, line: int | None) -> SetupFailed:
-    """A setup's error as every driver tells it: the server's words, and whether pgrace cancelled it."""
-    error = outcome.error
-    cancelled = f" ({error.detail})" if error.detail and error.detail.startswith("pgrace cancelled") else ""
-    return SetupFailed(f"{where} failed: {error.severity}:  {error.message}{cancelled}", source, line)
