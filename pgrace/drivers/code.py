@@ -220,7 +220,7 @@ def explore_code(
     (by what the server showed each one touched, as ``pgrace explore``'s reduction) are run
     once; ``complete`` says every order was covered. Without, every order is run. Either way
     ``explored`` and ``runs`` count the runs, at most ``limit``. ``framework_modules``: as
-    :func:`run_code`'s.
+    ``run_code``'s.
     """
     info = shared_server(server)
     name = _name_of(sessions, name)
