@@ -23,8 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgrace import scratch
 from pgrace.engine.connections import RunConnections
-from pgrace.engine.control import ControlSql
-from pgrace.engine.libpq.runner import setup_failed
+from pgrace.engine.control import ControlSql, setup_failed
 from pgrace.engine.options import RunOptions
 from pgrace.engine.proxy.processes import Actor, Command, proxy_sockets, start
 from pgrace.engine.proxy.relay import Proxy
@@ -35,6 +34,7 @@ from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.engine.threads.order import Chooser
 from pgrace.engine.threads.waiting import GateWaiting
+from pgrace.engine.transport import Plain
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
 from pgrace.errors import ExecError, ScenarioFailed, StepsStuck
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
@@ -68,9 +68,9 @@ class ExecOrder:
             self.sessions,
             runner.inspector,
             book,
-            waiting=GateWaiting(self.sessions, self.cond, runner.inspector, self.step_timeout),
+            Plain(GateWaiting(self.sessions, self.cond, runner.inspector, self.step_timeout)),
+            locks_each_completion=True,  # what each statement left held, as the clients go
         )
-        self.scheduler.locks_each_completion = True
 
     def run(self, chooser: Chooser) -> list[tuple[str, ...]]:
         """Let the statements go under ``chooser``'s order until every command has ended."""
@@ -80,10 +80,8 @@ class ExecOrder:
             with self.cond:
                 ready = sorted(n for n, s in self.sessions.items() if s.gate.state == "ready")
             if not ready:
-                if self.scheduler.waiting:
-                    oldest = self.scheduler.waiting[0]
-                    if self.scheduler.try_complete(oldest, blocking=True, retry=True):
-                        self.scheduler.waiting.remove(oldest)
+                if self.scheduler.oldest_waiting() is not None:
+                    self.scheduler.wait_for_oldest()
                     self.settle()
                     continue
                 if self._all_ended():
@@ -159,7 +157,7 @@ class ExecOrder:
         while True:
             self._adopt()
             self._report_exits()
-            if self.scheduler.waiting:
+            if self.scheduler.oldest_waiting() is not None:
                 self.scheduler.poll_waiting(blocking=False)
             why = self._unsettled()
             if why is None:
@@ -182,7 +180,7 @@ class ExecOrder:
         with self.cond:
             states = {name: (s.gate.state, s.owner, s.relay_tid) for name, s in self.sessions.items()}
             held = [s for s in self.sessions.values() if s.gate.state in ("ready", "running")]
-        waiting = {a.step.session for a in self.scheduler.waiting}
+        waiting = self.scheduler.waiting_sessions()
         for name, (state, owner, relay_tid) in states.items():
             if state == "running" and name not in waiting:
                 return f"session {name}'s statement runs"

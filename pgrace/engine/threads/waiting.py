@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
 
 if TYPE_CHECKING:
     from pgrace.engine.observe.locks import LockInspector
+    from pgrace.engine.steps import Active
     from pgrace.engine.threads.session import Gate
 
 
@@ -47,7 +48,7 @@ class GateWaiting(Generic[G]):
         with self.cond:
             return session.gate.state == "running" and session.gate.finished is None
 
-    def wait(self, session: G, slice_s: float) -> tuple[bool, list[G]]:
+    def wait(self, session: G, slice_s: float, pending: Collection[Active]) -> tuple[bool, list[G]]:
         """Any session's statement that ends notifies the condition: the others' ends are news too."""
         with self.cond:
             if session.gate.finished is None and session.gate.state == "running":
