@@ -232,19 +232,13 @@ def test_a_steps_loop_is_found_without_a_scan() -> None:
 MEASURED = """
 import json, sys, time
 from pgrace.drivers.fromlog import from_log
-
-
-def peak_kib():
-    # VmHWM is this program's own peak: getrusage's ru_maxrss also counts the parent's size at the fork
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-
+from tools.memory import peak_mib
 
 started = time.perf_counter()
 found = from_log([sys.argv[1]], list_only=sys.argv[2] == "list", verify=False)
 print(json.dumps({
     "seconds": time.perf_counter() - started,
-    "peak_mib": peak_kib() / 1024,
+    "peak_mib": peak_mib(),
     "incidents": len(found.incidents),
     "unsaid": found.written.unsaid if found.written else [],
 }))
