@@ -26,9 +26,8 @@ def report_lines(result: FromLog) -> list[str]:
     """The stderr report: which incident was written, what the log did not say, and whether it came back."""
     out = []
     total = len(result.incidents)
-    if result.chosen is not None:
-        chosen = result.incidents[result.chosen - 1]
-        out.append(f"pgrace: from-log: incident {result.chosen} of {total}: {chosen.summary}")
+    if result.chosen is not None and result.incident is not None:
+        out.append(f"pgrace: from-log: incident {result.chosen} of {total}: {result.incident.summary}")
     if result.skipped:
         out.append(f"pgrace: from-log: {result.skipped} line(s) skipped: not log records of the file's format")
     out += [f"pgrace: from-log: {u}" for u in result.unreadable]
