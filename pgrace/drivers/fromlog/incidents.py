@@ -158,7 +158,7 @@ class _Stretch:
             self.by_line.setdefault(r.line, []).append(pos)
             if r.pid is not None:
                 self.by_pid.setdefault(r.pid, []).append(pos)
-            if r.severity == "LOG" and _WAITING.match(r.message):
+            if r.severity == "LOG" and r.message[:8] == "process " and _WAITING.match(r.message):
                 self.lock_waits.append(pos)
 
     def of(self, pids: set[int], index: int) -> list[int]:
