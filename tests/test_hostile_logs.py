@@ -324,7 +324,7 @@ import sys, time
 import pgrace.drivers.fromlog.verify as verify
 verify.VERIFY_SECONDS = 5.0
 from pgrace.drivers.fromlog import from_log
-from pgrace.drivers.fromlog.report import report_lines
+from pgrace.render.from_log import report_lines
 started = time.perf_counter()
 found = from_log([sys.argv[1]])
 print(time.perf_counter() - started)

@@ -44,7 +44,7 @@ def from_log_command(
     scenario, run in a scratch database, brought the incident back (exit 1 if not).
     """
     from pgrace.drivers.fromlog import from_log
-    from pgrace.drivers.fromlog.report import incident_list, report_lines
+    from pgrace.render.from_log import incident_list, report_lines
 
     refuse_overwriting_inputs(output, logfiles)
     result = from_log(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.verify import VERIFY_SECONDS
 from pgrace.text import visible
 
 if TYPE_CHECKING:
@@ -51,9 +50,9 @@ def report_lines(result: FromLog) -> list[str]:
         out.append(f"pgrace: from-log: not checked (the scenario is written): {result.not_checked}")
     elif verified is not None:
         out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
-        if verified.out_of_time:
+        if verified.out_of_time is not None:
             out.append(
-                f"pgrace: from-log: verification stopped at its {VERIFY_SECONDS:g} s limit, "
+                f"pgrace: from-log: verification stopped at its {verified.out_of_time:g} s limit, "
                 f"after {verified.explored} other interleaving(s)"
             )
     return [visible(line) for line in out]
