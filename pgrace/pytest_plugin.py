@@ -21,12 +21,13 @@ a test uses pgrace or not: it imports nothing of pgrace's until a fixture is ask
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
     from pathlib import Path
 
     from pgrace.drivers.explore import Exploration
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from pgrace.model.timeline import Run
     from pgrace.servers import ServerInfo
 
-    RunScenario = Callable[..., Run]
+RunScenario = Callable[..., "Run"]
+"""What ``pgrace_run`` gives a test: a function that runs a scenario and returns its record."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
