@@ -330,7 +330,8 @@ def stderr_records(numbered: Iterable[tuple[int, str]], prefix: Prefix) -> tuple
             if line:
                 skipped += 1
             continue
-        flush()
+        if more:
+            flush()
         number = m["p"] if has_pid else None
         pid = int(number) if number else None
         severity = m["sev"]
@@ -345,18 +346,10 @@ def stderr_records(numbered: Iterable[tuple[int, str]], prefix: Prefix) -> tuple
                 setattr(target, last_field, message)
                 last = target
             continue
-        groups = m.groupdict()
+        get = m.groupdict().get
+        # In the order of Record's fields: positional arguments are the cheaper call, once a record.
         record = Record(
-            lineno,
-            severity,
-            message,
-            pid=pid,
-            app=groups.get("a"),
-            vxid=groups.get("v"),
-            xid=groups.get("x"),
-            database=groups.get("d"),
-            user=groups.get("u"),
-            time=groups.get("m") or groups.get("t"),
+            lineno, severity, message, pid, get("a"), get("v"), get("x"), get("d"), get("u"), get("m") or get("t")
         )
         records.append(record)
         by_pid[pid] = record
