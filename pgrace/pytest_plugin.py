@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pgrace.drivers.explore import Exploration
-    from pgrace.engine.runner import RunOptions
+    from pgrace.engine.options import RunOptions
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario
     from pgrace.model.timeline import Run
@@ -64,7 +64,7 @@ def pgrace_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
 def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
     """Run a scenario in a scratch database of ``pgrace_server`` and return its record."""
     from pgrace import api
-    from pgrace.engine.runner import RunOptions
+    from pgrace.engine.options import RunOptions
     from pgrace.formats import catalog
     from pgrace.model.scenario import Scenario
 
