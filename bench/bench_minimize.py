@@ -5,7 +5,8 @@ incident brings them along. Incidents: real sessions deadlock or wait on a serve
 logs (tools/incidents.py), from-log writes the scenario from that server's own log, and
 it is minimized in the order that reproduced it. For each: runs, seconds, steps before
 and after, whether the result is locally minimal, and how often a chancy failure was run
-per candidate.
+per candidate. For a padded race, the spec export: verified by the real isolationtester of
+PostgreSQL 18 and of Debian's 15 where it is installed ("18 15"), or what a spec cannot say.
 
     python bench/bench_minimize.py [NAME ...]     # NAME: a shipped scenario, or an incident: deadlock,
                                                   # busy-deadlock, cycle, lock-wait
@@ -13,6 +14,8 @@ per candidate.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -20,7 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pgrace.drivers.minimize import minimize
+from pgrace.drivers.minimize import Minimized, minimize
+from pgrace.drivers.minimize.export import ExportError, verified_spec
 from pgrace.formats import catalog
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, open_server
@@ -37,7 +41,23 @@ INCIDENTS: dict[str, Callable[[real.LoggingServer], None]] = {
 }
 
 
-def _row(name: str, label: str, scenario: Scenario, server: ServerInfo) -> None:
+PG15 = "/usr/lib/postgresql/15/bin"
+
+
+def _spec(found: Minimized, servers: list[tuple[str, ServerInfo]]) -> str:
+    """Which servers' isolationtester reproduced the exported spec, or why a spec cannot say it."""
+    verified = []
+    with tempfile.TemporaryDirectory() as where:
+        for version, server in servers:
+            try:
+                verified_spec(found, server, found.original.name, Path(where))
+            except ExportError as exc:
+                return str(exc).rsplit(": ", 1)[-1][:40]
+            verified.append(version)
+    return " ".join(verified)
+
+
+def _row(name: str, label: str, scenario: Scenario, server: ServerInfo, specs: list[tuple[str, ServerInfo]]) -> None:
     order = tuple(p.step for p in scenario.permutations[0])
     started = time.monotonic()
     try:
@@ -49,7 +69,7 @@ def _row(name: str, label: str, scenario: Scenario, server: ServerInfo) -> None:
     steps = f"{found.before['steps']}→{found.after['steps']}"
     print(
         f"{name:<28} {label:<8} {found.runs:>5} {seconds:>8.2f} {steps:>9} {found.repeats:>7}"
-        f" {'yes' if found.locally_minimal else 'no'}",
+        f" {'yes' if found.locally_minimal else 'no':<7} {_spec(found, specs) if specs else ''}",
         flush=True,
     )
 
@@ -67,7 +87,7 @@ def _incident(name: str) -> None:
         if found.written is None or found.verified is None or not found.verified.reproduced:
             print(f"{name:<28} {'from-log':<8} not reproduced")
             return
-        _row(name, "from-log", parse_toml_scenario(found.written.text, str(log)), logging.server)
+        _row(name, "from-log", parse_toml_scenario(found.written.text, str(log)), logging.server, [])
 
 
 def main() -> None:
@@ -82,13 +102,17 @@ def main() -> None:
         ]
     )
     incidents = [n for n in wanted if n in INCIDENTS] if wanted else list(INCIDENTS)
-    print(f"{'scenario':<28} {'input':<8} {'runs':>5} {'seconds':>8} {'steps':>9} {'repeats':>7} minimal")
+    print(f"{'scenario':<28} {'input':<8} {'runs':>5} {'seconds':>8} {'steps':>9} {'repeats':>7} minimal spec")
     if names:
-        with open_server(None) as server:
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(open_server(None))
+            specs = [("18", server)]
+            if os.path.exists(os.path.join(PG15, "postgres")):
+                specs.append(("15", stack.enter_context(open_server(PG15))))
             for name in names:
                 shipped = catalog.load(name).variant_named("bug")
                 for label, scenario in (("shipped", shipped), ("padded", padded(shipped))):
-                    _row(name, label, scenario, server)
+                    _row(name, label, scenario, server, specs if label == "padded" else [])
     for name in incidents:
         _incident(name)
 

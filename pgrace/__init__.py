@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario, Session, Step
     from pgrace.model.timeline import CheckResult, Run, StepRun
+    from pgrace.proxy import explore_exec, run_exec
     from pgrace.servers import ServerInfo, open_server
 
 _HOMES = {
@@ -67,6 +68,8 @@ _HOMES = {
     "OutcomeClass": "pgrace.model.outcomes",
     "TracedConnection": "pgrace.drivers.code",
     "explore_code": "pgrace.drivers.code",
+    "explore_exec": "pgrace.proxy",
+    "run_exec": "pgrace.proxy",
     "run_code": "pgrace.drivers.code",
     "PgraceError": "pgrace.errors",
     "Run": "pgrace.model.timeline",
@@ -126,6 +129,7 @@ __all__ = [
     "compare",
     "explore",
     "explore_code",
+    "explore_exec",
     "from_log",
     "list_scenarios",
     "load",
@@ -135,6 +139,7 @@ __all__ = [
     "open_server",
     "run",
     "run_code",
+    "run_exec",
     "show",
     "sweep",
 ]

@@ -4,6 +4,7 @@
     ├── ScenarioError               exit 2, invalid input: a scenario or spec file (file:line),
     │   │                                   an option value, a malformed --dsn
     │   ├── CodeError                       session code run_code/explore_code cannot interleave
+    │   ├── ExecError                       an --exec command that connected around the proxy, or never waited
     │   └── OptionError                     a parameter's value, or parameters that exclude each other
     ├── ScenarioFailed              exit 1, the scenario could not run to its end on this server:
     │   ├── SetupFailed                     its setup SQL failed, or
@@ -153,6 +154,10 @@ class RunAborted(PgraceError):
     """
 
     exit_code = EXIT_NO_SERVER
+
+
+class ExecError(ScenarioError):
+    """An ``--exec`` command pgrace cannot order: it reached the run's database around the proxy, or never waited."""
 
 
 class CodeError(ScenarioError):

@@ -12,26 +12,33 @@ Fixtures:
   and ``pgrace_code.assert_every(found, predicate)``, which fails the test with the text
   timeline of the simplest interleaving whose outcome does not satisfy ``predicate``. Their
   options are the functions' (``framework_modules=``: more modules a step's note passes over).
+
+pytest loads this module in every session of every project that installs pgrace, whether
+a test uses pgrace or not: it imports nothing of pgrace's until a fixture is asked for
+(tests/test_import_cost.py holds it to that).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pgrace.model.scenario import Scenario
-from pgrace.model.timeline import Run
-from pgrace.servers import ServerInfo, open_server
-
 if TYPE_CHECKING:
-    from pgrace.drivers.explore import Exploration
-    from pgrace.model.outcomes import OutcomeClass
+    from collections.abc import Iterator
+    from pathlib import Path
 
-RunScenario = Callable[..., Run]
+    from pgrace.drivers.explore import Exploration
+    from pgrace.engine.options import RunOptions
+    from pgrace.model.outcomes import OutcomeClass
+    from pgrace.model.scenario import Scenario
+    from pgrace.model.timeline import Run
+    from pgrace.servers import ServerInfo
+
+RunScenario = Callable[..., "Run"]
+"""What ``pgrace_run`` gives a test: a function that runs a scenario and returns its record."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,6 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def pgrace_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
     """One server for the whole test session; embedded unless a DSN is given."""
+    from pgrace.servers import open_server
+
     dsn = request.config.getoption("--pgrace-dsn") or os.environ.get("PGRACE_DSN") or None
     with open_server(dsn) as server:
         yield server
@@ -57,6 +66,7 @@ def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
     from pgrace import api
     from pgrace.engine.options import RunOptions
     from pgrace.formats import catalog
+    from pgrace.model.scenario import Scenario
 
     def run(
         scenario: Scenario | str | Path,

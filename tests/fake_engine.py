@@ -24,7 +24,7 @@ A step's text is one statement of the script:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from pgrace.engine.observe.locks import LockSnapshot
 from pgrace.engine.options import RunOptions
 from pgrace.engine.scheduler import Scheduler
 from pgrace.engine.steps import Active, Recorder, StepBook
+from pgrace.engine.transport import Plain, Transport
 from pgrace.model.scenario import CompletionMarker, PermutationStep, Scenario, Session, Step
 from pgrace.model.timeline import (
     Event,
@@ -218,7 +219,7 @@ class FakeWaiting:
     def running(self, session: FakeSession, read: bool = False) -> bool:
         return session.statement is not None and session.statement.outcome is None
 
-    def wait(self, session: FakeSession, slice_s: float) -> tuple[bool, list[FakeSession]]:
+    def wait(self, session: FakeSession, slice_s: float, pending: Collection[Active]) -> tuple[bool, list[FakeSession]]:
         """A tick; a blocked statement's wait costs the slice (a step timeout is wall-clock time)."""
         self.waits += 1
         desk = session.desk
@@ -304,7 +305,14 @@ def scenario(*steps: str, name: str = "scripted") -> Scenario:
 class Bench:
     """One scenario's scripted sessions on a scheduler, and its run's events read as lines."""
 
-    def __init__(self, scenario: Scenario, step_timeout: float = 10.0, defer_busy_sessions: bool = False) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        step_timeout: float = 10.0,
+        defer_busy_sessions: bool = False,
+        transport: Callable[[FakeWaiting], Transport] = Plain,
+    ) -> None:
+        """``transport``: what the scheduler is given around the scripted sessions' waiting strategy."""
         self.scenario = scenario
         self.desk = Desk()
         self.sessions = {s.name: FakeSession(s.name, 1000 + i, self.desk) for i, s in enumerate(scenario.sessions)}
@@ -313,8 +321,9 @@ class Bench:
         options = RunOptions(step_timeout=step_timeout, track_row_locks=False, defer_busy_sessions=defer_busy_sessions)
         self.book = StepBook(Recorder(self.run, None), self.inspector, step_timeout)
         self.waiting = FakeWaiting(self.sessions)
+        self.transport = transport(self.waiting)
         self.scheduler = Scheduler(
-            scenario, self.run, options, self.sessions, self.inspector, self.book, waiting=self.waiting
+            scenario, self.run, options, self.sessions, self.inspector, self.book, self.transport
         )
 
     def play(self, *order: str | PermutationStep) -> list[str]:
@@ -328,10 +337,10 @@ class Bench:
 
         scheduler = self.scheduler
         entries = tuple(PermutationStep(e) if isinstance(e, str) else e for e in order)
-        scheduler.permutation = entries
+        scheduler.start_permutation(entries)
         deferred: list[PermutationStep] = []
         for position, entry in enumerate(entries):
-            scheduler.unlaunched = position
+            scheduler.launching(position)
             session = self.sessions[self.scenario.step(entry.step).session]
             held = any(self.scenario.step(d.step).session == session.name for d in deferred)
             if scheduler.options.defer_busy_sessions or held or (session.busy and scheduler.overtaken(session)):
@@ -340,14 +349,15 @@ class Bench:
                 continue
             if session.busy:
                 scheduler.wait_for_session(session)
-            scheduler.unlaunched = position + 1
+            scheduler.launching(position + 1)
             scheduler.launch_entry(self.scenario.step(entry.step), entry)
             if deferred:
                 launch_ready(scheduler, self.sessions, deferred)
         while deferred:
             session = self.sessions[self.scenario.step(deferred[0].step).session]
-            if not session.busy and scheduler.waiting:
-                session = self.sessions[scheduler.waiting[0].step.session]
+            oldest = scheduler.oldest_waiting()
+            if not session.busy and oldest is not None:
+                session = self.sessions[oldest.step.session]
             scheduler.wait_for_session(session)
             launch_ready(scheduler, self.sessions, deferred)
         scheduler.finish_permutation()

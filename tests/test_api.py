@@ -212,7 +212,7 @@ def test_list_and_show_are_the_packages_functions_the_commands_draw() -> None:
 
 
 def test_from_log_is_the_packages_function_and_its_errors_name_its_parameters() -> None:
-    from pgrace.drivers.fromlog.report import incident_list
+    from pgrace.render.from_log import incident_list
 
     found = pgrace.from_log([DEADLOCK_LOG], list_only=True)
     assert len(found.incidents) == 1

@@ -156,7 +156,7 @@ def test_a_code_run_is_waited_for_by_the_scenario_scheduler(
     try_complete = Scheduler.try_complete
 
     def spy(self: Scheduler, active: Any, blocking: bool, retry: bool = False) -> bool:
-        seen.append((type(self.strategy).__name__, active.step.session))
+        seen.append((type(self.transport.waiting).__name__, active.step.session))
         return try_complete(self, active, blocking, retry)
 
     monkeypatch.setattr(Scheduler, "try_complete", spy)

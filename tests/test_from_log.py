@@ -169,8 +169,8 @@ def test_an_order_that_does_not_deadlock_is_explored_until_one_does(tmp_path: Pa
         log = tmp_path / "server.log"
         shutil.copy(logging.logfile(), log)
         found = from_log([str(log)], verify=False)
-        assert found.written is not None
-        incident = found.incidents[0]
+        assert found.written is not None and found.incident is not None
+        incident = found.incident
         sessions = list(dict.fromkeys(s.session for s in found.written.steps))
         serial = [s.name for session in sessions for s in found.written.steps if s.session == session]
         one_after_the_other = write_scenario(incident, order=serial)

@@ -101,7 +101,8 @@ def test_sessions_named_like_a_cause_of_release_are_data(holder: str, waiter: st
             found = from_log([str(log)], incident=number, server=logging.server)
             assert found.written is not None and found.verified is not None
             assert found.verified.reproduced, found.verified.failures
-            incident = found.incidents[number - 1]
+            incident = found.incident
+            assert incident is not None
             assert set(incident.names.values()) == {f"pid{pid}" for pid in incident.pids}
             released = f"pid{incident.waits[0].holders[0]}" if number == 2 else "deadlock"
             assert f'released_by = "{released}"' in found.written.text

@@ -38,6 +38,7 @@ def test_the_common_shapes_are_detected_with_and_without_their_fields(tmp_path: 
         assert fmt.prefix is not None and fmt.prefix.template == shape, (shape, fmt)
         found = from_log([str(log)], verify=False)
         assert [i.kind for i in found.incidents] == ["deadlock"], shape
-        names = set(found.incidents[0].names.values())
+        assert found.incident is not None
+        names = set(found.incident.names.values())
         assert names == {"alice", "bob"} if "%a" in shape else all(n.startswith("pid") for n in names), shape
         assert found.written is not None and 'error = "40P01"' in found.written.text

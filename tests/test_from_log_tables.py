@@ -44,7 +44,8 @@ def test_tables_in_a_schema_quoted_or_partitioned_resolve(
         clients.insert_wait_on(logging, table)
         deadlock, insert = _both(logging, tmp_path / "server.log", pgrace_server if dsn else None)
     index = {"pgboss.job": "job_pkey", "Order Lines": "Order Lines_pkey", "events": "events_1_pkey"}[table]
-    wait = insert.incidents[1].waits[0]
+    assert insert.incident is not None
+    wait = insert.incident.waits[0]
     assert wait.index == index and wait.table is None  # an index is not a table
     assert f"on {index}" not in insert.incidents[1].summary
     text = deadlock.written.text if deadlock.written else ""

@@ -232,19 +232,13 @@ def test_a_steps_loop_is_found_without_a_scan() -> None:
 MEASURED = """
 import json, sys, time
 from pgrace.drivers.fromlog import from_log
-
-
-def peak_kib():
-    # VmHWM is this program's own peak: getrusage's ru_maxrss also counts the parent's size at the fork
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-
+from tools.memory import peak_mib
 
 started = time.perf_counter()
 found = from_log([sys.argv[1]], list_only=sys.argv[2] == "list", verify=False)
 print(json.dumps({
     "seconds": time.perf_counter() - started,
-    "peak_mib": peak_kib() / 1024,
+    "peak_mib": peak_mib(),
     "incidents": len(found.incidents),
     "unsaid": found.written.unsaid if found.written else [],
 }))
@@ -302,12 +296,35 @@ def test_20000_lock_waits_are_listed_in_bounded_memory(tmp_path: Path) -> None:
     assert result["peak_mib"] < 128, result  # type: ignore[operator]
 
 
+HELD = """
+import sys, tracemalloc
+from pgrace.drivers.fromlog import from_log
+from_log([sys.argv[1]], list_only=True)  # the caches (compiled prefixes and patterns) are filled once
+tracemalloc.start()
+found = from_log([sys.argv[1]], list_only=True)
+print(len(found.incidents), tracemalloc.get_traced_memory()[0])
+"""
+
+
+def test_an_incident_listed_is_held_in_a_few_hundred_bytes(tmp_path: Path) -> None:
+    """A list keeps one line per incident, not its processes' records: 20,000 of them fit in a few MiB."""
+    log = tmp_path / "waits.log"
+    with log.open("w") as f:
+        for n in range(2_000):
+            f.write(LOCK_WAIT.replace("24915", str(100_000 + n)).replace("24914", str(200_000 + n)))
+    done = subprocess.run([sys.executable, "-c", HELD, str(log)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    incidents, held = map(int, done.stdout.split())
+    assert incidents == 2_000
+    assert held / incidents < 500, f"{held / incidents:.0f} bytes held per incident listed"
+
+
 VERIFY_IN_TIME = """
 import sys, time
 import pgrace.drivers.fromlog.verify as verify
 verify.VERIFY_SECONDS = 5.0
 from pgrace.drivers.fromlog import from_log
-from pgrace.drivers.fromlog.report import report_lines
+from pgrace.render.from_log import report_lines
 started = time.perf_counter()
 found = from_log([sys.argv[1]])
 print(time.perf_counter() - started)

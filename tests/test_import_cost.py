@@ -96,3 +96,11 @@ def test_a_json_run_imports_no_other_renderer(pgrace_server: ServerInfo) -> None
     modules = modules_after(code)
     assert "pgrace.render.json" in modules  # it did run
     assert loaded(modules, NOT_FOR_JSON) == []
+
+
+def test_the_pytest_plugin_imports_nothing_of_pgrace_until_a_fixture_is_used() -> None:
+    """pytest loads the plugin in every session of every project that installs pgrace, used or not."""
+    modules = modules_after("import pytest\nimport pgrace.pytest_plugin\n")
+    baseline = modules_after("import pytest\n")
+    pulled = sorted(modules - baseline)
+    assert pulled == ["pgrace", "pgrace.pytest_plugin"], pulled

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import pytest
 from fake_engine import Bench, after, scenario
 
+from pgrace.engine.session import Session
+from pgrace.engine.steps import Active
+from pgrace.engine.transport import Launched, Plain
+from pgrace.engine.waiting import Waiting
 from pgrace.errors import ScenarioError, StepsStuck
-from pgrace.model.timeline import StepCancelled
+from pgrace.model.timeline import Outcome, StepCancelled
 from pgrace.model.variables import Value
 
 TWO_WRITERS = scenario(
@@ -246,3 +251,32 @@ def test_a_step_that_fails_captures_null_and_one_whose_column_is_missing_is_bad_
     with pytest.raises(ScenarioError, match="step 'b1' captures column 'w', but its result has v"):
         bench.play("a1", "b1")
     assert bench.sessions["alice"].variables == {"claimed": Value(None)}
+
+
+class OwnSteps(Plain):
+    """A transport that runs a step with a ``sleep`` itself, and keeps what the scheduler told it."""
+
+    def __init__(self, waiting: Waiting[Any]) -> None:
+        super().__init__(waiting)
+        self.own: list[str] = []
+        self.reported: list[int] = []
+
+    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+        self.own.append(active.step.name)
+        assert launched.is_waiting(active) is False  # being launched: not yet among the steps waited for
+        return Outcome()
+
+    def step_reported(self, last_done: int) -> None:
+        self.reported.append(last_done)
+
+
+def test_a_transports_own_step_is_run_by_the_transport_and_each_report_is_told_to_it() -> None:
+    """A sleep or a crash is the transport's to run (the scheduler knows no transport by name); after
+    each step reported, the transport hears which was done last (to find sessions the server ended)."""
+    napping = scenario("alice.a1: select 1", "bob.b1: select 2")
+    napping = dataclasses.replace(napping, steps=(dataclasses.replace(napping.steps[0], sleep=0.5), napping.steps[1]))
+    bench = Bench(napping, transport=OwnSteps)
+    assert bench.play("a1", "b1") == ["a1 sent", "a1 ends ok", "b1 sent", "b1 ends ok"]
+    assert isinstance(bench.transport, OwnSteps)
+    assert bench.transport.own == ["a1"] and bench.transport.reported == [1, 2]
+    assert bench.sessions["alice"].statement is None  # the transport's step was never sent as SQL

@@ -360,3 +360,13 @@ def emit(text: str, output: str | None) -> None:
         raise
     except OSError as exc:
         raise ScenarioError(f"cannot write: {exc.strerror or exc}", "stdout") from None
+
+
+exec_option = click.option(
+    "--exec",
+    "commands",
+    multiple=True,
+    metavar="NAME=COMMAND",
+    help="Run COMMAND (a shell command line) once per run instead of the file's steps, its connections through"
+    " pgrace's proxy (DATABASE_URL and the PG* variables point there), each statement a step; repeatable.",
+)

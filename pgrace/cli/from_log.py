@@ -52,7 +52,7 @@ def from_log_command(
     removals tried are told on stderr.
     """
     from pgrace import api
-    from pgrace.drivers.fromlog.report import incident_list, report_lines
+    from pgrace.render.from_log import incident_list, report_lines
 
     refuse_overwriting_inputs(output, logfiles)
     result = api.from_log(

@@ -16,6 +16,7 @@ from pgrace.cli.base import (
     dsn_option,
     either,
     emit,
+    exec_option,
     fix_option,
     format_option,
     jobs_option,
@@ -187,6 +188,7 @@ def check(
 @step_timeout_option
 @output_option
 @superuser_option
+@exec_option
 def explore(
     scenario: str,
     fix: bool,
@@ -208,6 +210,7 @@ def explore(
     step_timeout: float,
     output: str | None,
     superuser: bool,
+    commands: tuple[str, ...],
 ) -> None:
     """Run every interleaving of a scenario's steps and print the classes of outcomes.
 
@@ -232,25 +235,40 @@ def explore(
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
-    with progress_line() as progress:
-        found = api.explore(
+    if commands:
+        refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
+        from pgrace import proxy
+
+        found = proxy.explore_exec(
             chosen,
+            commands,
             dsn=server_target or dsn,
             superuser=superuser,
-            limit=limit,
-            seed=seed,
-            shard=parse_shard(shard),
-            jobs=jobs,
             step_timeout=step_timeout,
-            examples=examples,
-            merge=merge_files,
-            monitor=progress,
-            on_note=say,
             reduce=not no_reduce,
-            max_preemptions=max_preemptions,
-            pct=pct,
-            minimize=minimize_first,
+            examples=examples,
+            on_note=say,
         )
+    else:
+        with progress_line() as progress:
+            found = api.explore(
+                chosen,
+                dsn=server_target or dsn,
+                superuser=superuser,
+                limit=limit,
+                seed=seed,
+                shard=parse_shard(shard),
+                jobs=jobs,
+                step_timeout=step_timeout,
+                examples=examples,
+                merge=merge_files,
+                monitor=progress,
+                on_note=say,
+                reduce=not no_reduce,
+                max_preemptions=max_preemptions,
+                pct=pct,
+                minimize=minimize_first,
+            )
     verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
         emit(draw("explore", fmt if fmt in drawn else "text", found), output)
@@ -263,6 +281,33 @@ def explore(
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
     emit(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
     sys.exit(verdict)
+
+
+def refuse_exec_explore(
+    limit: int | None,
+    max_preemptions: int | None,
+    pct: int | None,
+    shard: str | None,
+    jobs: int,
+    merge_files: tuple[str, ...],
+    minimize_first: bool,
+) -> None:
+    """What ``explore --exec`` does not do yet: samples, bounded searches, shards, -j processes, merges, minimizing."""
+    given = [
+        name
+        for name, value in (
+            ("--max", limit is not None),
+            ("--max-preemptions", max_preemptions is not None),
+            ("--pct", pct is not None),
+            ("--shard", shard is not None),
+            ("-j", jobs != 1),
+            ("--merge", bool(merge_files)),
+            ("--minimize", minimize_first),
+        )
+        if value
+    ]
+    if given:
+        raise click.UsageError(f"--exec explores every order (reduced, or --no-reduce); leave out {given[0]}")
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -16,6 +16,7 @@ from pgrace.cli.base import (
     draw,
     dsn_option,
     emit,
+    exec_option,
     fix_option,
     format_option,
     main,
@@ -93,6 +94,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @allow_schema_option
 @database_name_option
 @superuser_option
+@exec_option
 def run(
     scenario: str,
     fix: bool,
@@ -112,6 +114,7 @@ def run(
     allow_scratch_schema: bool,
     database_name: str | None,
     superuser: bool,
+    commands: tuple[str, ...],
 ) -> None:
     """Run a scenario and print its timeline and verdict.
 
@@ -131,6 +134,15 @@ def run(
 
         refuse_overwriting_inputs(output, [loaded.source])
         shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)
+        if commands:
+            refuse_exec(compare, shown.live, fmt)
+            from pgrace import proxy
+
+            result = proxy.run_exec(
+                pick_variant(loaded, fix, bug), commands, server=tidied(server_ready()), step_timeout=step_timeout
+            )
+            emit(draw("run", fmt, result, shown.style()), output)
+            sys.exit(0 if result.ok else 1)
         if compare:
             refuse_compare(fix or bug, shown.live, fmt)
             runs = api.compare(
@@ -177,6 +189,16 @@ def import_ahead(*modules: str) -> None:
                 importlib.import_module(module)
 
     threading.Thread(target=load, name="pgrace-import-ahead", daemon=True).start()
+
+
+def refuse_exec(compare: bool, live: bool, fmt: str) -> None:
+    """What ``run --exec`` cannot do: both variants at once, live playback, isolationtester's output."""
+    if compare:
+        raise click.UsageError("--exec runs one variant; leave out --compare")
+    if live:
+        raise click.UsageError("--exec runs cannot be played live (--step, --pace)")
+    if fmt == "isolation":
+        raise click.UsageError("--exec runs have no isolationtester output; choose another --format")
 
 
 def refuse_compare(picked_variant: bool, live: bool, fmt: str) -> None:

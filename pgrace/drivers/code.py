@@ -63,7 +63,7 @@ import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from pgrace.drivers.explore import Exploration
 from pgrace.engine.threads.frames import display_name
@@ -269,8 +269,18 @@ def explore_code(
     )
 
 
+class Rerunnable(Protocol):
+    """What the reduced search needs of a runner: one run under a chooser, and which steps were no statement."""
+
+    raised: list[str]
+
+    def run_once(
+        self, chooser: Chooser, observe: bool, footprints: bool = False
+    ) -> tuple[Run, list[tuple[str, ...]]]: ...
+
+
 def _explore_reduced(
-    runner: CodeRunner, names: Sequence[str], count: Callable[[Run, Sequence[int], int], None], limit: int
+    runner: Rerunnable, names: Sequence[str], count: Callable[[Run, Sequence[int], int], None], limit: int
 ) -> tuple[int, str | None]:
     """The reduced search over the sessions' choices (:class:`~pgrace.drivers.reduce.ChoiceSearch`): the runs, and
     why they do not cover every order (None: they do).

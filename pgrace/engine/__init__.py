@@ -5,6 +5,7 @@ Shared by every transport:
 * :mod:`~pgrace.engine.scheduler`: the one scheduler (launch, wait detection, the step-timeout
   cancel, completion and release, lock observation), written over
   :mod:`~pgrace.engine.session`'s protocol; :mod:`~pgrace.engine.completions` (a step's end);
+* :mod:`~pgrace.engine.transport`: what a transport adds to the scheduler (its waiting, its own steps);
 * :mod:`~pgrace.engine.waiting`: the protocol of how a transport waits;
 * :mod:`~pgrace.engine.steps`: the step book (launches, waits, cancels, ends, releases, locks),
   the only maker of step events;

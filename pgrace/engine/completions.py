@@ -8,26 +8,37 @@ arrived since: a loss, notifications), because a completion marker may hold the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from pgrace.engine.libpq.session import LibpqSession
 from pgrace.engine.retries import note_attempt
 from pgrace.errors import ScenarioError
 from pgrace.model.timeline import Release
 from pgrace.model.variables import Value
 
 if TYPE_CHECKING:
-    from pgrace.engine.scheduler import Scheduler
-    from pgrace.engine.session import Session
-    from pgrace.engine.steps import Active
+    from pgrace.engine.session import Inspector, Session
+    from pgrace.engine.steps import Active, StepBook
+    from pgrace.engine.transport import Transport
+    from pgrace.model.scenario import Scenario
 
 
 class Completions:
-    """Settles and reports the steps of one scheduler."""
+    """Settles a finished step and records its end, for the scheduler of these sessions."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    def __init__(
+        self,
+        scenario: Scenario,
+        sessions: Mapping[str, Session],
+        inspector: Inspector,
+        book: StepBook,
+        transport: Transport,
+    ) -> None:
+        self.scenario = scenario
+        self.sessions = sessions
+        self.inspector = inspector
+        self.book = book
+        self.transport = transport
 
     def settle(self, session: Session, active: Active) -> None:
         """Collect a finished step's results (not yet its report) and note whether it ended its transaction."""
@@ -35,7 +46,7 @@ class Completions:
         if deadlock is not None and outcome.error is not None:
             outcome = dataclasses.replace(
                 outcome,
-                error=dataclasses.replace(outcome.error, cycle=self.scheduler.inspector.deadlock_cycle(deadlock)),
+                error=dataclasses.replace(outcome.error, cycle=self.inspector.deadlock_cycle(deadlock)),
             )
         active.outcome = outcome
         self._capture(session, active)
@@ -45,11 +56,11 @@ class Completions:
         """Tell the book the step is over (once): did it end its transaction, or its session?"""
         assert active.outcome is not None
         lost, after = session.ended_status(active)
-        self.scheduler.book.releases.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
+        self.book.releases.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
 
     def _settle_finished(self, names: Iterable[str]) -> None:
         """Collect the results that already arrived for these sessions' running steps (a deadlock victim's)."""
-        sessions = self.scheduler.sessions
+        sessions = self.sessions
         pending = [
             sessions[name]
             for name in names
@@ -58,51 +69,36 @@ class Completions:
             and active.outcome is None
             and sessions[name].lost is None
         ]
-        for session in self.scheduler.strategy.answered(pending):
+        for session in self.transport.waiting.answered(pending):
             assert session.active is not None
             self.settle(session, session.active)
 
     def _gone(self, names: Iterable[str]) -> set[str]:
         """Sessions whose backend no longer exists (terminated, crashed)."""
-        known = [self.scheduler.sessions[name] for name in names if name in self.scheduler.sessions]
-        alive = self.scheduler.inspector.states([s.pid for s in known if s.lost is None])
+        known = [self.sessions[name] for name in names if name in self.sessions]
+        alive = self.inspector.states([s.pid for s in known if s.lost is None])
         return {s.name for s in known if s.lost is not None or s.pid not in alive}
 
-    def _release(self, active: Active) -> Release | None:
+    def _release(self, active: Active, last_done: int) -> Release | None:
         """What ended the step's wait (None when it never waited)."""
         if not active.waiting_reported:
             return None
         assert active.outcome is not None
-        release = self.scheduler.book.release(
+        release = self.book.release(
             active,
             active.outcome.error,
             lost=active.lost is not None,
             settle=self._settle_finished,
             gone=self._gone,
         )
-        holder = self.scheduler.sessions.get(release.session or "") if release.cause == "terminated" else None
-        own = self.scheduler.sessions[active.step.session]
-        pauses = self.scheduler.pauses
-        if isinstance(holder, LibpqSession) and holder is not own and pauses and release.seq not in pauses.crashes:
-            pauses.found_ended_idle(holder)  # no step of the scenario did it: the server says what did
-            if (why := holder.lost or holder.ended) is not None:
-                release = dataclasses.replace(release, reason=f"{why.sqlstate}: {why.message}")
-        return release
+        return self.transport.release_of(release, active.step.session, last_done)
 
-    def report(self, session: Session, active: Active) -> None:
+    def finished(self, session: Session, active: Active, last_done: int) -> None:
+        """Record a settled step's end in the book, with what released it (``last_done``: the step done before)."""
         assert active.outcome is not None
         self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
-        note_attempt(self.scheduler.scenario, session, active)
-        self.scheduler.book.finished(active.seq, active.outcome, active.waiting_reported, self._release(active))
-        self.scheduler.last_done = active.seq
-        if active.lost is not None:
-            self.scheduler.recorder.add(active.lost)
-        if self.scheduler.pauses is not None and self.scheduler.scenario.format == "pgrace":
-            self.scheduler.pauses.look_for_ended_idle()  # a spec keeps isolationtester's view: a loss shows later
-        session.heard(self.scheduler.recorder, self.scheduler.inspector)
-        session.active = None
-        if self.scheduler.locks_each_completion:
-            self.scheduler.observe_locks(active.seq)
+        note_attempt(self.scenario, session, active)
+        self.book.finished(active.seq, active.outcome, active.waiting_reported, self._release(active, last_done))
 
     def _capture(self, session: Session, active: Active) -> None:
         step, outcome = active.step, active.outcome
@@ -117,7 +113,7 @@ class Completions:
                 found = ", ".join(last.columns) if last else "no result set"
                 raise ScenarioError(
                     f"step {step.name!r} captures column {column!r}, but its result has {found}",
-                    self.scheduler.scenario.source,
+                    self.scenario.source,
                     step.line,
                 )
             index = last.columns.index(column)

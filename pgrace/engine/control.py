@@ -23,7 +23,7 @@ from psycopg import pq
 
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import first_line, result_error
-from pgrace.errors import RunAborted, ScenarioError, StepsStuck
+from pgrace.errors import RunAborted, ScenarioError, SetupFailed, StepsStuck
 from pgrace.model.timeline import Outcome
 
 CONTROL = "pgrace's control connection"
@@ -206,3 +206,11 @@ class ControlLink:
             return send(self.live().pgconn)
         except ControlLost as lost:
             return send(self.reopen(str(lost)).pgconn)
+
+
+def setup_failed(where: str, outcome: Outcome, source: str, line: int | None) -> SetupFailed:
+    """A setup's error as every driver tells it: the server's words, and whether pgrace cancelled it."""
+    error = outcome.error
+    assert error is not None, "a setup that failed"
+    cancelled = f" ({error.detail})" if error.detail and error.detail.startswith("pgrace cancelled") else ""
+    return SetupFailed(f"{where} failed: {error.severity}:  {error.message}{cancelled}", source, line)

@@ -21,6 +21,9 @@ class RunOptions:
     before_step: Callable[[Step], None] | None = None
     on_event: Callable[[Event], None] | None = None
     on_idle: Callable[[], None] | None = None  # called at most every 100 ms while the runner waits
+    # isolationtester's semantics: its wait slices on one socket, its session options, no :variables,
+    # no overtaking; a spec's run always has them (the scenario runner sets it from the scenario).
+    isolationtester: bool = False
     # For `pgrace explore`, where a permutation is one interleaving among many:
     checks_each_permutation: bool = False  # final checks after every permutation, before its teardown
     defer_busy_sessions: bool = False  # a step whose session is still blocked waits while others go ahead

@@ -10,35 +10,32 @@ watched too: a step that ends meanwhile is reported when it ends.
 Completion markers (``(*)``, ``(step)``, ``(step notices N)``) hold back the report of a
 finished step. The events themselves are the :class:`~pgrace.engine.steps.StepBook`'s.
 
-The scheduler is written once over :class:`~pgrace.engine.session.Session`; how it waits
-is its transport's :class:`~pgrace.engine.waiting.Waiting` strategy: a scenario's libpq
-sessions are selected on, the application's thread sessions waited for on their
-gates (:mod:`pgrace.engine.threads.order` chooses which of those goes next).
+The scheduler is written once over :class:`~pgrace.engine.session.Session`; what differs
+by transport is its :class:`~pgrace.engine.transport.Transport`: how it waits (a
+scenario's libpq sessions are selected on, the application's thread sessions waited for
+on their gates) and the steps it runs itself (a scenario's sleeps and crashes). The
+scheduler alone writes its state; a transport's hook hands steps back through
+:class:`~pgrace.engine.transport.Launched`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pgrace.engine.completions import Completions
-from pgrace.engine.libpq.pauses import Pauses
-from pgrace.engine.libpq.session import LibpqSession
-from pgrace.engine.libpq.waiting import SocketWaiting
 from pgrace.engine.steps import Active
-from pgrace.engine.waiting import Waiting
-from pgrace.errors import PgraceError, StepsStuck
+from pgrace.errors import StepsStuck
 from pgrace.model.scenario import PermutationStep, Scenario, Step
 from pgrace.model.timeline import Holder, Outcome, Run, SqlError, Wait
 from pgrace.model.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
-    import psycopg
-
     from pgrace.engine.options import RunOptions
     from pgrace.engine.session import Inspector, Session
     from pgrace.engine.steps import Recorder, StepBook
+    from pgrace.engine.transport import Transport
 
 
 def uses_facts(sql: str) -> bool:
@@ -57,12 +54,12 @@ class Scheduler:
         sessions: Mapping[str, Session],
         inspector: Inspector,
         book: StepBook,
-        control: psycopg.Connection[Any] | None = None,
-        aborted: Callable[[str, str], PgraceError] | None = None,
-        waiting: Waiting[Any] | None = None,
+        transport: Transport,
+        *,
+        locks_each_completion: bool = False,
     ) -> None:
-        """``control`` and ``aborted``: a scenario's (sleeps, crashes, ended sessions; its sockets are
-        waited on); without them, ``waiting`` says how to wait (the application's code)."""
+        """``locks_each_completion``: locks observed after each step's end, not after each launch
+        (what each of the code's statements left held, as it goes)."""
         self.scenario = scenario
         self.run = run
         self.options = options
@@ -70,8 +67,9 @@ class Scheduler:
         self.inspector = inspector
         self.book = book
         self.recorder: Recorder = book.recorder
-        self.waiting: list[Active] = []
-        self.last_done = 0  # the step reported done most recently (locks are observed after it)
+        self.transport = transport
+        self._waiting: list[Active] = []  # launched, not reported yet, oldest first
+        self._last_done = 0  # the step reported done most recently (locks are observed after it)
         self.idle_at = 0.0  # when on_idle last ran
         self.permutation: tuple[PermutationStep, ...] = ()
         self.unlaunched = 0  # position in the permutation of the first step not sent yet
@@ -79,15 +77,8 @@ class Scheduler:
         # Params, and every capture NULL: one whose step has not finished (it still waits) is, as a failed one.
         self.unset = dict(self.params)
         self.unset.update({f"{s.session}.{name}": Value(None) for s in scenario.steps for name, _ in s.capture})
-        self.pauses: Pauses | None = None
-        self.locks_each_completion = False  # True: locks observed after each step's end, not each launch
-        if control is not None and aborted is not None:
-            libpq = {name: s for name, s in sessions.items() if isinstance(s, LibpqSession)}
-            self.pauses = Pauses(self, libpq, control, aborted)
-            waiting = SocketWaiting(scenario.format == "spec", self.pauses.watched)
-        assert waiting is not None, "a scheduler waits on sockets (control given) or on what it is told"
-        self.strategy: Waiting[Any] = waiting
-        self.done = Completions(self)
+        self.locks_each_completion = locks_each_completion
+        self.done = Completions(scenario, sessions, inspector, book, transport)
         self.chosen: set[tuple[int, int]] = set()  # (waiting step, the fellow waiter the server let go first)
 
     # -- launching -------------------------------------------------------------------------
@@ -99,18 +90,19 @@ class Scheduler:
         done = self.try_complete(active, blocking=False)
         self.poll_waiting(blocking=False)
         if not done:
-            self.waiting.append(active)
+            self._waiting.append(active)
         if not self.locks_each_completion:
             self.observe_locks(active.seq)
 
     def _launch(self, step: Step, entry: PermutationStep) -> Active:
         session = self.sessions[step.session]
         text = shown = step.sql
-        substituted = self.scenario.format == "pgrace" and step.sleep is None and step.crash is None
-        if substituted and isinstance(session, LibpqSession) and find(step.sql):  # no variable: nothing to scan
-            text = shown = substitute(step.sql, self.values(session), session.conn)
+        own = step.sleep is not None or step.crash is not None
+        quoting = None if self.options.isolationtester or own else self.transport.quoting(session)
+        if quoting is not None and find(step.sql):  # no variable: nothing to scan
+            text = shown = substitute(step.sql, self.values(session), quoting)
             if uses_facts(step.sql):
-                shown = substitute(step.sql, self.values(session, facts=False), session.conn)
+                shown = substitute(step.sql, self.values(session, facts=False), quoting)
         tx_before = session.transaction_status()
         seq = self.book.launch(step.name, step.session, shown)
         active = Active(seq, time.perf_counter(), step, entry, tx_before=tx_before)
@@ -124,13 +116,8 @@ class Scheduler:
             message = f"not sent: session {session.name}'s connection was lost at step {session.lost.during_seq}"
             active.outcome = Outcome(error=SqlError("08003", message, "ERROR"))
             return active
-        if step.sleep is not None and self.pauses is not None:
-            self.pauses.sleep(step.sleep)
-            active.outcome = Outcome()
-            return active
-        if step.crash is not None and self.pauses is not None and isinstance(session, LibpqSession):
-            self.pauses.crashes.add(active.seq)  # what it releases, the scenario's own crash did: nothing to add
-            active.outcome = self.pauses.crash(session, active)
+        if own and (outcome := self.transport.run_own(session, active, self)) is not None:
+            active.outcome = outcome  # a sleep, a crash: the transport's own step
             return active
         active.outcome = session.send(text, active)
         return active
@@ -166,13 +153,13 @@ class Scheduler:
         while session.active is not None:
             earlier = session.active
             if self.try_complete(earlier, blocking=True, retry=True):
-                self.waiting.remove(earlier)
-            elif self.waiting == [earlier]:  # held by a marker that nothing left can clear
+                self._waiting.remove(earlier)
+            elif self._waiting == [earlier]:  # held by a marker that nothing left can clear
                 raise self.stuck(f"failed to complete permutation due to mutually-blocking steps: {earlier.step.name}")
             elif time.perf_counter() > deadline:  # held by a marker that nothing clears in time
-                names = ", ".join(a.step.name for a in self.waiting)
+                names = ", ".join(a.step.name for a in self._waiting)
                 raise self.stuck(f"step {earlier.step.name} timed out; active steps are: {names}")
-            if self.waiting:
+            if self._waiting:
                 self.poll_waiting(blocking=False)
         self._observe_after(done_before)
 
@@ -191,13 +178,13 @@ class Scheduler:
         holds the session's steps back while the other sessions go on.
         """
         active = session.active
-        if self.scenario.format != "pgrace" or active is None or not active.waiting_reported:
+        if self.options.isolationtester or active is None or not active.waiting_reported:
             return False
         if not self.book.releases.rivals(active.seq):  # no fellow waiter was woken: nothing to choose
             return False
         done_before = self.last_done
         if self.try_complete(active, blocking=False, retry=True):  # not blocked (any more): reported as ever
-            self.waiting.remove(active)
+            self._waiting.remove(active)
             self.poll_waiting(blocking=False)
             self._observe_after(done_before)
             return False
@@ -214,23 +201,23 @@ class Scheduler:
         while True:
             progressed = False
             notices_before = self._notice_count()
-            for active in list(self.waiting):
-                if active not in self.waiting:  # reported meanwhile, while another step ran
+            for active in list(self._waiting):
+                if active not in self._waiting:  # reported meanwhile, while another step ran
                     continue
                 if self.try_complete(active, blocking=blocking, retry=True):
-                    self.waiting.remove(active)
+                    self._waiting.remove(active)
                     progressed = True
-            has_markers = any(a.entry.blockers for a in self.waiting)
+            has_markers = any(a.entry.blockers for a in self._waiting)
             if not (has_markers and (progressed or self._notice_count() != notices_before)):
                 return
 
     def finish_permutation(self) -> None:
         """Wait for every pending step; finished steps held by markers must get free."""
-        while self.waiting:
-            pending = len(self.waiting)
+        while self._waiting:
+            pending = len(self._waiting)
             self.poll_waiting(blocking=True)
-            if len(self.waiting) == pending:
-                names = ", ".join(a.step.name for a in self.waiting)
+            if len(self._waiting) == pending:
+                names = ", ".join(a.step.name for a in self._waiting)
                 raise self.stuck(f"failed to complete permutation due to mutually-blocking steps: {names}")
             if not self.locks_each_completion:
                 self.observe_locks(self.last_done)  # a resolution (commit, deadlock, timeout) changes who holds what
@@ -256,16 +243,14 @@ class Scheduler:
         if not retry and any(b.step is None for b in active.entry.blockers):
             self._report_waiting(active, by_marker=True)
             return False
-        waiting = self.strategy
+        waiting = self.transport.waiting
         slice_s = waiting.first_slice
         called = time.perf_counter()
         while active.outcome is None and waiting.running(session):
-            spoke, others = waiting.wait(session, slice_s)
+            spoke, others = waiting.wait(session, slice_s, self._waiting)
             slice_s = waiting.next_slice(slice_s)
             self.idle()
-            if others and self.pauses is not None:
-                self.pauses.others_ended(active, others)
-            elif others and blocking:
+            if others and not self.transport.others_ended(active, others, self) and blocking:
                 return False
             if spoke or self._timed_out(active, called):
                 continue
@@ -281,8 +266,61 @@ class Scheduler:
             if not active.waiting_reported:
                 self._report_waiting(active, by_marker=True)
             return False
-        self.done.report(session, active)
+        self.report(session, active)
         return True
+
+    def report(self, session: Session, active: Active) -> None:
+        """A settled step's end into the timeline, then what arrived since (a loss, notifications)."""
+        self.done.finished(session, active, self._last_done)
+        self._last_done = active.seq
+        if active.lost is not None:
+            self.recorder.add(active.lost)
+        self.transport.step_reported(self._last_done)
+        session.heard(self.recorder, self.inspector)
+        session.active = None
+        if self.locks_each_completion:
+            self.observe_locks(active.seq)
+
+    # -- what a transport's hook and the runners may ask and do ------------------------------
+
+    @property
+    def last_done(self) -> int:
+        return self._last_done
+
+    def is_waiting(self, active: Active) -> bool:
+        return active in self._waiting
+
+    def settle(self, session: Session, active: Active) -> None:
+        self.done.settle(session, active)
+
+    def report_unless_held(self, session: Session, active: Active) -> None:
+        if not self.held_by_marker(active):
+            self._waiting.remove(active)
+            self.report(session, active)
+            self.observe_locks(active.seq)
+
+    def oldest_waiting(self) -> Active | None:
+        """The step waited for longest, if any."""
+        return self._waiting[0] if self._waiting else None
+
+    def waiting_sessions(self) -> frozenset[str]:
+        """The sessions whose step waits for a lock now."""
+        return frozenset(a.step.session for a in self._waiting)
+
+    def wait_for_oldest(self) -> None:
+        """Every session left waits for a lock: wait for the oldest step until it ends (or the step timeout)."""
+        oldest = self._waiting[0]
+        if self.try_complete(oldest, blocking=True, retry=True):
+            self._waiting.remove(oldest)
+
+    def start_permutation(self, permutation: tuple[PermutationStep, ...]) -> None:
+        """The order the next steps come from (a hang's diagnosis names each session's next step in it)."""
+        self.permutation = permutation
+        self.unlaunched = 0
+
+    def launching(self, position: int) -> None:
+        """The steps before ``position`` in the permutation have been launched or passed over."""
+        self.unlaunched = position
 
     def _timed_out(self, active: Active, called: float) -> bool:
         """Cancel a step that waited longer than the step timeout (once), recording why.
@@ -343,7 +381,7 @@ class Scheduler:
         then the last one's COMMIT, not the first's.
         """
         active.seen_after = self.last_done
-        if not self.options.describe_waits or self.scenario.format != "pgrace":
+        if not self.options.describe_waits or self.options.isolationtester:
             return
         waits = self.inspector.describe_waits(self.sessions[active.step.session].pid)
         self.book.releases.also_waiting(active.seq, waits)

@@ -15,8 +15,11 @@ condition the application's session threads notify when a statement ends.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol, TypeVar
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from pgrace.engine.steps import Active
 
 # isolationtester's wait loop: select() on the step's socket for this long, then probe.
 ISOLATIONTESTER_SLICE_S = 0.01
@@ -33,8 +36,11 @@ class Waiting(Protocol[S]):
         """Whether the session's statement has not finished yet (``read``: what arrived is read first)."""
         ...
 
-    def wait(self, session: S, slice_s: float) -> tuple[bool, list[S]]:
-        """Wait up to ``slice_s`` for news: whether ``session`` spoke (read), and which watched others did."""
+    def wait(self, session: S, slice_s: float, pending: Collection[Active]) -> tuple[bool, list[S]]:
+        """Wait up to ``slice_s`` for news: whether ``session`` spoke (read), and which watched others did.
+
+        ``pending``: the steps the scheduler still waits for (their sessions may be watched too).
+        """
         ...
 
     def next_slice(self, slice_s: float) -> float:

@@ -414,6 +414,11 @@ class Scenario:
         return None if step.loop is None else self.step(step.loop).retry
 
     @property
+    def isolationtester(self) -> bool:
+        """Whether it runs with isolationtester's semantics (a spec): its waits and session options, no variables."""
+        return self.format == "spec"
+
+    @property
     def application_name_prefix(self) -> str:
         """isolationtester's harness names sessions ``isolation/<test>/<s>``; specs rely on it."""
         return "isolation" if self.format == "spec" else "pgrace"

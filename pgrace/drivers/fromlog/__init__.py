@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.incidents import Incident, find_incidents, reread
+from pgrace.drivers.fromlog.incidents import Incident, Listed, find_incidents, reread
 from pgrace.drivers.fromlog.records import open_log
 from pgrace.errors import OptionError, ScenarioError
 
@@ -29,11 +29,13 @@ __all__ = ["FromLog", "from_log"]
 class FromLog:
     """What the logs held, the scenario written for the chosen incident, and whether it reproduced."""
 
-    incidents: list[Incident]
+    incidents: list[Listed]
     lines: int
     skipped: int = 0
     unreadable: list[str] = field(default_factory=list)
     chosen: int | None = None
+    incident: Incident | None = None
+    """The chosen incident, read whole: its processes, waits and statements."""
     written: Written | None = None
     verified: Verified | None = None
     not_checked: str | None = None
@@ -75,7 +77,7 @@ def from_log(
     statements of the cycle and the rows they touch, without the transactions' unrelated ones.
     """
     formats = [open_log(path, prefix) for path in paths]
-    found = find_incidents(paths, formats, light=True)
+    found = find_incidents(paths, formats)
     result = FromLog(found.incidents, found.lines, found.skipped, found.unreadable)
     if not found.incidents:
         if found.unreadable:
@@ -94,9 +96,9 @@ def from_log(
         raise OptionError(f"{number}: the logs hold {len(found.incidents)} incident(s)", "incident")
     from pgrace.drivers.fromlog.writer import write_scenario
 
-    chosen = reread(found.incidents[number - 1], formats[paths.index(found.incidents[number - 1].file)])
-    found.incidents[number - 1] = chosen
-    result.chosen = number
+    listed = found.incidents[number - 1]
+    chosen = reread(listed, formats[paths.index(listed.file)])
+    result.chosen, result.incident = number, chosen
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)
     if verify:

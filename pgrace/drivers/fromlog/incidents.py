@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from pgrace.drivers.fromlog.records import Hit, LogFormat, Record, Scanned
 from pgrace.drivers.fromlog.stream import Group, around, groups
+from pgrace.errors import ScenarioError
 from pgrace.model.timeline import RELEASE_CAUSES
 
-__all__ = ["Incident", "Step", "Wait", "find_incidents", "reread"]
+__all__ = ["Incident", "Listed", "Step", "Wait", "find_incidents", "reread"]
 
 _WAITING = re.compile(r"process (\d+) still waiting for (.+?) after ([\d.]+) ms")
 _HOLDERS = re.compile(r"Process(?:es)? holding the lock: ([\d, ]+)\. Wait queue: ([\d, ]*)\.")
@@ -87,7 +88,6 @@ class Incident:
     logged: bool = False
     unsaid: list[str] = field(default_factory=list)
     open_before: set[int] = field(default_factory=set)  # in a transaction that had written before the log began
-    offset: int = 0  # where its report's line starts in the file
 
     @property
     def summary(self) -> str:
@@ -99,11 +99,25 @@ class Incident:
         return f"{self.file}:{self.line}: {self.kind} of {who}{on}{when}{victim}"
 
 
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """An incident as a list of them shows it: a few hundred bytes, where a whole :class:`Incident` is kilobytes.
+
+    A log of 20,000 incidents is listed in bounded memory; :func:`reread` gives the one written whole.
+    """
+
+    kind: str
+    file: str
+    line: int
+    offset: int  # where its report's line starts in the file
+    summary: str
+
+
 @dataclass
 class Found:
     """The incidents of the files read, and what could not be read."""
 
-    incidents: list[Incident] = field(default_factory=list)
+    incidents: list[Listed] = field(default_factory=list)
     skipped: int = 0
     lines: int = 0
     unreadable: list[str] = field(default_factory=list)
@@ -144,7 +158,7 @@ class _Stretch:
             self.by_line.setdefault(r.line, []).append(pos)
             if r.pid is not None:
                 self.by_pid.setdefault(r.pid, []).append(pos)
-            if r.severity == "LOG" and _WAITING.match(r.message):
+            if r.severity == "LOG" and r.message[:8] == "process " and _WAITING.match(r.message):
                 self.lock_waits.append(pos)
 
     def of(self, pids: set[int], index: int) -> list[int]:
@@ -157,33 +171,40 @@ class _Stretch:
         return sorted(near)
 
 
-def find_incidents(paths: list[str], formats: list[LogFormat], *, light: bool = False) -> Found:
-    """Every incident of ``paths``, in log order; the line counts and the reports that were cut short.
+def find_incidents(paths: list[str], formats: list[LogFormat]) -> Found:
+    """Every incident of ``paths``, listed in log order; the line counts and the reports that were cut short.
 
-    ``light``: without their statements (``steps``), which only the written incident needs
-    (:func:`reread` gives it whole): a log of 20,000 incidents is listed in bounded memory.
+    Each is kept as its :class:`Listed` line only, and read without its statements, which
+    only the written incident needs (:func:`reread` gives it whole).
     """
     found = Found()
     for path, fmt in zip(paths, formats, strict=True):
         scanned = Scanned()
-        waits: list[Incident] = []
+        waits: list[tuple[Listed, tuple[int, str]]] = []
+        in_cycles: set[tuple[int, str]] = set()
         for group in groups(path, fmt, scanned):
-            for incident, hit in _incidents_of(path, fmt, group, found):
-                incident.offset = hit.offset
-                if light:
-                    incident.steps = []
-                (waits if incident.kind == "lock wait" else found.incidents).append(incident)
+            for incident, hit in _incidents_of(path, fmt, group, found, whole=False):
+                listed = Listed(incident.kind, incident.file, incident.line, hit.offset, incident.summary)
+                if incident.kind == "lock wait":
+                    waits.append((listed, (incident.waits[0].waiter, incident.waits[0].lock)))
+                else:
+                    found.incidents.append(listed)
+                    in_cycles.update((w.waiter, w.lock) for w in incident.waits)
             del group  # its records go before the next group's are read
         found.lines += scanned.lines
         # A wait that was one edge of a deadlock is told with the deadlock, not again on its own.
-        in_cycles = {(i.file, w.waiter, w.lock) for i in found.incidents for w in i.waits}
-        found.incidents += [w for w in waits if (w.file, w.waits[0].waiter, w.waits[0].lock) not in in_cycles]
+        found.incidents += [listed for listed, edge in waits if edge not in in_cycles]
     found.incidents.sort(key=lambda i: (paths.index(i.file), i.line))
     return found
 
 
-def _incidents_of(path: str, fmt: LogFormat, group: Group, found: Found) -> Iterator[tuple[Incident, Hit]]:
-    """The incidents a group's hits report: the processes each report names are read around them, then each hit."""
+def _incidents_of(
+    path: str, fmt: LogFormat, group: Group, found: Found, *, whole: bool
+) -> Iterator[tuple[Incident, Hit]]:
+    """The incidents a group's hits report: the processes each report names are read around them, then each hit.
+
+    ``whole``: with the statements of their transactions (``steps``), which only the incident written needs.
+    """
     named: set[int] = set()
     for hit in group.hits:
         report = group.report(hit)
@@ -192,7 +213,7 @@ def _incidents_of(path: str, fmt: LogFormat, group: Group, found: Found) -> Iter
     found.skipped += current.skipped
     stretch = _Stretch(current.records)
     for hit in group.hits:
-        for incident in _incidents_at(path, fmt, stretch, hit.line, found.unreadable):
+        for incident in _incidents_at(path, fmt, stretch, hit.line, found.unreadable, whole):
             yield incident, hit
 
 
@@ -217,21 +238,24 @@ def _named(report: list[Record], line: int) -> set[int]:
     return named
 
 
-def reread(incident: Incident, fmt: LogFormat) -> Incident:
-    """``incident`` found again, whole (its statements too), from the stretch of log around its report."""
-    hit = Hit(incident.offset, incident.line)
-    for again, _ in _incidents_of(incident.file, fmt, around(incident.file, fmt, hit), Found()):
-        if again.kind == incident.kind:
-            again.offset = incident.offset
+def reread(listed: Listed, fmt: LogFormat) -> Incident:
+    """The incident ``listed`` found again, whole (its statements too), from the stretch of log around its report."""
+    hit = Hit(listed.offset, listed.line)
+    for again, _ in _incidents_of(listed.file, fmt, around(listed.file, fmt, hit), Found(), whole=True):
+        if again.kind == listed.kind:
             return again
-    return incident
+    raise ScenarioError(
+        f"the {listed.kind} listed here is not found again: a bug in pgrace, please report it", listed.file, listed.line
+    )
 
 
-def _incidents_at(path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str]) -> Iterator[Incident]:
+def _incidents_at(
+    path: str, fmt: LogFormat, stretch: _Stretch, line: int, unreadable: list[str], whole: bool
+) -> Iterator[Incident]:
     for index in stretch.by_line.get(line, []):
         record = stretch.records[index]
         try:
-            incident = _incident(path, fmt, stretch, index)
+            incident = _incident(path, fmt, stretch, index, whole)
         except _Unreadable as exc:
             unreadable.append(f"{path}:{record.line}: a report pgrace cannot read: {exc}")
             continue
@@ -241,11 +265,11 @@ def _incidents_at(path: str, fmt: LogFormat, stretch: _Stretch, line: int, unrea
             yield incident
 
 
-def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incident | str | None:
+def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int, whole: bool) -> Incident | str | None:
     """The incident the record at ``index`` reports, what is missing from its report, or None (not a report)."""
     record = stretch.records[index]
     if record.message == "deadlock detected" and record.severity == "ERROR":
-        return _deadlock(path, fmt, stretch, index) or "a deadlock report without its cycle (cut short?)"
+        return _deadlock(path, fmt, stretch, index, whole) or "a deadlock report without its cycle (cut short?)"
     if record.severity == "LOG" and (m := _WAITING.match(record.message)):
         holders = _HOLDERS.match(record.detail)
         if holders is None or record.pid is None:
@@ -262,7 +286,7 @@ def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
                 f"the lock had {len(others):,} holders: the scenario has the first {len(kept)} "
                 f"(at most {MAX_PROCESSES} sessions)"
             )
-        _recover(incident, fmt, stretch, index)
+        _recover(incident, fmt, stretch, index, whole)
         return incident
     return None
 
@@ -280,7 +304,7 @@ def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wa
     return wait
 
 
-def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incident | None:
+def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int, whole: bool) -> Incident | None:
     record = stretch.records[index]
     edges: list[tuple[int, str, int]] = []
     statements: dict[int, str] = {}
@@ -320,7 +344,7 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int) -> Incid
                     told = _wait_from(r, wait.waiter, wait.lock, wait.holders)
                     wait.table, wait.ctid, wait.line, wait.index = told.table, told.ctid, told.line, told.index
                     wait.after_ms = _ms(m.group(3))
-    _recover(incident, fmt, stretch, index)
+    _recover(incident, fmt, stretch, index, whole)
     return incident
 
 
@@ -377,8 +401,8 @@ def _first_word(sql: str) -> str:
     return two if two in _BEGINS else (words[0].rstrip(";") if words else "")
 
 
-def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) -> None:
-    """Name the sessions, and gather each process's logged statements of the incident's transaction."""
+def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int, whole: bool) -> None:
+    """Name the sessions, and (``whole``) gather each process's logged statements of the incident's transaction."""
     records = stretch.records
     pids = set(incident.pids)
     theirs = stretch.of(pids, index)
@@ -394,6 +418,8 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int) 
             if r.vxid and not r.vxid.endswith("/0"):
                 vxids[r.pid] = r.vxid
     _name(incident, apps)
+    if not whole:
+        return
     per_pid: dict[int, list[Step]] = {p: [] for p in pids}
     logged: list[tuple[int, Step]] = []
     waiting = {w.waiter: w for w in incident.waits}

@@ -11,7 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-__all__ = ["COMMON_PREFIXES", "SEVERITIES", "Prefix", "detect_prefix"]
+__all__ = ["COMMON_PREFIXES", "PID", "SEVERITIES", "Prefix", "detect_prefix"]
 
 #: The words a stderr line's message starts with: the primary severities and the
 #: secondary fields PostgreSQL writes as lines of their own.
@@ -36,6 +36,9 @@ SEVERITIES = (
     "LOCATION",
 )
 
+#: A process id as a prefix's ``%p`` writes it.
+PID = r"\d{1,10}"
+
 #: What each escape looks like in a line. Free-text fields match lazily, up to what follows, and
 #: no longer than PostgreSQL writes them: names are at most NAMEDATALEN - 1 = 63 bytes, a host
 #: name 255. Unbounded, a line that matches nowhere (a long statement full of spaces and '@'
@@ -44,7 +47,7 @@ _ESCAPES = {
     "m": r"(?P<m>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}(?: [A-Za-z0-9+:-]+)?)",
     "t": r"(?P<t>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Za-z0-9+:-]+)?)",
     "n": r"(?P<n>\d+\.\d+)",
-    "p": r"(?P<p>\d{1,10})",
+    "p": rf"(?P<p>{PID})",
     "P": r"(?:\d*)",
     "a": r"(?P<a>.{0,63}?)",
     "u": r"(?P<u>.{0,63}?)",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import accumulate, compress
 from typing import Protocol
 
-from pgrace.drivers.fromlog.prefix import Prefix
+from pgrace.drivers.fromlog.prefix import PID, Prefix
 from pgrace.drivers.fromlog.records import (
     AHEAD,
     BACK,
@@ -83,7 +83,8 @@ def around(path: str, fmt: LogFormat, hit: Hit) -> Group:
     if not eof:
         data = data[: max(data.rfind(b"\n") + 1, hit.offset - start)]
     stream = _Stream(path, fmt, pattern)
-    stream.blocks.append(_Block(start, hit.line - data.count(b"\n", 0, hit.offset - start), data, eof))
+    count = data.count(b"\n") + (eof and bool(data) and not data.endswith(b"\n"))
+    stream.blocks.append(_Block(start, hit.line - data.count(b"\n", 0, hit.offset - start), data, count))
     return _Near(stream, [hit])
 
 
@@ -123,9 +124,12 @@ LINES_PER_RECORD = 7
 
 
 def _pid_pattern(fmt: LogFormat) -> re.Pattern[bytes] | None:
-    """A pattern matching each line once, capturing its ``%p`` when it starts with the prefix up to it.
+    """A pattern matching at each newline once, capturing what starts the line after it.
 
-    None when the log cannot be read by process: not the stderr format, no ``%p``, or
+    That is the line's ``%p`` when it starts with the prefix up to it, a tab when it is a
+    continuation line, else nothing. Each match starts at a newline, which the search finds
+    at C speed, and ends where the line's process is known: the rest of the line is never
+    stepped through. None when the log cannot be read by process: not the stderr format, no ``%p``, or
     ``%p`` after ``%q`` (a line of a background process has none).
     """
     prefix = fmt.prefix
@@ -148,7 +152,9 @@ def _pid_pattern(fmt: LogFormat) -> re.Pattern[bytes] | None:
             head = Prefix.compile(template[: len(template) if end < 0 else end]).pattern.pattern
             severity = Prefix.compile("").pattern.pattern
             body = re.sub(r"\(\?P<(\w+)>", lambda m: "(" if m.group(1) == "p" else "(?:", head[: -len(severity)])
-            return re.compile((r"(?:(?!\t)" + body + r")?[^\n]*\n").encode())
+            before, pid, after = body.partition(f"({PID})")
+            assert pid, body
+            return re.compile((rf"\n(?:(?:(?!\t){before}|(?=\t))(\t|{PID}(?={after})))?").encode())
         i = j + 1
     return None
 
@@ -156,18 +162,18 @@ def _pid_pattern(fmt: LogFormat) -> re.Pattern[bytes] | None:
 class _Block:
     """A piece of the file read at once, whole lines (its last may run on in the next piece if it has no newline).
 
-    Indexed once when first needed: its lines, and the process of each (``b""``: none, a
-    tab-continued line, or not a record); where each line starts only if a bound falls in it.
+    Indexed once when first needed: its lines, and the process of each (``b"\t"``: a
+    tab-continued line; ``b""``: not a record); where each line starts only if a bound falls in it.
     """
 
     __slots__ = ("count", "data", "first_line", "lines", "offset", "pids", "present", "size", "starts")
 
-    def __init__(self, offset: int, first_line: int, data: bytes, eof: bool) -> None:
+    def __init__(self, offset: int, first_line: int, data: bytes, count: int) -> None:
         self.offset = offset
         self.first_line = first_line
         self.data = data
         self.size = len(data)
-        self.count = data.count(b"\n") + (eof and bool(data) and not data.endswith(b"\n"))
+        self.count = count
         self.lines: list[bytes] = []
         self.pids: list[bytes] | None = None
         self.present: set[bytes] = set()
@@ -182,12 +188,16 @@ class _Block:
         if self.pids is not None:
             return 0
         data = self.data
-        self.pids = pattern.findall(data if data.endswith(b"\n") else data + b"\n")[: self.count]
+        # Each newline's match tells the line after it: the first line's is matched alone, the last newline's dropped.
+        of = pattern.findall(b"\n" + data[: data.find(b"\n") + 1 or len(data)])[: min(1, self.count)]
+        of += pattern.findall(data)[: self.count - 1]
         self.lines = data.split(b"\n")[: self.count]
-        self.present = set(self.pids)
         self.data = b""  # its lines hold it now
-        tabs = data.count(b"\n\t") + data.startswith(b"\t")
-        return self.pids.count(b"") - self.lines.count(b"") - tabs
+        unknown = of.count(b"")
+        self.pids = of
+        self.present = set(of)
+        self.present.discard(b"\t")
+        return unknown and unknown - self.lines.count(b"")
 
     def start(self, i: int) -> int:
         """Where line ``i`` starts in the block."""
@@ -233,8 +243,8 @@ class _Stream:
                 piece, carry = chunk[:end], chunk[end:]
                 if piece:
                     found = Scanned()
-                    scan_chunk(piece, len(piece), offset, lines, found, self.path)
-                    read = _Block(offset, lines + 1, piece, eof)
+                    newlines = scan_chunk(piece, len(piece), offset, lines, found, self.path)
+                    read = _Block(offset, lines + 1, piece, newlines + (eof and not piece.endswith(b"\n")))
                     self.blocks.append(read)
                     pending.extend(found.hits)
                     lines += read.count
@@ -280,7 +290,8 @@ class _Stream:
     def pid_at(self, line: int) -> bytes:
         """The process that logged ``line`` (``b""``: not a record)."""
         at = self._at(line)
-        return self._indexed(at[0])[at[1]] if at is not None else b""
+        pid = self._indexed(at[0])[at[1]] if at is not None else b""
+        return b"" if pid == b"\t" else pid
 
     def lines_of(self, pids: set[bytes], lo: int, hi: int) -> dict[bytes, list[int]]:
         """The numbers of the lines of ``pids`` from line ``lo`` up to (not including) ``hi``, by process."""
@@ -359,8 +370,7 @@ class _Near:
         pid = stream.pid_at(hit.line)
         if not pid:
             return []  # not a record's line: no report starts there
-        reach = min(stream.line_from(hit.offset + AHEAD), hit.line + REPORT_REACH)
-        lines = stream.next_of(pid, hit.line, reach, REPORT_LINES)
+        lines = stream.next_of(pid, hit.line, hit.line + REPORT_REACH, REPORT_LINES)
         return stderr_records(stream.numbered(lines), stream.prefix)[0]
 
     def window(self, pids: set[int], before: int, after: int) -> Window:

@@ -40,7 +40,8 @@ class Verified:
     explored: int = 0
     order: list[str] | None = None
     run: Run | None = None
-    out_of_time: bool = False
+    out_of_time: float | None = None
+    """The limit, in seconds, verification stopped at before it was done; None: it was done in time."""
 
 
 #: Roles whose members may run programs or read and write files as the server's account.
@@ -154,12 +155,12 @@ def verify(
     try:
         found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time, step_timeout=step_timeout)
     except _OutOfTime:
-        return Verified(False, failures, explored=explored, run=run, out_of_time=True), written
+        return Verified(False, failures, explored=explored, run=run, out_of_time=VERIFY_SECONDS), written
     for cls in found.classes:  # simplest first: the fewest session switches
         if "40P01" not in cls.errors:
             continue
         if time.monotonic() > deadline:
-            return Verified(False, failures, explored=found.explored, run=run, out_of_time=True), written
+            return Verified(False, failures, explored=found.explored, run=run, out_of_time=VERIFY_SECONDS), written
         other = write_scenario(incident, dsn, order=list(cls.example))
         again = _run(other, source, server, step_timeout)
         if again.ok:

@@ -16,6 +16,7 @@ The runner records events into a :class:`~pgrace.model.timeline.Run` and never p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -25,14 +26,15 @@ from psycopg import pq
 
 from pgrace import scratch
 from pgrace.engine.connections import RunConnections
-from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql
+from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql, setup_failed
 from pgrace.engine.libpq.session import LibpqSession
+from pgrace.engine.libpq.transport import LibpqTransport
 from pgrace.engine.options import RunOptions
 from pgrace.engine.retries import attempted
 from pgrace.engine.scheduler import Scheduler, uses_facts
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
-from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
+from pgrace.errors import RunAborted, ScenarioFailed
 from pgrace.model import variables
 from pgrace.model.orders import Permutations
 from pgrace.model.scenario import PermutationStep, Scenario
@@ -96,6 +98,8 @@ class Runner:
         self.dsn = dsn
         self.observer_dsn = observer_dsn or dsn
         self.run = run
+        if scenario.isolationtester:  # a spec runs as isolationtester would, whoever asked
+            options = dataclasses.replace(options, isolationtester=True)
         self.options = options
         self.recorder = Recorder(run, options.on_event)
         self.stack = ExitStack()
@@ -127,20 +131,20 @@ class Runner:
         self.observer = self.connections.observer
         self.inspector = self.connections.inspector
         self.book = StepBook(self.recorder, self.inspector, self.options.step_timeout)
-        self.scheduler = Scheduler(
-            self.scenario,
-            self.run,
-            self.options,
+        transport = LibpqTransport(
             self.sessions,
-            self.inspector,
-            self.book,
             self.control.conn,
             self._aborted,
+            self.recorder,
+            self.options.step_timeout,
+            self.options.isolationtester,
+        )
+        self.control.on_new = transport.use_control
+        self.scheduler = Scheduler(
+            self.scenario, self.run, self.options, self.sessions, self.inspector, self.book, transport
         )
         self.sql = ControlSql(self.options.step_timeout, idle=self.scheduler.idle, aborted=self._aborted)
         self.sql.stuck = self.scheduler.stuck
-        if (pauses := self.scheduler.pauses) is not None:
-            self.control.on_new = pauses.use_control
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -154,7 +158,7 @@ class Runner:
         sessions do (classroom-scheduling inserts its rows in setup). Where the connection
         lands (the scratch schema, in schema mode) is :func:`pgrace.scratch.connect`'s to decide.
         """
-        options = SPEC_SESSION_OPTIONS if not observer and self.scenario.format == "spec" else ""
+        options = SPEC_SESSION_OPTIONS if not observer and self.options.isolationtester else ""
         try:
             conn: psycopg.Connection[Any] = scratch.connect(
                 self.observer_dsn if observer else self.dsn,
@@ -207,8 +211,7 @@ class Runner:
     def _run_permutation(self, index: int, permutation: tuple[PermutationStep, ...], last: bool) -> None:
         scheduler = self.scheduler
         self.recorder.add(PermutationStarted(index, tuple(p.step for p in permutation), self.recorder.now()))
-        scheduler.permutation = permutation
-        scheduler.unlaunched = 0
+        scheduler.start_permutation(permutation)
         self.book.new_permutation()
         for session in self.sessions.values():
             session.attempts = {}
@@ -221,7 +224,7 @@ class Runner:
                 self._exec_setup(self.sessions[declared.name].pgconn, self._with_params(declared.setup), declared.name)
         deferred: list[PermutationStep] = []
         for position, entry in enumerate(permutation):
-            scheduler.unlaunched = position
+            scheduler.launching(position)
             step = self.scenario.step(entry.step)
             session = self.sessions[step.session]
             # A loop's next attempt, while the attempt before still waits for a lock: whether it
@@ -239,15 +242,16 @@ class Runner:
                 continue
             if session.busy:
                 scheduler.wait_for_session(session)
-            scheduler.unlaunched = position + 1
+            scheduler.launching(position + 1)
             if attempted(step, session):
                 scheduler.launch_entry(step, entry)
             if deferred:
                 launch_ready(self.scheduler, self.sessions, deferred)
         while deferred:  # only held steps are left: wait for a blocked session, as without deferral
             session = self.sessions[self.scenario.step(deferred[0].step).session]
-            if not session.busy and scheduler.waiting:  # held for a capture that a blocked step will make
-                session = self.sessions[scheduler.waiting[0].step.session]
+            oldest = scheduler.oldest_waiting()
+            if not session.busy and oldest is not None:  # held for a capture that a blocked step will make
+                session = self.sessions[oldest.step.session]
             scheduler.wait_for_session(session)
             launch_ready(self.scheduler, self.sessions, deferred)
         scheduler.finish_permutation()
@@ -313,7 +317,7 @@ class Runner:
         Done by the callers, not by the executor: checks arrive already substituted with captured
         values too, and pgrace's own ROLLBACK and DISCARD ALL need no scan.
         """
-        return substitute(text, self.params) if self.scenario.format == "pgrace" else text
+        return text if self.options.isolationtester else substitute(text, self.params)
 
     def _where(self, session: str | None) -> str:
         """The control connection (``session`` None) or a session's setup losing its connection ends the run."""
@@ -374,10 +378,3 @@ def launch_ready(scheduler: Scheduler, sessions: Mapping[str, Session], deferred
             continue  # an attempt nobody needs: its place in the interleaving stays empty
         scheduler.launch_entry(step, entry)
         position, held, held_variables = 0, set(), blocked_captures()  # that launch may have freed a session
-
-
-def setup_failed(where: str, outcome: Any, source: str, line: int | None) -> SetupFailed:
-    """A setup's error as every driver tells it: the server's words, and whether pgrace cancelled it."""
-    error = outcome.error
-    cancelled = f" ({error.detail})" if error.detail and error.detail.startswith("pgrace cancelled") else ""
-    return SetupFailed(f"{where} failed: {error.severity}:  {error.message}{cancelled}", source, line)

@@ -3,39 +3,56 @@
 from __future__ import annotations
 
 import select
-from collections.abc import Callable, Iterable
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from pgrace.engine.libpq.session import LibpqSession
+from pgrace.engine.libpq.session import LibpqSession, sockets
 from pgrace.engine.waiting import FIRST_SLICE_S, ISOLATIONTESTER_SLICE_S, LAST_SLICE_S
+
+if TYPE_CHECKING:
+    from pgrace.engine.steps import Active
 
 
 class SocketWaiting:
-    """libpq sessions: ``select`` on the step's socket, and (``watch``) on the other sessions' too.
+    """libpq sessions: ``select`` on the step's socket, and on the other sessions' too.
 
-    A spec waits as isolationtester does, in 10 ms slices on its one socket before each
+    ``isolationtester``: a spec waits as isolationtester does, in 10 ms slices on its one socket before each
     probe: which of several steps freed by one server event is reported first depends on
     it (while it polls each waiting step for 10 ms, a deadlock may be detected). pgrace's
     own scenarios start at 0.1 ms, to see a wait as soon as it starts, and watch the other
     sessions meanwhile.
     """
 
-    def __init__(self, spec: bool, watched: Callable[[LibpqSession], dict[int, LibpqSession]]) -> None:
-        self.spec = spec
-        self.watched = watched
-        self.first_slice = ISOLATIONTESTER_SLICE_S if spec else FIRST_SLICE_S
+    def __init__(self, isolationtester: bool, sessions: Mapping[str, LibpqSession]) -> None:
+        self.spec = isolationtester
+        self.sessions = sessions
+        self.first_slice = ISOLATIONTESTER_SLICE_S if isolationtester else FIRST_SLICE_S
 
     def running(self, session: LibpqSession, read: bool = False) -> bool:
         if read:
             session.consume()
         return bool(session.pgconn.is_busy())
 
-    def wait(self, session: LibpqSession, slice_s: float) -> tuple[bool, list[LibpqSession]]:
-        others = {} if self.spec else self.watched(session)  # a spec: isolationtester's one socket
+    def wait(
+        self, session: LibpqSession, slice_s: float, pending: Collection[Active]
+    ) -> tuple[bool, list[LibpqSession]]:
+        others = {} if self.spec else self.watched(session, pending)  # a spec: isolationtester's one socket
         readable, _, _ = select.select([session.pgconn.socket, *others], [], [], slice_s)
         spoke = session.pgconn.socket in readable
         if spoke:
             session.consume()
         return spoke, [others[fd] for fd in readable if fd in others]
+
+    def watched(self, besides: LibpqSession, pending: Collection[Active]) -> dict[int, LibpqSession]:
+        """The other sessions whose socket may speak while ``besides`` runs: pending steps', and idle ones."""
+        return sockets(
+            s
+            for s in self.sessions.values()
+            if s is not besides
+            and s.lost is None
+            and s.ended is None
+            and (s.active is None or (s.active in pending and s.active.outcome is None))
+        )
 
     def next_slice(self, slice_s: float) -> float:
         return slice_s if self.spec else min(slice_s * 2, LAST_SLICE_S)

@@ -20,6 +20,7 @@ from pgrace.engine.scheduler import Scheduler
 from pgrace.engine.threads.frames import raised_at, where_defined
 from pgrace.engine.threads.session import Gate, ThreadSession
 from pgrace.engine.threads.waiting import GateWaiting
+from pgrace.engine.transport import Plain
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
 from pgrace.errors import CodeError
 from pgrace.model.scenario import PermutationStep, Scenario, Step
@@ -72,9 +73,9 @@ class CodeOrder:
             sessions,
             inspector,
             book,
-            waiting=GateWaiting(sessions, cond, inspector, step_timeout),
+            Plain(GateWaiting(sessions, cond, inspector, step_timeout)),
+            locks_each_completion=True,  # what each statement left held, as the code goes
         )
-        self.scheduler.locks_each_completion = True  # what each statement left held, as the code goes
 
     def run(self, chooser: Chooser) -> list[tuple[str, ...]]:
         """Let the sessions go under ``chooser``'s order; the options met at each choice (the ready sessions)."""
@@ -87,9 +88,7 @@ class CodeOrder:
             if done:
                 return met
             if not ready:  # every session left waits for a lock: wait for the server (or the step timeout)
-                oldest = self.scheduler.waiting[0]
-                if self.scheduler.try_complete(oldest, blocking=True, retry=True):
-                    self.scheduler.waiting.remove(oldest)
+                self.scheduler.wait_for_oldest()
                 self.settle()
                 continue
             met.append(tuple(ready))
@@ -118,7 +117,7 @@ class CodeOrder:
         slice_s = FIRST_SLICE_S
         while True:
             self.report_raised()
-            if self.scheduler.waiting:
+            if self.scheduler.oldest_waiting() is not None:
                 self.scheduler.poll_waiting(blocking=False)
             with self.cond:
                 moving = [g for g in self.gates.values() if g.state == "python"]

@@ -20,8 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgrace import scratch
 from pgrace.engine.connections import RunConnections
-from pgrace.engine.control import ControlSql
-from pgrace.engine.libpq.runner import setup_failed
+from pgrace.engine.control import ControlSql, setup_failed
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.engine.threads.frames import where_defined

@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
 
 if TYPE_CHECKING:
     from pgrace.engine.observe.locks import LockInspector
-    from pgrace.engine.threads.session import ThreadSession
+    from pgrace.engine.steps import Active
+    from pgrace.engine.threads.session import Gate
 
 
-class GateWaiting:
-    """Thread sessions: wait on the condition their threads notify when a statement ends."""
+class Gated(Protocol):
+    """A session parked at a gate: an application's thread, or the proxy relay's thread of a client connection."""
+
+    gate: Gate
+
+    @property
+    def pid(self) -> int: ...
+
+
+G = TypeVar("G", bound=Gated)
+
+
+class GateWaiting(Generic[G]):
+    """Gated sessions: wait on the condition their threads notify when a statement ends."""
 
     first_slice = FIRST_SLICE_S
 
     def __init__(
         self,
-        sessions: Mapping[str, ThreadSession],
+        sessions: Mapping[str, G],
         cond: threading.Condition,
         inspector: LockInspector,
         step_timeout: float,
@@ -31,11 +44,11 @@ class GateWaiting:
         self.inspector = inspector
         self.step_timeout = step_timeout
 
-    def running(self, session: ThreadSession, read: bool = False) -> bool:
+    def running(self, session: G, read: bool = False) -> bool:
         with self.cond:
             return session.gate.state == "running" and session.gate.finished is None
 
-    def wait(self, session: ThreadSession, slice_s: float) -> tuple[bool, list[ThreadSession]]:
+    def wait(self, session: G, slice_s: float, pending: Collection[Active]) -> tuple[bool, list[G]]:
         """Any session's statement that ends notifies the condition: the others' ends are news too."""
         with self.cond:
             if session.gate.finished is None and session.gate.state == "running":
@@ -46,7 +59,7 @@ class GateWaiting:
     def next_slice(self, slice_s: float) -> float:
         return min(slice_s * 2, LAST_SLICE_S)
 
-    def answered(self, sessions: Iterable[ThreadSession]) -> list[ThreadSession]:
+    def answered(self, sessions: Iterable[G]) -> list[G]:
         """A holder's COMMIT frees the waiter before its own answer reaches its thread, so the
         waiter's thread can report first. A blocker whose backend is no longer active has
         its answer on the wire: it is waited for. One still active has not finished.

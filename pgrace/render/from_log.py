@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.verify import VERIFY_SECONDS
 from pgrace.text import visible
 
 if TYPE_CHECKING:
@@ -26,9 +25,8 @@ def report_lines(result: FromLog) -> list[str]:
     """The stderr report: which incident was written, what the log did not say, and whether it came back."""
     out = []
     total = len(result.incidents)
-    if result.chosen is not None:
-        chosen = result.incidents[result.chosen - 1]
-        out.append(f"pgrace: from-log: incident {result.chosen} of {total}: {chosen.summary}")
+    if result.chosen is not None and result.incident is not None:
+        out.append(f"pgrace: from-log: incident {result.chosen} of {total}: {result.incident.summary}")
     if result.skipped:
         out.append(f"pgrace: from-log: {result.skipped} line(s) skipped: not log records of the file's format")
     out += [f"pgrace: from-log: {u}" for u in result.unreadable]
@@ -52,9 +50,9 @@ def report_lines(result: FromLog) -> list[str]:
         out.append(f"pgrace: from-log: not checked (the scenario is written): {result.not_checked}")
     elif verified is not None:
         out.append("pgrace: from-log: NOT reproduced: " + "; ".join(verified.failures[:3]))
-        if verified.out_of_time:
+        if verified.out_of_time is not None:
             out.append(
-                f"pgrace: from-log: verification stopped at its {VERIFY_SECONDS:g} s limit, "
+                f"pgrace: from-log: verification stopped at its {verified.out_of_time:g} s limit, "
                 f"after {verified.explored} other interleaving(s)"
             )
     if result.minimized is not None:

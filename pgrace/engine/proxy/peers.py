@@ -1,0 +1,56 @@
+"""Which process is at the other end of a client connection: its pid names a session by the program that opened it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+
+def peer_pid(sock: socket.socket) -> int | None:
+    """The client's process id: SO_PEERCRED on a unix socket, else the owner of its TCP port on this machine."""
+    try:
+        if sock.family == socket.AF_UNIX:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            return int(struct.unpack("3i", creds)[0]) or None
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return None
+    if host not in ("127.0.0.1", "::1"):
+        return None
+    inode = _socket_inode(port, "/proc/net/tcp6" if ":" in host else "/proc/net/tcp")
+    return None if inode is None else _owner(inode)
+
+
+def _socket_inode(port: int, table: str) -> str | None:
+    """The inode of the socket whose local port is ``port`` (the client's end), from the kernel's TCP table."""
+    suffix = f":{port:04X}"
+    try:
+        with open(table) as lines:
+            next(lines, None)
+            for line in lines:
+                parts = line.split()
+                if len(parts) > 9 and parts[1].endswith(suffix) and parts[9] != "0":
+                    return parts[9]
+    except OSError:
+        return None
+    return None
+
+
+def _owner(inode: str) -> int | None:
+    """The process holding ``socket:[inode]`` open, if this user may look (its own processes, or root)."""
+    target = f"socket:[{inode}]"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") == target:
+                    return int(entry)
+            except OSError:
+                continue
+    return None

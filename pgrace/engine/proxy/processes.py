@@ -1,0 +1,368 @@
+"""The ``--exec`` commands: started per run in process groups of their own, read in /proc, killed whole.
+
+When may the scheduler choose the next statement? Only when no command can send anything
+more without an answer that pgrace holds. :func:`quiet` is that rule, read from the kernel
+(``/proc/PID/task/TID/stat`` and ``syscall``), never guessed from time: every thread of
+every process of the command's group is asleep in a system call that waits for input or
+for another thread (``read``, ``recv*``, ``accept``, ``poll``, ``select``, ``epoll_wait``,
+``futex``, ``wait4``, ``pause``...) with no timeout. A thread that is runnable, in a sleep
+(``nanosleep``), writing, or in any other call may still act on its own, so it is not quiet.
+
+A *timed* wait (``poll`` with a timeout, a timed ``futex``) is quiet only while the process waits
+for pgrace: one of its connections has a statement that pgrace holds or runs, and every
+descriptor the wait watches is a socket connected to the proxy or the process's own wake-up
+handle (an ``eventfd``, a ``signalfd``). Drivers and runtimes wait that way: psycopg polls its
+socket in 0.1 s slices to see Ctrl-C, Node's event loop keeps a timer for V8's housekeeping
+(8 s) beside the sockets. A timed wait on anything else (a ``timerfd``, a pipe, another
+socket), or in a process none of whose statements is held, may end in a statement nobody held:
+the process is not quiet until it is back in a wait that says so. What the rule cannot see is
+an application timer that fires while another of its connections waits for pgrace; the reduced
+search then meets a run that does not follow an earlier one and says the exploration is
+incomplete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Protocol
+
+from pgrace.servers.processes import dies_with_parent
+
+# x86_64 system call numbers: untimed waits, and the timed ones with the argument that says so.
+_READ, _READV, _RECVFROM, _RECVMSG, _RECVMMSG, _ACCEPT, _ACCEPT4 = 0, 19, 45, 47, 299, 43, 288
+_POLL, _PPOLL, _SELECT, _PSELECT6 = 7, 271, 23, 270
+_EPOLL_WAIT, _EPOLL_PWAIT, _EPOLL_PWAIT2 = 232, 281, 441
+_FUTEX, _FUTEX_WAITV, _WAIT4, _WAITID, _PAUSE, _RT_SIGSUSPEND, _RT_SIGTIMEDWAIT = 202, 449, 61, 247, 34, 130, 128
+_ALWAYS_UNTIMED = {_READ, _READV, _RECVFROM, _RECVMSG, _ACCEPT, _ACCEPT4, _WAIT4, _WAITID, _PAUSE, _RT_SIGSUSPEND}
+_FUTEX_WAITS = {0, 6, 9, 11, 13}  # WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
+_FUTEX_FLAGS = 128 | 256  # PRIVATE, CLOCK_REALTIME
+
+OUTPUT_LIMIT = 64 * 1024  # bytes of a command's stdout and stderr kept for the report (the rest is read and dropped)
+
+
+def _signed32(value: int) -> int:
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What one thread is doing, as far as the scheduler cares."""
+
+    quiet: bool  # asleep in a wait that only input or another thread ends
+    timed_fds: tuple[int, ...] | None = None  # a timed multiplexing wait: the descriptors it waits on
+
+
+def thread_wait(pid: int, tid: int) -> Wait:
+    """Read one thread's state and system call (a thread that is gone is quiet: it does nothing more)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+            fields = f.read().split()
+    except (FileNotFoundError, ProcessLookupError):
+        return Wait(True)
+    except (OSError, IndexError):
+        return Wait(False)
+    if state in ("Z", "X"):
+        return Wait(True)
+    if state != "S" or not fields or fields[0] in ("running", "-1"):
+        return Wait(False)
+    nr = int(fields[0])
+    args = [int(a, 16) for a in fields[1:7]]
+    if nr in _ALWAYS_UNTIMED:
+        return Wait(True)
+    if nr == _FUTEX:
+        if (args[1] & ~_FUTEX_FLAGS) not in _FUTEX_WAITS:
+            return Wait(False)
+        return Wait(True) if args[3] == 0 else Wait(False, ())
+    if nr == _FUTEX_WAITV:
+        return Wait(True) if args[3] == 0 else Wait(False, ())
+    if nr == _RT_SIGTIMEDWAIT:
+        return Wait(True) if args[2] == 0 else Wait(False, ())
+    untimed = {
+        _POLL: _signed32(args[2]) < 0,
+        _PPOLL: args[2] == 0,
+        _SELECT: args[4] == 0,
+        _PSELECT6: args[4] == 0,
+        _EPOLL_WAIT: _signed32(args[3]) < 0,
+        _EPOLL_PWAIT: _signed32(args[3]) < 0,
+        _EPOLL_PWAIT2: args[3] == 0,
+    }.get(nr)
+    if untimed is None:
+        return Wait(False)
+    if untimed:
+        return Wait(True)
+    return Wait(False, _waited_fds(pid, nr, args))
+
+
+def _waited_fds(pid: int, nr: int, args: list[int]) -> tuple[int, ...] | None:
+    """The descriptors a timed poll, select or epoll wait watches (None: they cannot be read)."""
+    try:
+        if nr in (_POLL, _PPOLL):
+            count = min(args[1], 1024)
+            with open(f"/proc/{pid}/mem", "rb") as mem:
+                mem.seek(args[0])
+                raw = mem.read(8 * count)
+            return tuple(struct.unpack_from("i", raw, 8 * k)[0] for k in range(count))
+        if nr in (_EPOLL_WAIT, _EPOLL_PWAIT, _EPOLL_PWAIT2):
+            with open(f"/proc/{pid}/fdinfo/{args[0]}") as f:
+                return tuple(int(line.split()[1]) for line in f if line.startswith("tfd:"))
+        if nr in (_SELECT, _PSELECT6):
+            count = min(args[0], 1024)
+            fds: list[int] = []
+            with open(f"/proc/{pid}/mem", "rb") as mem:
+                for pointer in args[1:4]:
+                    if pointer:
+                        mem.seek(pointer)
+                        bits = int.from_bytes(mem.read((count + 63) // 64 * 8), "little")
+                        fds += [fd for fd in range(count) if bits >> fd & 1]
+            return tuple(sorted(set(fds)))
+    except (OSError, ValueError, IndexError, struct.error):
+        return None
+    return None
+
+
+_WAKE_UPS = ("anon_inode:[eventfd]", "anon_inode:[signalfd]")
+
+
+def _pgrace_or_wake_up(
+    pid: int, fd: int, proxied: set[int], own_pipes: set[str], wake_ups: frozenset[int] = frozenset()
+) -> bool:
+    """A descriptor a timed wait may watch and stay quiet: a socket to the proxy, or the process's own wake-up
+    (an eventfd, a signalfd, a pipe whose both ends it holds, as libuv's)."""
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return False
+    if target.startswith("socket:["):
+        return int(target[8:-1]) in proxied or int(target[8:-1]) in wake_ups
+    return target in _WAKE_UPS or target in own_pipes
+
+
+def _own_pipes(pid: int) -> set[str]:
+    """Pipes both of whose ends the process holds: only its own threads write them."""
+    seen: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("pipe:["):
+                    seen[target] = seen.get(target, 0) + 1
+    return {pipe for pipe, count in seen.items() if count > 1}
+
+
+def proxy_sockets(port: int) -> dict[int, int]:
+    """Client ends of TCP connections to ``port`` on this machine: socket inode -> the client's local port."""
+    found: dict[int, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f, None)
+            for line in f:
+                cols = line.split()
+                if len(cols) > 9 and int(cols[2].rsplit(":", 1)[1], 16) == port:
+                    found[int(cols[9])] = int(cols[1].rsplit(":", 1)[1], 16)
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process it started that is still its descendant (``/proc/.../children``)."""
+    seen, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        seen.append(current)
+        with contextlib.suppress(OSError), os.scandir(f"/proc/{current}/task") as tasks:
+            for task in tasks:
+                with contextlib.suppress(OSError), open(f"/proc/{current}/task/{task.name}/children") as f:
+                    todo += [int(child) for child in f.read().split()]
+    return seen
+
+
+def quiet(root: int, proxied: set[int], held: bool) -> str | None:
+    """None when every thread of ``root``'s process tree waits provably; else which thread does not, for people.
+
+    ``proxied``: the inodes of sockets connected to the proxy; ``held``: a statement of the process is pgrace's.
+    """
+    for pid in descendants(root):
+        try:
+            tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        moving = threads_quiet(pid, tids, proxied, held)
+        if moving is not None:
+            return moving
+    return None
+
+
+def threads_quiet(
+    pid: int, tids: list[int], proxied: set[int], held: bool, wake_ups: frozenset[int] = frozenset()
+) -> str | None:
+    """:func:`quiet` for some threads of one process; ``wake_ups``: socket inodes that are the process's own."""
+    own: set[str] | None = None
+    for tid in tids:
+        wait = thread_wait(pid, tid)
+        if wait.quiet:
+            continue
+        fds = wait.timed_fds
+        if held and fds is not None:
+            own = _own_pipes(pid) if own is None else own
+            if all(_pgrace_or_wake_up(pid, fd, proxied, own, wake_ups) for fd in fds):
+                continue
+        return f"process {pid} thread {tid}"
+    return None
+
+
+class Actor(Protocol):
+    """What sends statements through the proxy in a run: an ``--exec`` command's process, or an async session's thread.
+
+    ``owns``: whether a client connection is its own; ``moving``: None while it provably waits (see
+    :func:`quiet`), else who runs, for people; ``exit_code``: None while it lives.
+    """
+
+    opened: int  # its connections so far, for NAME#N names
+    reported: bool  # its end is on the timeline
+
+    @property
+    def name(self) -> str: ...
+
+    def owns(self, peer_pid: int | None, application_name: str | None) -> bool: ...
+
+    def moving(self, proxied: set[int], held: bool) -> str | None: ...
+
+    def exit_code(self) -> int | None: ...
+
+    def last_words(self) -> str:
+        """Why it failed, in one line (a command's last line of stderr, a session's exception)."""
+        ...
+
+    def stop(self) -> None:
+        """End it, and wait until it has ended (the run is over, or pgrace is)."""
+        ...
+
+
+@dataclass
+class Command:
+    """One ``--exec NAME='COMMAND'``: a shell command line, started once per run."""
+
+    name: str
+    line: str
+
+
+@dataclass
+class Started:
+    """A command's process in this run, its output drained so that it never blocks writing."""
+
+    command: Command
+    proc: subprocess.Popen[bytes]
+    output: dict[str, bytearray] = field(default_factory=lambda: {"stdout": bytearray(), "stderr": bytearray()})
+    readers: list[threading.Thread] = field(default_factory=list)
+    opened: int = 0  # its connections so far, for COMMAND#N names
+    reported: bool = False  # its exit is on the timeline
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def name(self) -> str:
+        return self.command.name
+
+    def owns(self, peer_pid: int | None, application_name: str | None) -> bool:
+        """A connection from the command's process tree (its parents walked up from ``peer_pid``)."""
+        pid = peer_pid
+        for _ in range(64):
+            if pid is None or pid <= 1:
+                return False
+            if pid == self.pid:
+                return True
+            pid = _parent(pid)
+        return False
+
+    def moving(self, proxied: set[int], held: bool) -> str | None:
+        return quiet(self.pid, proxied, held)
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def text(self, stream: str) -> str:
+        return bytes(self.output[stream]).decode("utf-8", "replace")
+
+    def last_words(self) -> str:
+        for reader in self.readers:
+            reader.join(1.0)
+        return next((ln.strip() for ln in reversed(self.text("stderr").splitlines()) if ln.strip()), "")
+
+    def stop(self) -> None:
+        kill(self)
+
+
+def _parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return None
+
+
+def start(command: Command, env: Mapping[str, str], cwd: str | None = None) -> Started:
+    """The command under ``/bin/sh -c``, in a process group of its own that dies with pgrace."""
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command.line],
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=dies_with_parent(),
+    )
+    started = Started(command, proc)
+    for stream in ("stdout", "stderr"):
+        pipe = getattr(proc, stream)
+        reader = threading.Thread(
+            target=_drain, args=(pipe, started.output[stream]), name=f"pgrace exec {command.name} {stream}", daemon=True
+        )
+        reader.start()
+        started.readers.append(reader)
+    return started
+
+
+def _drain(pipe: IO[bytes], into: bytearray) -> None:
+    while chunk := pipe.read(65536):
+        if len(into) < OUTPUT_LIMIT:
+            into += chunk[: OUTPUT_LIMIT - len(into)]
+
+
+def kill(started: Started, grace: float = 1.0) -> None:
+    """SIGTERM to the command's process group, SIGKILL after ``grace``; its output readers joined."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(started.pid, sig)
+        deadline = time.monotonic() + grace
+        while started.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                started.proc.wait(0.05)
+        if started.proc.poll() is not None and not _group_alive(started.pid):
+            break
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(started.pid, signal.SIGKILL)  # whatever of the group outlived its leader
+    started.proc.wait()
+    for reader in started.readers:
+        reader.join(grace)
+    for pipe in (started.proc.stdout, started.proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

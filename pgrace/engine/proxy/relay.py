@@ -1,0 +1,436 @@
+"""The proxy's sockets: a listener on 127.0.0.1, one thread per client connection, the step loop.
+
+Every byte goes through untouched; the relay only decides *when* a step's bytes go upstream. It
+groups the client's messages into steps (:mod:`pgrace.engine.proxy.steps`), asks
+:meth:`Hooks.ready` before each one goes (the scheduler may hold it there), forwards the server's
+answer as it comes (an ErrorResponse reaches the client at once) and tells :meth:`Hooks.done`
+when the step is complete. It never fabricates a Sync or a ReadyForQuery. Steps the client sent
+ahead (a pipeline) wait in order behind the running one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import selectors
+import socket
+import threading
+from collections import deque
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
+
+from pgrace.engine.proxy import startup, wire
+from pgrace.engine.proxy.peers import peer_pid
+from pgrace.engine.proxy.steps import Grouper, Memory, Reply, Statement, Step, Tracker, is_copy
+
+__all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
+
+#: Server bytes waiting for a slow client before the relay stops reading the server (backpressure, not an error).
+MAX_WAITING_OUTPUT = 1024 * 1024
+#: How long the relay waits for a client to take its last bytes (an ErrorResponse) before closing anyway.
+LAST_WORDS_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Client:
+    """One client connection, after its start-up."""
+
+    number: int
+    """1, 2, ... in the order the proxy's clients finished their start-up."""
+    application_name: str | None
+    backend_pid: int
+    """The server backend's pid, from BackendKeyData: how the observer finds its waits."""
+    peer_pid: int | None
+    """The client's OS process when it can be found (SO_PEERCRED, or the owner of its TCP port)."""
+
+
+class Refused(Exception):
+    """Raised by :meth:`Hooks.ready` to turn a statement away: the client gets it as an ErrorResponse, then EOF."""
+
+    def __init__(self, message: str, sqlstate: str = "57P01") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class Hooks(Protocol):
+    """What the relay tells the session transport, from the relay's threads (one per client connection)."""
+
+    def opened(self, client: Client) -> None:
+        """A client finished its start-up; called before it gets its first ReadyForQuery."""
+
+    def ready(self, client: Client, statement: Statement) -> None:
+        """Block the relay thread until the statement may go upstream (or raise :class:`Refused`).
+
+        A hook that holds a statement must return once ``Proxy.closing`` is set.
+        """
+
+    def done(self, client: Client, statement: Statement, reply: Reply) -> None:
+        """The statement's answer is complete (the client has the bytes, or is getting them)."""
+
+    def closed(self, client: Client, why: str | None) -> None:
+        """The connection ended: ``why`` is None when the client ended it, else what ended it."""
+
+
+class Proxy:
+    """Listens on 127.0.0.1 at a free port and relays each client to ``upstream_host:upstream_port``.
+
+    ``upstream_host`` may be a unix socket directory (a path, as in libpq). With ``socket_dir``
+    the proxy also listens on a unix socket there, at the same port number (``host=DIR`` for libpq):
+    a client on it is known by its process id for sure (SO_PEERCRED). Leaving the ``with``
+    block closes every connection, cancelling a statement still running upstream, and joins
+    every thread: nothing the proxy opened is left on the server.
+    """
+
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        hooks: Hooks,
+        *,
+        max_message: int = wire.DEFAULT_MAX_MESSAGE,
+        socket_dir: str | None = None,
+    ) -> None:
+        self.upstream = startup.Upstream(upstream_host, upstream_port)
+        self.hooks = hooks
+        self.max_message = max_message
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.closing = threading.Event()
+        """Set when the proxy closes: a hook holding a statement must let go."""
+        self._cancels = startup.CancelKeys(self.upstream)
+        self.socket_dir = socket_dir
+        self._listeners: list[socket.socket] = []
+        self._wake_accept: tuple[socket.socket, socket.socket] | None = None
+        self._threads: list[threading.Thread] = []
+        self._relays: set[_Relay] = set()
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1)
+
+    @property
+    def dsn(self) -> str:
+        """A conninfo fragment for a client: the proxy's host and port (add dbname, user)."""
+        return f"host={self.host} port={self.port} sslmode=disable"
+
+    def __enter__(self) -> Proxy:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.host, 0))
+        listener.listen(128)
+        self.port = listener.getsockname()[1]
+        self._listeners.append(listener)
+        if self.socket_dir is not None:
+            local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listeners.append(local)
+            local.bind(self.socket_path)
+            local.listen(128)
+        self._wake_accept = socket.socketpair()
+        accept = threading.Thread(target=self._accept, name=f"pgrace-proxy:{self.port}", daemon=True)
+        self._threads.append(accept)
+        accept.start()
+        return self
+
+    @property
+    def socket_path(self) -> str:
+        """The unix socket a libpq client reaches with ``host=socket_dir port=port``."""
+        return f"{self.socket_dir}/.s.PGSQL.{self.port}"
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection and join every thread."""
+        self.closing.set()
+        if self._wake_accept is not None:
+            with contextlib.suppress(OSError):
+                self._wake_accept[1].send(b"x")
+        if self._threads:
+            self._threads[0].join()  # the accept thread: no relay is added after it ends
+        with self._lock:
+            relays, threads = list(self._relays), list(self._threads)
+        for relay in relays:
+            relay.wake()
+        for thread in threads:
+            thread.join()
+        for sock in (*self._listeners, *(self._wake_accept or ())):
+            sock.close()
+        if self.socket_dir is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+
+    def _accept(self) -> None:
+        assert self._wake_accept is not None
+        with selectors.DefaultSelector() as selector:
+            for listener in self._listeners:
+                selector.register(listener, selectors.EVENT_READ)
+            selector.register(self._wake_accept[0], selectors.EVENT_READ)
+            while not self.closing.is_set():
+                for key, _ in selector.select():
+                    ready = key.fileobj
+                    if not isinstance(ready, socket.socket) or ready not in self._listeners:
+                        continue
+                    if self.closing.is_set():
+                        break
+                    try:
+                        sock, _ = ready.accept()
+                    except OSError:
+                        continue
+                    if sock.family == socket.AF_INET:
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._start(_Relay(self, sock))
+
+    def _start(self, relay: _Relay) -> None:
+        thread = threading.Thread(target=relay.run, name=f"pgrace-proxy-client:{self.port}", daemon=True)
+        with self._lock:
+            self._threads = [self._threads[0], *(t for t in self._threads[1:] if t.is_alive())]
+            self._relays.add(relay)
+            self._threads.append(thread)
+        thread.start()
+
+    def _number(self) -> int:
+        with self._lock:
+            return next(self._numbers)
+
+    def _forget(self, relay: _Relay) -> None:
+        with self._lock:
+            self._relays.discard(relay)
+
+
+class _Relay:
+    """One client connection: its start-up, then the step loop over both sockets."""
+
+    def __init__(self, proxy: Proxy, client: socket.socket) -> None:
+        self.proxy = proxy
+        self.client_sock = client
+        self._wake_read, self._wake_write = socket.socketpair()
+        self.server_sock: socket.socket | None = None
+        self.memory = Memory()
+        self.grouper = Grouper(self.memory)
+        self.framer = wire.Framer(proxy.max_message)
+        self.reader = wire.BackendReader()
+        self.steps: deque[Step] = deque()
+        self.queued = 0
+        self.running: tuple[Step, Tracker] | None = None
+        self.discarding = False
+        self.to_client = bytearray()
+        self.to_server = bytearray()
+        self.client_done = False
+        """The client sent Terminate (or left): nothing more is read from it."""
+        self.client_gone = False
+        self.terminate: bytes | None = None
+        self.fatal: str | None = None
+        """The server's FATAL message, when it ends the connection with one."""
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_write.send(b"x")
+
+    def run(self) -> None:
+        proxy = self.proxy
+        client: Client | None = None
+        keys: startup.Keys | None = None
+        why: str | None = None
+        try:
+            started = startup.start(self.client_sock, self._wake_read, proxy.closing, proxy.upstream, proxy._cancels)
+            self.server_sock, keys = started.server, started.keys
+            name = started.parameters.get("application_name") or started.startup.parameters.get("application_name")
+            client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock))
+            proxy.hooks.opened(client)
+            self.client_sock.sendall(started.to_client)
+            why = self._loop(client)
+        except startup.Ended as ended:
+            why = ended.why
+        except Refused as refused:
+            why = str(refused)
+            self._send_quietly(wire.Refusal(refused.sqlstate, why).encode())
+        except wire.ProtocolViolation as violation:
+            why = str(violation)
+            self._send_quietly(wire.Refusal(violation.sqlstate, why).encode())
+        except OSError as exc:
+            self._last_words()
+            why = self.fatal or f"connection lost: {exc}"
+        finally:
+            if keys is not None:
+                proxy._cancels.remove(keys)
+                if self.running is not None and not self.running[1].complete:
+                    startup.send_cancel(proxy.upstream, keys)
+            for sock in (self.server_sock, self.client_sock, self._wake_read, self._wake_write):
+                if sock is not None:
+                    sock.close()
+            proxy._forget(self)
+            if client is not None:
+                proxy.hooks.closed(client, why)
+
+    def _last_words(self) -> None:
+        """What the server said before it went (its FATAL ErrorResponse), read and passed on to the client."""
+        if self.server_sock is None:
+            return
+        with contextlib.suppress(OSError):
+            self.server_sock.setblocking(False)
+            while data := self.server_sock.recv(65536):
+                self.to_client += data
+                self._note_fatal(self.reader.feed(data))
+        self._send_quietly(b"")
+
+    def _note_fatal(self, messages: list[wire.Message]) -> None:
+        for message in messages:
+            if message.code == b"E":
+                fields = wire.error_fields(message.body)
+                if fields.get("S") in ("FATAL", "PANIC"):
+                    self.fatal = fields.get("M")
+
+    def _send_quietly(self, data: bytes) -> None:
+        """The client's last bytes, the server's pending ones first; a client that reads nothing does not hold us."""
+        pending, self.to_client = bytes(self.to_client) + data, bytearray()
+        with contextlib.suppress(OSError):
+            self.client_sock.settimeout(LAST_WORDS_TIMEOUT_S)
+            self.client_sock.sendall(pending)
+
+    def _loop(self, client: Client) -> str | None:
+        """Relay until the client leaves (None), or the server or the proxy ends it (why)."""
+        server = self.server_sock
+        assert server is not None
+        self.client_sock.setblocking(False)
+        server.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.client_sock, selectors.EVENT_READ)
+            selector.register(server, selectors.EVENT_READ)
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            interest = (selectors.EVENT_READ, selectors.EVENT_READ)
+            while True:
+                self._advance(client)
+                if self.proxy.closing.is_set():
+                    return "the proxy closed"
+                if self.client_gone:  # without a Terminate: what it queued is dropped, what runs is cancelled
+                    return self.fatal
+                if self.client_done and self.running is None and not self.steps and not self.to_server:
+                    assert self.terminate is not None
+                    self.to_server += self.terminate
+                    self.terminate = None
+                    self._flush(server, self.to_server)
+                    return None
+                wanted = (
+                    self._interest(self.to_client, reading=self._reads_client()),
+                    self._interest(self.to_server, reading=len(self.to_client) < MAX_WAITING_OUTPUT),
+                )
+                if wanted != interest:  # epoll_ctl only when it changes: most statements need none
+                    if wanted[0] != interest[0]:
+                        selector.modify(self.client_sock, wanted[0])
+                    if wanted[1] != interest[1]:
+                        selector.modify(server, wanted[1])
+                    interest = wanted
+                for key, events in selector.select():
+                    sock = key.fileobj
+                    if sock is self._wake_read:
+                        return "the proxy closed"
+                    if events & selectors.EVENT_WRITE:
+                        assert isinstance(sock, socket.socket)
+                        self._flush(sock, self.to_client if sock is self.client_sock else self.to_server)
+                    if events & selectors.EVENT_READ:
+                        if sock is server:
+                            if (why := self._from_server(client, server)) is not None:
+                                return why
+                        else:
+                            self._from_client()
+
+    @staticmethod
+    def _interest(out: bytearray, *, reading: bool) -> int:
+        return (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if out else 0) or selectors.EVENT_READ
+
+    def _reads_client(self) -> bool:
+        return not self.client_done and self.queued < self.proxy.max_message
+
+    @staticmethod
+    def _flush(sock: socket.socket, out: bytearray) -> None:
+        try:
+            sent = sock.send(out)
+        except BlockingIOError:
+            return
+        del out[:sent]
+
+    def _advance(self, client: Client) -> None:
+        """Start the next held step when none is running: ask the hooks, then let its bytes go upstream."""
+        while self.running is None and self.steps and not self.proxy.closing.is_set():
+            step = self.steps.popleft()
+            self.queued -= len(step.statement.data)
+            self.proxy.hooks.ready(client, step.statement)
+            if self.proxy.closing.is_set():
+                return
+            tracker = Tracker(step, self.memory, discarding=self.discarding)
+            self.to_server += step.statement.data
+            if self.server_sock is not None:
+                self._flush(self.server_sock, self.to_server)
+            self.running = (step, tracker)
+            if tracker.complete:
+                self._finish(client)
+
+    def _finish(self, client: Client) -> None:
+        assert self.running is not None
+        step, tracker = self.running
+        self.running = None
+        self.discarding = tracker.discarding
+        self.proxy.hooks.done(client, step.statement, tracker.reply())
+
+    def _from_client(self) -> None:
+        try:
+            data = self.client_sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.client_done = self.client_gone = True
+            return
+        for message in self.framer.feed(data):
+            self._client_message(message)
+        if self.to_server and self.server_sock is not None:  # COPY data of the running step goes on at once
+            self._flush(self.server_sock, self.to_server)
+
+    def _client_message(self, message: wire.Message) -> None:
+        if self.terminate is not None:
+            raise wire.ProtocolViolation("message after Terminate")
+        if message.code == b"X":
+            self.terminate = message.raw
+            self.client_done = True
+            return
+        running = self.running[1] if self.running is not None else None
+        if not self.steps and not self.grouper.building:
+            if is_copy(message):  # COPY data of the running step; or stray, which the server ignores
+                self.to_server += message.raw
+                return
+            if message.code == b"S" and running is not None and running.extra_sync:
+                running.extra_sync = False  # the Sync after an extended COPY FROM's CopyDone: part of its step
+                self.to_server += message.raw
+                return
+        step = self.grouper.add(message)
+        if step is not None:
+            self.steps.append(step)
+            self.queued += len(step.statement.data)
+
+    def _from_server(self, client: Client, server: socket.socket) -> str | None:
+        try:
+            data = server.recv(65536)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            data, lost = b"", str(exc)
+        else:
+            lost = "the server closed the connection"
+        if not data:
+            self._send_quietly(b"")
+            return self.fatal or lost
+        self.to_client += data
+        self._flush(self.client_sock, self.to_client)
+        for message in self.reader.feed(data):
+            if message.code == b"S":
+                name, value = wire.parameter_status(message.body)
+                if name == "application_name":  # pgjdbc names itself with SET after its start-up
+                    client.application_name = value or None
+            if message.code == b"E":
+                self._note_fatal([message])
+            if self.running is not None and self.running[1].feed(message):
+                self._finish(client)
+        return None

@@ -1,0 +1,284 @@
+"""--exec: commands' own connections, through the proxy, are the sessions of the one scheduler (real clients)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgrace.drivers.exec import explore_exec, run_exec
+from pgrace.engine.proxy.processes import Command
+from pgrace.formats import catalog
+from pgrace.servers import ServerInfo
+
+CLIENTS = Path(__file__).parent / "clients"
+EXAMPLES = Path(__file__).parents[1] / "examples" / "any-language"
+WITHDRAW = f"{sys.executable} {EXAMPLES / 'withdraw.py'}"
+
+
+def test_lost_update_one_run(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load("lost-update", {})
+    commands = [Command("alice", WITHDRAW), Command("bob", WITHDRAW)]
+    run = run_exec(scenario, commands, pgrace_server, order=["alice#1", "bob#1", "alice#1", "bob#1"])
+    from pgrace.render.text import render_text
+
+    print(render_text(run))
+    assert [s.session for s in run.scenario.steps][:4] == ["alice#1", "bob#1", "alice#1", "bob#1"]
+
+
+def test_lost_update_explored(pgrace_server: ServerInfo) -> None:
+    scenario = catalog.load("lost-update", {})
+    commands = [Command("alice", WITHDRAW), Command("bob", WITHDRAW)]
+    found = explore_exec(scenario, commands, pgrace_server)
+    for cls in found.classes:
+        print(cls.summary, cls.count)
+    print(found.runs, found.complete, found.incomplete)
+    assert found.complete
+
+
+def _cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from pgrace.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_cli_explore_finds_the_bug_and_proves_the_cure(pgrace_server: ServerInfo) -> None:
+    alice, bob = f"alice={WITHDRAW}", f"bob={WITHDRAW}"
+    found = _cli("explore", "lost-update", "--exec", alice, "--exec", bob, "--dsn", pgrace_server.dsn)
+    print(found.output, found.stderr)
+    cured = _cli(
+        "explore",
+        "lost-update",
+        "--fix",
+        "--exec",
+        alice + " --for-update",
+        "--exec",
+        bob + " --for-update",
+        "--dsn",
+        pgrace_server.dsn,
+    )
+    print(cured.output, cured.stderr)
+    assert found.exit_code == 0
+    assert cured.exit_code == 0
+
+
+def test_the_wait_is_what_pg_locks_shows(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob's FOR UPDATE waits for Alice's: the timeline names the row, holder and modes pg_locks shows then."""
+    from pgrace.engine.steps import StepBook
+    from pgrace.model.timeline import StepWaiting
+
+    seen: list[tuple[Any, ...]] = []
+    names: dict[int, str] = {}
+    original = StepBook.waiting
+
+    def waiting(self: StepBook, *args: Any, **kwargs: Any) -> None:
+        # The test's own reading of pg_locks and pgrowlocks at the moment pgrace reports the wait.
+        observer = self.inspector.observer
+        seen.extend(
+            observer.execute(
+                "SELECT w.pid, h.pid, (SELECT id FROM accounts WHERE ctid = format('(%s,%s)', t.page, t.tuple)::tid),"
+                " (SELECT modes FROM pgrowlocks('accounts'))"
+                " FROM pg_locks w JOIN pg_locks h ON h.transactionid = w.transactionid AND h.granted"
+                " JOIN pg_locks t ON t.pid = w.pid AND t.locktype = 'tuple' AND t.granted"
+                " WHERE w.locktype = 'transactionid' AND NOT w.granted"
+            ).fetchall()
+        )
+        names.update(self.inspector.sessions)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepBook, "waiting", waiting)
+    scenario = catalog.load("lost-update", {}).other
+    assert scenario is not None
+    commands = [Command("alice", WITHDRAW + " --for-update"), Command("bob", WITHDRAW + " --for-update")]
+    run = run_exec(scenario, commands, pgrace_server, order=["alice#1", "alice#1", "bob#1", "bob#1"])
+    [(waiter, holder, row_id, modes)] = seen
+    [event] = [e for e in run.events if isinstance(e, StepWaiting)]
+    [wait] = event.waits
+    assert (names[waiter], names[holder], row_id, modes) == ("bob#1", "alice#1", 1, ["For Update"])
+    assert (wait.holder, wait.table, wait.mode, wait.holder_mode) == ("alice#1", "accounts", "FOR UPDATE", "FOR UPDATE")
+    assert wait.row is not None and wait.row.key_dict() == {"id": 1}
+    assert run.ok
+
+
+def test_a_command_that_connects_around_the_proxy_fails_the_run(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(pgrace_server.dsn)
+    monkeypatch.setenv("AROUND_HOST", str(params["host"]))
+    monkeypatch.setenv("AROUND_PORT", str(params.get("port") or 5432))
+    around = f"around={sys.executable} {CLIENTS / 'around.py'}"
+    result = _cli("run", "lost-update", "--exec", f"alice={WITHDRAW}", "--exec", around, "--dsn", pgrace_server.dsn)
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert "around pgrace's proxy" in line and "did not order" in line
+
+
+def test_pooled_connections_are_sessions_of_their_own(pgrace_server: ServerInfo) -> None:
+    """An idle connection beside a parked one: the process waits for pgrace, so the run goes on; each connection
+    that sends a statement is a session, named by the order the process opened it."""
+    scenario = catalog.load("lost-update", {})
+    pooled = f"{sys.executable} {CLIENTS / 'pooled.py'}"
+    run = run_exec(scenario, [Command("pool", pooled), Command("bob", WITHDRAW)], pgrace_server)
+    sessions = [(s.session, s.sql) for s in run.scenario.steps]
+    assert sessions == [  # the first ready session, by name, goes each time
+        ("bob#1", "BEGIN"),
+        ("bob#1", "SELECT balance FROM accounts WHERE id = 1"),
+        ("bob#1", "UPDATE accounts SET balance = 400 WHERE id = 1"),
+        ("bob#1", "COMMIT"),
+        ("pool#2", "BEGIN"),
+        ("pool#2", "SELECT balance FROM accounts WHERE id = 1"),
+        ("pool#2", "UPDATE accounts SET balance = 300 WHERE id = 1"),
+        ("pool#2", "COMMIT"),
+        ("pool#1", "BEGIN"),
+        ("pool#1", "SELECT 1"),
+        ("pool#1", "COMMIT"),
+    ]
+    assert [s.name for s in run.scenario.sessions] == ["pool#1", "pool#2", "bob#1"]
+
+
+def test_a_command_that_fails_is_an_outcome(pgrace_server: ServerInfo) -> None:
+    """A non-zero exit is a step of the run with the command's last line of stderr, not a crash."""
+    scenario = catalog.load("lost-update", {})
+    failing = f"{sys.executable} -c \"import sys; sys.exit('no more money')\""
+    run = run_exec(scenario, [Command("alice", WITHDRAW), Command("broke", failing)], pgrace_server)
+    [failed] = [s for s in run.steps if s.outcome is not None and s.outcome.error is not None]
+    assert (failed.session, failed.sql) == ("broke", "exit 1")
+    assert failed.outcome is not None and failed.outcome.error is not None
+    assert (failed.outcome.error.sqlstate, failed.outcome.error.message) == ("exit 1", "no more money")
+
+
+@pytest.fixture(scope="module")
+def node_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """node-postgres, installed with npm for these tests alone: NODE_PATH for the commands."""
+    from tools import clients
+
+    return str(clients.node_modules(tmp_path_factory.mktemp("node")) / "node_modules")
+
+
+def _explore(monkeypatch: pytest.MonkeyPatch, node_path: str, *args: str) -> tuple[int, str]:
+    monkeypatch.setenv("NODE_PATH", node_path)
+    result = _cli("explore", *args)
+    return result.exit_code, result.output
+
+
+def test_node_lost_update_found_and_its_cure_proved(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch, node_path: str
+) -> None:
+    withdraw = f"node {EXAMPLES / 'withdraw.js'}"
+    dsn = ("--dsn", pgrace_server.dsn)
+    code, found = _explore(
+        monkeypatch, node_path, "lost-update", "--exec", f"alice={withdraw}", "--exec", f"bob={withdraw}", *dsn
+    )
+    assert code == 0, found
+    assert "all 6 interleavings, 7 runs: 2 outcome classes" in found
+    assert "reproduces the bug" in found
+    cured = f"{withdraw} --for-update"
+    code, proved = _explore(
+        monkeypatch, node_path, "lost-update", "--fix", "--exec", f"alice={cured}", "--exec", f"bob={cured}", *dsn
+    )
+    assert code == 0, proved
+    assert "all 6 interleavings, 7 runs: 1 outcome class" in proved and "holds" in proved
+    code, exhaustive = _explore(
+        monkeypatch,
+        node_path,
+        "lost-update",
+        "--fix",
+        "--no-reduce",
+        "--exec",
+        f"alice={cured}",
+        "--exec",
+        f"bob={cured}",
+        *dsn,
+    )
+    assert code == 0, exhaustive
+    assert "all 24 interleavings: 1 outcome class" in exhaustive, exhaustive  # reduced: 6, and a first run
+
+
+@pytest.mark.slow
+def test_node_queue_worker_claims_no_job_twice(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch, node_path: str
+) -> None:
+    worker = f"node {EXAMPLES / 'worker.js'}"
+    code, out = _explore(
+        monkeypatch,
+        node_path,
+        str(EXAMPLES / "queue.toml"),
+        "--exec",
+        f"w1={worker} w1 --once",
+        "--exec",
+        f"w2={worker} w2 --once",
+        "--dsn",
+        pgrace_server.dsn,
+    )
+    assert code == 0, out
+    assert "all 70 interleavings, 71 runs: 1 outcome class" in out
+    assert "no class shows the bug" in out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
+def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
+    pgrace_server: ServerInfo, tmp_path: Path, signum: int
+) -> None:
+    """pgrace stopped while a command works inside its transaction: the command's process goes with it, and so
+    do its connection, the scratch database and the run's role (after `pgrace clean`, for SIGKILL)."""
+    import psycopg
+    from procs import wait_gone
+
+    pid_file = tmp_path / "pid"
+    hold = f"alice={sys.executable} {CLIENTS / 'hold.py'} {pid_file}"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pgrace",
+            "run",
+            "lost-update",
+            "--exec",
+            hold,
+            "--step-timeout",
+            "60",
+            "--dsn",
+            pgrace_server.dsn,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+        roles = "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pgrace%'"
+        (roles_before,) = admin.execute(roles).fetchone() or (0,)
+        locked = "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'"
+        holders = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+        deadline = time.monotonic() + 60
+        while (
+            not pid_file.exists() or admin.execute(holders).fetchone() != (1,) or not admin.execute(locked).fetchone()
+        ):
+            assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+            time.sleep(0.01)  # polling for the client to be inside its transaction, not lock detection
+        client = int(pid_file.read_text())
+        during = admin.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'pgrace%'").fetchone()
+        assert during == (1,)
+        child.send_signal(signum)
+        child.communicate(timeout=30)
+        assert child.returncode == (130 if signum == signal.SIGINT else -signal.SIGKILL)
+        assert wait_gone(client), "the command outlived pgrace"
+        if signum == signal.SIGKILL:
+            subprocess.run(
+                [sys.executable, "-m", "pgrace", "clean", "--dsn", pgrace_server.dsn], check=True, capture_output=True
+            )
+        left = admin.execute(
+            "SELECT (SELECT count(*) FROM pg_database WHERE datname LIKE 'pgrace%'),"
+            f" ({roles}) - {roles_before},"
+            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            "  AND datname LIKE 'pgrace%')"
+        ).fetchone()
+    assert left == (0, 0, 0)
