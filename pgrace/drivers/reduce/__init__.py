@@ -129,7 +129,7 @@ def executor(
     space = Space(scenario)
     natures = {s.name: nature_of(s, scenario) for s in scenario.steps}
     needs = {name: tuple(space.chains[i][k] for i, k in pairs) for name, pairs in space.needs.items()}
-    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
+    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA, footprints) as db:
         run = Run(runnable, server.version, server.label, False)
         with Runner(runnable, db.dsn, run, options, None, db.observer_dsn) as runner:
             count = 0
