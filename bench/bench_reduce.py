@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from pgrace.drivers.explore import Space, explore
+from pgrace.drivers.explore import explore
 from pgrace.formats import catalog
+from pgrace.model.orders.space import Space
 from pgrace.servers import open_server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import sys
 import time
 
 from pgrace import api
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.servers import open_server
 

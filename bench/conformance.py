@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from pgrace.drivers.speccheck import prepare_check, run_check
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError
 from pgrace.model.timeline import Run, StepFinished, StepLaunched, StepWaiting
 from pgrace.servers import open_server

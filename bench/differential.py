@@ -52,7 +52,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgrace.drivers.speccheck import unified_diff
-from pgrace.engine.runner import RunOptions, run_scenario
+from pgrace.engine.libpq.runner import run_scenario
+from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError
 from pgrace.formats import catalog
 from pgrace.render.isolation import render_isolation

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pgrace.api import check, clean, compare, explore, load, load_scenario, matrix, minimize, run, sweep
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
     from pgrace.drivers.explore import Exploration
-    from pgrace.engine.runner import RunOptions
+    from pgrace.engine.options import RunOptions
     from pgrace.errors import CodeError, PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario, Session, Step
@@ -45,7 +45,7 @@ _HOMES = {
     "PgraceError": "pgrace.errors",
     "Run": "pgrace.model.timeline",
     "RunAborted": "pgrace.errors",
-    "RunOptions": "pgrace.engine.runner",
+    "RunOptions": "pgrace.engine.options",
     "Scenario": "pgrace.model.scenario",
     "ScenarioError": "pgrace.errors",
     "ServerInfo": "pgrace.servers",

@@ -76,7 +76,7 @@ def load_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
     """A shipped scenario's name, or a path to a ``.toml`` scenario or an isolation ``.spec`` file, read.
 
     ``params`` set the file's parameters. The file's first variant is returned; ``.other``
-    (and :meth:`Scenario.variant_named`) hold the other one.
+    (and ``Scenario.variant_named``) hold the other one.
     """
     return catalog.load(ref, params)
 
@@ -151,7 +151,7 @@ def compare(
 ) -> list[Run]:
     """Run the bug, then the fix, on one server: the runs side by side.
 
-    ``scenario`` is as :func:`load_scenario` reads it: its first variant, holding the other.
+    ``scenario`` is as ``load_scenario`` reads it: its first variant, holding the other.
     """
     variants = both_variants(scenario)
     with _serving(server, dsn, superuser, on_note) as opened:
@@ -194,9 +194,10 @@ def explore(
     exploration's ``guarantee`` says which of these its classes carry.
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
-    from pgrace.drivers.explore import Space, reduces, replay, same_class
     from pgrace.drivers.explore import explore as explore_space
+    from pgrace.drivers.explore import reduces, replay, same_class
     from pgrace.drivers.shards import load_explorations, merge_explorations
+    from pgrace.model.orders.space import Space
 
     space = Space(scenario)
     if merge:

@@ -55,7 +55,7 @@ def pgrace_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
 def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
     """Run a scenario in a scratch database of ``pgrace_server`` and return its record."""
     from pgrace import api
-    from pgrace.engine.runner import RunOptions
+    from pgrace.engine.options import RunOptions
     from pgrace.formats import catalog
 
     def run(

@@ -324,7 +324,7 @@ class Bench:
         waiter go first (then, as with ``defer_busy_sessions``, it waits aside while the
         other sessions' steps go on, and goes as soon as its session is free).
         """
-        from pgrace.engine.runner import launch_ready
+        from pgrace.engine.libpq.runner import launch_ready
 
         scheduler = self.scheduler
         entries = tuple(PermutationStep(e) if isinstance(e, str) else e for e in order)

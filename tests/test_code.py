@@ -16,7 +16,7 @@ import pytest
 from documentation import page
 
 import pgrace
-import pgrace.engine.threads
+import pgrace.engine.threads.session
 from pgrace.drivers.code import explore_code, run_code
 from pgrace.engine.scheduler import Scheduler
 from pgrace.errors import CodeError, PgraceError, SetupFailed
@@ -170,14 +170,14 @@ def test_a_holder_slow_to_hear_its_commit_still_gets_the_release(
 ) -> None:
     """The server frees bob the moment alice commits; alice's thread may hear "COMMIT" later than bob
     hears his row. The release is still alice's COMMIT: her answer is on the wire, so pgrace waits for it."""
-    finish = pgrace.engine.threads._finish
+    finish = pgrace.engine.threads.session._finish
 
     def late_for_alice(gate: Any, outcome: Any, conn: Any) -> None:
         if gate.name == "alice" and outcome.commands == ("COMMIT",):
             time.sleep(0.05)  # an injected delay: alice's thread is slow, the server is not
         finish(gate, outcome, conn)
 
-    monkeypatch.setattr(pgrace.engine.threads, "_finish", late_for_alice)
+    monkeypatch.setattr(pgrace.engine.threads.session, "_finish", late_for_alice)
     run = _bob_waits_for_alice(pgrace_server)
     (waiting,) = [s for s in run.step_runs() if s.waited]
     assert waiting.release is not None

@@ -19,8 +19,8 @@ from psycopg2 import connect as psycopg2_connect  # bound before any guard: only
 from test_code import FINAL, ROOT, SETUP, _leftovers, withdraw, withdraw_locked
 
 from pgrace.drivers.code import _runner, explore_code, run_code
-from pgrace.engine.schedule import NamedOrder
 from pgrace.errors import CodeError
+from pgrace.model.orders.choices import NamedOrder
 from pgrace.servers import ServerInfo
 
 READ = "SELECT balance FROM accounts WHERE id = 1"

@@ -17,7 +17,7 @@ from test_code import FINAL, SETUP, _example, withdraw, withdraw_locked
 from pgrace.drivers.code import _runner, explore_code
 from pgrace.drivers.explore import Exploration
 from pgrace.drivers.reduce import code_trace, dependent
-from pgrace.engine.schedule import Follow
+from pgrace.model.orders.choices import Follow
 from pgrace.model.timeline import FootprintObserved
 from pgrace.servers import ServerInfo
 

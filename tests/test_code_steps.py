@@ -17,7 +17,7 @@ import pytest
 from test_code import FINAL, ROOT, SETUP, withdraw
 
 from pgrace.drivers.code import explore_code, run_code
-from pgrace.engine.frames import is_framework
+from pgrace.engine.threads.frames import is_framework
 from pgrace.model.timeline import Run
 from pgrace.pytest_plugin import PgraceCode
 from pgrace.servers import ServerInfo

@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 from documentation import README, ROOT, page
 
+import pgrace
 from pgrace.cli import main
 from tools.mkdocs_hooks import HELP, with_help
 
@@ -67,17 +68,14 @@ def test_a_help_line_becomes_the_commands_help() -> None:
         with_help("<!-- help: pgrace nosuch -->")
 
 
-def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path: Path) -> None:
-    """What `make docs` runs: a broken link or anchor, a page left out of the nav or a failing hook is an error.
-
-    The pages load no font, script or picture from another host (the theme's fonts are off),
-    so the site reads offline; links out (Hermitage, the theme's credit) are only links.
-    """
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as `make docs` builds it (mkdocs build --strict), once for this module's tests."""
     mkdocs = Path(sys.executable).parent / "mkdocs"
     assert mkdocs.exists() or shutil.which("mkdocs"), "mkdocs is a dev dependency: pip install -e '.[dev]'"
-    site = tmp_path / "site"
+    built = tmp_path_factory.mktemp("site")
     result = subprocess.run(
-        [str(mkdocs) if mkdocs.exists() else "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        [str(mkdocs) if mkdocs.exists() else "mkdocs", "build", "--strict", "--site-dir", str(built)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -85,11 +83,51 @@ def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path: Pat
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    return built
+
+
+def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(site: Path) -> None:
+    """What `make docs` runs: a broken link or anchor, a page left out of the nav or a failing hook is an error.
+
+    The pages load no font, script or picture from another host (the theme's fonts are off),
+    so the site reads offline; links out (Hermitage, the theme's credit) are only links.
+    """
     built = (site / "reference" / "commands" / "index.html").read_text(encoding="utf-8")
     assert "Usage: pgrace run [OPTIONS] SCENARIO" in built
     for html in site.rglob("*.html"):
         loaded = re.findall(r"""(?:src|<link[^>]*href)=["'](https?://[^"']+)""", html.read_text(encoding="utf-8"))
         assert not loaded, f"{html.relative_to(site)} loads {loaded}"
+
+
+API_ENTRY = re.compile(r"^::: pgrace\.(?P<name>\w+)$", re.MULTILINE)
+
+
+def test_the_api_reference_names_every_public_name_once() -> None:
+    """docs/reference/api.md holds one ``::: pgrace.NAME`` per name of ``pgrace.__all__``, and no other."""
+    listed = [m["name"] for m in API_ENTRY.finditer(page("reference/api.md"))]
+    assert len(listed) == len(set(listed)), f"listed twice: {sorted({n for n in listed if listed.count(n) > 1})}"
+    assert not set(pgrace.__all__) - set(listed), (
+        f"missing from docs/reference/api.md: {sorted(set(pgrace.__all__) - set(listed))}"
+    )
+    assert not set(listed) - set(pgrace.__all__), f"not in pgrace.__all__: {sorted(set(listed) - set(pgrace.__all__))}"
+
+
+def test_every_public_name_has_a_docstring_of_its_own() -> None:
+    """As the reference reads them (griffe, statically): a dataclass's generated ``Session(name, ...)`` is none."""
+    import griffe
+
+    package = griffe.load("pgrace", search_paths=[str(ROOT)])
+    bare = [name for name in pgrace.__all__ if not package[name].docstring]
+    assert not bare, f"no docstring, so the reference says nothing of them: {bare}"
+
+
+def test_the_api_reference_draws_every_public_name(site: Path) -> None:
+    """Each name has its section (its anchor is ``pgrace.NAME``), and no docstring shows reST roles raw."""
+    built = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    drawn = set(re.findall(r'id="pgrace\.(\w+)"', built))
+    assert not set(pgrace.__all__) - drawn, f"no section on the built page: {sorted(set(pgrace.__all__) - drawn)}"
+    raw = sorted(set(re.findall(r":(?:func|meth|class|mod|attr|data|exc|obj):<code>[^<]*</code>", built)))
+    assert not raw, f"reST roles render as text in Markdown; write ``name`` instead: {raw}"
 
 
 def test_the_readme_is_the_entrance_and_its_links_lead_somewhere() -> None:

@@ -19,11 +19,13 @@ from helpers import steps_scenario
 from pgrace.cli import main
 from pgrace.drivers import check as regression
 from pgrace.drivers.explore import explore
+from pgrace.drivers.exploring import choose
 from pgrace.drivers.shards import merge_explorations
-from pgrace.drivers.space import Space, choose
-from pgrace.engine.runner import RunOptions, run_scenario
+from pgrace.engine.libpq.runner import run_scenario
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.formats import catalog
+from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import classify, split_run
 from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario
 from pgrace.model.timeline import StepCancelled
@@ -373,7 +375,7 @@ def test_explores_working_schema_is_the_run_roles_and_first_on_its_path_pgrowloc
     pgrace_server: ServerInfo,
 ) -> None:
     """The teardown drops the working schema with all in it: pgrowlocks must not be made there."""
-    from pgrace.drivers.space import EXPLORE_SCHEMA
+    from pgrace.drivers.exploring import EXPLORE_SCHEMA
     from pgrace.scratch import scratch_database_with_schema
 
     with (

@@ -22,9 +22,10 @@ from helpers import steps_scenario
 
 from pgrace import bounds
 from pgrace.cli import main
-from pgrace.drivers.space import Space, choose
+from pgrace.drivers.exploring import choose
 from pgrace.errors import ScenarioError
 from pgrace.formats import catalog
+from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 
 FANOUT = Path(__file__).resolve().parents[1] / "scenarios" / "skip-locked-fanout.toml"
@@ -94,7 +95,7 @@ def test_24_sessions_of_3_steps_are_counted_and_numbered_at_once() -> None:
         """
         import time
         from pgrace.formats import catalog
-        from pgrace.drivers.explore import Space
+        from pgrace.model.orders.space import Space
         started = time.perf_counter()
         space = Space(catalog.load("skip-locked-fanout", {"workers": "24"}))
         last = space.size - 1
@@ -156,7 +157,7 @@ def test_sessions_tied_by_captures_in_too_many_joint_positions_are_refused_at_on
                       Step(f"s{s}c", f"s{s}", "SELECT 3")]
         scenario = Scenario(name="t", title="t", source="tied.toml", sessions=tuple(Session(f"s{s}") for s in range(12)),
                             steps=tuple(steps), permutations=(tuple(PermutationStep(s.name) for s in steps),))
-        from pgrace.drivers.explore import Space
+        from pgrace.model.orders.space import Space
         started = time.perf_counter()
         try:
             Space(scenario).size

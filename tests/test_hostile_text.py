@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from fix_recorded import Recorded
 
 from pgrace.cli import main
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.formats import catalog
 from pgrace.model.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
 from pgrace.pytest_plugin import RunScenario

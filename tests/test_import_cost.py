@@ -19,7 +19,7 @@ NOT_AT_IMPORT = (
     "tabulate",
     "decimal",
     "pgrace.api",
-    "pgrace.engine.runner",
+    "pgrace.engine.libpq.runner",
     "pgrace.engine.observe.locks",
     "pgrace.scratch",
     "pgrace.servers",

@@ -13,7 +13,7 @@ from helpers import by_name, toml_scenario
 
 from pgrace import api
 from pgrace.engine.observe.locks import CONFLICTS, advisory_keys, advisory_level_in
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.model.scenario import LOCK_MODES
 from pgrace.model.timeline import AdvisoryKey, Run, WaitLink
 from pgrace.pytest_plugin import RunScenario

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario

@@ -20,8 +20,8 @@ import pytest
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
 from pgrace.drivers.reduce.reads import Shape, effect_of
-from pgrace.drivers.space import Space
 from pgrace.formats import catalog
+from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 
 READS = Path(__file__).parent / "explore" / "reads"

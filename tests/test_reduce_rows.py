@@ -14,8 +14,8 @@ import pytest
 
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
-from pgrace.drivers.space import Space
 from pgrace.formats import catalog
+from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 
 ROWS = Path(__file__).parent / "explore" / "rows"

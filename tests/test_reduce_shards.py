@@ -19,8 +19,8 @@ from pgrace.cli import main
 from pgrace.drivers.explore import Exploration, explore, reduces
 from pgrace.drivers.reduce import explore_roots
 from pgrace.drivers.shards import merge_explorations
-from pgrace.drivers.space import Space
 from pgrace.formats import catalog
+from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo
 

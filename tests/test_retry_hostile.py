@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pgrace import api
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
 from pgrace.model.timeline import Run, StepLaunched

@@ -5,9 +5,10 @@ No server: a schedule is arithmetic on names until a run follows it.
 
 from __future__ import annotations
 
-from pgrace.drivers.explore import Space
-from pgrace.engine.schedule import Choices, ChoiceTree, Interleavings, NamedOrder, Permutations, Schedule
 from pgrace.formats.spec import parse_spec
+from pgrace.model.orders import Interleavings, Permutations, Schedule
+from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
+from pgrace.model.orders.space import Space
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 
 

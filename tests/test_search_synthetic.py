@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from pgrace.drivers.reduce.moves import Access, Move, Trace
 from pgrace.drivers.reduce.search import ChoiceSearch, Search
-from pgrace.drivers.space import Space
+from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed
 from pgrace.model.scenario import Scenario, Session, Step
 

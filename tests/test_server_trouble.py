@@ -25,7 +25,8 @@ from helpers import by_name, text_of, toml_scenario
 from procs import start_blocked_run, wait_gone
 
 from pgrace import api
-from pgrace.engine.runner import Runner, RunOptions
+from pgrace.engine.libpq.runner import Runner
+from pgrace.engine.options import RunOptions
 from pgrace.errors import RunAborted
 from pgrace.formats.spec import parse_spec
 from pgrace.model.scenario import Step

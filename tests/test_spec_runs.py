@@ -32,7 +32,7 @@ from pgrace.drivers.speccheck import (
     prepare_check,
     run_check,
 )
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError, SetupFailed
 from pgrace.model.scenario import RowRef
 from pgrace.model.timeline import StepLaunched, StepWaiting

@@ -106,3 +106,28 @@ def test_a_real_postmaster_proves_it_serves_its_directory(pgrace_server: ServerI
     assert _is_server_of(pid, data, _run_dir_owners())
     assert not _is_server_of(pid, os.path.join(rundir, "elsewhere"), _run_dir_owners())
     assert not _is_server_of(os.getpid(), data, _run_dir_owners())
+
+
+def test_a_held_run_directory_survives_a_sweep_whatever_pid_its_name_says() -> None:
+    """Seen from another PID namespace, a live run's directory is named for a pid with no process there:
+    the owner's lock, not the name, says it is in use."""
+    from pgrace.servers.embedded.rundirs import hold_run_dir
+
+    run = planted(Path(_run_base()), f"pgrace-{DEAD_PID}-live")
+    holding = hold_run_dir(str(run))
+    try:
+        _remove_stale_runs(_run_base())
+        assert run.is_dir()
+    finally:
+        os.close(holding)
+    _remove_stale_runs(_run_base())  # the owner let go: now it is a dead run's
+    assert not run.exists()
+
+
+def test_the_suites_own_server_directory_is_held(pgrace_server: ServerInfo) -> None:
+    from pgrace.servers.processes import held
+
+    rundir = pgrace_server.dsn.split("host=")[1].split()[0] if "host=" in pgrace_server.dsn else None
+    if rundir is None or not rundir.startswith(_run_base()):
+        pytest.skip("the suite's server is not pgrace's embedded one")
+    assert held(rundir)

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from helpers import by_name, text_of, toml_scenario
 
 from pgrace.cli import main
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.formats import catalog
 from pgrace.formats.scenario_toml import parse_toml_scenario

@@ -143,7 +143,7 @@ def run(
         chosen = pick_variant(loaded, fix, bug)
         if not shown.start(chosen, loaded):
             # The engine and the renderer are imported while the run waits for its server and database.
-            import_ahead("pgrace.engine.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
+            import_ahead("pgrace.engine.libpq.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
         server = tidied(server_ready())
         with shown.playing():
             result = shown.played(

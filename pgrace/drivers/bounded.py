@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pgrace.drivers.space import Space
 from pgrace.errors import ScenarioError
+from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo

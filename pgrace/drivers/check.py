@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError, ScenarioFailed
 from pgrace.formats import catalog
 from pgrace.model.cases import Case as Case

@@ -8,10 +8,10 @@ SAVEPOINT and COMMIT of ``conn.transaction()``, a named cursor's DECLARE, FETCH 
 CLOSE) is handed to the scheduler, and the
 session's thread waits there until the scheduler lets it go. So the scheduler owns the
 order, one statement at a time, and nothing depends on timing (the transport:
-:mod:`pgrace.engine.threads`).
+:mod:`pgrace.engine.threads.session`).
 
 The scheduler (:class:`pgrace.engine.scheduler.Scheduler`, the one scenario steps run on, in the order
-of :class:`pgrace.engine.code_scheduler.CodeOrder`) lets one statement go,
+of :class:`pgrace.engine.threads.order.CodeOrder`) lets one statement go,
 then waits until every session is settled: parked at its next statement, finished, or *seen blocked by the server* (the
 runner's probe, :meth:`~pgrace.engine.observe.locks.LockInspector.is_blocked`, asked from the observer
 connection while the session's thread is inside psycopg's ``execute``). A blocked session
@@ -28,11 +28,11 @@ A callable's statements are only known by running it (they may depend on what it
 so :func:`explore_code` searches the tree of "which session goes next" choices. Reduced
 (the default), it is ``pgrace explore``'s search (:class:`pgrace.drivers.reduce.ChoiceSearch`):
 each run follows a prefix of statements, then keeps the session going while it can
-(:class:`pgrace.engine.schedule.Follow`), and what every session held after each statement
+(:class:`pgrace.model.orders.choices.Follow`), and what every session held after each statement
 says which statements commute. With ``reduce=False`` every schedule runs, depth first:
 each run follows a prefix of choices, then takes the first ready session; the next run
 changes the last choice that has an untried alternative
-(:class:`pgrace.engine.schedule.ChoiceTree`). The schema is reset between runs (one scratch
+(:class:`pgrace.model.orders.choices.ChoiceTree`). The schema is reset between runs (one scratch
 database, one backend per session, reset by DISCARD ALL and handed out as a new connection
 object each run), runs are classified by
 :func:`pgrace.model.outcomes.classify`, and the result is ``pgrace explore``'s
@@ -66,12 +66,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pgrace.drivers.explore import Exploration
-from pgrace.engine.code_runner import CODE_SCHEMA, CodeRunner
-from pgrace.engine.code_scheduler import Chooser
-from pgrace.engine.frames import display_name
-from pgrace.engine.schedule import Choices, ChoiceTree, Follow, NamedOrder
-from pgrace.engine.threads import SessionCode, TracedConnection
+from pgrace.engine.threads.frames import display_name
+from pgrace.engine.threads.order import Chooser
+from pgrace.engine.threads.runner import CODE_SCHEMA, CodeRunner
+from pgrace.engine.threads.session import SessionCode, TracedConnection
 from pgrace.errors import CodeError
+from pgrace.model.orders.choices import Choices, ChoiceTree, Follow, NamedOrder
 from pgrace.model.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
@@ -220,7 +220,7 @@ def explore_code(
     (by what the server showed each one touched, as ``pgrace explore``'s reduction) are run
     once; ``complete`` says every order was covered. Without, every order is run. Either way
     ``explored`` and ``runs`` count the runs, at most ``limit``. ``framework_modules``: as
-    :func:`run_code`'s.
+    ``run_code``'s.
     """
     info = shared_server(server)
     name = _name_of(sessions, name)

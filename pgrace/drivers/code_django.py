@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pgrace.engine.threads import SessionCode, TracedConnection, TracedCursor
+from pgrace.engine.threads.session import SessionCode, TracedConnection, TracedCursor
 from pgrace.errors import CodeError
 
 __all__ = ["connected", "session"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgrace.engine.threads import TracedConnection
+from pgrace.engine.threads.session import TracedConnection
 from pgrace.errors import CodeError
 
 __all__ = ["engine"]

@@ -2,7 +2,7 @@
 
 An *interleaving* is an order of all the scenario's steps that keeps each session's own
 order, and runs a step that uses a variable another session captures after the step that
-captures it. The :class:`Space` counts them and numbers them 0 … size-1 in a fixed order
+captures it. The :class:`~pgrace.model.orders.space.Space` counts them and numbers them 0 … size-1 in a fixed order
 (session by session, like counting in a mixed radix), so that a seeded sample
 (``--max N --seed S``) and a shard of it or of every interleaving (``--shard K/N``: every
 N-th of the chosen numbers) are both just sets of numbers, and shards add up to the whole.
@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgrace.bounds import check_jobs, check_sample
+from pgrace.drivers.exploring import EXPLORE_SCHEMA, choose, explore_options, prepared
 from pgrace.drivers.identity import Search
-from pgrace.drivers.space import EXPLORE_SCHEMA, Space, choose, explore_options, prepared
-from pgrace.engine.runner import RunOptions, run_scenario
+from pgrace.engine.libpq.runner import run_scenario
+from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError, ScenarioError
+from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import (
     Claim,
     Observed,
@@ -56,7 +58,7 @@ from pgrace.servers import ServerInfo
 if TYPE_CHECKING:
     from pgrace.drivers.bounded import Bound
 
-__all__ = ["Exploration", "Space", "explore"]
+__all__ = ["Exploration", "explore"]
 
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch

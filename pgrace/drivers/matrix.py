@@ -22,8 +22,9 @@ from typing import Any
 import psycopg
 
 from pgrace.engine.control import ControlSql
+from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.observe.locks import CONFLICTS, ROW_CONFLICTS, ROW_STRENGTHS
-from pgrace.engine.runner import RunOptions, run_scenario
+from pgrace.engine.options import RunOptions
 from pgrace.model.scenario import LOCK_MODES, PermutationStep, Scenario, Session, Step
 from pgrace.model.timeline import Run, StepRun
 from pgrace.servers import ServerInfo

@@ -36,7 +36,7 @@ def run_in_scratch(
 def run_in(scenario: Scenario, server: ServerInfo, db: ScratchDatabase, options: RunOptions | None = None) -> Run:
     """Run ``scenario`` in ``db``, a scratch database (or schema) of ``server``; its expectations are not evaluated."""
     # Imported here, not with this module: the CLI imports it in a thread while the database is made.
-    from pgrace.engine.runner import run_scenario
+    from pgrace.engine.libpq.runner import run_scenario
 
     return run_scenario(
         scenario,

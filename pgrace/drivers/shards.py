@@ -14,8 +14,8 @@ from typing import Any
 
 from pgrace.drivers.explore import Exploration
 from pgrace.drivers.identity import Search, scenario_digest
-from pgrace.drivers.space import Space
 from pgrace.errors import ScenarioError
+from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Claim, OutcomeClass, merge_classes, whole_number
 from pgrace.model.scenario import Scenario
 

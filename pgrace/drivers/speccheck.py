@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgrace.drivers.one_run import run_in
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError, SetupFailed
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run

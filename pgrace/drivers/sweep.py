@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.bounds import check_combinations, check_jobs, check_sample
-from pgrace.engine.runner import RunOptions
+from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.formats import catalog
 from pgrace.model.outcomes import OutcomeClass, add_observed, classify
@@ -119,7 +119,7 @@ def variants(
 
 def interleavings(chosen: Sequence[tuple[dict[str, str], Scenario]], limit: int | None) -> int:
     """How many interleavings an explored sweep runs: each combination's whole space, or its sample."""
-    from pgrace.drivers.explore import Space
+    from pgrace.model.orders.space import Space
 
     sizes = (Space(scenario).size for _, scenario in chosen)
     return sum(size if limit is None else min(size, limit) for size in sizes)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pgrace.engine.libpq import LibpqSession
+from pgrace.engine.libpq.session import LibpqSession
 from pgrace.engine.retries import note_attempt
 from pgrace.errors import ScenarioError
 from pgrace.model.timeline import Release

@@ -13,7 +13,7 @@ finished step. The events themselves are the :class:`~pgrace.engine.steps.StepBo
 The scheduler is written once over :class:`~pgrace.engine.session.Session`; how it waits
 is its transport's :class:`~pgrace.engine.waiting.Waiting` strategy: a scenario's libpq
 sessions are selected on, the application's thread sessions waited for on their
-gates (:mod:`pgrace.engine.code_scheduler` chooses which of those goes next).
+gates (:mod:`pgrace.engine.threads.order` chooses which of those goes next).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pgrace.engine.completions import Completions
-from pgrace.engine.libpq import LibpqSession
-from pgrace.engine.pauses import Pauses
+from pgrace.engine.libpq.pauses import Pauses
+from pgrace.engine.libpq.session import LibpqSession
+from pgrace.engine.libpq.waiting import SocketWaiting
 from pgrace.engine.steps import Active
-from pgrace.engine.waiting import SocketWaiting, Waiting
+from pgrace.engine.waiting import Waiting
 from pgrace.errors import PgraceError, StepsStuck
 from pgrace.model.scenario import PermutationStep, Scenario, Step
 from pgrace.model.timeline import Holder, Outcome, Run, SqlError, Wait

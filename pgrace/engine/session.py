@@ -5,9 +5,9 @@ As psycopg keeps its protocol (``psycopg/generators.py``) apart from how it wait
 over this protocol, and each transport brings its own way to wait
 (:mod:`pgrace.engine.waiting`):
 
-* :class:`pgrace.engine.libpq.LibpqSession`: a scenario's session, a raw libpq connection
+* :class:`pgrace.engine.libpq.session.LibpqSession`: a scenario's session, a raw libpq connection
   the scheduler sends each step on and selects on;
-* :class:`pgrace.engine.threads.ThreadSession`: the application's code, a thread parked at
+* :class:`pgrace.engine.threads.session.ThreadSession`: the application's code, a thread parked at
   each statement until the scheduler lets it go, waited for on a condition.
 
 What the scheduler asks the server about its sessions is an :class:`Inspector`:

@@ -107,7 +107,7 @@ class OutcomeClass:
     preference: tuple[int, int] = (0, 0)  # (session switches, rank): lower is simpler
     summary: str = field(default="")
     # Of code, whose steps are known only by running it: the example's (session, SQL) in
-    # launch order, and the choices that replay it (see pgrace.engine.schedule.ChoiceTree).
+    # launch order, and the choices that replay it (see pgrace.model.orders.choices.ChoiceTree).
     statements: tuple[tuple[str, str], ...] = ()
     choices: tuple[int, ...] = ()
     unexpected: tuple[str, ...] = ()

@@ -171,22 +171,35 @@ class Step:
     A step in a retry loop names the loop by its last step (``loop``); attempt 2 and
     later of the loop are steps of their own (``attempt`` > 1), named ``NAME#K``, each
     after a ``rollback`` step (``LAST#K-rollback``). The runner sends an attempt only
-    when the one before it failed with a listed SQLSTATE (see :func:`with_retries`).
+    when the one before it failed with a listed SQLSTATE (see ``with_retries``).
     """
 
     name: str
+    """The step's name (``claim.worker2`` for a group's member)."""
     session: str
+    """The session that sends it."""
     sql: str
+    """What it sends; for a ``sleep`` or ``crash`` step, what it does, as the timeline says it."""
     note: str = ""
+    """One line shown under the step in the timeline."""
     capture: tuple[tuple[str, str], ...] = ()
+    """``(variable, column)`` pairs: the first row's values, kept for later steps."""
     expect: StepExpectation = field(default_factory=StepExpectation)
+    """What must happen in the file's order."""
     line: int | None = None
+    """Where the file declares it, for messages."""
     sleep: float | None = None
+    """Seconds the schedule pauses, for a ``sleep`` step."""
     crash: CrashMode | None = None
-    retry: Retry | None = None  # on the loop's last step, attempt 1: the loop's definition
-    loop: str | None = None  # the last step (attempt 1's name) of the retry loop this step is in
+    """How the session dies, for a ``crash`` step: ``"terminate"`` or ``"disconnect"``."""
+    retry: Retry | None = None
+    """On the loop's last step, attempt 1: the loop's definition."""
+    loop: str | None = None
+    """The last step (attempt 1's name) of the retry loop this step is in."""
     attempt: int = 1
-    rollback: bool = False  # the ROLLBACK before attempt ``attempt``, sent only if a transaction is open
+    """Which attempt of its retry loop it is, from 1."""
+    rollback: bool = False
+    """The ROLLBACK before attempt ``attempt``, sent only if a transaction is open."""
 
 
 def attempt_name(name: str, attempt: int) -> str:
@@ -268,6 +281,11 @@ class PermutationStep:
 
 @dataclass(frozen=True)
 class Session:
+    """One connection of the scenario: its ``setup`` runs on it before the first step, its ``teardown`` after the last.
+
+    ``line`` is where the file declares it, for messages.
+    """
+
     name: str
     setup: str | None = None
     teardown: str | None = None
@@ -339,25 +357,45 @@ class Scenario:
     """A complete, validated scenario for one variant ("bug" or "fix") of one file."""
 
     name: str
+    """The file's ``name`` (by default the file's name without its suffix)."""
     title: str
+    """One line that says what the story is."""
     source: str
+    """The file it was read from, as messages name it."""
     format: Format = "pgrace"
+    """The front end that read it: ``"pgrace"`` (TOML) or ``"spec"`` (an isolation spec)."""
     narrative: str = ""
+    """The story, told under the title."""
     variant: str = "bug"
+    """Which of the file's stories this is: ``"bug"`` or ``"fix"``."""
     setup: tuple[str, ...] = ()
+    """SQL run on the control connection before the first step (``setup_file``'s schema first)."""
     setup_line: int | None = None
+    """The line of ``setup`` in the file, for messages."""
     teardown: tuple[str, ...] = ()
+    """SQL run on the control connection after the last step."""
     sessions: tuple[Session, ...] = ()
+    """The sessions, in order; each member of a group is one."""
     steps: tuple[Step, ...] = ()
+    """The steps in the file's order, retry loops unrolled."""
     permutations: tuple[tuple[PermutationStep, ...], ...] = ()
+    """The orders the steps run in: the file's own, or a spec's permutations."""
     checks: tuple[FinalCheck, ...] = ()
+    """The final checks, run on the state the steps leave."""
     params: tuple[tuple[str, Any], ...] = ()
-    param_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # params whose :name is one of these SQL words
-    other: Scenario | None = None  # the other variant: the cure of a bug, or the bug a cure avoids
-    load: Load | None = None  # the [load] section, resolved against this variant's steps
-    topic: str = ""  # what the story is about ("job queue", "money"): `pgrace list` groups by it
-    tags: tuple[str, ...] = ()  # words to find it by (`pgrace list --tag skip-locked`)
-    changes: tuple[str, ...] = ()  # what this variant changes in the file's first one, for `pgrace show`
+    """Each param's value (``-p`` applied), as ``(name, value)`` pairs."""
+    param_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Params whose ``:name`` is one of these SQL words."""
+    other: Scenario | None = None
+    """The other variant: the cure of a bug, or the bug a cure avoids."""
+    load: Load | None = None
+    """The ``[load]`` section, resolved against this variant's steps."""
+    topic: str = ""
+    """What the story is about (``"job queue"``, ``"money"``): ``pgrace list`` groups by it."""
+    tags: tuple[str, ...] = ()
+    """Words to find it by (``pgrace list --tag skip-locked``)."""
+    changes: tuple[str, ...] = ()
+    """What this variant changes in the file's first one, for ``pgrace show``."""
 
     @property
     def session_names(self) -> list[str]:

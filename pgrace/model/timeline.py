@@ -486,7 +486,8 @@ class StepRun(StepRunWords):
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One expectation evaluated against the run."""
+    """One expectation evaluated: its ``description`` as the verdict says it, whether it held (``ok``), ``expected``
+    and ``actual`` in words, the ``step`` it is about (None for a final check) and the file's ``line``."""
 
     description: str
     ok: bool

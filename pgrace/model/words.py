@@ -92,7 +92,7 @@ class StepRunWords:
 
     @property
     def waited_on(self) -> tuple[Wait, ...]:
-        """What it waited for, one :class:`~pgrace.model.timeline.Wait` per lock."""
+        """What it waited for, one ``Wait`` per lock."""
         return tuple(self.waits)
 
     @property
@@ -132,7 +132,7 @@ class RunWords:
 
     @property
     def steps(self) -> list[StepRun]:
-        """Each launched step, in launch order (:meth:`step_runs` folds them anew)."""
+        """Each launched step, in launch order (``step_runs()`` folds them anew)."""
         return self.step_runs()
 
     @property

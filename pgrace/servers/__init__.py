@@ -59,7 +59,7 @@ def open_server(
     server pgrace starts, scenarios run as its superuser instead of an unprivileged role.
     ``settings``: server settings for a server pgrace starts from a data directory (embedded,
     a local installation), e.g. ``max_connections`` sized to a load; a server pgrace only
-    connects to is as it is (see :func:`starts_its_own`).
+    connects to is as it is (see ``starts_its_own``).
     """
     if superuser:
         return _as_superuser(open_server(target, settings=settings))

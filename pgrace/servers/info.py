@@ -30,7 +30,7 @@ class ServerInfo:
     notes: tuple[str, ...] = ()
     """What pgrace had to mend to start it (a damaged cache entry rebuilt), one line each, for the user."""
     log_path: str | None = None
-    """The server's log file (stderr, ``log_line_prefix`` :data:`LOG_LINE_PREFIX`), when pgrace started it."""
+    """The server's log file (stderr, ``log_line_prefix`` ``LOG_LINE_PREFIX``), when pgrace started it."""
     scenario_role: bool = False
     """Each run's SQL runs as a role pgrace creates for it, without superuser (servers pgrace starts itself).
 

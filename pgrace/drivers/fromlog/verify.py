@@ -132,7 +132,7 @@ def verify(
     if incident.kind != "deadlock":
         return Verified(False, failures, run=run), written
     from pgrace.drivers.explore import explore
-    from pgrace.drivers.space import prepared
+    from pgrace.drivers.exploring import prepared
     from pgrace.formats.scenario_toml import parse_toml_scenario
 
     # Which orders deadlock does not depend on who is chosen: every session checks soon, so

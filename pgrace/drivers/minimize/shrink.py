@@ -38,7 +38,7 @@ class Bench:
         self._db: Any = None
 
     def _database(self) -> Any:
-        from pgrace.drivers.space import EXPLORE_SCHEMA
+        from pgrace.drivers.exploring import EXPLORE_SCHEMA
         from pgrace.scratch import scratch_database_with_schema
 
         if self._db is None:
@@ -59,8 +59,8 @@ class Bench:
 
     def run(self, scenario: Scenario) -> Run | str:
         """One run of the scenario's permutation, or why it could not run (its setup failed ...)."""
-        from pgrace.drivers.space import explore_options, prepared
-        from pgrace.engine.runner import run_scenario
+        from pgrace.drivers.exploring import explore_options, prepared
+        from pgrace.engine.libpq.runner import run_scenario
 
         self.runs += 1
         db = self._database()

@@ -120,8 +120,9 @@ def executor(
     Without ``footprints`` nothing is read after each step: every move is opaque, and the
     trace says only the launch order and who could go when (what the bounded searches need).
     """
-    from pgrace.drivers.space import EXPLORE_SCHEMA, Space, explore_options, prepared
-    from pgrace.engine.runner import Runner
+    from pgrace.drivers.exploring import EXPLORE_SCHEMA, explore_options, prepared
+    from pgrace.engine.libpq.runner import Runner
+    from pgrace.model.orders.space import Space
     from pgrace.scratch import scratch_database_with_schema
 
     runnable = dataclasses.replace(prepared(scenario), permutations=())

@@ -446,7 +446,7 @@ _CHAINS: dict[int, dict[str, list[str]]] = {}
 
 
 def chains(scenario: Scenario) -> dict[str, list[str]]:
-    from pgrace.drivers.space import Space
+    from pgrace.model.orders.space import Space
 
     key = id(scenario)
     if key not in _CHAINS:

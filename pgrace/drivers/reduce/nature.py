@@ -141,7 +141,7 @@ ENDS = re.compile(r"\b(COMMIT|END|ABORT|ROLLBACK)(?!\s+TO\b)(\s+(WORK|TRANSACTIO
 def opaque_orders(scenario: Scenario) -> int:
     """A lower bound of the runs a reduced search needs: the orders of the steps known opaque before
     running (their text, or a statement outside a transaction block), which all depend on each other."""
-    from pgrace.drivers.space import Space, multinomial
+    from pgrace.model.orders.space import Space, multinomial
 
     counts = []
     for chain in Space(scenario).chains:
@@ -173,7 +173,7 @@ def every_order_differs(scenario: Scenario) -> bool:
     snapshot, and commutes); any two steps of different sessions must have one opaque, or both
     such. Wrong either way costs time only: the exhaustive search is exact too.
     """
-    from pgrace.drivers.space import Space
+    from pgrace.model.orders.space import Space
 
     setups = {s.name: s.setup or "" for s in scenario.sessions}
     sessions: list[list[tuple[bool, bool]]] = []  # per session, per step: (opaque, isolated)

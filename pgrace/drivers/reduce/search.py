@@ -61,7 +61,7 @@ class Search:
         root: tuple[str, ...] = (),
         known: dict[tuple[tuple[str, ...], str], Move] | None = None,
     ) -> None:
-        from pgrace.drivers.space import Space
+        from pgrace.model.orders.space import Space
 
         self.scenario = scenario
         self.space = Space(scenario)

@@ -38,7 +38,14 @@ from pgrace.servers.embedded.binaries import (
     _server_user,
 )
 from pgrace.servers.embedded.process import _NOT_YET, _PORT, BrokenStart, _spawn, _stop, _wait_ready
-from pgrace.servers.embedded.rundirs import _RUN_PREFIX, _our_run_dirs, _remove_stale_runs, _run_base, _run_dirs_lock
+from pgrace.servers.embedded.rundirs import (
+    _RUN_PREFIX,
+    _our_run_dirs,
+    _remove_stale_runs,
+    _run_base,
+    _run_dirs_lock,
+    hold_run_dir,
+)
 from pgrace.servers.embedded.template import _ensure_template
 from pgrace.servers.info import ServerInfo
 from pgrace.servers.interrupts import deferred_interrupts
@@ -131,6 +138,7 @@ def _booting_server(
         _remove_stale_runs(base)
         rundir = tempfile.mkdtemp(prefix=f"{_RUN_PREFIX}{os.getpid()}-", dir=base)
         _our_run_dirs.add(rundir)
+        holding = hold_run_dir(rundir)
     proc: subprocess.Popen[bytes] | None = None
     try:
         try:
@@ -191,5 +199,6 @@ def _booting_server(
             if proc is not None:
                 _stop(proc, os.path.join(rundir, "data"))
             shutil.rmtree(rundir, ignore_errors=True)
+            os.close(holding)
             with _run_dirs_lock:
                 _our_run_dirs.discard(rundir)

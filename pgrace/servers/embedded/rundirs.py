@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ import time
 
 from pgrace.errors import ServerUnavailable
 from pgrace.servers.embedded.binaries import _server_user
-from pgrace.servers.processes import owned_private_dir, pid_alive
+from pgrace.servers.processes import held, owned_private_dir, pid_alive
 
 _RUN_PREFIX = "pgrace-"
 _RUN_DIR_RE = re.compile(r"^pgrace-(\d+)-")
@@ -35,8 +36,8 @@ def _remove_stale_runs(base: str) -> None:
 
     ``base`` (``/dev/shm``) is writable by every user, so a name is no proof: only a real
     directory (no symlink followed) that this user's pgrace could have made, owned by us or
-    by the server user and closed to everyone else, is swept. Directories of live processes
-    are left alone. Called with ``_run_dirs_lock`` held.
+    by the server user and closed to everyone else, is swept. Directories of live processes,
+    and those their owner holds locked (`hold_run_dir`), are left alone. Called with ``_run_dirs_lock`` held.
     """
     try:
         entries = list(os.scandir(base))
@@ -49,7 +50,7 @@ def _remove_stale_runs(base: str) -> None:
         if m is None or entry.path in _our_run_dirs:
             continue
         pid = int(m.group(1))
-        if pid != me and pid_alive(pid):
+        if (pid != me and pid_alive(pid)) or held(entry.path):  # a pid is proof only in its own PID namespace
             continue
         if not owned_private_dir(entry.path, owners):
             continue
@@ -109,3 +110,14 @@ def _is_server_of(pid: int, data: str, owners: set[int]) -> bool:
         return False
     wanted = os.fsencode(data)
     return any(argv[i] == b"-D" and argv[i + 1] == wanted for i in range(len(argv) - 1))
+
+
+def hold_run_dir(rundir: str) -> int:
+    """Lock ``rundir`` as in use; the lock goes with the returned descriptor, or with this process.
+
+    A sweep from another PID namespace (a container, ``unshare -p``) finds no process of the pid
+    in the name and would take a live server's directory: the lock is the owner's own answer.
+    """
+    fd = os.open(rundir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd

@@ -11,7 +11,7 @@ from a thread that is not its session's, or on an earlier run's connection objec
 connect (psycopg, psycopg2, asyncpg) from a session's thread or to a running code run's
 database. A call that sends nothing (an attribute's setter, commit() when idle) is no step:
 the server cannot tell its order. A step's note is its caller's ``file:line``: the first
-frame outside the frameworks (:mod:`pgrace.engine.frames`: the standard library, the known
+frame outside the frameworks (:mod:`pgrace.engine.threads.frames`: the standard library, the known
 ones, and the modules a run names besides).
 """
 
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import psycopg
 from psycopg import pq, sql
 
-from pgrace.engine.frames import caller
 from pgrace.engine.results import result_set
 from pgrace.engine.sqlerrors import exception_error
+from pgrace.engine.threads.frames import caller
 from pgrace.errors import CodeError
 from pgrace.model.timeline import Outcome, SessionLost, SqlError
 

@@ -5,7 +5,7 @@ the run goes: :class:`CodeOrder` waits until every session is *settled* (parked 
 statement, finished, or seen blocked by the server), asks the chooser which of the parked
 sessions goes, and hands that statement to the :class:`~pgrace.engine.scheduler.Scheduler`,
 the same one scenario steps run on: it launches the step, waits for it on its gate
-(:class:`~pgrace.engine.waiting.GateWaiting`), sees it blocked, cancels it at the step
+(:class:`~pgrace.engine.threads.waiting.GateWaiting`), sees it blocked, cancels it at the step
 timeout, reports its end and what released it, and observes the locks.
 """
 
@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from pgrace.engine.frames import raised_at, where_defined
 from pgrace.engine.options import RunOptions
 from pgrace.engine.scheduler import Scheduler
-from pgrace.engine.threads import Gate, ThreadSession
-from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S, GateWaiting
+from pgrace.engine.threads.frames import raised_at, where_defined
+from pgrace.engine.threads.session import Gate, ThreadSession
+from pgrace.engine.threads.waiting import GateWaiting
+from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
 from pgrace.errors import CodeError
 from pgrace.model.scenario import PermutationStep, Scenario, Step
 from pgrace.model.timeline import Outcome, Run, SqlError
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
     from pgrace.engine.observe.locks import LockInspector
     from pgrace.engine.steps import StepBook
-    from pgrace.engine.threads import SessionCode
+    from pgrace.engine.threads.session import SessionCode
 
 Chooser = Callable[[list[str]], str]
 

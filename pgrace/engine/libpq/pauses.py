@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import pq
 
-from pgrace.engine.libpq import LibpqSession, sockets
+from pgrace.engine.libpq.session import LibpqSession, sockets
 from pgrace.engine.sqlerrors import exception_error, first_line
 from pgrace.engine.steps import Active
 from pgrace.errors import PgraceError, RunAborted

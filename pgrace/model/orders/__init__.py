@@ -1,14 +1,18 @@
-"""The orders a run follows, as one protocol, and the plainest of them: every interleaving of fixed sequences.
+"""The orders a run follows: one protocol, and every kind of order, in one place.
 
 A :class:`Schedule` is an iterable of *orders*, each one run after the other, and knows how
-many there are when that can be told before running (``size``). Its implementations are
-:class:`Interleavings` (here: an isolation spec without permutation lines runs every one),
-:class:`pgrace.engine.schedule.Permutations` (a scenario's own permutations),
-:class:`pgrace.drivers.explore.Space` (every interleaving of a scenario's steps, numbered) and
-:class:`pgrace.engine.schedule.ChoiceTree` (the application's code, discovered by running it).
+many there are when that can be told before running (``size``). Its implementations:
 
-This module sits below the parsers and the engine, which both use it: it knows sequences
-of names, not scenarios.
+* :class:`Interleavings`: every interleaving of fixed sequences (an isolation spec without
+  permutation lines runs every one);
+* :class:`Permutations`: a scenario's own permutations (its file's order, or its spec's list);
+* :class:`pgrace.model.orders.space.Space`: every interleaving of a scenario's steps,
+  counted and numbered without listing them (explore's space);
+* :class:`pgrace.model.orders.choices.ChoiceTree`: the application's code, discovered by
+  running it (with :class:`~pgrace.model.orders.choices.Follow` and
+  :class:`~pgrace.model.orders.choices.NamedOrder`, the orders one code run follows).
+
+They sit below the parsers, the engine and the drivers, which all use them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from typing import Protocol, TypeVar
+
+from pgrace.model.scenario import PermutationStep, Scenario
 
 Order = TypeVar("Order", covariant=True)
 
@@ -75,3 +81,17 @@ class Interleavings:
                 swap -= 1
             order[pivot], order[swap] = order[swap], order[pivot]
             order[pivot + 1 :] = reversed(order[pivot + 1 :])
+
+
+class Permutations:
+    """A scenario's permutations, as written (or its file's order)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.permutations = scenario.permutations
+
+    @property
+    def size(self) -> int:
+        return len(self.permutations)
+
+    def __iter__(self) -> Iterator[tuple[PermutationStep, ...]]:
+        return iter(self.permutations)

@@ -19,14 +19,14 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from pgrace import scratch
-from pgrace.engine.code_scheduler import Chooser, CodeOrder
+from pgrace.engine.connections import RunConnections
 from pgrace.engine.control import ControlSql
-from pgrace.engine.frames import where_defined
-from pgrace.engine.observe.locks import LockInspector
-from pgrace.engine.runner import setup_failed
+from pgrace.engine.libpq.runner import setup_failed
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
-from pgrace.engine.threads import (
+from pgrace.engine.threads.frames import where_defined
+from pgrace.engine.threads.order import Chooser, CodeOrder
+from pgrace.engine.threads.session import (
     Gate,
     SessionCode,
     ThreadSession,
@@ -87,26 +87,31 @@ class CodeRunner:
 
     def __enter__(self) -> CodeRunner:
         try:
-            self.control = self._connect("control connection")
-            self.observer = self._connect("observer", observer=True)
-            self.observer.execute("SET lock_timeout = '200ms'")
-            self.observer.prepare_threshold = 0  # the same catalog questions at every step: planned once
-            self.inspector = LockInspector(self.observer, {})
+            connections = self.stack.enter_context(
+                RunConnections(
+                    lambda name, observer: self._connect(name, observer=observer),
+                    f"pgrace/{self.name}/control connection",
+                    f"pgrace/{self.name}/observer",
+                )
+            )
             self.stack.callback(self._close_kept)
             self.stack.callback(self._close_sessions)
-        except psycopg.Error as exc:
-            self.stack.close()
-            raise RunAborted(f"could not set up pgrace's connections: {first_line(str(exc))}") from None
         except BaseException:
             self.stack.close()
             raise
+        self.control = connections.control
+        self.observer = connections.observer
+        self.inspector = connections.inspector
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stack.close()
 
-    def _connect(self, who: str, traced: bool = False, observer: bool = False) -> Any:
-        """A connection of the run, where :func:`pgrace.scratch.connect` puts it; a session's is traced."""
+    def _connect(self, application_name: str, traced: bool = False, observer: bool = False) -> Any:
+        """A connection of the run, where :func:`pgrace.scratch.connect` puts it; a session's is traced.
+
+        Closing it is the caller's: the run's connections close theirs, a session's closes for good.
+        """
         extra: dict[str, Any] = {}
         if traced:
             extra = {"connection_class": TracedConnection, "autocommit": False, "cursor_factory": TracedCursor}
@@ -114,14 +119,12 @@ class CodeRunner:
             self.observer_dsn if observer else self.dsn,
             None,
             observer=observer,
-            application_name=f"pgrace/{self.name}/{who}"[:63],
+            application_name=application_name[:63],
             client_encoding="UTF8",
             **extra,
         )
         if isinstance(conn, TracedConnection):
             _traced(conn)
-        else:
-            self.stack.callback(conn.close)
         return conn
 
     # -- one run -------------------------------------------------------------------------
@@ -206,7 +209,11 @@ class CodeRunner:
         try:
             for name in self.code:
                 old = kept.pop(name, None)
-                conn = self._connect(name, traced=True) if old is None else _traced(TracedConnection(old.pgconn))
+                conn = (
+                    self._connect(f"pgrace/{self.name}/{name}", traced=True)
+                    if old is None
+                    else _traced(TracedConnection(old.pgconn))
+                )
                 self.sessions[name] = ThreadSession(name, conn, self.step_timeout)
         except psycopg.Error as exc:
             raise RunAborted(f"could not open the sessions' connections: {first_line(str(exc))}") from None

@@ -24,17 +24,17 @@ import psycopg
 from psycopg import pq
 
 from pgrace import scratch
+from pgrace.engine.connections import RunConnections
 from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql
-from pgrace.engine.libpq import LibpqSession
-from pgrace.engine.observe.locks import LockInspector
-from pgrace.engine.options import RunOptions as RunOptions  # its options, where its callers look
+from pgrace.engine.libpq.session import LibpqSession
+from pgrace.engine.options import RunOptions
 from pgrace.engine.retries import attempted
-from pgrace.engine.schedule import Permutations
 from pgrace.engine.scheduler import Scheduler, uses_facts
 from pgrace.engine.sqlerrors import first_line
 from pgrace.engine.steps import Recorder, StepBook
 from pgrace.errors import RunAborted, ScenarioFailed, SetupFailed
 from pgrace.model import variables
+from pgrace.model.orders import Permutations
 from pgrace.model.scenario import PermutationStep, Scenario
 from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan
 from pgrace.model.variables import substitute
@@ -106,29 +106,36 @@ class Runner:
 
     def __enter__(self) -> Runner:
         self.stack.__enter__()
-        try:
-            control, *conns, self.observer = self._connect_all()
-            prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
-            self.control = ControlLink(
-                control,
-                lambda: self._connect(f"{prefix}/control connection", tester=True),
-                self.scenario.setup,
-                self.scenario.source,
+        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
+        self.connections = self.stack.enter_context(
+            RunConnections(
+                self._open,
+                f"{prefix}/control connection",
+                f"pgrace/{self.scenario.name}/observer",
+                {session.name: f"{prefix}/{session.name}" for session in self.scenario.sessions},
+                self.schema,
             )
-            for session, conn in zip(self.scenario.sessions, conns, strict=True):
-                self.sessions[session.name] = LibpqSession(session.name, conn, self.recorder)
-            self.observer.execute("SET lock_timeout = '200ms'")
-            self.observer.prepare_threshold = 0  # it asks the same catalog questions after every step: plan them once
-            self.inspector = LockInspector(self.observer, {s.pid: s.name for s in self.sessions.values()}, self.schema)
-        except psycopg.Error as exc:  # e.g. a connection ended by someone else while it was being set up
-            self.stack.__exit__(None, None, None)
-            raise RunAborted(f"could not set up pgrace's connections: {first_line(str(exc))}") from None
-        except BaseException:
-            self.stack.__exit__(None, None, None)
-            raise
+        )
+        self.control = ControlLink(
+            self.connections.control,
+            lambda: self.connections.connect(f"{prefix}/control connection"),
+            self.scenario.setup,
+            self.scenario.source,
+        )
+        for name, conn in self.connections.sessions.items():
+            self.sessions[name] = LibpqSession(name, conn, self.recorder)
+        self.observer = self.connections.observer
+        self.inspector = self.connections.inspector
         self.book = StepBook(self.recorder, self.inspector, self.options.step_timeout)
         self.scheduler = Scheduler(
-            self.scenario, self.run, self.options, self.sessions, self.inspector, self.book, control, self._aborted
+            self.scenario,
+            self.run,
+            self.options,
+            self.sessions,
+            self.inspector,
+            self.book,
+            self.control.conn,
+            self._aborted,
         )
         self.sql = ControlSql(self.options.step_timeout, idle=self.scheduler.idle, aborted=self._aborted)
         self.sql.stuck = self.scheduler.stuck
@@ -139,46 +146,15 @@ class Runner:
     def __exit__(self, *exc: object) -> None:
         self.stack.__exit__(None, None, None)
 
-    def _connect_all(self) -> list[psycopg.Connection[Any]]:
-        """The control connection, one per session, the observer: opened at once (each is a round trip
-        or three and a backend's start), closed with the runner. The first failure, in that order, is raised."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
-        wanted = [
-            (f"{prefix}/control connection", True, False),
-            *((f"{prefix}/{session.name}", True, False) for session in self.scenario.sessions),
-            (f"pgrace/{self.scenario.name}/observer", False, True),
-        ]
-        with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="pgrace connect") as pool:
-            futures = [pool.submit(self._open, *args) for args in wanted]
-        opened = []
-        failure: BaseException | None = None
-        for future in futures:
-            if (exc := future.exception()) is not None:
-                failure = failure or exc
-                continue
-            conn = future.result()
-            self.stack.callback(conn.close)
-            opened.append(conn)
-        if failure is not None:
-            raise failure
-        return opened
-
-    def _connect(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
-        conn = self._open(application_name, tester, observer)
-        self.stack.callback(conn.close)
-        return conn
-
-    def _open(self, application_name: str, tester: bool = False, observer: bool = False) -> psycopg.Connection[Any]:
-        """``tester``: a connection isolationtester would open (control or session).
+    def _open(self, application_name: str, observer: bool = False) -> psycopg.Connection[Any]:
+        """A connection isolationtester would open (control or session), or the ``observer``.
 
         pg_regress sets PGTZ, PGDATESTYLE and intervalstyle in the environment, so they
         apply to the control connection too: setup SQL must read timestamps the way the
         sessions do (classroom-scheduling inserts its rows in setup). Where the connection
         lands (the scratch schema, in schema mode) is :func:`pgrace.scratch.connect`'s to decide.
         """
-        options = SPEC_SESSION_OPTIONS if tester and self.scenario.format == "spec" else ""
+        options = SPEC_SESSION_OPTIONS if not observer and self.scenario.format == "spec" else ""
         try:
             conn: psycopg.Connection[Any] = scratch.connect(
                 self.observer_dsn if observer else self.dsn,
@@ -208,7 +184,7 @@ class Runner:
     def _reconnect(self, session: LibpqSession) -> None:
         """A session lost in an earlier permutation gets a new connection (and pid) for the next one."""
         prefix = f"{self.scenario.application_name_prefix}/{self.scenario.name}"
-        session.attach(self._connect(f"{prefix}/{session.name}", tester=True))
+        session.attach(self.connections.connect(f"{prefix}/{session.name}"))
         self.inspector.set_sessions({s.pid: s.name for s in self.sessions.values()})
 
     # -- the schedule ------------------------------------------------------------------

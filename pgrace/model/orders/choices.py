@@ -1,19 +1,11 @@
-"""The orders a run follows: one abstraction for a fixed permutation, explore's space, and code's choice tree.
+"""The orders of the application's code, whose statements are known only by running it.
 
-A :class:`~pgrace.model.orders.Schedule` is an iterable of *orders*, each one run after the other,
-and knows how many there are when that can be told before running (``size``):
-
-* :class:`~pgrace.model.orders.Interleavings`: every interleaving of fixed sequences (a spec without
-  permutation lines);
-* :class:`Permutations`: a scenario's own permutations (its file's order, or its spec's list);
-* :class:`pgrace.drivers.explore.Space`: every interleaving of a scenario's steps, numbered without
-  listing them (an order is a tuple of step names);
-* :class:`ChoiceTree`: the application's code, whose statements are known only by running it:
-  an order is a :class:`Choices`, which picks among the ready sessions at each choice and
-  records what it met; the tree's next order changes the last choice that has an untried
-  alternative (depth first);
+* :class:`ChoiceTree`: every order, discovered depth first: an order is a :class:`Choices`,
+  which picks among the ready sessions at each choice and records what it met; the tree's
+  next order changes the last choice that has an untried alternative;
 * :class:`Follow`: one run of code's reduced search, a prefix of sessions and then the same
-  session while it can go.
+  session while it can go;
+* :class:`NamedOrder`: the sessions in an order the caller names.
 """
 
 from __future__ import annotations
@@ -21,24 +13,6 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Sequence
 
 from pgrace.errors import CodeError
-from pgrace.model.orders import Interleavings, Schedule
-from pgrace.model.scenario import PermutationStep, Scenario
-
-__all__ = ["ChoiceTree", "Choices", "Follow", "Interleavings", "NamedOrder", "Permutations", "Schedule"]
-
-
-class Permutations:
-    """A scenario's permutations, as written (or its file's order)."""
-
-    def __init__(self, scenario: Scenario) -> None:
-        self.permutations = scenario.permutations
-
-    @property
-    def size(self) -> int:
-        return len(self.permutations)
-
-    def __iter__(self) -> Iterator[tuple[PermutationStep, ...]]:
-        return iter(self.permutations)
 
 
 class Choices:
