@@ -311,7 +311,7 @@ def sweep(
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
     With ``explore``, every interleaving of each combination (``limit``: a seeded sample;
-    ``max_preemptions`` K or ``pct`` D: that bounded search of each, see :func:`explore`).
+    ``max_preemptions`` K or ``pct`` D: that bounded search of each, as ``pgrace.explore`` runs it).
     ``examples``: each class's example replayed as a run. ``output``: a file the caller
     will write, refused before anything runs when it is one of the scenario files.
     """
@@ -420,7 +420,7 @@ def check(
     a file the caller will write, refused when it is one of the inputs. Specs share one
     scratch database per server, reset only when a spec leaves objects. ``params``: every
     pgrace scenario's parameters. With ``explore``, ``max_preemptions`` K or ``pct`` D
-    bound the search (see :func:`explore`): each result's ``guarantee`` says what it covered.
+    bound the search as in ``pgrace.explore``: each result's ``guarantee`` says what it covered.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
