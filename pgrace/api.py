@@ -183,6 +183,7 @@ def explore(
     reduce: bool = True,
     max_preemptions: int | None = None,
     pct: int | None = None,
+    minimize: bool = False,
 ) -> Explored:
     """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
 
@@ -191,7 +192,9 @@ def explore(
     ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
     ``max_preemptions`` K: every schedule with at most K preemptions instead; ``pct`` D: PCT
     schedules of depth D (``limit`` of them, 100 by default; ``seed``, 0 by default). The
-    exploration's ``guarantee`` says which of these its classes carry.
+    exploration's ``guarantee`` says which of these its classes carry. ``minimize``: the first
+    class that fails (the bug happened, or an error no step declares) has its example shrunk
+    to the smallest scenario that fails the same way (``minimized``; see ``minimize``).
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
     from pgrace.drivers.explore import explore as explore_space
@@ -200,6 +203,10 @@ def explore(
     from pgrace.model.orders.space import Space
 
     space = Space(scenario)
+    if merge and minimize:
+        raise OptionError(
+            "merged shards have no server to minimize on: minimize a class with pgrace minimize --class", "--minimize"
+        )
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
         return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
@@ -249,6 +256,15 @@ def explore(
                 result.examples[n] = replay(scenario, opened, found.classes[n - 1], step_timeout)
                 if not same_class(result.examples[n], found.classes[n - 1]):
                     result.replayed_differently.append(n)
+        if minimize:
+            from pgrace.drivers.minimize import minimize as shrink
+
+            result.asked_to_minimize = True
+            failing = next((n for n, c in enumerate(found.classes, 1) if c.breaks), None)
+            if failing is not None:
+                result.minimized_class = failing
+                example = tuple(found.classes[failing - 1].example)
+                result.minimized = shrink(scenario, opened, example, step_timeout=step_timeout)
     return result
 
 

@@ -185,3 +185,39 @@ def cycle(server: LoggingServer, names: tuple[str, ...] = ("ann", "ben", "cid"))
                 worker.join()
         assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.DeadlockDetected), failed
         conns[-1].rollback()
+
+
+def busy_deadlock(server: LoggingServer) -> None:
+    """:func:`deadlock`, with what transactions also do: reads and a write of carol's account, not in the cycle."""
+    with (
+        psycopg.connect(server.shop, application_name="alice") as alice,
+        psycopg.connect(server.shop, application_name="bob") as bob,
+        psycopg.connect(server.server.dsn, autocommit=True) as admin,
+    ):
+        alice.execute("SET deadlock_timeout = '10s'")
+        alice.commit()
+        alice.execute("SELECT owner FROM accounts WHERE id = 3")
+        alice.execute("UPDATE accounts SET balance = balance - 100 WHERE id = 1")
+        alice.execute("SELECT count(*) FROM accounts")
+        bob.execute("SELECT balance FROM accounts WHERE id = 3")
+        bob.execute("UPDATE accounts SET balance = balance - 50 WHERE id = 2")
+        bob.execute("UPDATE accounts SET owner = 'carol' WHERE id = 3")
+        done: list[BaseException] = []
+
+        def credit() -> None:
+            try:
+                alice.execute("UPDATE accounts SET balance = balance + 100 WHERE id = 2")
+                alice.commit()
+            except BaseException as exc:
+                done.append(exc)
+
+        worker = threading.Thread(target=credit)
+        worker.start()
+        _blocked(admin, alice.info.backend_pid)
+        try:
+            bob.execute("UPDATE accounts SET balance = balance + 50 WHERE id = 1")
+            raise AssertionError("bob was not the deadlock's victim")
+        except psycopg.errors.DeadlockDetected:
+            bob.rollback()
+        worker.join()
+        assert not done, done

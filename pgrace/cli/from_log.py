@@ -24,6 +24,11 @@ from pgrace.files import refuse_overwriting_inputs
     help="Where to verify: 'embedded' (default; PGRACE_DSN is not used), a connection string, a bin directory "
     "or docker:IMAGE. Never the incident's server; never as a superuser (a role is made for each run).",
 )
+@click.option(
+    "--minimize",
+    is_flag=True,
+    help="Once it reproduced, shrink the scenario to the statements and rows the incident needs, and write that.",
+)
 @step_timeout_option
 @output_option
 def from_log_command(
@@ -34,6 +39,7 @@ def from_log_command(
     list_only: bool,
     no_verify: bool,
     server_target: str | None,
+    minimize: bool,
     step_timeout: float,
     output: str | None,
 ) -> None:
@@ -41,7 +47,9 @@ def from_log_command(
 
     Reads stderr logs (with their log_line_prefix), csvlog and jsonlog; writes the scenario
     to stdout or -o FILE and says on stderr what the log did not say and whether the
-    scenario, run in a scratch database, brought the incident back (exit 1 if not).
+    scenario, run in a scratch database, brought the incident back (exit 1 if not). With
+    --minimize, the scenario written is the smallest one that still reproduces it, and the
+    removals tried are told on stderr.
     """
     from pgrace.drivers.fromlog import from_log
     from pgrace.drivers.fromlog.report import incident_list, report_lines
@@ -56,6 +64,7 @@ def from_log_command(
         verify=not no_verify,
         server_target=server_target,
         step_timeout=step_timeout,
+        minimize=minimize,
     )
     if list_only:
         emit("\n".join(incident_list(result)) + "\n", None)
@@ -63,7 +72,10 @@ def from_log_command(
     for line in report_lines(result):
         click.echo(line, err=True)
     assert result.written is not None
-    emit(result.written.text + "\n", output)
+    if result.minimized_text is not None:
+        emit(result.minimized_text, output)
+    else:
+        emit(result.written.text + "\n", output)
     if result.not_checked is not None:
         sys.exit(result.not_checked_exit)
     sys.exit(0 if result.verified is None or result.verified.reproduced else 1)

@@ -195,6 +195,12 @@ def check(
     help="Run every interleaving, not one of each set of equivalent ones (--max always does).",
 )
 @click.option(
+    "--minimize",
+    "minimize_first",
+    is_flag=True,
+    help="Shrink the first failing class's example to the smallest scenario that fails the same way, and print it.",
+)
+@click.option(
     "--merge",
     "merge_files",
     multiple=True,
@@ -221,6 +227,7 @@ def explore(
     jobs: int,
     show: int | None,
     no_reduce: bool,
+    minimize_first: bool,
     merge_files: tuple[str, ...],
     fmt: str,
     server_target: str | None,
@@ -247,6 +254,8 @@ def explore(
     drawn = formats.names("explore")
     if show is None and fmt not in drawn:
         raise click.UsageError(f"explore prints --format {', '.join(drawn)}; --show N prints any format")
+    if minimize_first and (show is not None or fmt not in ("text", "json")):
+        raise click.UsageError("--minimize prints the classes and the minimized run as text or json, without --show")
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
@@ -267,6 +276,7 @@ def explore(
             reduce=not no_reduce,
             max_preemptions=max_preemptions,
             pct=pct,
+            minimize=minimize_first,
         )
     verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)

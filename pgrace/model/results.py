@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
     from pgrace.drivers.explore import Exploration
     from pgrace.drivers.load import LoadResult
+    from pgrace.drivers.minimize import Minimized
     from pgrace.drivers.sweep import Sweep
     from pgrace.errors import ScenarioError
     from pgrace.model.outcomes import OutcomeClass
@@ -31,6 +32,11 @@ class Explored:
     examples: dict[int, Run] = field(default_factory=dict)
     replayed_differently: list[int] = field(default_factory=list)
     """Classes whose example ended in another class when replayed (a race the schedule does not pin)."""
+    asked_to_minimize: bool = False
+    minimized: Minimized | None = None
+    """With ``minimize``: the first failing class's example, shrunk (see ``pgrace.drivers.minimize``)."""
+    minimized_class: int | None = None
+    """Which class (from 1) was minimized; None with ``minimize`` when no class fails."""
 
     @property
     def classes(self) -> list[OutcomeClass]:

@@ -47,7 +47,7 @@ def render_minimized_text(found: Minimized, timeline: bool = True) -> str:
     lines += ["", "removals tried:"]
     width = max((len(t.kind) for t in found.trials), default=0)
     for trial in found.trials:
-        verdict = "removed" if trial.removed else "kept   "
+        verdict = ("changed" if trial.kind in ("sql", "order") else "removed") if trial.removed else "kept   "
         lines.append(f"  {verdict}  {trial.kind:<{width}}  {visible(trial.what)}: {visible(trial.reason)}")
     if found.written:
         lines.append("")

@@ -111,13 +111,30 @@ def compare_markdown(runs: list[Run], view: View) -> str:
 def explore_text(found: Explored, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_text
 
-    return render_exploration_text(found.exploration, found.scenario)
+    text = render_exploration_text(found.exploration, found.scenario)
+    if found.minimized is not None:
+        from pgrace.render.minimize import render_minimized_text
+
+        head = f"class {found.minimized_class}'s example, minimized:"
+        text += "\n" + head + "\n\n" + render_minimized_text(found.minimized)
+    elif found.asked_to_minimize:
+        text += "\nnothing to minimize: no class fails\n"
+    return text
 
 
 def explore_json(found: Explored, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_json
 
-    return render_exploration_json(found.exploration)
+    if not found.asked_to_minimize:
+        return render_exploration_json(found.exploration)
+    import json
+
+    from pgrace.text import json_safe
+
+    shown = found.exploration.to_dict()
+    shown["minimized"] = None if found.minimized is None else found.minimized.to_dict()
+    shown["minimized_class"] = found.minimized_class
+    return json_safe(json.dumps(shown, indent=2, ensure_ascii=False, default=str)) + "\n"
 
 
 def explore_markdown(found: Explored, view: View) -> str:

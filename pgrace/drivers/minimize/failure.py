@@ -34,8 +34,8 @@ class Failure:
 
     def fails(self, scenario: Scenario) -> bool:
         """Bad news: the bug happened by the checks' polarity (an invariant failed, or every signature of the
-        bug held), or a step raised an error."""
-        if self.errors:
+        bug held), or a step raised an error; without checks (a lock wait from-log recovered), a step waited."""
+        if self.errors or (not self.checked and self.waits):
             return True
         failed = set(self.failed_checks)
         if any(not c.is_signature and c.description in failed for c in scenario.checks):
@@ -109,14 +109,20 @@ class Shape:
     sessions: tuple[str, ...]
     order: tuple[str, ...]
     setup: tuple[Statement, ...]
+    sql: tuple[tuple[str, str], ...] = ()  # (step, its simpler text) for each step whose SQL was simplified
 
     def scenario(self, original: Scenario) -> Scenario:
         kept = set(self.order)
         blocks = sorted({s.block for s in self.setup})
+        simpler = dict(self.sql)
         return dataclasses.replace(
             original,
             sessions=tuple(s for s in original.sessions if s.name in self.sessions),
-            steps=tuple(s for s in original.steps if s.name in kept),
+            steps=tuple(
+                dataclasses.replace(s, sql=simpler[s.name], note="") if s.name in simpler else s  # told other SQL
+                for s in original.steps
+                if s.name in kept
+            ),
             setup=tuple(join_block([s for s in self.setup if s.block == b]) for b in blocks),
             permutations=(tuple(PermutationStep(name) for name in self.order),),
             other=None,
@@ -132,7 +138,7 @@ class Shape:
 class Trial:
     """One removal tried: what, and whether the candidate without it failed the same way (then it was removed)."""
 
-    kind: str  # session, transaction, step, setup, row, order
+    kind: str  # session, transaction, step, retry loop, setup, row, order, sql
     what: str
     removed: bool
     reason: str
@@ -161,6 +167,7 @@ class Minimized:
     orders_total: int = 0  # pairs of steps of different sessions the final interleaving orders
     orders_kept: int = 0  # of those, the pairs that do not commute
     race: bool = False  # the original did not fail with its sessions one after another: nor may the result
+    candidate_timeout: float = 0.0  # the step timeout of a candidate's run, in seconds (see shrink.Bench)
     timeline: Run | None = field(default=None, repr=False)
     written: list[tuple[str, str]] = field(default_factory=list)  # (kind, path) of each verified export
 
@@ -179,6 +186,7 @@ class Minimized:
             "seconds": round(self.seconds, 3),
             "locally_minimal": self.locally_minimal,
             "race": self.race,
+            "candidate_timeout": round(self.candidate_timeout, 3),
             "repeats": self.repeats,
             "failed": {"before": self.failed_before, "after": self.failed_after, "of": self.repeats},
             "before": self.before,

@@ -22,17 +22,25 @@ from pgrace.drivers.minimize.failure import (
 from pgrace.errors import PgraceError, ScenarioFailed
 from pgrace.model import variables
 from pgrace.model.scenario import Scenario
-from pgrace.model.timeline import Run, StepCancelled
+from pgrace.model.timeline import Run, StepCancelled, StepLaunched
 from pgrace.servers import ServerInfo
 
 
 class Bench:
-    """Runs candidates, each one order in the reused scratch database (its schema reset after each run)."""
+    """Runs candidates, each one order in the reused scratch database (its schema reset after each run).
+
+    ``timeout``: the step timeout of a candidate's run. A candidate that leaves a step
+    waiting for a session with nothing left to send waits until it is cancelled, and is
+    refused then (57014 is not the original's failure): waiting the scenario's whole step
+    timeout for that made a shrink take minutes. Once the original has run,
+    :meth:`Shrink.measure` lowers it to a few times the original's longest statement.
+    """
 
     def __init__(self, original: Scenario, server: ServerInfo, step_timeout: float, stack: ExitStack) -> None:
         self.original = original
         self.server = server
         self.step_timeout = step_timeout
+        self.timeout = step_timeout
         self.stack = stack
         self.runs = 0
         self._db: Any = None
@@ -71,12 +79,18 @@ class Bench:
                 server_version=self.server.version,
                 server_label=self.server.label,
                 row_locks_available=False,
-                options=explore_options(self.step_timeout),
+                options=explore_options(self.timeout),
                 observer_dsn=db.observer_dsn,
             )
         except ScenarioFailed as exc:
             self._drop()  # what the broken candidate left: a fresh scratch database for the next
             return exc.message
+
+
+#: A candidate's step timeout: ``SLOWER`` times the original's longest statement, at least ``MIN_CANDIDATE_TIMEOUT``
+#: seconds (a deadlock whose victim checks after 100 ms takes 0.2 s on two busy cores), at most the step timeout.
+SLOWER = 5.0
+MIN_CANDIDATE_TIMEOUT = 1.0
 
 
 class Shrink:
@@ -116,24 +130,33 @@ class Shrink:
         """The original's failure (the one most of its runs show) and how many of ``repeats`` runs show it."""
         seen: dict[Failure, int] = {}
         last = ""
+        longest, cancelled = 0.0, False
         for _ in range(self.repeats):
             got = self.bench.run(shape.scenario(self.original))
             if isinstance(got, str):
                 last = got
                 continue
             found = failure_of(got)
-            if any(isinstance(e, StepCancelled) for e in got.events) and self.repeats == 1:
-                self.repeats = CHANCY_REPEATS  # a step timed out: timing decides, run each candidate again
+            longest = max(longest, _longest_statement(got))
+            if any(isinstance(e, StepCancelled) for e in got.events):
+                cancelled = True
+                if self.repeats == 1:
+                    self.repeats = CHANCY_REPEATS  # a step timed out: timing decides, run each candidate again
             if found.fails(self.original):
                 seen[found] = seen.get(found, 0) + 1
             else:
                 last = "it " + (found.describe(self.original.variant) if found.errors or found.waits else "passes")
         if not seen:
             return None, 0, last or "it passes"
+        if not cancelled:  # the failure needs no step timeout: a candidate that waits far longer than it hangs
+            self.bench.timeout = min(self.bench.step_timeout, max(MIN_CANDIDATE_TIMEOUT, SLOWER * longest))
         failure = max(seen, key=lambda f: seen[f])
         return failure, seen[failure], last
 
     def repeat_count(self, shape: Shape) -> int:
+        """How many of ``repeats`` runs of ``shape`` fail the same way: counted already when it was kept."""
+        if shape in self._seen and self._seen[shape][0] >= self.needed:  # kept: every one of its runs was made
+            return self._seen[shape][0]
         return self._failures(shape, stop_early=False)[0]
 
     def _failures(self, shape: Shape, stop_early: bool = True) -> tuple[int, str]:
@@ -214,7 +237,7 @@ class Shrink:
             return
         for session in shape.sessions:
             gone = {n for n in shape.order if self.original.step(n).session == session}
-            gone |= self._readers(shape, gone)
+            gone = self._whole_loops(shape, gone | self._readers(shape, gone))
             yield (
                 "session",
                 session,
@@ -231,17 +254,32 @@ class Shrink:
             for block in _blocks(self.original, chain):
                 if len(block) < 2 or len(block) == len(chain):
                     continue
+                if any(self.original.step(n).loop is not None for n in block):
+                    continue  # a retry loop's transactions go with it, as one retry loop (see _steps)
                 yield from self._without(shape, "transaction", set(block), f"{session}: {block[0]} … {block[-1]}")
 
     def _steps(self, shape: Shape) -> Iterator[tuple[str, str, Shape]]:
+        loops_done: set[str] = set()
         for name in shape.order:
             step = self.original.step(name)
-            if step.loop is not None or step.attempt > 1:
-                continue  # a retry loop's steps and attempts are made together: they go with their session
-            yield from self._without(shape, "step", {name}, name)
+            if step.loop is None:
+                yield from self._without(shape, "step", {name}, name)
+            elif step.loop not in loops_done:  # a retry loop's steps and its attempts go together, never one by one
+                loops_done.add(step.loop)
+                body = [n for n in shape.order if self.original.step(n).loop == step.loop]
+                retry = self.original.step(step.loop).retry
+                said = f" (retry on {', '.join(retry.on)}, at most {retry.max} more)" if retry is not None else ""
+                yield from self._without(shape, "retry loop", set(body), f"{body[0]} … {step.loop}{said}")
+
+    def _whole_loops(self, shape: Shape, names: set[str]) -> set[str]:
+        """``names`` and every step of a retry loop one of them is in: a loop is kept or removed whole."""
+        loops = {self.original.step(n).loop for n in names} - {None}
+        return names | {n for n in shape.order if self.original.step(n).loop in loops}
 
     def _without(self, shape: Shape, kind: str, names: set[str], what: str) -> Iterator[tuple[str, str, Shape]]:
+        names = self._whole_loops(shape, names)
         gone = names | self._readers(shape, names)
+        gone = self._whole_loops(shape, gone)
         left = tuple(n for n in shape.order if n not in gone)
         if not left:
             return
@@ -267,7 +305,8 @@ class Shrink:
                 continue
             for k, row in enumerate(statement.rows):
                 setup = (*shape.setup[:i], statement.without_row(k), *shape.setup[i + 1 :])
-                yield "row", f"{short(statement.head.strip())} {short(row)}", dataclasses.replace(shape, setup=setup)
+                head = "\n".join(line for line in statement.head.splitlines() if not line.lstrip().startswith("--"))
+                yield "row", f"{short(head.strip())} {short(row)}", dataclasses.replace(shape, setup=setup)
 
     def _readers(self, shape: Shape, names: set[str]) -> set[str]:
         """The steps that read a variable one of ``names`` captures, and theirs in turn."""
@@ -290,6 +329,39 @@ class Shrink:
                         grew = True
                         break
         return gone - names
+
+    def simplify(self, shape: Shape) -> Shape:
+        """Each remaining step's SQL made smaller, one change at a time, each kept when it fails the same way.
+
+        A step's changes are proposed again from its text after each one kept; a retry
+        loop's steps (their attempts are copies), sleeps and crashes are left as they are.
+        """
+        from pgrace.drivers.minimize.simplify import simpler
+
+        for name in shape.order:
+            step = self.original.step(name)
+            if step.loop is not None or step.sleep is not None or step.crash is not None:
+                continue
+            captured = frozenset(column for _, column in step.capture)
+            tried: set[str] = set()
+            while True:
+                current = dict(shape.sql).get(name, step.sql)
+                found = None
+                for edit in simpler(current, captured):
+                    if edit.sql in tried:
+                        continue
+                    if self.bench.runs >= MAX_RUNS:
+                        return shape
+                    tried.add(edit.sql)
+                    sql = tuple(sorted({**dict(shape.sql), name: edit.sql}.items()))
+                    candidate = dataclasses.replace(shape, sql=sql)
+                    if self._try(candidate, "sql", f"{name}: {edit.what}"):
+                        found = candidate
+                        break
+                if found is None:
+                    break
+                shape = found
+        return shape
 
     def reorder(self, shape: Shape) -> tuple[Shape, int, int]:
         """Keep only the order between steps that do not commute; lay the rest out with the fewest session switches.
@@ -327,6 +399,13 @@ class Shrink:
         candidate = dataclasses.replace(shape, order=tuple(simpler))
         what = f"keep {kept} of {total} cross-session orders: " + " ".join(simpler)
         return (candidate if self._try(candidate, "order", what) else shape), total, kept
+
+
+def _longest_statement(run: Run) -> float:
+    """Seconds: the longest step of ``run`` (launch to end), or its setup (the start to the first launch)."""
+    launched = [e.t for e in run.events if isinstance(e, StepLaunched)]
+    steps = [(s.finished_ms or s.started_ms) - s.started_ms for s in run.step_runs()]
+    return max([launched[0] if launched else 0.0, *steps]) / 1000
 
 
 def _fewest_switches(names: list[str], sessions: list[str], before: dict[int, set[int]]) -> list[str]:

@@ -38,12 +38,15 @@ def split_block(block: int, text: str) -> list[Statement]:
     return [_rows_of(block, part) for part in parts if part]
 
 
+_COMMENTS = ("SQL_COMMENT", "C_COMMENT")
+
+
 def _rows_of(block: int, text: str) -> Statement:
     """An ``INSERT ... VALUES (...), (...)`` split at its rows' top-level commas; any other statement whole."""
     from pglast.parser import scan
 
     try:
-        tokens = scan(text)
+        tokens = [t for t in scan(text) if t.name not in _COMMENTS]  # from-log's setup notes its guesses
     except Exception:
         return Statement(block, text)
     raw = text  # the scanner counts characters
