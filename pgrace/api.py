@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
+from pgrace.drivers.bounded import check_bounded_explore
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.drivers.one_run import teardown_failures as teardown_failures  # what `run` says after a run
 from pgrace.engine.options import RunOptions
 from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
-from pgrace.model.monitor import Monitor, Note, Unwatched
+from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
@@ -136,15 +137,6 @@ def _serving(
         yield opened
 
 
-def both_variants(scenario: Scenario) -> list[Scenario]:
-    """What a comparison runs: the bug, then the fix."""
-    if scenario.other is None:
-        raise ScenarioError(
-            f"scenario {scenario.name!r} has one variant only; a comparison needs a bug and a fix", scenario.source
-        )
-    return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
-
-
 def compare(
     scenario: Scenario,
     *,
@@ -159,16 +151,9 @@ def compare(
 
     ``scenario`` is as ``load_scenario`` reads it: its first variant, holding the other.
     """
-    variants = both_variants(scenario)
+    variants = catalog.both_variants(scenario)
     with _serving(server, dsn, superuser, on_note) as opened:
         return [run(v, server=opened, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants]
-
-
-def _long(monitor: Monitor, label: str, total: int, jobs: int) -> None:
-    """A long job says how long before it starts, on a terminal or in a CI log."""
-    if total > bounds.LONG_INTERLEAVINGS:
-        processes = f" in {jobs} processes" if jobs > 1 else ""
-        monitor.note(f"pgrace: {label}: {total:,} interleavings to run{processes}")
 
 
 def explore(
@@ -234,7 +219,7 @@ def explore(
             watch.update(done, f"at least {total - done:,} more" if total > done else "")
             return
         if done == 0:
-            _long(watch, label, total, jobs)
+            note_long(watch, label, total, jobs)
             watch.start(label, total, "runs" if pct is not None else "interleavings")
         watch.update(done)
 
@@ -319,6 +304,8 @@ def sweep(
     limit: int | None = None,
     seed: int = 0,
     jobs: int = 1,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
     step_timeout: float = 10.0,
     examples: bool = False,
     output: str | Path | None = None,
@@ -330,7 +317,8 @@ def sweep(
 ) -> Swept:
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
-    With ``explore``, every interleaving of each combination (``limit``: a seeded sample).
+    With ``explore``, every interleaving of each combination (``limit``: a seeded sample;
+    ``max_preemptions`` K or ``pct`` D: that bounded search of each, as ``pgrace.explore`` runs it).
     ``examples``: each class's example replayed as a run. ``output``: a file the caller
     will write, refused before anything runs when it is one of the scenario files.
     """
@@ -341,6 +329,7 @@ def sweep(
     )
     from pgrace.drivers.sweep import sweep as sweep_grid
 
+    check_bounded_explore(explore, max_preemptions, pct, jobs)
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
     bounds.check_combinations(combinations)
@@ -351,7 +340,7 @@ def sweep(
     loaded = [variants(ref, grid, variant) for ref in scenarios]
     refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
     if explore:
-        _long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
+        note_long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
     result = Swept([])
     with _serving(server, dsn, superuser, on_note) as opened:
         try:
@@ -372,8 +361,10 @@ def sweep(
                         opened,
                         explore=explore,
                         limit=limit,
-                        seed=seed if limit is not None else None,
+                        seed=seed if limit is not None or pct is not None else None,
                         jobs=jobs,
+                        max_preemptions=max_preemptions,
+                        pct=pct,
                         step_timeout=step_timeout,
                         on_cell=combination_done,
                         on_interleavings=interleaved,
@@ -419,6 +410,9 @@ def check(
     limit: int | None = None,
     seed: int = 0,
     jobs: int = 1,
+    params: Mapping[str, str] | None = None,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
@@ -432,7 +426,9 @@ def check(
     and the others still run; each result goes to ``on_result`` as it is known. ``junit``:
     a file to write every case to as JUnit XML once all ran (refused, before anything runs,
     when it is one of the inputs). Specs share one scratch database per server, reset only
-    when a spec leaves objects.
+    when a spec leaves objects. ``params``: every pgrace scenario's parameters. With
+    ``explore``, ``max_preemptions`` K or ``pct`` D bound the search as in ``pgrace.explore``:
+    each result's ``guarantee`` says what it covered.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -442,12 +438,15 @@ def check(
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
+    check_bounded_explore(explore, max_preemptions, pct, jobs)
     watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
-        cases = regression.prepare(names, golden=golden or update, expected=expected, invalid=checked.invalid)
+        cases = regression.prepare(
+            names, golden=golden or update, expected=expected, invalid=checked.invalid, params=dict(params or {})
+        )
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "junit")
         for error in checked.invalid:  # reported at once; the valid files still run
             if on_invalid is not None:
@@ -467,10 +466,12 @@ def check(
 
                     def interleaved(done: int, total: int, name: str = case.name) -> None:
                         if done == 0:
-                            _long(watch, name, total, jobs)
+                            note_long(watch, name, total, jobs)
                         watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
 
-                    result = regression.run_explore_case(case, server, options, limit, seed, jobs, interleaved)
+                    result = regression.run_explore_case(
+                        case, server, options, limit, seed, jobs, interleaved, max_preemptions, pct
+                    )
                 else:
                     result = regression.run_case(
                         case, server, options, update=update, database_name=database_name, scratch=scratch
@@ -522,7 +523,7 @@ def load(
     from pgrace.drivers import load as engine
 
     options = engine.LoadOptions.asked(clients, duration, transactions, setup_timeout, pgbench, on_measured)
-    variants = both_variants(scenario) if compare else [scenario]
+    variants = catalog.both_variants(scenario) if compare else [scenario]
     for variant in variants:
         engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
     if emit is not None:

@@ -137,3 +137,12 @@ def find_files(paths: list[str]) -> list[Path]:
         if path not in unique:
             unique.append(path)
     return unique
+
+
+def both_variants(scenario: Scenario) -> list[Scenario]:
+    """What a comparison runs: the bug, then the fix."""
+    if scenario.other is None:
+        raise ScenarioError(
+            f"scenario {scenario.name!r} has one variant only; a comparison needs a bug and a fix", scenario.source
+        )
+    return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
