@@ -69,11 +69,14 @@ def test_lock_timeout_fires_during_a_sleep_and_is_reported_when_it_fires(pgrace_
     assert impatient.released_by is None
 
 
+@pytest.mark.timing
 def test_a_sleep_lets_the_deadlock_detector_pick_the_victim_the_file_pinned(pgrace_run: RunScenario) -> None:
     """b closes the cycle last, but its deadlock_timeout is the shorter: b runs the check and is the victim.
 
     With equal timeouts a (which waited first) would be the victim; the sleep makes the
-    detector fire before the next step, so the timeline tells it there.
+    detector fire before the next step, so the timeline tells it there. Timing: the victim's
+    backend sends its error, aborts (releasing a) and only then its ReadyForQuery; on a
+    starved CPU a can finish in between, and its end is then rightly reported first.
     """
     run = pgrace_run(
         scenario(
