@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
-from pgrace.engine.proxy.peers import peer_pid
+from pgrace.engine.proxy.peers import connected_ports, peer_pid
 from pgrace.engine.proxy.steps import Grouper, Memory, Reply, Statement, Step, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
@@ -190,6 +190,23 @@ class Proxy:
             self._threads.append(thread)
         thread.start()
 
+    def starting(self) -> str | None:
+        """Which client connection is not yet a session, for people; None when none is.
+
+        A client in its start-up (or connected, not yet accepted) waits for the proxy, asleep:
+        it will send a statement once it has its ReadyForQuery, so until its session opens
+        nobody can tell which sessions are ready. Read from the proxy's own relays and, for
+        connections not yet accepted, the kernel's TCP table.
+        """
+        with self._lock:
+            relays = list(self._relays)
+        if any(not relay.opened for relay in relays):
+            return "a client connection's start-up at the proxy"
+        accepted = {relay.peer_port for relay in relays}
+        if connected_ports(self.port) - accepted:
+            return "a client connection the proxy has not accepted yet"
+        return None
+
     def _number(self) -> int:
         with self._lock:
             return next(self._numbers)
@@ -223,6 +240,13 @@ class _Relay:
         self.terminate: bytes | None = None
         self.fatal: str | None = None
         """The server's FATAL message, when it ends the connection with one."""
+        self.opened = False
+        """Past its start-up: a session of the hooks (or ended)."""
+        self.peer_port: int | None = None
+        """The client's TCP port (its end of the connection), None on a unix socket."""
+        if client.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                self.peer_port = int(client.getpeername()[1])
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -239,6 +263,7 @@ class _Relay:
             name = started.parameters.get("application_name") or started.startup.parameters.get("application_name")
             client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock))
             proxy.hooks.opened(client)
+            self.opened = True
             self.client_sock.sendall(started.to_client)
             why = self._loop(client)
         except startup.Ended as ended:
@@ -253,6 +278,7 @@ class _Relay:
             self._last_words()
             why = self.fatal or f"connection lost: {exc}"
         finally:
+            self.opened = True  # ended: nothing more to wait for
             if keys is not None:
                 proxy._cancels.remove(keys)
                 if self.running is not None and not self.running[1].complete:
