@@ -313,6 +313,8 @@ def sweep(
     limit: int | None = None,
     seed: int = 0,
     jobs: int = 1,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
     step_timeout: float = 10.0,
     examples: bool = False,
     output: str | Path | None = None,
@@ -324,7 +326,8 @@ def sweep(
 ) -> Swept:
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
-    With ``explore``, every interleaving of each combination (``limit``: a seeded sample).
+    With ``explore``, every interleaving of each combination (``limit``: a seeded sample;
+    ``max_preemptions`` K or ``pct`` D: that bounded search of each, as ``pgrace.explore`` runs it).
     ``examples``: each class's example replayed as a run. ``output``: a file the caller
     will write, refused before anything runs when it is one of the scenario files.
     """
@@ -335,6 +338,7 @@ def sweep(
     )
     from pgrace.drivers.sweep import sweep as sweep_grid
 
+    _bounded_only_explored(explore, max_preemptions, pct, jobs)
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
     bounds.check_combinations(combinations)
@@ -366,8 +370,10 @@ def sweep(
                         opened,
                         explore=explore,
                         limit=limit,
-                        seed=seed if limit is not None else None,
+                        seed=seed if limit is not None or pct is not None else None,
                         jobs=jobs,
+                        max_preemptions=max_preemptions,
+                        pct=pct,
                         step_timeout=step_timeout,
                         on_cell=combination_done,
                         on_interleavings=interleaved,
@@ -413,6 +419,9 @@ def check(
     limit: int | None = None,
     seed: int = 0,
     jobs: int = 1,
+    params: Mapping[str, str] | None = None,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
@@ -425,7 +434,9 @@ def check(
     side while the files are read. A file that cannot be read is reported to ``on_invalid``
     and the others still run; each result goes to ``on_result`` as it is known. ``junit``:
     a file the caller will write, refused when it is one of the inputs. Specs share one
-    scratch database per server, reset only when a spec leaves objects.
+    scratch database per server, reset only when a spec leaves objects. ``params``: every
+    pgrace scenario's parameters. With ``explore``, ``max_preemptions`` K or ``pct`` D
+    bound the search as in ``pgrace.explore``: each result's ``guarantee`` says what it covered.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -435,12 +446,15 @@ def check(
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
+    _bounded_only_explored(explore, max_preemptions, pct, jobs)
     watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
-        cases = regression.prepare(names, golden=golden or update, expected=expected, invalid=checked.invalid)
+        cases = regression.prepare(
+            names, golden=golden or update, expected=expected, invalid=checked.invalid, params=dict(params or {})
+        )
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
         for error in checked.invalid:  # reported at once; the valid files still run
             if on_invalid is not None:
@@ -463,7 +477,9 @@ def check(
                             _long(watch, name, total, jobs)
                         watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
 
-                    result = regression.run_explore_case(case, server, options, limit, seed, jobs, interleaved)
+                    result = regression.run_explore_case(
+                        case, server, options, limit, seed, jobs, interleaved, max_preemptions, pct
+                    )
                 else:
                     result = regression.run_case(
                         case, server, options, update=update, database_name=database_name, scratch=scratch
@@ -474,6 +490,23 @@ def check(
                 watch.update(len(checked.results))
         watch.close()
     return checked
+
+
+def _bounded_only_explored(explore: bool, max_preemptions: int | None, pct: int | None, jobs: int) -> None:
+    """A bounded search is a way to explore, in one process: refused before a server starts otherwise."""
+    if max_preemptions is None and pct is None:
+        return
+    if max_preemptions is not None and pct is not None:
+        raise OptionError("--max-preemptions and --pct are two searches: choose one", "--pct")
+    option = "--max-preemptions" if max_preemptions is not None else "--pct"
+    if not explore:
+        raise OptionError(f"{option} bounds an exploration: add --explore", option)
+    if jobs != 1:
+        raise OptionError(f"{option} runs in one process: -j cannot split it", option)
+    if max_preemptions is not None and max_preemptions < 0:
+        raise OptionError(f"--max-preemptions {max_preemptions}: K is 0 or more", option)
+    if pct is not None and pct < 1:
+        raise OptionError(f"--pct {pct}: the depth D is 1 or more", option)
 
 
 def _path(name: str | Path | None) -> Path | None:

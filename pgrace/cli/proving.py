@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import click
 
@@ -39,6 +40,19 @@ from pgrace.cli.base import (
 from pgrace.errors import EXIT_INVALID
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def preemptions_option(what: str) -> Callable[[F], F]:
+    return click.option("--max-preemptions", "max_preemptions", type=int, metavar="K", help=what)
+
+
+def pct_option(what: str) -> Callable[[F], F]:
+    return click.option("--pct", type=int, metavar="D", help=what)
+
+
+BOUNDED_HELP = " a pass then says so, never as every interleaving"
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -78,9 +92,12 @@ from pgrace.render import formats
     help="Judge every interleaving: a bug must occur in one, a fix must hold in all, and no step may"
     " raise an error it does not declare.",
 )
-@max_option("With --explore: a seeded sample of N")
+@max_option("With --explore: a seeded sample of N (with --max-preemptions: at most N runs; with --pct: N schedules)")
 @seed_option
 @jobs_option("With --explore: processes")
+@param_option
+@preemptions_option("With --explore: every schedule with at most K preemptions;" + BOUNDED_HELP)
+@pct_option("With --explore: PCT schedules of depth D;" + BOUNDED_HELP)
 @superuser_option
 def check(
     paths: tuple[str, ...],
@@ -97,6 +114,9 @@ def check(
     limit: int | None,
     seed: int,
     jobs: int,
+    params: tuple[str, ...],
+    max_preemptions: int | None,
+    pct: int | None,
     superuser: bool,
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
@@ -107,7 +127,8 @@ def check(
     ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, the
     bug of a bug and a fix (or a scenario whose checks are all kind = "bug") passes when
     some interleaving reproduces it without an error no step declares, and anything else
-    when no interleaving shows the bug or raises such an error. Exit code 1: a case
+    when no interleaving shows the bug or raises such an error; with --max-preemptions or
+    --pct, over those schedules only, and its line says which. Exit code 1: a case
     failed; 2: a file could not be read (it is reported, the others still run).
     """
     from pgrace import api
@@ -130,6 +151,9 @@ def check(
             limit=limit,
             seed=seed,
             jobs=jobs,
+            params=parse_params(params),
+            max_preemptions=max_preemptions,
+            pct=pct,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
@@ -359,9 +383,11 @@ def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
     help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
 )
 @click.option("--explore", "explore_cells", is_flag=True, help="Explore every interleaving of each combination.")
-@max_option("With --explore: a seeded sample of N")
+@max_option("With --explore: a seeded sample of N (with --max-preemptions: at most N runs; with --pct: N schedules)")
 @seed_option
 @jobs_option("With --explore: processes")
+@preemptions_option("With --explore: every schedule of each combination with at most K preemptions")
+@pct_option("With --explore: PCT schedules of depth D of each combination")
 @format_option("sweep")
 @server_option
 @dsn_option
@@ -377,6 +403,8 @@ def sweep(
     limit: int | None,
     seed: int,
     jobs: int,
+    max_preemptions: int | None,
+    pct: int | None,
     fmt: str,
     server_target: str | None,
     dsn: str | None,
@@ -403,6 +431,8 @@ def sweep(
             limit=limit,
             seed=seed,
             jobs=jobs,
+            max_preemptions=max_preemptions,
+            pct=pct,
             step_timeout=step_timeout,
             examples=fmt == "html",
             output=output,

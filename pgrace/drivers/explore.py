@@ -176,7 +176,7 @@ def run_interleavings(
     options = explore_options(step_timeout)
     observed: list[Observed] = []
     space = Space(scenario)
-    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
+    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA, False) as db:
         for start in range(0, len(orders), BATCH):
             batch = orders[start : start + BATCH]
             perms = tuple(tuple(PermutationStep(name) for name in order) for order in batch)

@@ -24,6 +24,8 @@ def render_results(results: Sequence[CaseResult], with_server: bool = False) -> 
         where = f" on {result.server.label}" if with_server else ""
         mark = "PASS" if result.ok else "FAIL"
         note = " (golden timeline written)" if result.updated else ""
+        if result.guarantee:  # a bounded search: what it covered, never every interleaving
+            note += f"\n      bounded: {result.guarantee}"
         lines.append(f"{mark}  {result.case.name:<36} {result.case.path}{where}  ({result.seconds:.2f} s){note}")
         for problem in result.problems:
             lines.append(f"      ✘ {problem}")
