@@ -180,6 +180,9 @@ class ExecOrder:
         with self.cond:
             states = {name: (s.gate.state, s.owner, s.relay_tid) for name, s in self.sessions.items()}
             held = [s for s in self.sessions.values() if s.gate.state in ("ready", "running")]
+        starting = self.runner.proxy.starting()
+        if starting is not None:
+            return starting
         waiting = self.scheduler.waiting_sessions()
         for name, (state, owner, relay_tid) in states.items():
             if state == "running" and name not in waiting:
