@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import selectors
 import socket
 import threading
@@ -106,6 +107,7 @@ class Proxy:
         self._threads: list[threading.Thread] = []
         self._relays: set[_Relay] = set()
         self._lock = threading.Lock()
+        self._accepting = 0
         self._numbers = itertools.count(1)
 
     @property
@@ -174,13 +176,18 @@ class Proxy:
                         continue
                     if self.closing.is_set():
                         break
+                    with self._lock:
+                        self._accepting += 1  # counted as starting from the backlog to its relay
                     try:
                         sock, _ = ready.accept()
+                        if sock.family == socket.AF_INET:
+                            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        self._start(_Relay(self, sock))
                     except OSError:
                         continue
-                    if sock.family == socket.AF_INET:
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self._start(_Relay(self, sock))
+                    finally:
+                        with self._lock:
+                            self._accepting -= 1
 
     def _start(self, relay: _Relay) -> None:
         thread = threading.Thread(target=relay.run, name=f"pgrace-proxy-client:{self.port}", daemon=True)
@@ -193,6 +200,19 @@ class Proxy:
     def _number(self) -> int:
         with self._lock:
             return next(self._numbers)
+
+    def starting(self) -> bool:
+        """Whether a connection is in its start-up: waiting to be accepted, or accepted and not yet opened.
+
+        Its client waits for the proxy's answer, and its backend may be on the server, its pid not yet
+        known. The backlog is looked at first: a connection accepted meanwhile is counted in its relay.
+        """
+        if self.closing.is_set():
+            return False
+        if select.select(self._listeners, [], [], 0)[0]:
+            return True
+        with self._lock:
+            return self._accepting > 0 or any(not relay.started_up for relay in self._relays)
 
     def _forget(self, relay: _Relay) -> None:
         with self._lock:
@@ -223,6 +243,8 @@ class _Relay:
         self.terminate: bytes | None = None
         self.fatal: str | None = None
         """The server's FATAL message, when it ends the connection with one."""
+        self.started_up = False
+        """Its start-up ended: the hooks know it (by its backend pid) and the client has the server's last answer."""
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -240,6 +262,7 @@ class _Relay:
             client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock))
             proxy.hooks.opened(client)
             self.client_sock.sendall(started.to_client)
+            self.started_up = True  # the client has its ReadyForQuery: what it does next is its own
             why = self._loop(client)
         except startup.Ended as ended:
             why = ended.why
