@@ -1,11 +1,14 @@
 """Real clients' lost update through the proxy: explore finds the bug, and the cure (``FOR UPDATE``) holds in every
-order, each with its run count: psycopg2 and Django's ORM as ``--exec`` commands."""
+order, each with its run count: psycopg2 and Django's ORM as ``--exec`` commands, SQLAlchemy's async engine as
+``pgrace.proxy`` async sessions."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from pgrace import proxy
+from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
 
 CLIENTS = Path(__file__).parent / "clients"
@@ -46,3 +49,46 @@ def test_django_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo)
     """Django connects on its own from its settings (the PG* variables); select_for_update() is the cure."""
     command = f"{sys.executable} {CLIENTS / 'withdraw_django.py'}"
     _found_and_cured(pgrace_server, command, "all 6 interleavings, 7 runs", "all 6 interleavings, 7 runs")
+
+
+SETUP = "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); INSERT INTO accounts VALUES (1, 500)"
+FINAL = "SELECT balance FROM accounts WHERE id = 1"
+
+
+def _withdraw_sqlalchemy(lock: bool) -> AsyncCode:
+    async def withdraw(dsn: str) -> None:
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
+        from sqlalchemy.pool import NullPool
+
+        # _initialize=False: the dialect's first-connect queries (the version, the isolation level, an hstore
+        # lookup in a savepoint: ten read-only statements a session) are left out, to keep the search small.
+        url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = create_async_engine(url, poolclass=NullPool, _initialize=False)
+        try:
+            async with engine.begin() as conn:
+                read = "SELECT balance FROM accounts WHERE id = :id" + (" FOR UPDATE" if lock else "")
+                balance = (await conn.execute(text(read), {"id": 1})).scalar_one()
+                await conn.execute(
+                    text("UPDATE accounts SET balance = :b WHERE id = :id"), {"b": balance - 100, "id": 1}
+                )
+        finally:
+            await engine.dispose()
+
+    return withdraw
+
+
+def test_sqlalchemy_async_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo) -> None:
+    """SQLAlchemy's async engine on psycopg's async API, as pgrace.proxy async sessions."""
+    racy = _withdraw_sqlalchemy(lock=False)
+    found = proxy.explore_async(
+        {"alice": racy, "bob": racy}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
+    )
+    assert found.complete and not found.passed and found.runs == 15
+    assert {c.final[0] for c in found.classes} == {((400,),), ((300,),)}
+    cured = _withdraw_sqlalchemy(lock=True)
+    proved = proxy.explore_async(
+        {"alice": cured, "bob": cured}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
+    )
+    assert proved.complete and proved.passed and proved.runs == 7
+    assert {c.final[0] for c in proved.classes} == {((300,),)}
