@@ -3,7 +3,10 @@
 1. Throughput: every interleaving of lost-update (two sessions of 4 steps: 70) run, none
    reduced away (``reduce=False``), REPEAT times, scratch database included; against the
    floor, the same statements sent one after the other on one plain connection (setup,
-   8 steps, final check, teardown), measured between the runs (medians of each).
+   8 steps, final check, teardown), measured between the runs (medians of each). Then the
+   fixed part of that cost, the scratch database made and dropped as explore makes it:
+   without pgrowlocks (an exhaustive explore reads no row locks) and with it (as before),
+   alternated, and what it is per interleaving.
 2. -j scaling: a sample of SAMPLE interleavings of skip-locked-fanout (3 × 3 steps,
    1680 in all), every one run (``reduce=False``: -j 1 would reduce the whole space), with
    -j 1 and -j 2 (this machine has 2 cores, shared: compare the ratio, not the seconds).
@@ -25,7 +28,7 @@ from pgrace.drivers.exploring import EXPLORE_SCHEMA
 from pgrace.drivers.shards import merge_explorations
 from pgrace.formats import catalog
 from pgrace.model.orders.space import Space
-from pgrace.scratch import scratch_database
+from pgrace.scratch import scratch_database, scratch_database_with_schema
 from pgrace.servers import ServerInfo, open_server
 
 
@@ -64,6 +67,18 @@ def main() -> None:
         cost = 1 / statistics.median(rates)
         ratio = cost / floor
         print(f"  {cost * 1000:.1f} ms per interleaving; the statements alone: {floor * 1000:.1f} ms ({ratio:.2f}×)")
+        made: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(repeat):
+            for with_pgrowlocks in (False, True):
+                started = time.perf_counter()
+                with scratch_database_with_schema(server, "explore_lost-update", EXPLORE_SCHEMA, with_pgrowlocks):
+                    pass
+                made[with_pgrowlocks].append(time.perf_counter() - started)
+        fixed, before = statistics.median(made[False]), statistics.median(made[True])
+        print(
+            f"  of which the scratch database: {fixed * 1000:.0f} ms an explore ({fixed / 70 * 1000:.1f} ms an"
+            f" interleaving); {before * 1000:.0f} ms with pgrowlocks, as before"
+        )
 
         timings: dict[int, list[float]] = {1: [], 2: []}
         results = {}

@@ -3,7 +3,8 @@
 For every shipped scenario (both variants), the hard ones in tests/explore/hard/, the rows
 ones in tests/explore/rows/ and the two shapes of the acceptance (three withdrawals: 3
 sessions x 4 steps; two independent lost updates: 4 x 4, on two tables and on two rows of one
-table in tests/explore/reads/, with the other reads ones), runs the reduced search and,
+table in tests/explore/reads/, with the other reads ones) and the clock ones in
+tests/explore/clock/ (the stale-reclaim queue: 3 x 4, whose check reads now()), runs the reduced search and,
 where the space is at most MAX_WHOLE, the exhaustive one, and says whether their outcome
 classes are the same (they must be).
 
@@ -33,6 +34,7 @@ def main() -> None:
         *sorted((ROOT / "tests" / "explore" / "hard").glob("*.toml")),
         *sorted((ROOT / "tests" / "explore" / "rows").glob("*.toml")),
         *sorted((ROOT / "tests" / "explore" / "reads").glob("*.toml")),
+        *sorted((ROOT / "tests" / "explore" / "clock").glob("*.toml")),
     ]
     files += [
         ROOT / "tests" / "explore" / "three-withdrawals.toml",

@@ -5,8 +5,9 @@ sessions' steps in a fixed interleaving against a real PostgreSQL and records a
 :class:`Run` (a timeline of typed events); renderers turn the run into text or JSON.
 
 The commands are functions of the same names (:mod:`pgrace.api`): ``run``, ``compare``,
-``check``, ``explore``, ``minimize``, ``sweep``, ``matrix``, ``load`` (pgbench) and ``clean``, each
-returning what the command's formats draw; ``load_scenario`` reads a scenario file.
+``check``, ``explore``, ``minimize``, ``sweep``, ``matrix``, ``load`` (pgbench), ``from_log``,
+``list_scenarios``, ``show`` and ``clean``, each returning what the command's formats draw;
+``load_scenario`` reads a scenario file.
 
 The public names are imported on first use (PEP 562), so that importing a submodule,
 such as the console entry point, does not pay for psycopg (and cannot be caught by
@@ -29,17 +30,29 @@ if TYPE_CHECKING:
         clean,
         compare,
         explore,
+        from_log,
+        list_scenarios,
         load,
         load_scenario,
         matrix,
         minimize,
         run,
+        show,
         sweep,
     )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
     from pgrace.drivers.explore import Exploration
     from pgrace.engine.options import RunOptions
-    from pgrace.errors import CodeError, PgraceError, RunAborted, ScenarioError, ServerUnavailable, SetupFailed
+    from pgrace.errors import (
+        CodeError,
+        Interrupted,
+        OptionError,
+        PgraceError,
+        RunAborted,
+        ScenarioError,
+        ServerUnavailable,
+        SetupFailed,
+    )
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario, Session, Step
     from pgrace.model.timeline import CheckResult, Run, StepRun
@@ -49,6 +62,8 @@ if TYPE_CHECKING:
 _HOMES = {
     "CheckResult": "pgrace.model.timeline",
     "CodeError": "pgrace.errors",
+    "Interrupted": "pgrace.errors",
+    "OptionError": "pgrace.errors",
     "Exploration": "pgrace.drivers.explore",
     "OutcomeClass": "pgrace.model.outcomes",
     "TracedConnection": "pgrace.drivers.code",
@@ -75,11 +90,14 @@ _HOMES = {
             "clean",
             "compare",
             "explore",
+            "from_log",
+            "list_scenarios",
             "load",
             "load_scenario",
             "matrix",
             "minimize",
             "run",
+            "show",
             "sweep",
         ),
         "pgrace.api",
@@ -90,6 +108,8 @@ __all__ = [
     "CheckResult",
     "CodeError",
     "Exploration",
+    "Interrupted",
+    "OptionError",
     "OutcomeClass",
     "PgraceError",
     "Run",
@@ -110,6 +130,8 @@ __all__ = [
     "explore",
     "explore_code",
     "explore_exec",
+    "from_log",
+    "list_scenarios",
     "load",
     "load_scenario",
     "matrix",
@@ -118,6 +140,7 @@ __all__ = [
     "run",
     "run_code",
     "run_exec",
+    "show",
     "sweep",
 ]
 

@@ -1,5 +1,5 @@
 """``python -m pgrace`` runs the command line, through the same entry as the ``pgrace`` command."""
 
-from pgrace.entry import main
+from pgrace.cli.entry import main
 
 main()

@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
+from pgrace.drivers.bounded import check_bounded_explore
 from pgrace.drivers.one_run import run_in_scratch
+from pgrace.drivers.one_run import teardown_failures as teardown_failures  # what `run` says after a run
 from pgrace.engine.options import RunOptions
-from pgrace.errors import OptionError, PgraceError, ScenarioError
-from pgrace.files import read_input, refuse_overwriting_inputs
+from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
+from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
-from pgrace.model.monitor import Monitor, Note, Unwatched
-from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Swept
+from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
+from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.scratch import sweep_leftovers
@@ -32,9 +34,11 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
+    from pgrace.drivers.fromlog import FromLog
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.drivers.minimize import Minimized
+    from pgrace.formats.catalog import Entry
 
 
 def run(
@@ -81,6 +85,23 @@ def load_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
     return catalog.load(ref, params)
 
 
+def list_scenarios(tags: Sequence[str] = (), topic: str | None = None) -> list[Entry]:
+    """The shipped scenarios with every one of ``tags`` and of ``topic``, in the catalogue's order.
+
+    A tag or topic no shipped scenario has is an ``OptionError`` (with a "did you mean").
+    """
+    return catalog.select(list(tags), topic)
+
+
+def show(ref: str, params: dict[str, str] | None = None, variant: str | None = None) -> Shown:
+    """``ref`` read (as ``load_scenario`` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
+
+    What ``pgrace show`` tells without running it: the story, the sessions, the steps, the checks.
+    """
+    scenario = catalog.load(ref, params)
+    return Shown(scenario, catalog.variant(scenario, variant))
+
+
 def tidy(server: ServerInfo, on_note: Note | None = None) -> None:
     """Say what was mended to start ``server``; drop what killed runs left on it, and say so.
 
@@ -116,29 +137,6 @@ def _serving(
         yield opened
 
 
-def teardown_failures(result: Run) -> list[str]:
-    """Teardown errors (a teardown cancelled at the step timeout, say): isolationtester reports them, not fatal."""
-    from pgrace.model.timeline import SetupRan
-
-    notes = []
-    for event in result.events:
-        if isinstance(event, SetupRan) and event.phase == "teardown" and event.outcome.error is not None:
-            error = event.outcome.error
-            where = f"teardown of session {event.session}" if event.session else "teardown"
-            detail = f" ({error.detail})" if error.detail else ""
-            notes.append(visible(f"{where} failed: {error.severity}:  {error.message}{detail}"))
-    return notes
-
-
-def both_variants(scenario: Scenario) -> list[Scenario]:
-    """What a comparison runs: the bug, then the fix."""
-    if scenario.other is None:
-        raise ScenarioError(
-            f"scenario {scenario.name!r} has one variant only; --compare needs a bug and a fix", scenario.source
-        )
-    return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")
-
-
 def compare(
     scenario: Scenario,
     *,
@@ -153,16 +151,9 @@ def compare(
 
     ``scenario`` is as ``load_scenario`` reads it: its first variant, holding the other.
     """
-    variants = both_variants(scenario)
+    variants = catalog.both_variants(scenario)
     with _serving(server, dsn, superuser, on_note) as opened:
         return [run(v, server=opened, options=options, allow_scratch_schema=allow_scratch_schema) for v in variants]
-
-
-def _long(monitor: Monitor, label: str, total: int, jobs: int) -> None:
-    """A long job says how long before it starts, on a terminal or in a CI log."""
-    if total > bounds.LONG_INTERLEAVINGS:
-        processes = f" in {jobs} processes" if jobs > 1 else ""
-        monitor.note(f"pgrace: {label}: {total:,} interleavings to run{processes}")
 
 
 def explore(
@@ -205,7 +196,7 @@ def explore(
     space = Space(scenario)
     if merge and minimize:
         raise OptionError(
-            "merged shards have no server to minimize on: minimize a class with pgrace minimize --class", "--minimize"
+            "merged shards have no server to minimize on: minimize a class of the merged result instead", "minimize"
         )
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
@@ -228,7 +219,7 @@ def explore(
             watch.update(done, f"at least {total - done:,} more" if total > done else "")
             return
         if done == 0:
-            _long(watch, label, total, jobs)
+            note_long(watch, label, total, jobs)
             watch.start(label, total, "runs" if pct is not None else "interleavings")
         watch.update(done)
 
@@ -296,7 +287,7 @@ def minimize(
     from pgrace.drivers.minimize.export import export
 
     if pytest is not None and output is None:
-        raise OptionError("a pytest test runs the minimized scenario: write it too with -o FILE", "--pytest")
+        raise OptionError("a pytest test runs the minimized scenario: give its output too", "pytest")
     with _serving(server, dsn, superuser, on_note) as opened:
         start = failing_order(scenario, opened, cls, tuple(order) if order is not None else None, step_timeout)
         found = shrink(scenario, opened, start, step_timeout=step_timeout, repeats=repeats)
@@ -313,6 +304,8 @@ def sweep(
     limit: int | None = None,
     seed: int = 0,
     jobs: int = 1,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
     step_timeout: float = 10.0,
     examples: bool = False,
     output: str | Path | None = None,
@@ -324,7 +317,8 @@ def sweep(
 ) -> Swept:
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
-    With ``explore``, every interleaving of each combination (``limit``: a seeded sample).
+    With ``explore``, every interleaving of each combination (``limit``: a seeded sample;
+    ``max_preemptions`` K or ``pct`` D: that bounded search of each, as ``pgrace.explore`` runs it).
     ``examples``: each class's example replayed as a run. ``output``: a file the caller
     will write, refused before anything runs when it is one of the scenario files.
     """
@@ -335,6 +329,7 @@ def sweep(
     )
     from pgrace.drivers.sweep import sweep as sweep_grid
 
+    check_bounded_explore(explore, max_preemptions, pct, jobs)
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
     bounds.check_combinations(combinations)
@@ -345,7 +340,7 @@ def sweep(
     loaded = [variants(ref, grid, variant) for ref in scenarios]
     refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
     if explore:
-        _long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
+        note_long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
     result = Swept([])
     with _serving(server, dsn, superuser, on_note) as opened:
         try:
@@ -366,8 +361,10 @@ def sweep(
                         opened,
                         explore=explore,
                         limit=limit,
-                        seed=seed if limit is not None else None,
+                        seed=seed if limit is not None or pct is not None else None,
                         jobs=jobs,
+                        max_preemptions=max_preemptions,
+                        pct=pct,
                         step_timeout=step_timeout,
                         on_cell=combination_done,
                         on_interleavings=interleaved,
@@ -413,6 +410,9 @@ def check(
     limit: int | None = None,
     seed: int = 0,
     jobs: int = 1,
+    params: Mapping[str, str] | None = None,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
@@ -424,8 +424,11 @@ def check(
     ``--server`` takes, each (None: ``PGRACE_DSN`` or the embedded server); they boot side by
     side while the files are read. A file that cannot be read is reported to ``on_invalid``
     and the others still run; each result goes to ``on_result`` as it is known. ``junit``:
-    a file the caller will write, refused when it is one of the inputs. Specs share one
-    scratch database per server, reset only when a spec leaves objects.
+    a file to write every case to as JUnit XML once all ran (refused, before anything runs,
+    when it is one of the inputs). Specs share one scratch database per server, reset only
+    when a spec leaves objects. ``params``: every pgrace scenario's parameters. With
+    ``explore``, ``max_preemptions`` K or ``pct`` D bound the search as in ``pgrace.explore``:
+    each result's ``guarantee`` says what it covered.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -435,13 +438,16 @@ def check(
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
+    check_bounded_explore(explore, max_preemptions, pct, jobs)
     watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
-        cases = regression.prepare(names, golden=golden or update, expected=expected, invalid=checked.invalid)
-        refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "--junit")
+        cases = regression.prepare(
+            names, golden=golden or update, expected=expected, invalid=checked.invalid, params=dict(params or {})
+        )
+        refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "junit")
         for error in checked.invalid:  # reported at once; the valid files still run
             if on_invalid is not None:
                 on_invalid(error)
@@ -460,10 +466,12 @@ def check(
 
                     def interleaved(done: int, total: int, name: str = case.name) -> None:
                         if done == 0:
-                            _long(watch, name, total, jobs)
+                            note_long(watch, name, total, jobs)
                         watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
 
-                    result = regression.run_explore_case(case, server, options, limit, seed, jobs, interleaved)
+                    result = regression.run_explore_case(
+                        case, server, options, limit, seed, jobs, interleaved, max_preemptions, pct
+                    )
                 else:
                     result = regression.run_case(
                         case, server, options, update=update, database_name=database_name, scratch=scratch
@@ -473,6 +481,10 @@ def check(
                     on_result(result)
                 watch.update(len(checked.results))
         watch.close()
+    if junit is not None:
+        from pgrace.render.junit import render_junit
+
+        write_output(junit, render_junit(checked.results, checked.invalid))
     return checked
 
 
@@ -480,100 +492,103 @@ def _path(name: str | Path | None) -> Path | None:
     return None if name is None else Path(name)
 
 
-def _whole(raw: str | int | float | None, option: str) -> int | None:
-    if raw is None:
-        return None
-    text = str(raw).strip()
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 86400:
-        raise ScenarioError(f"{option} is a whole number from 1 to 86400, not {raw!r}")
-    return int(text)
-
-
-def _client_counts(raw: str | Sequence[int]) -> tuple[int, ...]:
-    """``1,2,4,8``: whole numbers from 1 to 1000, refused as one line (exit 2) otherwise."""
-    parts = raw.split(",") if isinstance(raw, str) else [str(count) for count in raw]
-    counts: list[int] = []
-    for part in parts:
-        part = part.strip()
-        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= 1000:
-            raise ScenarioError(f"-c/--clients is a list of client counts from 1 to 1000, like 1,2,4,8; not {raw!r}")
-        counts.append(int(part))
-    return tuple(counts)
-
-
 def load(
     scenario: Scenario,
     *,
     compare: bool = False,
-    clients: str | Sequence[int] = (1, 2, 4, 8),
-    duration: str | int | None = None,
-    transactions: str | int | None = None,
+    clients: Sequence[int] = (1, 2, 4, 8),
+    duration: float | None = None,
+    transactions: int | None = None,
     pgbench: str | None = None,
     emit: Path | None = None,
     dsn: str | None = None,
     server: ServerInfo | None = None,
-    setup_timeout: str | int | None = None,
+    setup_timeout: float | None = None,
     monitor: Monitor | None = None,
     on_measured: Callable[[LoadResult, ClientRun], None] | None = None,
     on_note: Note | None = None,
 ) -> Loaded:
     """Run ``scenario``'s ``[load]`` transaction with pgbench at each client count; count what went wrong.
 
-    ``compare``: the bug's, then the fix's. ``duration`` seconds per count (5 by default),
-    or ``transactions`` per client. ``setup_timeout`` seconds (60 by default) bound each
-    setup statement and each check. A server pgrace starts for the call (no ``server``,
+    ``compare``: the bug's, then the fix's. ``clients``: the client counts, one pgbench run
+    each. ``duration`` whole seconds per count (5 by default), or ``transactions`` per
+    client. ``setup_timeout`` whole seconds (60 by default) bound each setup statement and
+    each check. A server pgrace starts for the call (no ``server``,
     ``dsn`` embedded or a bin directory) is started with room for the most clients asked
     for, and ``on_note`` says so; a server pgrace only connects to must have that room
     already. With ``emit``, the pgbench script and the setup and check SQL are written to
-    that folder and nothing runs. Ctrl-C (or SIGTERM) re-raises with what was measured so
-    far as the exception's ``loaded``.
+    that folder and nothing runs. Ctrl-C (or SIGTERM) raises ``Interrupted``
+    whose ``partial`` is the ``Loaded`` measured so far, once everything is cleaned up.
     """
     from pgrace.drivers import load as engine
 
-    counts = _client_counts(clients)
-    seconds = _whole(duration, "-T/--time")
-    per_client = _whole(transactions, "-t/--transactions")
-    setup_seconds = _whole(setup_timeout, "--setup-timeout")
-    if seconds is not None and per_client is not None:
-        raise ScenarioError("-T/--time and -t/--transactions exclude each other")
-    variants = both_variants(scenario) if compare else [scenario]
+    options = engine.LoadOptions.asked(clients, duration, transactions, setup_timeout, pgbench, on_measured)
+    variants = catalog.both_variants(scenario) if compare else [scenario]
     for variant in variants:
         engine.pgbench_script(variant)  # invalid input (no [load], a stray :name) fails before a server starts
     if emit is not None:
         return Loaded(emitted=[path for variant in variants for path in engine.emit(variant, emit)])
-    options = engine.LoadOptions(
-        clients=counts,
-        duration=None if per_client is not None else float(seconds or 5),
-        transactions=per_client,
-        pgbench=pgbench,
-        setup_timeout=float(setup_seconds or 60),
-        on_progress=on_measured,
-    )
     watch = monitor or Unwatched()
     loaded = Loaded()
     settings = None
     if server is None and pgrace.servers.starts_its_own(dsn):
-        settings = {"max_connections": str(engine.connections_for(max(counts)))}
+        settings = {"max_connections": str(engine.connections_for(max(options.clients)))}
         if int(settings["max_connections"]) > engine.DEFAULT_CONNECTIONS:
             (on_note or _ignore)(
                 f"note: starting PostgreSQL with max_connections = {settings['max_connections']}"
-                f" for {max(counts)} clients"
+                f" for {max(options.clients)} clients"
             )
     try:
         with _serving(server, dsn, False, on_note, settings) as opened:
             try:
-                watch.start(f"load {scenario.name}", len(variants) * len(counts), "client counts")
+                watch.start(f"load {scenario.name}", len(variants) * len(options.clients), "client counts")
                 for variant in variants:
                     loaded.results.append(engine.run_load(variant, opened, options))
             finally:
                 watch.close()
     except KeyboardInterrupt as exc:
-        partial = getattr(exc, "partial", None)
-        if partial is not None:
-            loaded.results.append(partial)
-        exc.loaded = loaded  # type: ignore[attr-defined]
-        raise
+        if isinstance(exc, Interrupted):  # a variant part-measured
+            loaded.results.append(exc.partial)
+        raise Interrupted(loaded, exc) from exc
     return loaded
+
+
+def from_log(
+    paths: Sequence[str | Path],
+    *,
+    prefix: str | None = None,
+    dsn: str | None = None,
+    incident: int | None = None,
+    list_only: bool = False,
+    verify: bool = True,
+    server: ServerInfo | None = None,
+    server_target: str | None = None,
+    step_timeout: float = 10.0,
+    minimize: bool = False,
+) -> FromLog:
+    """Read server logs; write the scenario of incident number ``incident`` (from 1; the first by default).
+
+    ``prefix``: the server's ``log_line_prefix`` (detected by default). ``dsn``: the incident's
+    database, read only, for the tables' DDL and rows. ``list_only``: the incidents found,
+    nothing written. ``verify``: run the scenario in a scratch database on ``server`` (or one
+    opened from ``server_target``: pgrace's own embedded PostgreSQL by default, never the
+    incident's server) and say whether the incident came back. ``minimize``: once it came
+    back, shrink the scenario to the smallest one that still brings it back.
+    """
+    from pgrace.drivers.fromlog import from_log as read_incidents  # the package's from_log is this function
+
+    return read_incidents(
+        [str(path) for path in paths],
+        prefix=prefix,
+        dsn=dsn,
+        incident=incident,
+        list_only=list_only,
+        verify=verify,
+        server=server,
+        server_target=server_target,
+        step_timeout=step_timeout,
+        minimize=minimize,
+    )
 
 
 def clean(dsn: str) -> Cleaned:

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import os
 
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError, ScenarioError
 
 MAX_SAMPLE = 1_000_000
 MAX_COMBINATIONS = 1_000
 MAX_TIED_POSITIONS = 100_000
 JOBS_PER_CPU = 4
+MAX_CLIENTS = 1000  # pgbench clients at once: a thousand connections is past any machine this runs on
+MAX_LOAD_SECONDS = 86400  # a load's -T and --setup-timeout: a day
+MAX_TRANSACTIONS = 86400  # a load's -t, per client
 LONG_INTERLEAVINGS = 10_000
 LONG_COMBINATIONS = 100
 
@@ -39,16 +42,17 @@ def max_jobs() -> int:
 
 def check_jobs(jobs: int) -> None:
     if not 1 <= jobs <= max_jobs():
-        raise ScenarioError(
-            f"-j/--jobs {jobs:,}: at most {max_jobs()} processes on this machine "
-            f"({JOBS_PER_CPU} per CPU, {os.cpu_count() or 1} CPUs)"
+        raise OptionError(
+            f"{jobs:,}: at most {max_jobs()} processes on this machine"
+            f" ({JOBS_PER_CPU} per CPU, {os.cpu_count() or 1} CPUs)",
+            "jobs",
         )
 
 
 def check_sample(limit: int | None) -> None:
     if limit is not None and not 1 <= limit <= MAX_SAMPLE:
-        raise ScenarioError(
-            f"--max {limit:,}: a sample is at most {MAX_SAMPLE:,} interleavings (about 90 minutes in one process)"
+        raise OptionError(
+            f"{limit:,}: a sample is at most {MAX_SAMPLE:,} interleavings (about 90 minutes in one process)", "limit"
         )
 
 

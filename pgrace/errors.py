@@ -5,7 +5,7 @@
     │   │                                   an option value, a malformed --dsn
     │   ├── CodeError                       session code run_code/explore_code cannot interleave
     │   ├── ExecError                       an --exec command that connected around the proxy, or never waited
-    │   └── OptionError                     an option's value, or options that exclude each other
+    │   └── OptionError                     a parameter's value, or parameters that exclude each other
     ├── ScenarioFailed              exit 1, the scenario could not run to its end on this server:
     │   ├── SetupFailed                     its setup SQL failed, or
     │   └── StepsStuck                      its steps blocked each other (isolationtester: exit 1)
@@ -13,6 +13,10 @@
     └── RunAborted                  exit 3, the server (or pgrace's control or observer
                                     connection, or a -j worker process) went away in
                                     the middle of a run
+
+    KeyboardInterrupt
+    ├── Terminated                  SIGTERM, as Ctrl-C is SIGINT
+    └── Interrupted                 either, stopping a command that had results: ``partial`` holds them
 
 Exit codes, one meaning each (the CLI's help and docs/reference/exit-codes.md carry the same table):
 
@@ -31,7 +35,7 @@ they are recorded in the timeline as data, with their SQLSTATE.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from pgrace.model.timeline import Run
@@ -48,6 +52,27 @@ EXIT_SIGTERM = 143
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an exception so that every context manager cleans up as for Ctrl-C."""
+
+
+Partial = TypeVar("Partial")
+
+
+class Interrupted(KeyboardInterrupt, Generic[Partial]):
+    """Ctrl-C or SIGTERM (``by``) stopped a command that had results already: ``partial`` holds them.
+
+    Still a KeyboardInterrupt, so that every cleanup on the way up runs as for any interrupt
+    and the process ends with 130 or 143, after showing what was measured.
+    """
+
+    def __init__(self, partial: Partial, by: KeyboardInterrupt) -> None:
+        super().__init__()
+        self.partial = partial
+        self.by: KeyboardInterrupt = by.by if isinstance(by, Interrupted) else by
+
+    @property
+    def terminated(self) -> bool:
+        """SIGTERM stopped it, not Ctrl-C."""
+        return isinstance(self.by, Terminated)
 
 
 class PgraceError(Exception):
@@ -80,16 +105,22 @@ class ScenarioError(_Located):
 
 
 class OptionError(ScenarioError):
-    """An option's value (``option``, e.g. ``"--tag"``), or options that exclude each other (``option`` None).
+    """A parameter's value (``parameter``: the library function's keyword, e.g. ``"tags"``), or parameters
+    that exclude each other (``parameter`` None).
 
-    Raised by the library where the CLI's options reach it; the CLI says it as click says a bad option.
+    The message says what is wrong with the value, not whose it is: a Python caller reads
+    ``parameter: message``; the CLI names the option that sets the parameter, as click says
+    a bad option.
     """
 
     exit_code = EXIT_INVALID
 
-    def __init__(self, message: str, option: str | None = None) -> None:
-        self.option = option
+    def __init__(self, message: str, parameter: str | None = None) -> None:
+        self.parameter = parameter
         super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message if self.parameter is None else f"{self.parameter}: {self.message}"
 
 
 class ScenarioFailed(_Located):

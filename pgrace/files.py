@@ -10,13 +10,16 @@ from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError, ScenarioError
 
-__all__ = ["read_input", "refuse_overwriting_inputs"]
+__all__ = ["read_input", "refuse_overwriting_inputs", "write_output"]
 
 
-def refuse_overwriting_inputs(output: str | Path | None, inputs: Iterable[str | Path], what: str = "-o") -> None:
-    """An output file that is one of the files the command reads (itself, or through a link) is refused, exit 2.
+def refuse_overwriting_inputs(
+    output: str | Path | None, inputs: Iterable[str | Path], parameter: str = "output"
+) -> None:
+    """An output file (the value of ``parameter``) that is one of the files the command reads (itself, or through
+    a link) is refused, exit 2.
 
     ``pgrace run my.toml -o my.toml`` would otherwise replace the scenario with its own timeline.
     Any other existing file is overwritten, as a shell's ``>`` would.
@@ -26,7 +29,15 @@ def refuse_overwriting_inputs(output: str | Path | None, inputs: Iterable[str | 
     for source in inputs:
         with suppress(OSError):  # a file that does not exist (yet) cannot be an input
             if os.path.samefile(output, source):
-                raise ScenarioError(f"{what} would write over {source}, which this command reads", str(output))
+                raise OptionError(f"{output} would write over {source}, which this command reads", parameter)
+
+
+def write_output(path: str | Path, text: str) -> None:
+    """Write an output file; failing to (a full disk, say) is one line and exit 2, never a traceback."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot write: {exc.strerror or exc}", str(path)) from None
 
 
 def read_input(name: str | Path) -> str:

@@ -8,6 +8,7 @@ the rendering, nothing more.
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import click
@@ -16,7 +17,8 @@ from click.testing import CliRunner
 
 import pgrace
 from pgrace.cli import main
-from pgrace.errors import OptionError, ScenarioError
+from pgrace.cli.exits import exit_code_of_interrupt
+from pgrace.errors import Interrupted, OptionError, ScenarioError, Terminated
 from pgrace.formats import catalog
 from pgrace.render import formats
 from pgrace.render.text import Style
@@ -24,7 +26,20 @@ from pgrace.render.views import View
 from pgrace.servers import BACKENDS, ServerInfo
 
 LOST_UPDATE_P4 = "examples/hermitage/lost-update-p4.toml"
-COMMANDS = ["check", "clean", "compare", "explore", "load", "matrix", "run", "sweep"]
+COMMANDS = [
+    "check",
+    "clean",
+    "compare",
+    "explore",
+    "from_log",
+    "list_scenarios",
+    "load",
+    "matrix",
+    "run",
+    "show",
+    "sweep",
+]
+DEADLOCK_LOG = "examples/from-log/deadlock.log"
 
 
 def cli(*args: str) -> str:
@@ -61,9 +76,13 @@ def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:
 
 def test_load_checks_its_options_as_the_command_does() -> None:
     scenario = pgrace.load_scenario("lost-update")
-    with pytest.raises(ScenarioError, match="client counts from 1 to 1000"):
-        pgrace.load(scenario, clients="0,2")
-    with pytest.raises(ScenarioError, match="exclude each other"):
+    with pytest.raises(OptionError, match="client counts are whole numbers from 1 to 1000") as caught:
+        pgrace.load(scenario, clients=[0, 2])
+    assert caught.value.parameter == "clients" and str(caught.value).startswith("clients: ")
+    with pytest.raises(OptionError, match=r"a whole number of seconds from 1 to 86400, not 1\.5") as caught:
+        pgrace.load(scenario, duration=1.5)
+    assert caught.value.parameter == "duration"
+    with pytest.raises(OptionError, match="duration and transactions exclude each other"):
         pgrace.load(scenario, duration=3, transactions=10)
 
 
@@ -137,8 +156,11 @@ def test_check_runs_files_on_each_server_and_reports_each_result(pgrace_server: 
         servers=[pgrace_server.dsn],
         on_result=lambda result: seen.append(result.case.name),
         on_invalid=lambda error: invalid.append(str(error.file)),
+        junit=tmp_path / "junit.xml",
     )
     assert seen == ["lost-update (bug)", "lost-update (fix)"] and checked.failed == 0
+    written = ET.parse(tmp_path / "junit.xml").getroot()  # by the library, as `check --junit` has it
+    assert [case.get("name") for case in written.iter("testcase")] == ["invalid file", *seen]
     assert invalid == [str(bad)] and [s.version for s in checked.servers] == [pgrace_server.version]
 
 
@@ -152,7 +174,7 @@ def test_list_filtering_is_the_catalogues_and_its_errors_name_the_option() -> No
     assert {e.name for e in catalog.select(["deadlock"])} == {e.name for e in catalog.entries() if "deadlock" in e.tags}
     with pytest.raises(OptionError) as caught:
         catalog.select(["deadlok"])
-    assert caught.value.option == "--tag" and "did you mean" in caught.value.message
+    assert caught.value.parameter == "tags" and "did you mean" in caught.value.message
     result = CliRunner().invoke(main, ["list", "--tag", "deadlok"])
     assert result.exit_code == 2
     assert result.stderr.startswith("pgrace: list: Invalid value for --tag: no shipped scenario has tag 'deadlok'")
@@ -176,3 +198,52 @@ def test_every_server_backend_in_the_table_is_a_function() -> None:
     for prefix, where in BACKENDS.items():
         module, _, function = where.partition(":")
         assert callable(getattr(importlib.import_module(module), function)), prefix
+
+
+def test_list_and_show_are_the_packages_functions_the_commands_draw() -> None:
+    chosen = pgrace.list_scenarios(["deadlock"])
+    assert chosen and all("deadlock" in entry.tags for entry in chosen)
+    assert formats.render("list", "text", chosen) == cli("list", "--tag", "deadlock")
+    from pgrace.render.listing import render_show
+
+    shown = pgrace.show("lost-update", variant="fix")
+    assert (shown.scenario.variant, shown.variant.variant) == ("bug", "fix")
+    assert render_show(shown) == cli("show", "lost-update", "--fix")
+
+
+def test_from_log_is_the_packages_function_and_its_errors_name_its_parameters() -> None:
+    from pgrace.render.from_log import incident_list
+
+    found = pgrace.from_log([DEADLOCK_LOG], list_only=True)
+    assert len(found.incidents) == 1
+    assert "\n".join(incident_list(found)) + "\n" == cli("from-log", DEADLOCK_LOG, "--list")
+    with pytest.raises(OptionError) as caught:
+        pgrace.from_log([DEADLOCK_LOG], incident=2, verify=False)
+    assert (caught.value.parameter, caught.value.message) == ("incident", "2: the logs hold 1 incident(s)")
+    said = CliRunner().invoke(main, ["from-log", DEADLOCK_LOG, "--incident", "2", "--no-verify"])
+    assert said.exit_code == 2
+    assert said.stderr == (
+        "pgrace: from-log: Invalid value for --incident: 2: the logs hold 1 incident(s) (see pgrace from-log --help)\n"
+    )
+
+
+@pytest.mark.parametrize(("stop", "code"), [(KeyboardInterrupt, 130), (Terminated, 143)])
+def test_an_interrupted_load_declares_what_it_measured(
+    pgrace_server: ServerInfo, stop: type[KeyboardInterrupt], code: int
+) -> None:
+    """Ctrl-C (or SIGTERM) after the first client count: the counts measured are the error's ``partial``."""
+
+    def interrupt(result: object, run: object) -> None:
+        raise stop()
+
+    with pytest.raises(Interrupted) as caught:
+        pgrace.load(
+            pgrace.load_scenario("lost-update"),
+            clients=[1, 2],
+            transactions=1,
+            server=pgrace_server,
+            on_measured=interrupt,
+        )
+    [measured] = caught.value.partial.results
+    assert measured.interrupted and [run.clients for run in measured.runs] == [1]
+    assert isinstance(caught.value.by, stop) and exit_code_of_interrupt(caught.value) == code

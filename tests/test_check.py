@@ -105,7 +105,10 @@ def test_isolation_specs_are_checked_against_their_expected_output(pgrace_server
     ("args", "message"),
     [
         (["no/such/dir"], "no/such/dir: no such file or directory"),
-        (["--expected", "x.out", "scenarios", "tests/specs"], "--expected needs exactly one spec file"),
+        (
+            ["--expected", "x.out", "scenarios", "tests/specs"],
+            "check: Invalid value for --expected: needs exactly one spec file",
+        ),
     ],
 )
 def test_invalid_input_exits_2_before_any_server_starts(args: list[str], message: str) -> None:

@@ -271,8 +271,8 @@ def test_more_workers_than_the_server_has_connections_for_is_one_line_exit_2(pgr
     )
     assert result.exit_code == 2, result.output
     [line] = result.stderr.splitlines()
-    assert "-j 8: 8 workers need 216 connections (27 each), and the server has room for" in line
-    assert re.search(r"lower -j to [1-3] or raise max_connections", line), line
+    assert "Invalid value for --jobs: 8: 8 workers need 216 connections (27 each), and the server has room for" in line
+    assert re.search(r"run [1-3] or raise max_connections", line), line
     fits = CliRunner().invoke(
         main, ["explore", "skip-locked-fanout", "-p", "workers=24", "--max", "4", "-j", "2", "--dsn", pgrace_server.dsn]
     )

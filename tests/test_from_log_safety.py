@@ -131,7 +131,9 @@ def test_the_incident_s_own_server_is_refused(hostile: tuple[real.LoggingServer,
     out = tmp_path / "out.toml"
     code, _out, err = _from_log([str(log), "--dsn", logging.shop, "--server", logging.server.dsn, "-o", str(out)])
     assert code == 2, err
-    assert err.startswith("pgrace: --server is the server of the incident's database (--dsn)"), err
+    assert err.startswith(
+        "pgrace: from-log: Invalid value for --server: it is the server of the incident's database"
+    ), err
     assert len(err.strip().splitlines()) == 1, err
     assert not touched.exists() and not out.exists()
     # The same server through another database's DSN is still the same server.

@@ -112,6 +112,8 @@ SWEEP_OPTIONS: dict[str, st.SearchStrategy[str] | None] = {
     "--max": values,
     "--seed": values,
     "--jobs": values,
+    "--max-preemptions": values,
+    "--pct": values,
     "--format": st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)),
     "--step-timeout": values,
     "--fix": None,

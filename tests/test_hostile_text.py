@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from fix_recorded import Recorded
 
 from pgrace.cli import main
+from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.options import RunOptions
 from pgrace.formats import catalog
 from pgrace.model.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
@@ -34,7 +35,6 @@ from pgrace.render.isolation import render_isolation
 from pgrace.render.json import render_json
 from pgrace.render.markdown import render_markdown, render_markdown_compare
 from pgrace.render.mermaid import render_mermaid
-from pgrace.render.presenter import Presenter
 from pgrace.render.svg import render_svg, render_svg_compare
 from pgrace.render.text import Style, render_text
 from pgrace.servers import ServerInfo

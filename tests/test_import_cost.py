@@ -25,7 +25,7 @@ NOT_AT_IMPORT = (
     "pgrace.servers",
     "pgrace.render.text",
     "pgrace.render.json",
-    "pgrace.render.presenter",
+    "pgrace.cli.terminal.presenter",
     "pgrace.render.html",
     "pgrace.render.svg",
     "pgrace.render.isolation",
@@ -34,7 +34,7 @@ NOT_AT_IMPORT = (
 # What a JSON run never needs: the other renderers and the presenter.
 NOT_FOR_JSON = (
     "pgrace.render.text",
-    "pgrace.render.presenter",
+    "pgrace.cli.terminal.presenter",
     "pgrace.render.html",
     "pgrace.render.svg",
     "pgrace.render.mermaid",
@@ -61,6 +61,25 @@ def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
 
 def test_importing_the_cli_imports_no_driver_runner_or_renderer() -> None:
     assert loaded(modules_after("import pgrace.cli"), NOT_AT_IMPORT) == []
+
+
+def test_the_console_entry_imports_only_what_it_needs_before_it_answers_signals() -> None:
+    """The entry lives in the CLI's package: importing that package must not import click or the commands."""
+    assert {m for m in modules_after("import pgrace.cli.entry") if m.split(".")[0] in ("pgrace", "click")} == {
+        "pgrace",
+        "pgrace.cli",
+        "pgrace.cli.entry",
+        "pgrace.cli.exits",
+        "pgrace.errors",
+    }
+
+
+def test_the_packages_the_console_entry_lives_in_import_nothing_before_it_runs() -> None:
+    """Until the entry's first lines run, Ctrl-C is Python's: typing (re, enum) there widens that window."""
+    assert {m for m in modules_after("import pgrace.cli") if m.split(".")[0] in ("pgrace", "typing", "importlib")} == {
+        "pgrace",
+        "pgrace.cli",
+    }
 
 
 def test_importing_the_package_is_light_too() -> None:

@@ -97,10 +97,12 @@ def test_a_string_param_is_composed_by_psycopg() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-c", "0"], "-c/--clients is a list of client counts"),
-        (["-c", "1,x"], "-c/--clients is a list of client counts"),
-        (["-T", "abc"], "-T/--time is a whole number"),
-        (["-T", "1", "-t", "5"], "exclude each other"),
+        (["-c", "0"], "Invalid value for '--clients' / '-c': '0' is not a list of client counts from 1 to 1000"),
+        (["-c", "1,x"], "Invalid value for '--clients' / '-c': '1,x' is not a list of client counts"),
+        (["-T", "abc"], "Invalid value for '--time' / '-T': 'abc' is not a whole number of seconds"),
+        (["-T", "1.5"], "Invalid value for '--time' / '-T': '1.5' is not a whole number of seconds from 1 to 86400"),
+        (["-t", "0"], "Invalid value for '--transactions' / '-t'"),
+        (["-T", "1", "-t", "5"], "-T/--time and -t/--transactions exclude each other"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(args: list[str], message: str) -> None:

@@ -167,8 +167,8 @@ def test_pgrace_clean_from_another_pid_namespace_leaves_a_live_loads_work_direct
 @pytest.mark.parametrize(
     ("where", "says"),
     [
-        ("/proc/self/nope", "--emit: cannot make the folder: No such file or directory"),
-        ("/dev/null", "--emit: cannot make the folder: File exists"),
+        ("/proc/self/nope", "cannot make the folder: No such file or directory"),
+        ("/dev/null", "cannot make the folder: File exists"),
     ],
 )
 def test_emit_where_nothing_can_be_written_is_one_line_exit_2(where: str, says: str) -> None:
@@ -181,7 +181,7 @@ def test_emit_into_a_folder_nobody_may_write_is_exit_2() -> None:
     """/sys/kernel refuses new files even to root: a read-only folder the suite can have as any user."""
     result = CliRunner().invoke(main, ["load", "lost-update", "--emit", "/sys/kernel"])
     assert result.exit_code == 2, result.output
-    assert result.stderr == "pgrace: /sys/kernel/lost-update.bug.pgbench.sql: --emit: cannot write: Permission denied\n"
+    assert result.stderr == "pgrace: /sys/kernel/lost-update.bug.pgbench.sql: cannot write: Permission denied\n"
 
 
 def test_emit_does_not_write_through_a_link_planted_in_the_folder(tmp_path: Path) -> None:
@@ -193,7 +193,7 @@ def test_emit_does_not_write_through_a_link_planted_in_the_folder(tmp_path: Path
     result = CliRunner().invoke(main, ["load", "lost-update", "--emit", str(out)])
     assert result.exit_code == 2, result.output
     assert result.stderr == (
-        f"pgrace: {out / 'lost-update.bug.setup.sql'}: --emit: cannot write: a symbolic link is there;"
+        f"pgrace: {out / 'lost-update.bug.setup.sql'}: cannot write: a symbolic link is there;"
         " pgrace does not write through one\n"
     )
     assert target.read_text() == "keep me"

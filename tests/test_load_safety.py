@@ -251,7 +251,7 @@ def test_more_clients_than_the_server_has_connections_for_is_one_line_exit_2(pgr
     assert most < 1000  # the embedded server's max_connections
     result = CliRunner().invoke(main, ["load", "lost-update", "-c", "1,1000", "-t", "1", "--dsn", pgrace_server.dsn])
     assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("pgrace: -c/--clients 1000: the server has room for ")
+    assert result.stderr.startswith("pgrace: load: Invalid value for --clients: 1000: the server has room for ")
     assert f"max_connections = {most}" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""  # refused before the first count ran
 

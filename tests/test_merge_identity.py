@@ -77,7 +77,7 @@ def test_shards_of_different_n_are_refused(shards: dict[str, str]) -> None:
 
 def test_shards_of_other_settings_are_refused(shards: dict[str, str]) -> None:
     timeout = merge(["lost-update"], shards["1of3"], shards["2of3-timeout"], shards["3of3"])
-    refused(timeout, shards["2of3-timeout"], "--step-timeout 5.0, not 10.0")
+    refused(timeout, shards["2of3-timeout"], "step_timeout 5.0, not 10.0")
     every = merge(["lost-update"], shards["1of2"], shards["2of2-no-reduce"])
     refused(every, shards["2of2-no-reduce"], "reduced false, not true")
 

@@ -37,7 +37,11 @@ def refused(result: Result, output: Path, source: Path) -> None:
     assert "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0] == f"pgrace: {output}: -o would write over {source}, which this command reads"
+    command = result.stderr.split(":")[1].strip()  # the command's name, as click's errors say it
+    assert lines[0] == (
+        f"pgrace: {command}: Invalid value for --output: {output} would write over {source}, which this command reads"
+        f" (see pgrace {command} --help)"
+    )
 
 
 @pytest.mark.server
@@ -80,7 +84,10 @@ def test_junit_naming_a_checked_file_is_refused(scenario: Path) -> None:
     before = scenario.read_bytes()
     result = invoke(["check", str(scenario.parent), "--junit", str(scenario)])
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip() == f"pgrace: {scenario}: --junit would write over {scenario}, which this command reads"
+    assert result.stderr.strip() == (
+        f"pgrace: check: Invalid value for --junit: {scenario} would write over {scenario}, which this command reads"
+        " (see pgrace check --help)"
+    )
     assert scenario.read_bytes() == before
 
 

@@ -109,7 +109,7 @@ def test_the_wheel_is_named_for_the_package_index_and_installs_pgrace(wheel: Pat
     assert metadata["Name"] == DISTRIBUTION
     assert set(metadata.get_all("Provides-Extra") or ()) >= {"docker", "sqlalchemy"}
     entry_points = archive.read(f"{info}/entry_points.txt").decode()
-    assert "pgrace = pgrace.entry:main" in entry_points
+    assert "pgrace = pgrace.cli.entry:main" in entry_points
     assert {n.split("/")[0] for n in archive.namelist() if not n.startswith(info)} == {"pgrace"}
 
 

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.render import progress as progress_module
-from pgrace.render.progress import CLEAR, Progress, duration
+from pgrace.cli.terminal import progress as progress_module
+from pgrace.cli.terminal.progress import CLEAR, Progress, duration
 from pgrace.servers import ServerInfo
 
 FANOUT = Path(__file__).resolve().parents[1] / "scenarios" / "skip-locked-fanout.toml"

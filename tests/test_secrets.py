@@ -267,7 +267,7 @@ def test_passwords_from_a_service_file_pgpassword_or_pgpass_do_not_leak(
 def test_an_internal_error_shows_neither_a_password_nor_a_control_character(
     debug: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgrace.exits import report_internal_error
+    from pgrace.cli.exits import report_internal_error
     from pgrace.servers import remember_secrets
 
     monkeypatch.setenv("PGRACE_DEBUG", debug)

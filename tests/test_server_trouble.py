@@ -25,6 +25,7 @@ from helpers import by_name, text_of, toml_scenario
 from procs import start_blocked_run, wait_gone
 
 from pgrace import api
+from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.libpq.runner import Runner
 from pgrace.engine.options import RunOptions
 from pgrace.errors import RunAborted
@@ -37,7 +38,6 @@ from pgrace.render.isolation import render_isolation
 from pgrace.render.json import render_json, run_to_dict
 from pgrace.render.markdown import render_markdown
 from pgrace.render.mermaid import render_mermaid
-from pgrace.render.presenter import Presenter
 from pgrace.render.svg import render_svg
 from pgrace.render.text import Style
 from pgrace.scratch import scratch_database

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from helpers import by_name, text_of, toml_scenario
 
 from pgrace.cli import main
+from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
 from pgrace.formats import catalog
@@ -31,7 +32,6 @@ from pgrace.render.isolation import render_isolation
 from pgrace.render.json import run_to_dict
 from pgrace.render.markdown import render_markdown
 from pgrace.render.mermaid import render_mermaid
-from pgrace.render.presenter import Presenter
 from pgrace.render.svg import render_svg
 from pgrace.render.text import Style, render_text
 from pgrace.servers import ServerInfo

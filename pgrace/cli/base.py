@@ -8,7 +8,6 @@ call one library function and render.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
@@ -20,6 +19,8 @@ import click
 from click.shell_completion import CompletionItem
 
 from pgrace import __version__, bounds
+from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
+from pgrace.cli.types import Duration
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -28,7 +29,7 @@ from pgrace.errors import (
     PgraceError,
     ScenarioError,
 )
-from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
+from pgrace.files import write_output
 from pgrace.render import formats
 from pgrace.text import visible
 
@@ -38,8 +39,8 @@ from pgrace.text import visible
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pgrace.cli.terminal.progress import Progress
     from pgrace.model.scenario import Scenario
-    from pgrace.render.progress import Progress
     from pgrace.render.text import Style
     from pgrace.servers import ServerInfo
 
@@ -103,15 +104,25 @@ class PgraceGroup(click.Group):
 
 
 class PgraceCommand(click.Command):
-    """Says the library's word on an option (:class:`OptionError`) as click says it of a bad option."""
+    """Says the library's word on a parameter (:class:`OptionError`) as click says it of the option that sets it."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except OptionError as exc:
-            if exc.option is None:
+            if exc.parameter is None:
                 raise click.UsageError(exc.message, ctx) from None
-            raise click.BadParameter(exc.message, ctx, param_hint=exc.option) from None
+            raise click.BadParameter(exc.message, ctx, param_hint=self.option_setting(exc.parameter)) from None
+
+    def option_setting(self, parameter: str) -> str:
+        """The option that sets the library's ``parameter``: the one of that name in the command (``limit`` is
+        ``--max``), else the one spelt as it (``minimize`` is ``--minimize``)."""
+        options = [param for param in self.params if isinstance(param, click.Option)]
+        for option in options:
+            if option.name == parameter:
+                return max(option.opts, key=len)
+        spelt = f"--{parameter.replace('_', '-')}"
+        return spelt if any(spelt in option.opts for option in options) else parameter
 
 
 PgraceGroup.command_class = PgraceCommand
@@ -125,26 +136,14 @@ def _forget_secrets() -> None:
         servers.forget_secrets()
 
 
-class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
-    """A positive, finite number of seconds: click's FloatRange lets ``nan`` and ``inf`` through."""
-
-    name = "seconds"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(seconds) or seconds <= 0:
-            self.fail(f"{value!r} is not a positive, finite number of seconds", param, ctx)
-        return seconds
-
-
 def jobs_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``-j N``: refused above what this machine can run (exit 2), before anything starts."""
 
     def bounded(ctx: click.Context, param: click.Parameter, value: int) -> int:
-        bounds.check_jobs(value)
+        try:
+            bounds.check_jobs(value)
+        except OptionError as exc:
+            raise click.BadParameter(exc.message, ctx, param) from None
         return value
 
     return click.option(
@@ -162,7 +161,10 @@ def max_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., A
     """``--max N``: a sample of at most bounds.MAX_SAMPLE interleavings (exit 2 above it)."""
 
     def bounded(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-        bounds.check_sample(value)
+        try:
+            bounds.check_sample(value)
+        except OptionError as exc:
+            raise click.BadParameter(exc.message, ctx, param) from None
         return value
 
     return click.option(
@@ -188,14 +190,6 @@ OUTPUT_HELP = (
     "Write to FILE instead of stdout. An existing FILE is overwritten, as a shell's > would;"
     " a file the command reads never is."
 )
-
-
-def write_output(path: str | Path, text: str) -> None:
-    """Write an output file; failing to (a full disk, say) is one line and exit 2, never a traceback."""
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"cannot write: {exc.strerror or exc}", str(path)) from None
 
 
 EXIT_CODES_HELP = """\b
@@ -266,7 +260,7 @@ output_option = click.option(
 )
 step_timeout_option = click.option(
     "--step-timeout",
-    type=Seconds(),
+    type=Duration(),
     default=10.0,
     show_default=True,
     metavar="SECONDS",
@@ -335,7 +329,7 @@ def say(line: str) -> None:
 
 def progress_line() -> Progress:
     """Progress on stderr when it is a terminal (drawn by the renderer; nothing off a terminal)."""
-    from pgrace.render.progress import Progress
+    from pgrace.cli.terminal.progress import Progress
 
     return Progress(sys.stderr)
 

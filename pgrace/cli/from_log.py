@@ -12,9 +12,9 @@ from pgrace.files import refuse_overwriting_inputs
 
 @main.command("from-log", epilog=EXIT_CODES_HELP)
 @click.argument("logfiles", metavar="LOGFILE...", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--dsn", "incident_dsn", help="The incident's database, read only: the tables' DDL and rows.")
+@click.option("--dsn", "dsn", help="The incident's database, read only: the tables' DDL and rows.")
 @click.option("--prefix", metavar="LINE_PREFIX", help="The server's log_line_prefix (default: detected).")
-@click.option("--incident", "number", type=click.IntRange(min=1), metavar="N", help="Write the Nth incident.")
+@click.option("--incident", "incident", type=click.IntRange(min=1), metavar="N", help="Write the Nth incident.")
 @click.option("--list", "list_only", is_flag=True, help="List the incidents found, write nothing.")
 @click.option("--no-verify", is_flag=True, help="Write the scenario without running it.")
 @click.option(
@@ -33,9 +33,9 @@ from pgrace.files import refuse_overwriting_inputs
 @output_option
 def from_log_command(
     logfiles: tuple[str, ...],
-    incident_dsn: str | None,
+    dsn: str | None,
     prefix: str | None,
-    number: int | None,
+    incident: int | None,
     list_only: bool,
     no_verify: bool,
     server_target: str | None,
@@ -51,15 +51,15 @@ def from_log_command(
     --minimize, the scenario written is the smallest one that still reproduces it, and the
     removals tried are told on stderr.
     """
-    from pgrace.drivers.fromlog import from_log
+    from pgrace import api
     from pgrace.render.from_log import incident_list, report_lines
 
     refuse_overwriting_inputs(output, logfiles)
-    result = from_log(
+    result = api.from_log(
         list(logfiles),
         prefix=prefix,
-        dsn=incident_dsn,
-        incident=number,
+        dsn=dsn,
+        incident=incident,
         list_only=list_only,
         verify=not no_verify,
         server_target=server_target,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from pgrace import bounds
 from pgrace.cli.base import (
     EXIT_CODES_HELP,
     bug_option,
@@ -27,11 +28,14 @@ from pgrace.cli.base import (
     scenario_argument,
     server_option,
 )
+from pgrace.cli.types import CommaList, Duration
+from pgrace.errors import Interrupted
 from pgrace.files import refuse_overwriting_inputs
 
 if TYPE_CHECKING:
+    from pgrace.cli.terminal.progress import Progress
     from pgrace.drivers.load import ClientRun, LoadResult
-    from pgrace.render.progress import Progress
+    from pgrace.model.results import Loaded
 
 
 @main.command(
@@ -49,14 +53,34 @@ if TYPE_CHECKING:
 @param_option
 @click.option("--compare", is_flag=True, help="Run the bug and the fix; one table and one plot.")
 @click.option(
-    "--clients", "-c", "clients", default="1,2,4,8", show_default=True, help="Client counts, one pgbench run each."
+    "--clients",
+    "-c",
+    "clients",
+    type=CommaList(click.IntRange(1, bounds.MAX_CLIENTS), f"client counts from 1 to {bounds.MAX_CLIENTS}", "1,2,4,8"),
+    default="1,2,4,8",
+    show_default=True,
+    help="Client counts, one pgbench run each.",
 )
 @click.option(
-    "--time", "-T", "duration", default=None, metavar="SECONDS", help="Seconds per client count [default: 5]."
+    "--time",
+    "-T",
+    "duration",
+    type=Duration(whole=True, most=bounds.MAX_LOAD_SECONDS),
+    default=None,
+    metavar="SECONDS",
+    help="Seconds per client count [default: 5].",
 )
-@click.option("--transactions", "-t", default=None, metavar="N", help="Transactions per client instead of -T.")
+@click.option(
+    "--transactions",
+    "-t",
+    type=click.IntRange(1, bounds.MAX_TRANSACTIONS),
+    default=None,
+    metavar="N",
+    help="Transactions per client instead of -T.",
+)
 @click.option(
     "--setup-timeout",
+    type=Duration(whole=True, most=bounds.MAX_LOAD_SECONDS),
     default=None,
     metavar="SECONDS",
     help="Cut each setup statement and each check after this long [default: 60].",
@@ -81,10 +105,10 @@ def load(
     bug: bool,
     params: tuple[str, ...],
     compare: bool,
-    clients: str,
-    duration: str | None,
-    transactions: str | None,
-    setup_timeout: str | None,
+    clients: tuple[int, ...],
+    duration: float | None,
+    transactions: int | None,
+    setup_timeout: float | None,
     fmt: str,
     output: str | None,
     dsn: str | None,
@@ -105,6 +129,8 @@ def load(
     refuse_overwriting_inputs(output, [loaded.source])
     if compare and (fix or bug):
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
+    if duration is not None and transactions is not None:
+        raise click.UsageError("-T/--time and -t/--transactions exclude each other")
     progress = progress_line()  # on a terminal: each client count's figures, and the counts done so far
     try:
         done = api.load(
@@ -121,11 +147,11 @@ def load(
             on_measured=lambda result, run: _measured(progress, result, run),
             on_note=say,
         )
-    except KeyboardInterrupt as exc:
-        partial = getattr(exc, "loaded", None)
-        if partial is not None and partial.results:
+    except Interrupted as exc:  # what was measured before Ctrl-C, then exit 130 as for any interrupt
+        measured: Loaded = exc.partial
+        if measured.results:
             with suppress(Exception):
-                emit(draw("load", fmt, partial.results), output)
+                emit(draw("load", fmt, measured.results), output)
         raise
     for path in done.emitted:
         emit(f"{path}\n", None)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import click
 
@@ -34,11 +35,24 @@ from pgrace.cli.base import (
     step_timeout_option,
     superuser_option,
     writable,
-    write_output,
 )
+from pgrace.cli.types import CommaList
 from pgrace.errors import EXIT_INVALID
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def preemptions_option(what: str) -> Callable[[F], F]:
+    return click.option("--max-preemptions", "max_preemptions", type=int, metavar="K", help=what)
+
+
+def pct_option(what: str) -> Callable[[F], F]:
+    return click.option("--pct", type=int, metavar="D", help=what)
+
+
+BOUNDED_HELP = " a pass then says so, never as every interleaving"
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -78,9 +92,12 @@ from pgrace.render import formats
     help="Judge every interleaving: a bug must occur in one, a fix must hold in all, and no step may"
     " raise an error it does not declare.",
 )
-@max_option("With --explore: a seeded sample of N")
+@max_option("With --explore: a seeded sample of N (with --max-preemptions: at most N runs; with --pct: N schedules)")
 @seed_option
 @jobs_option("With --explore: processes")
+@param_option
+@preemptions_option("With --explore: every schedule with at most K preemptions;" + BOUNDED_HELP)
+@pct_option("With --explore: PCT schedules of depth D;" + BOUNDED_HELP)
 @superuser_option
 def check(
     paths: tuple[str, ...],
@@ -97,6 +114,9 @@ def check(
     limit: int | None,
     seed: int,
     jobs: int,
+    params: tuple[str, ...],
+    max_preemptions: int | None,
+    pct: int | None,
     superuser: bool,
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
@@ -107,11 +127,13 @@ def check(
     ../expected/NAME.out, or NAME_N.out alternatives) byte for byte. With --explore, the
     bug of a bug and a fix (or a scenario whose checks are all kind = "bug") passes when
     some interleaving reproduces it without an error no step declares, and anything else
-    when no interleaving shows the bug or raises such an error. Exit code 1: a case
+    when no interleaving shows the bug or raises such an error; with --max-preemptions or
+    --pct, over those schedules only, and its line says which. Exit code 1: a case
     failed; 2: a file could not be read (it is reported, the others still run).
     """
     from pgrace import api
-    from pgrace.render.check import CheckStream, render_summary
+    from pgrace.cli.terminal.stream import CheckStream
+    from pgrace.render.check import render_summary
 
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     with progress_line() as progress:
@@ -130,16 +152,15 @@ def check(
             limit=limit,
             seed=seed,
             jobs=jobs,
+            params=parse_params(params),
+            max_preemptions=max_preemptions,
+            pct=pct,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
             on_note=say,
         )
     emit(render_summary(checked, update), None)
-    if junit is not None:
-        from pgrace.render.junit import render_junit
-
-        write_output(junit, render_junit(checked.results, checked.invalid))
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
 
 
@@ -225,8 +246,8 @@ def explore(
     shows the bug or raises an error no step declares.
     """
     from pgrace import api
+    from pgrace.cli.terminal.playback import style_of
     from pgrace.formats import catalog
-    from pgrace.render.playback import style_of
 
     chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])
@@ -336,13 +357,20 @@ def matrix(
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
 
 
+SWEPT_VALUES = CommaList(click.STRING, "values", "read-committed,serializable")
+
+
 def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
+    """``-p NAME=V1,V2``: each name with the values to try."""
     params: dict[str, list[str]] = {}
     for item in values:
         name, sep, value = item.partition("=")
-        if not sep or not name or not all(v.strip() for v in value.split(",")):
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param")
-        params[name] = [v.strip() for v in value.split(",")]
+        try:
+            if not sep or not name:
+                raise click.BadParameter("no NAME=")
+            params[name] = list(SWEPT_VALUES.convert(value, None, None))
+        except click.BadParameter:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param") from None
     return params
 
 
@@ -359,9 +387,11 @@ def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
     help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
 )
 @click.option("--explore", "explore_cells", is_flag=True, help="Explore every interleaving of each combination.")
-@max_option("With --explore: a seeded sample of N")
+@max_option("With --explore: a seeded sample of N (with --max-preemptions: at most N runs; with --pct: N schedules)")
 @seed_option
 @jobs_option("With --explore: processes")
+@preemptions_option("With --explore: every schedule of each combination with at most K preemptions")
+@pct_option("With --explore: PCT schedules of depth D of each combination")
 @format_option("sweep")
 @server_option
 @dsn_option
@@ -377,6 +407,8 @@ def sweep(
     limit: int | None,
     seed: int,
     jobs: int,
+    max_preemptions: int | None,
+    pct: int | None,
     fmt: str,
     server_target: str | None,
     dsn: str | None,
@@ -403,6 +435,8 @@ def sweep(
             limit=limit,
             seed=seed,
             jobs=jobs,
+            max_preemptions=max_preemptions,
+            pct=pct,
             step_timeout=step_timeout,
             examples=fmt == "html",
             output=output,
@@ -432,7 +466,12 @@ def parse_shard(value: str | None) -> tuple[int, int]:
 @click.option(
     "--class", "cls", type=click.IntRange(min=1), metavar="N", help="Start from class N of the scenario's exploration."
 )
-@click.option("--order", metavar="STEP,STEP,...", help="Start from the steps in this order (default: the file's).")
+@click.option(
+    "--order",
+    type=CommaList(click.STRING, "step names", "a1,b1,a2"),
+    metavar="STEP,STEP,...",
+    help="Start from the steps in this order (default: the file's).",
+)
 @click.option(
     "--output",
     "-o",
@@ -449,7 +488,7 @@ def parse_shard(value: str | None) -> tuple[int, int]:
 )
 @click.option(
     "--pytest",
-    "pytest_file",
+    "pytest",
     type=click.Path(dir_okay=False, writable=True),
     callback=writable,
     metavar="FILE",
@@ -472,10 +511,10 @@ def minimize(
     bug: bool,
     params: tuple[str, ...],
     cls: int | None,
-    order: str | None,
+    order: tuple[str, ...] | None,
     output: str | None,
     spec: str | None,
-    pytest_file: str | None,
+    pytest: str | None,
     repeat: int | None,
     fmt: str,
     server_target: str | None,
@@ -502,18 +541,17 @@ def minimize(
     chosen = pick_variant(loaded, False, False) if wanted is None else catalog.variant(loaded, wanted)
     if cls is not None and order is not None:
         raise click.UsageError("--class and --order exclude each other")
-    for path in (output, spec, pytest_file):
-        refuse_overwriting_inputs(path, [chosen.source])
-    steps = [s.strip() for s in order.split(",")] if order is not None else None
+    for path, parameter in ((output, "output"), (spec, "spec"), (pytest, "pytest")):
+        refuse_overwriting_inputs(path, [chosen.source], parameter)
     found = api.minimize(
         chosen,
         dsn=server_target or dsn,
         superuser=superuser,
         cls=cls,
-        order=steps,
+        order=order,
         output=output,
         spec=spec,
-        pytest=pytest_file,
+        pytest=pytest,
         step_timeout=step_timeout,
         repeats=repeat,
         on_note=say,

@@ -10,7 +10,6 @@ import click
 
 from pgrace.cli.base import (
     EXIT_CODES_HELP,
-    Seconds,
     allow_schema_option,
     bug_option,
     database_name_option,
@@ -32,6 +31,7 @@ from pgrace.cli.base import (
     superuser_option,
     tidied,
 )
+from pgrace.cli.types import Duration
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
 
@@ -44,9 +44,9 @@ from pgrace.render import formats
 @format_option("list")
 def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
     """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
-    from pgrace.formats import catalog
+    from pgrace import api
 
-    emit(draw("list", fmt, catalog.select(tags, topic)), None)
+    emit(draw("list", fmt, api.list_scenarios(tags, topic)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -56,11 +56,12 @@ def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
 @param_option
 def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
     """Show a scenario's story and steps without running it."""
-    from pgrace.formats import catalog
+    from pgrace import api
     from pgrace.render.listing import render_show
 
-    loaded = catalog.load(scenario, parse_params(params))
-    emit(render_show(loaded, pick_variant(loaded, fix, bug)), None)
+    if fix and bug:
+        raise click.UsageError("--fix and --bug exclude each other")
+    emit(render_show(api.show(scenario, parse_params(params), "fix" if fix else "bug" if bug else None)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -72,7 +73,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 @dsn_option
 @server_option
 @click.option("--step", "step_by_step", is_flag=True, help="Presenter mode: press Enter to run each step.")
-@click.option("--pace", type=Seconds(), metavar="SECONDS", help="Presenter mode: run one step every SECONDS.")
+@click.option("--pace", type=Duration(), metavar="SECONDS", help="Presenter mode: run one step every SECONDS.")
 @step_timeout_option
 @click.option("--width", type=click.IntRange(min=40), help="Width of the text timeline (default: terminal).")
 @click.option("--color/--no-color", default=None, help="Colour per session (default: on a terminal, unless NO_COLOR).")
@@ -129,7 +130,7 @@ def run(
 
         loaded = catalog.load(scenario, parse_params(params))
         from pgrace import api
-        from pgrace.render.playback import Playback
+        from pgrace.cli.terminal.playback import Playback
 
         refuse_overwriting_inputs(output, [loaded.source])
         shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)

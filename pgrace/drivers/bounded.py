@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError, ScenarioError
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed
 from pgrace.model.scenario import Scenario
@@ -273,3 +273,20 @@ def explore_pct(
             if on_progress is not None:
                 on_progress(drawn, draws)
     return Bound("pct", depth, len(space.chains), len(space.where), len(ran), draws, seed)
+
+
+def check_bounded_explore(explore: bool, max_preemptions: int | None, pct: int | None, jobs: int) -> None:
+    """A bounded search is a way to explore, in one process: refused before a server starts otherwise."""
+    if max_preemptions is None and pct is None:
+        return
+    if max_preemptions is not None and pct is not None:
+        raise OptionError("--max-preemptions and --pct are two searches: choose one", "--pct")
+    option = "--max-preemptions" if max_preemptions is not None else "--pct"
+    if not explore:
+        raise OptionError(f"{option} bounds an exploration: add --explore", option)
+    if jobs != 1:
+        raise OptionError(f"{option} runs in one process: -j cannot split it", option)
+    if max_preemptions is not None and max_preemptions < 0:
+        raise OptionError(f"--max-preemptions {max_preemptions}: K is 0 or more", option)
+    if pct is not None and pct < 1:
+        raise OptionError(f"--pct {pct}: the depth D is 1 or more", option)

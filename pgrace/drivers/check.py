@@ -17,7 +17,7 @@ from pathlib import Path
 from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.engine.options import RunOptions
-from pgrace.errors import ScenarioError, ScenarioFailed
+from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
 from pgrace.formats import catalog
 from pgrace.model.cases import Case as Case
 from pgrace.model.cases import CaseResult as CaseResult
@@ -38,8 +38,9 @@ def prepare(
     golden: bool = False,
     expected: Path | None = None,
     invalid: list[ScenarioError] | None = None,
+    params: dict[str, str] | None = None,
 ) -> list[Case]:
-    """Every case under ``paths``, before anything runs.
+    """Every case under ``paths``, before anything runs (``params``: each pgrace scenario's, as ``-p`` sets them).
 
     An invalid file raises its ScenarioError; with ``invalid`` given, it is added there
     instead and the other files' cases are still returned (one bad file in a directory of
@@ -49,11 +50,11 @@ def prepare(
     if not files:
         raise ScenarioError(f"no scenario files (.toml, .spec) under {', '.join(paths)}")
     if expected is not None and len(files) != 1:
-        raise ScenarioError("--expected needs exactly one spec file")
+        raise OptionError("needs exactly one spec file", "expected")
     cases: list[Case] = []
     for path in files:
         try:
-            cases.extend(_cases_of(path, golden, expected))
+            cases.extend(_cases_of(path, golden, expected, params))
         except ScenarioError as exc:
             if invalid is None:
                 raise
@@ -61,11 +62,11 @@ def prepare(
     return cases
 
 
-def _cases_of(path: Path, golden: bool, expected: Path | None) -> list[Case]:
+def _cases_of(path: Path, golden: bool, expected: Path | None, params: dict[str, str] | None) -> list[Case]:
     if path.suffix == ".spec":
         prepared = speccheck.prepare_check(path, expected)
         return [Case(path, prepared.scenario, spec=prepared)]
-    scenario = catalog.load(str(path))
+    scenario = catalog.load(str(path), params)
     return [
         Case(
             path,
@@ -143,6 +144,8 @@ def run_explore_case(
     seed: int | None = None,
     jobs: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
 ) -> CaseResult:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
 
@@ -152,6 +155,10 @@ def run_explore_case(
     when no interleaving shows the bug (a failed invariant, a held signature) or raises
     such an error. A failure names the class and its example. Specs run as without
     --explore. ``on_progress(done, total)`` follows the interleavings.
+
+    ``max_preemptions`` K or ``pct`` D: a bounded search instead (K and D at most what the
+    case's steps allow, where they mean every schedule); the result's ``guarantee`` then
+    says what it covered, and a pass is never a proof over every interleaving.
     """
     if case.spec is not None:
         return run_case(case, server, options)
@@ -160,12 +167,24 @@ def run_explore_case(
 
     started = time.perf_counter()
     step_timeout = (options or RunOptions()).step_timeout
+    steps = len(case.scenario.steps)
     found = explore(
-        case.scenario, server, limit=limit, seed=seed, jobs=jobs, step_timeout=step_timeout, on_progress=on_progress
+        case.scenario,
+        server,
+        limit=limit,
+        seed=seed,
+        jobs=jobs,
+        step_timeout=step_timeout,
+        on_progress=on_progress,
+        max_preemptions=None if max_preemptions is None else min(max_preemptions, max(steps - 1, 0)),
+        pct=None if pct is None else min(pct, max(steps, 1)),
     )
     explored = f"{found.explored} of {found.space}" if found.explored < found.space else f"{found.space}"
     if found.reduced:  # a class counts runs, one per set of equivalent interleavings
         explored = f"{found.run_count} runs over all {found.space}" if found.covers_all else f"{found.run_count} runs"
+    guarantee = "" if found.bound is None else found.bound.words(found.space)
+    if guarantee:  # the bound's words go on the case's line
+        explored = f"{found.run_count} runs of {found.space}"
     problems = []
     classes = found.classes
     if found.claim == "bug":
@@ -185,4 +204,4 @@ def run_explore_case(
                     f"class {number} of {len(classes)} ({cls.count} of {explored} interleavings): {cls.summary}; "
                     f"example: {example_text(case.scenario, cls.example)}"
                 )
-    return CaseResult(case, server, not problems, time.perf_counter() - started, problems)
+    return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)

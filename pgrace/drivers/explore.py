@@ -38,7 +38,7 @@ from pgrace.drivers.exploring import EXPLORE_SCHEMA, choose, explore_options, pr
 from pgrace.drivers.identity import Search
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
-from pgrace.errors import PgraceError, ScenarioError
+from pgrace.errors import OptionError, PgraceError, ScenarioError
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import (
     Claim,
@@ -176,7 +176,7 @@ def run_interleavings(
     options = explore_options(step_timeout)
     observed: list[Observed] = []
     space = Space(scenario)
-    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
+    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA, False) as db:
         for start in range(0, len(orders), BATCH):
             batch = orders[start : start + BATCH]
             perms = tuple(tuple(PermutationStep(name) for name in order) for order in batch)
@@ -237,10 +237,10 @@ def _check_room(scenario: Scenario, server: ServerInfo, workers: int) -> None:
     each = len(scenario.sessions) + CONNECTIONS_PER_WORKER
     room = connection_room(server)
     if workers * each > room.free:
-        raise ScenarioError(
-            f"-j {workers}: {workers} workers need {workers * each} connections ({each} each), and the server has"
-            f" room for {max(0, room.free)} ({room}); lower -j to {max(1, room.free // each)} or raise max_connections",
-            scenario.source,
+        raise OptionError(
+            f"{workers}: {workers} workers need {workers * each} connections ({each} each), and the server has"
+            f" room for {max(0, room.free)} ({room}); run {max(1, room.free // each)} or raise max_connections",
+            "jobs",
         )
 
 
@@ -305,7 +305,7 @@ def _explore(
     space = Space(scenario)
     k, n = shard
     if not 1 <= k <= n:
-        raise ScenarioError(f"--shard {k}/{n}: K must be between 1 and N")
+        raise OptionError(f"{k}/{n}: K must be between 1 and N", "shard")
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)
     if max_preemptions is not None or pct is not None:
         return _explore_bounded(scenario, server, space, step_timeout, on_progress, max_preemptions, pct, limit, seed)

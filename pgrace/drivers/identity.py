@@ -74,7 +74,7 @@ class Search:
         return said
 
 
-SETTINGS = (("reduced", "reduced"), ("max", "--max"), ("seed", "--seed"), ("step_timeout", "--step-timeout"))
+SETTINGS = (("reduced", "reduced"), ("max", "max"), ("seed", "seed"), ("step_timeout", "step_timeout"))
 
 
 def _integer(value: Any, name: str) -> int:

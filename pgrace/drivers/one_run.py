@@ -9,9 +9,10 @@ from __future__ import annotations
 from pgrace.engine.options import RunOptions
 from pgrace.model.checks import evaluate
 from pgrace.model.scenario import Scenario
-from pgrace.model.timeline import Run
+from pgrace.model.timeline import Run, SetupRan
 from pgrace.scratch import ScratchDatabase, scratch_database
 from pgrace.servers import ServerInfo
+from pgrace.text import visible
 
 
 def run_in_scratch(
@@ -48,3 +49,15 @@ def run_in(scenario: Scenario, server: ServerInfo, db: ScratchDatabase, options:
         schema=db.schema,
         observer_dsn=db.observer_dsn,
     )
+
+
+def teardown_failures(result: Run) -> list[str]:
+    """Teardown errors (a teardown cancelled at the step timeout, say): isolationtester reports them, not fatal."""
+    notes = []
+    for event in result.events:
+        if isinstance(event, SetupRan) and event.phase == "teardown" and event.outcome.error is not None:
+            error = event.outcome.error
+            where = f"teardown of session {event.session}" if event.session else "teardown"
+            detail = f" ({error.detail})" if error.detail else ""
+            notes.append(visible(f"{where} failed: {error.severity}:  {error.message}{detail}"))
+    return notes

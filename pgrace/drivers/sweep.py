@@ -20,7 +20,7 @@ from typing import Any
 
 from pgrace.bounds import check_combinations, check_jobs, check_sample
 from pgrace.engine.options import RunOptions
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError
 from pgrace.formats import catalog
 from pgrace.model.outcomes import OutcomeClass, add_observed, classify
 from pgrace.model.scenario import Scenario
@@ -37,11 +37,13 @@ class GridPoint:
     classes: list[OutcomeClass]
     variant: str
     signatures: bool = False  # the checks are the anomaly's signature (kind = "bug"), not invariants
+    guarantee: dict[str, Any] | None = None  # a bounded exploration's (see Exploration.guarantee)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "params": dict(self.params),
             "verdict": self.verdict,
+            **({"guarantee": self.guarantee} if self.guarantee is not None else {}),
             "classes": [c.to_dict(self.variant) for c in self.classes],
         }
 
@@ -57,6 +59,7 @@ class Sweep:
     params: dict[str, list[str]]
     cells: list[GridPoint] = field(default_factory=list)
     explored: bool = False
+    bound: str = ""  # what each cell's bounded exploration covered: "every schedule with at most 2 preemptions"
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (docs/reference/json.md)."""
@@ -108,7 +111,7 @@ def variants(
 ) -> list[tuple[dict[str, str], Scenario]]:
     """``ref`` (a shipped name or a file) loaded once per combination of ``params`` values, ``variant`` chosen."""
     if not params:
-        raise ScenarioError("sweep needs at least one -p NAME=VALUE[,VALUE...]")
+        raise OptionError("a sweep needs at least one parameter and its values", "params")
     return [
         (combination, catalog.variant(catalog.load(ref, combination), variant)) for combination in combinations(params)
     ]
@@ -134,11 +137,14 @@ def sweep(
     step_timeout: float = 10.0,
     on_cell: Callable[[int, int], None] | None = None,
     on_interleavings: Callable[[int, int], None] | None = None,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
 ) -> Sweep:
     """Run each loaded combination (see :func:`variants`) on ``server``: a grid of outcome classes.
 
     ``on_cell(done, total)`` follows the combinations, ``on_interleavings(done, total)`` an
-    explored combination's interleavings.
+    explored combination's interleavings. ``max_preemptions`` K or ``pct`` D: explore each
+    with that bounded search (K and D at most what its steps allow, where they mean every schedule).
     """
     from pgrace.drivers.explore import explore as explore_variant
     from pgrace.drivers.one_run import run_in_scratch
@@ -147,6 +153,8 @@ def sweep(
     check_sample(limit)
     cells: list[GridPoint] = []
     for done, (combination, scenario) in enumerate(chosen):
+        steps = len(scenario.steps)
+        guarantee: dict[str, Any] | None = None
         if on_cell is not None:
             on_cell(done, len(chosen))
         if explore:
@@ -158,16 +166,30 @@ def sweep(
                 jobs=jobs,
                 step_timeout=step_timeout,
                 on_progress=on_interleavings,
+                max_preemptions=None if max_preemptions is None else min(max_preemptions, max(steps - 1, 0)),
+                pct=None if pct is None else min(pct, max(steps, 1)),
             )
             classes = found.classes
+            guarantee = found.guarantee if found.bound is not None else None
         else:
             run = run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
             grouped: dict[str, OutcomeClass] = {}
             observed = classify(run)
             add_observed(grouped, observed, (0, 0), scenario)  # one run, no other example to prefer
             classes = list(grouped.values())
-        cells.append(GridPoint(combination, classes, scenario.variant, signatures_of(scenario)))
+        cells.append(GridPoint(combination, classes, scenario.variant, signatures_of(scenario), guarantee))
     if on_cell is not None:
         on_cell(len(chosen), len(chosen))
     first = chosen[0][1]
-    return Sweep(first.name, first.variant, params, cells, explore)
+    return Sweep(first.name, first.variant, params, cells, explore, bound_words(max_preemptions, pct, seed, limit))
+
+
+def bound_words(max_preemptions: int | None, pct: int | None, seed: int | None, limit: int | None) -> str:
+    """A bounded search, in the words that say what it covers (empty: none)."""
+    if max_preemptions is not None:
+        return f"every schedule with at most {max_preemptions} preemption{'s' if max_preemptions != 1 else ''}"
+    if pct is not None:
+        from pgrace.drivers.bounded import PCT_RUNS
+
+        return f"pct depth {pct}, seed {seed or 0}, {limit or PCT_RUNS} schedules"
+    return ""

@@ -74,10 +74,10 @@ def select(tags: tuple[str, ...] | list[str] = (), topic: str | None = None) -> 
     known_tags = {tag for entry in found for tag in entry.tags}
     for tag in tags:
         if tag not in known_tags:
-            raise OptionError(f"no shipped scenario has tag {tag!r}{did_you_mean(tag, known_tags)}", "--tag")
+            raise OptionError(f"no shipped scenario has tag {tag!r}{did_you_mean(tag, known_tags)}", "tags")
     known_topics = {entry.topic for entry in found}
     if topic is not None and topic not in known_topics:
-        raise OptionError(f"no shipped scenario has topic {topic!r}{did_you_mean(topic, known_topics)}", "--topic")
+        raise OptionError(f"no shipped scenario has topic {topic!r}{did_you_mean(topic, known_topics)}", "topic")
     return [e for e in found if set(tags) <= set(e.tags) and (topic is None or e.topic == topic)]
 
 
@@ -116,7 +116,7 @@ def load(ref: str, params: dict[str, str] | None = None) -> Scenario:
         from pgrace.formats.spec import parse_spec
 
         if params:
-            raise ScenarioError("--param applies to pgrace scenario files, not .spec files", ref)
+            raise OptionError(f"{ref} is a .spec file: parameters are set in pgrace scenario files only", "params")
         return parse_spec(limits.read_text(path), ref)
     return load_toml_scenario(path, params)
 
@@ -137,3 +137,12 @@ def find_files(paths: list[str]) -> list[Path]:
         if path not in unique:
             unique.append(path)
     return unique
+
+
+def both_variants(scenario: Scenario) -> list[Scenario]:
+    """What a comparison runs: the bug, then the fix."""
+    if scenario.other is None:
+        raise ScenarioError(
+            f"scenario {scenario.name!r} has one variant only; a comparison needs a bug and a fix", scenario.source
+        )
+    return sorted([scenario, scenario.other], key=lambda s: s.variant != "bug")

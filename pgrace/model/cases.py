@@ -49,6 +49,7 @@ class CaseResult:
     diff: str = ""
     run: Run | None = None
     updated: bool = False
+    guarantee: str = ""  # what a bounded exploration covered ("every schedule with at most 2 preemptions, ...")
 
     @property
     def signature(self) -> str:

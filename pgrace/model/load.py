@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgrace.errors import ServerUnavailable
+from pgrace import bounds
+from pgrace.errors import OptionError, ServerUnavailable
 
 SAMPLE_EVERY_S = 0.05
 #: The most of the server's log one client count reads back for its lock waits; a load that logs more is cut.
@@ -99,3 +100,53 @@ class LoadOptions:
     sample_every: float = SAMPLE_EVERY_S
     setup_timeout: float = 60.0  # the scenario's and the load's setup, and the checks, each cut after this
     on_progress: Callable[[LoadResult, ClientRun], None] | None = None
+
+    @classmethod
+    def asked(
+        cls,
+        clients: Sequence[int],
+        duration: float | None = None,
+        transactions: int | None = None,
+        setup_timeout: float | None = None,
+        pgbench: str | None = None,
+        on_progress: Callable[[LoadResult, ClientRun], None] | None = None,
+    ) -> LoadOptions:
+        """What a caller asked for, checked as pgbench takes it (whole seconds, whole counts), defaults filled in.
+
+        A value out of its bounds is an :class:`OptionError` naming its parameter.
+        """
+        counts = tuple(clients)
+        if not counts or not all(_whole(c) and 1 <= c <= bounds.MAX_CLIENTS for c in counts):
+            raise OptionError(
+                f"client counts are whole numbers from 1 to {bounds.MAX_CLIENTS}, like (1, 2, 4, 8); not {clients!r}",
+                "clients",
+            )
+        if transactions is not None and not (_whole(transactions) and 1 <= transactions <= bounds.MAX_TRANSACTIONS):
+            raise OptionError(
+                f"a whole number from 1 to {bounds.MAX_TRANSACTIONS}, not {transactions!r}", "transactions"
+            )
+        seconds = _seconds(duration, "duration")
+        if seconds is not None and transactions is not None:
+            raise OptionError("duration and transactions exclude each other")
+        return cls(
+            clients=counts,
+            duration=None if transactions is not None else float(seconds or 5),
+            transactions=transactions,
+            pgbench=pgbench,
+            setup_timeout=float(_seconds(setup_timeout, "setup_timeout") or 60),
+            on_progress=on_progress,
+        )
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _seconds(value: float | None, parameter: str) -> int | None:
+    """pgbench counts whole seconds: 1 to a day."""
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and float(value).is_integer() and 1 <= value <= bounds.MAX_LOAD_SECONDS):
+        raise OptionError(f"a whole number of seconds from 1 to {bounds.MAX_LOAD_SECONDS}, not {value!r}", parameter)
+    return int(value)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from pgrace import bounds
+
 __all__ = ["Monitor", "Note", "Unwatched"]
 
 
@@ -46,3 +48,10 @@ class Unwatched:
 
 
 Note = Callable[[str], None]
+
+
+def note_long(monitor: Monitor, label: str, total: int, jobs: int) -> None:
+    """A long job says how long before it starts, on a terminal or in a CI log."""
+    if total > bounds.LONG_INTERLEAVINGS:
+        processes = f" in {jobs} processes" if jobs > 1 else ""
+        monitor.note(f"pgrace: {label}: {total:,} interleavings to run{processes}")

@@ -28,6 +28,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, time, timedelta
 from typing import Any, Literal
 
 from pgrace.model.checks import format_value, rows_equal
@@ -198,23 +199,25 @@ def classify(run: Run) -> Observed:
     unexpected = sorted(code for s in steps if (code := _undeclared(scenario, s)) is not None)
     timed_out = any(isinstance(e, StepCancelled) for e in run.events)
     outcomes = {e.index: e.outcome for e in run.events if isinstance(e, CheckQueried)}
-    final: list[tuple[tuple[Any, ...], ...]] = []
+    seen: list[list[tuple[Any, ...]]] = []
     failed: list[str] = []
     bug_seen: list[bool] = []  # per check: its rows say the bug happened
     for index, check in enumerate(scenario.checks):
         outcome = outcomes.get(index)
         last = outcome.last_rows if outcome is not None else None
         rows = list(last.rows) if last is not None and outcome is not None and outcome.error is None else []
-        final.append(tuple(tuple(to_json_value(v) for v in row) for row in rows))
+        seen.append(rows)
         holds = outcome is not None and outcome.error is None and rows_equal(rows, check.rows)
         if not holds:
             failed.append(check.description)
         bug_seen.append(holds if check.is_signature else not holds)
+    times = _time_ranks(v for rows in seen for row in rows for v in row)
+    final = tuple(tuple(tuple(_final_value(v, times) for v in row) for row in rows) for rows in seen)
     return Observed(
         ok=not failed,
         errors=tuple(errors),
         failed_checks=tuple(failed),
-        final=tuple(final),
+        final=final,
         waited=any(s.waited for s in steps),
         launched=tuple(s.step for s in steps),
         timed_out=timed_out,
@@ -222,6 +225,39 @@ def classify(run: Run) -> Observed:
         reproduces=_reproduces(scenario, bug_seen),
         retried_on=tuple(retried),
     )
+
+
+def _time_key(value: Any) -> tuple[str, Any] | None:
+    """A time of day's kind and value (aware and naive ones are not compared); None for anything else."""
+    if isinstance(value, datetime):
+        return ("timestamptz" if value.tzinfo is not None else "timestamp", value)
+    if isinstance(value, time):
+        return ("timetz" if value.tzinfo is not None else "time", value)
+    if isinstance(value, timedelta):
+        return ("interval", value)
+    return None
+
+
+def _final_value(value: Any, times: dict[tuple[str, Any] | None, str]) -> Any:
+    key = _time_key(value)
+    return times[key] if key is not None else to_json_value(value)
+
+
+def _time_ranks(values: Iterable[Any]) -> dict[tuple[str, Any] | None, str]:
+    """Times in the final rows by their order, one kind apart: ``<timestamptz 1>`` is the earliest.
+
+    A time the clock gave (now() stamped on a row, the check's own now()) differs from one run
+    to the next; only its order against the run's other times is the interleaving's doing.
+    """
+    by_kind: dict[str, set[Any]] = {}
+    for value in values:
+        if (key := _time_key(value)) is not None:
+            by_kind.setdefault(key[0], set()).add(key[1])
+    return {
+        (kind, value): f"<{kind} {rank}>"
+        for kind, found in by_kind.items()
+        for rank, value in enumerate(sorted(found), start=1)
+    }
 
 
 def _reproduces(scenario: Scenario, bug_seen: list[bool]) -> bool | None:

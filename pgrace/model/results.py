@@ -85,3 +85,11 @@ class Cleaned:
     removed: list[str] = field(default_factory=list)
     work_dirs: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A scenario told without running it (``show``): ``variant`` of the file whose first variant is ``scenario``."""
+
+    scenario: Scenario
+    variant: Scenario

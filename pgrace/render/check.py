@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tabulate import tabulate
@@ -14,7 +14,6 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.model.results import Checked
-    from pgrace.render.progress import Progress
 
 
 def render_results(results: Sequence[CaseResult], with_server: bool = False) -> str:
@@ -24,6 +23,8 @@ def render_results(results: Sequence[CaseResult], with_server: bool = False) -> 
         where = f" on {result.server.label}" if with_server else ""
         mark = "PASS" if result.ok else "FAIL"
         note = " (golden timeline written)" if result.updated else ""
+        if result.guarantee:  # a bounded search: what it covered, never every interleaving
+            note += f"\n      bounded: {result.guarantee}"
         lines.append(f"{mark}  {result.case.name:<36} {result.case.path}{where}  ({result.seconds:.2f} s){note}")
         for problem in result.problems:
             lines.append(f"      ✘ {problem}")
@@ -66,24 +67,6 @@ def render_total(checked: Checked, update: bool = False) -> str:
         updated = sum(1 for r in results if r.updated)
         total += f"; {updated} golden timeline{'s' if updated != 1 else ''} written"
     return total
-
-
-class CheckStream:
-    """Prints each case as soon as it is known, above the progress line, and each file that could not be read.
-
-    ``write`` takes the text (the CLI's stdout); with ``quiet`` only the failures are printed.
-    """
-
-    def __init__(self, write: Callable[[str], None], progress: Progress, quiet: bool, with_server: bool) -> None:
-        self.write, self.progress, self.quiet, self.with_server = write, progress, quiet, with_server
-
-    def invalid(self, error: ScenarioError) -> None:
-        self.write(render_invalid(error))
-
-    def result(self, result: CaseResult) -> None:
-        if not self.quiet or not result.ok:
-            self.progress.pause()  # the line is drawn again below the result
-            self.write(render_results([result], with_server=self.with_server))
 
 
 def render_summary(checked: Checked, update: bool = False) -> str:

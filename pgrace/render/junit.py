@@ -38,9 +38,14 @@ def render_junit(results: Sequence[CaseResult], invalid: Sequence[ScenarioError]
             name=result.case.name,
             time=f"{result.seconds:.3f}",
         )
+        if result.guarantee:  # a bounded search's pass is not a proof over every interleaving
+            properties = ET.SubElement(case, "properties")
+            ET.SubElement(properties, "property", name="guarantee", value=result.guarantee)
         if not result.ok:
             failure = ET.SubElement(case, "failure", message=(result.problems or ["failed"])[0][:500])
             failure.text = "\n".join(result.problems) + ("\n\n" + result.diff if result.diff else "")
+        if result.guarantee:
+            ET.SubElement(case, "system-out").text = f"bounded: {result.guarantee}"
     for suite in suites.values():
         cases = suite.findall("testcase")
         suite.set("tests", str(len(cases)))

@@ -10,7 +10,7 @@ from pgrace.text import visible, without_controls
 
 if TYPE_CHECKING:
     from pgrace.formats.catalog import Entry
-    from pgrace.model.scenario import Scenario
+    from pgrace.model.results import Shown
     from pgrace.render.views import View
 
 
@@ -41,11 +41,11 @@ def list_json(chosen: list[Entry], view: View | None = None) -> str:
     return json.dumps([entry.to_dict() for entry in chosen], indent=2, ensure_ascii=False) + "\n"
 
 
-def render_show(loaded: Scenario, variant: Scenario) -> str:
-    """``variant`` of the file ``loaded`` (its first variant) told without running it."""
+def render_show(shown: Shown) -> str:
+    """A variant of a file told without running it: its story, sessions, steps and checks."""
     from pgrace.formats import catalog
 
-    chosen = without_controls(variant)
+    loaded, chosen = shown.scenario, without_controls(shown.variant)
     lines = [f"{chosen.name} ({chosen.variant}): {chosen.title}", f"source: {chosen.source}"]
     if chosen.topic or chosen.tags:
         lines.append(

@@ -370,6 +370,8 @@ def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
         return ""
     headers, rows = _sweep_rows(sweeps)
     how = "every interleaving of each combination" if sweeps[0].explored else "the file's order, once per combination"
+    if sweeps[0].bound:  # never every interleaving: say which schedules
+        how = f"{sweeps[0].bound} of each combination, not every interleaving"
     lines = [f"Sweep ({how}):", "", tabulate(rows, headers=headers, disable_numparse=True), ""]
     for s in sweeps:
         for cell in s.cells:

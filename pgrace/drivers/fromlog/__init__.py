@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pgrace.drivers.fromlog.incidents import Incident, Listed, find_incidents, reread
 from pgrace.drivers.fromlog.records import open_log
-from pgrace.errors import ScenarioError
+from pgrace.errors import OptionError, ScenarioError
 
 if TYPE_CHECKING:
     from pgrace.drivers.fromlog.verify import Verified
@@ -93,7 +93,7 @@ def from_log(
         return result
     number = incident or 1
     if not 1 <= number <= len(found.incidents):
-        raise ScenarioError(f"--incident {number}: the logs hold {len(found.incidents)} incident(s) (see --list)")
+        raise OptionError(f"{number}: the logs hold {len(found.incidents)} incident(s)", "incident")
     from pgrace.drivers.fromlog.writer import write_scenario
 
     listed = found.incidents[number - 1]

@@ -56,14 +56,14 @@ def _connected(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from pgrace.errors import ScenarioError, ServerUnavailable
+    from pgrace.errors import OptionError, ServerUnavailable
     from pgrace.servers import connstring_problem, remember_secrets, scrub_secrets
 
     remember_secrets(dsn)
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ScenarioError(f"--dsn: {connstring_problem(exc)}") from None
+        raise OptionError(connstring_problem(exc), "dsn") from None
     bounds = (
         f"-c default_transaction_read_only=on -c statement_timeout={STATEMENT_TIMEOUT}"
         f" -c lock_timeout={LOCK_TIMEOUT} -c idle_in_transaction_session_timeout=60s"
@@ -77,9 +77,11 @@ def _connected(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     try:
         conn = psycopg.connect(dsn, **extra)
     except psycopg.ProgrammingError as exc:
-        raise ScenarioError(f"--dsn: {connstring_problem(exc)}") from None
+        raise OptionError(connstring_problem(exc), "dsn") from None
     except psycopg.OperationalError as exc:
-        raise ServerUnavailable(f"--dsn: cannot connect: {scrub_secrets(' '.join(str(exc).split()), dsn)}") from None
+        raise ServerUnavailable(
+            f"the incident's database: cannot connect: {scrub_secrets(' '.join(str(exc).split()), dsn)}"
+        ) from None
     with conn:
         try:
             conn.read_only = True
@@ -135,7 +137,9 @@ def describe(
                 reason = scrub_secrets(" ".join(str(exc).splitlines()[0].split()), dsn)
                 out.notes.append(f"table {table} could not be read through --dsn ({reason}): its setup is a TODO")
             except psycopg.OperationalError as exc:
-                raise ServerUnavailable(f"--dsn: {scrub_secrets(' '.join(str(exc).split()), dsn)}") from None
+                raise ServerUnavailable(
+                    f"the incident's database: {scrub_secrets(' '.join(str(exc).split()), dsn)}"
+                ) from None
             except psycopg.Error as exc:  # a role that may not read it
                 conn.rollback()
                 reason = scrub_secrets(" ".join(str(exc).split()), dsn)

@@ -68,7 +68,7 @@ def verification_server(server: ServerInfo, dsn: str | None) -> ServerInfo:
     import psycopg
 
     from pgrace.drivers.fromlog.database import server_identity
-    from pgrace.errors import ScenarioError, ServerUnavailable
+    from pgrace.errors import OptionError, ServerUnavailable
     from pgrace.servers import scrub_secrets
 
     try:
@@ -83,9 +83,10 @@ def verification_server(server: ServerInfo, dsn: str | None) -> ServerInfo:
         detail = " ".join(scrub_secrets(str(exc), server.dsn).split())
         raise ServerUnavailable(f"cannot connect to {server.label} to verify there: {detail}") from None
     if dsn is not None and here is not None and server_identity(dsn) == (str(here[0]), str(here[1])):
-        raise ScenarioError(
-            "--server is the server of the incident's database (--dsn): the log's statements never run there; "
-            "verify on pgrace's own server (leave out --server) or another one"
+        raise OptionError(
+            "it is the server of the incident's database: the log's statements never run there; "
+            "verify on pgrace's own server (the default) or another one",
+            "server_target",
         )
     if row is None or server.scenario_role:
         return server
@@ -93,9 +94,10 @@ def verification_server(server: ServerInfo, dsn: str | None) -> ServerInfo:
     if superuser:
         return dataclasses.replace(server, scenario_role=True, role_password=True)
     if powers:
-        raise ScenarioError(
-            f"--server: the role {user} may run programs or use the server's files ({', '.join(powers)}): "
-            "the log's statements would run with those rights; name a role without them, or leave out --server"
+        raise OptionError(
+            f"the role {user} may run programs or use the server's files ({', '.join(powers)}): "
+            "the log's statements would run with those rights; name a role without them, or verify on pgrace's own",
+            "server_target",
         )
     return server
 

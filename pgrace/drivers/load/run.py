@@ -28,7 +28,7 @@ from pgrace.drivers.load.measure import (
 )
 from pgrace.drivers.load.script import pgbench_script, setup_sql
 from pgrace.drivers.load.waits import DEADLOCK_TIMEOUT, log_offset, read_waits
-from pgrace.errors import RunAborted, ScenarioError, ScenarioFailed
+from pgrace.errors import Interrupted, OptionError, RunAborted, ScenarioError, ScenarioFailed
 from pgrace.model.load import ClientRun, LoadOptions, LoadResult, NoPgbench
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
@@ -54,7 +54,7 @@ def find_pgbench(server: ServerInfo, explicit: str | None = None) -> str:
         if candidate and os.access(candidate, os.X_OK) and os.path.isfile(candidate):
             return candidate
     where = explicit or (f"{server.bindir} or PATH" if server.bindir else "PATH")
-    raise NoPgbench(f"no pgbench found in {where}; install PostgreSQL's client tools or pass --pgbench PATH")
+    raise NoPgbench(f"no pgbench found in {where}; install PostgreSQL's client tools or name the pgbench to run")
 
 
 def pgbench_major(pgbench: str) -> int:
@@ -73,7 +73,7 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     """Run ``scenario``'s load transaction once per client count; a fresh scratch database each time.
 
     Ctrl-C (or SIGTERM) stops pgbench's process group, waits for it, drops the scratch
-    database and re-raises; the exception carries what was measured so far as ``partial``.
+    database and raises :class:`Interrupted`, whose ``partial`` is what was measured so far.
     """
     script = pgbench_script(scenario)
     sweep_work_dirs()
@@ -93,8 +93,7 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
                 options.on_progress(result, run)
     except KeyboardInterrupt as exc:
         result.interrupted = True
-        exc.partial = result  # type: ignore[attr-defined]  # what was measured so far, for the CLI to show
-        raise
+        raise Interrupted(result, exc) from exc
     return result
 
 
@@ -267,9 +266,10 @@ def check_machine(clients: int) -> None:
         if hard == resource.RLIM_INFINITY or hard >= needed:
             resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))  # pgbench inherits it
             return
-        raise ScenarioError(
-            f"-c/--clients {clients}: this machine lets a process open {hard} files at most (ulimit -Hn),"
-            f" and pgbench needs one per client and about 64 more; lower -c"
+        raise OptionError(
+            f"{clients}: this machine lets a process open {hard} files at most (ulimit -Hn),"
+            " and pgbench needs one per client and about 64 more; run fewer",
+            "clients",
         )
 
 
@@ -283,9 +283,10 @@ def check_room(server: ServerInfo, clients: int) -> None:
 
     room = connection_room(server)
     if clients + 2 > room.free:
-        raise ScenarioError(
-            f"-c/--clients {clients}: the server has room for {max(0, room.free - 2)} clients ({room},"
-            " and pgrace's own 2); lower -c or raise max_connections"
+        raise OptionError(
+            f"{clients}: the server has room for {max(0, room.free - 2)} clients ({room},"
+            " and pgrace's own 2); run fewer or raise max_connections",
+            "clients",
         )
 
 

@@ -180,16 +180,16 @@ def emit(scenario: Scenario, directory: Path) -> list[Path]:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ScenarioError(f"--emit: cannot make the folder: {exc.strerror or exc}", str(directory)) from None
+        raise ScenarioError(f"cannot make the folder: {exc.strerror or exc}", str(directory)) from None
     for path in files:  # all refused before any is written: nothing is left half done
         with contextlib.suppress(FileNotFoundError):
             st = path.lstat()
             if stat.S_ISLNK(st.st_mode):
                 raise ScenarioError(
-                    "--emit: cannot write: a symbolic link is there; pgrace does not write through one", str(path)
+                    "cannot write: a symbolic link is there; pgrace does not write through one", str(path)
                 )
             if not stat.S_ISREG(st.st_mode):
-                raise ScenarioError("--emit: cannot write: something that is not a file is there", str(path))
+                raise ScenarioError("cannot write: something that is not a file is there", str(path))
     for path, text in files.items():
         _write_file(path, text)
     return list(files)
@@ -201,12 +201,12 @@ def _write_file(path: Path, text: str) -> None:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         why = "a symbolic link is there; pgrace does not write through one" if path.is_symlink() else exc.strerror
-        raise ScenarioError(f"--emit: cannot write: {why or exc}", str(path)) from None
+        raise ScenarioError(f"cannot write: {why or exc}", str(path)) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as exc:  # a full disk, say
-        raise ScenarioError(f"--emit: cannot write: {exc.strerror or exc}", str(path)) from None
+        raise ScenarioError(f"cannot write: {exc.strerror or exc}", str(path)) from None
 
 
 def _terminated(text: str) -> str:

@@ -73,12 +73,10 @@ def failing_order(
         found = explore(scenario, server, step_timeout=step_timeout)
         if not 1 <= cls <= len(found.classes):
             n = len(found.classes)
-            raise OptionError(f"there {'is' if n == 1 else 'are'} {n} class{'' if n == 1 else 'es'}", "--class")
+            raise OptionError(f"there {'is' if n == 1 else 'are'} {n} class{'' if n == 1 else 'es'}", "cls")
         return tuple(found.classes[cls - 1].example)
     if len(scenario.permutations) != 1:
-        raise OptionError(
-            f"{scenario.name} has {len(scenario.permutations)} permutations: choose one with --order", "--order"
-        )
+        raise OptionError(f"{scenario.name} has {len(scenario.permutations)} permutations: choose one", "order")
     return tuple(p.step for p in scenario.permutations[0])
 
 
@@ -89,14 +87,14 @@ def check_order(scenario: Scenario, order: tuple[str, ...]) -> tuple[str, ...]:
     names = [s.name for s in scenario.steps]
     for name in order:
         if name not in names:
-            raise OptionError(f"no step {name!r}{did_you_mean(name, names)}", "--order")
+            raise OptionError(f"no step {name!r}{did_you_mean(name, names)}", "order")
     if len(set(order)) != len(order):
         twice = next(n for n in order if order.count(n) > 1)
-        raise OptionError(f"step {twice!r} is named twice", "--order")
+        raise OptionError(f"step {twice!r} is named twice", "order")
     for session in scenario.session_names:
         mine = [n for n in order if scenario.step(n).session == session]
         if mine != [n for n in names if n in mine]:
-            raise OptionError(f"session {session}'s steps are out of their order: {', '.join(mine)}", "--order")
+            raise OptionError(f"session {session}'s steps are out of their order: {', '.join(mine)}", "order")
     return order
 
 
@@ -129,7 +127,7 @@ def minimize(
         if failure is None:
             raise ScenarioError(
                 f"{scenario.name} ({scenario.variant}) does not fail in this order: nothing to minimize"
-                f" ({last}); choose a failing class with --class N (see pgrace explore) or an order with --order",
+                f" ({last}); start from a failing class of its exploration or a failing order of its steps",
                 scenario.source,
             )
         shrink.failure, shrink.needed = failure, failed_before

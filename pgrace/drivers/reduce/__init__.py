@@ -14,7 +14,7 @@ next.
 The dependence relation errs one way only: two steps of different sessions are
 *dependent* when
 
-* either one is *opaque*: a sleep or crash step, SQL that reads the clock, chance, the
+* either one is *opaque*: a sleep or crash step, SQL that reads chance, the
   server's own state (``pg_*`` functions and views but advisory locks, ``txid_*``, system
   columns), that is not plain DML, a query, a lock, a cursor, a setting or transaction
   control (DDL, ``DO``, ``CALL``, ``PREPARE TRANSACTION`` ...), that pglast cannot parse,
@@ -23,6 +23,16 @@ The dependence relation errs one way only: two steps of different sessions are
   or that ended a transaction (or rolled back to a savepoint) when the scenario defers
   constraints or triggers, or when the transaction kept a snapshot (REPEATABLE READ,
   SERIALIZABLE);
+* both read the clock: a step whose SQL reads it as it runs (``clock_timestamp()``,
+  ``statement_timestamp()``, ``timeofday()``), or the step in which a transaction began
+  when a step of its session from there on reads its start time (``now()``,
+  ``current_timestamp``, ``current_date``, ``localtimestamp``, ``'now'``, ``age(x)`` ...:
+  fixed by the transaction's first statement, so the order of the starts orders those
+  times, not the order of the steps that read them); every transaction's start when the
+  setup leaves now() to a default, a function, a view or a trigger, and every step when it
+  leaves clock_timestamp() to one (a setup query reads the clock once, before every step).
+  Only the order of the readings is the interleaving's doing: the time between two of
+  them is a sleep step's (opaque) or the machine's, not the order's;
 * both run in transactions that keep a snapshot (REPEATABLE READ, SERIALIZABLE:
   serialization failures are decided by the order of all their steps);
 * one ends a transaction or releases a lock (COMMIT, ROLLBACK, ROLLBACK TO SAVEPOINT,
@@ -62,8 +72,9 @@ earlier steps' relations and rows count again (coarse, never short). A step duri
 a waiting step went on carries the waiter's footprint too, and the waiter's session's
 next step can only come after it (the wait's release enables it; a step using another
 session's capture likewise comes after the step that captured it). The interleavings of
-a scenario whose final checks read system columns or the clock are all run (every step
-opaque).
+a scenario whose final checks read system columns are all run (every step opaque); a final
+check's clock reads come after every step's in any order, and the times it shows classify
+by their order (:func:`pgrace.model.outcomes.classify`), never by the wall clock.
 """
 
 from __future__ import annotations
@@ -119,7 +130,7 @@ def executor(
     space = Space(scenario)
     natures = {s.name: nature_of(s, scenario) for s in scenario.steps}
     needs = {name: tuple(space.chains[i][k] for i, k in pairs) for name, pairs in space.needs.items()}
-    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA) as db:
+    with scratch_database_with_schema(server, f"explore_{scenario.name}", EXPLORE_SCHEMA, footprints) as db:
         run = Run(runnable, server.version, server.label, False)
         with Runner(runnable, db.dsn, run, options, None, db.observer_dsn) as runner:
             count = 0

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pgrace.drivers.reduce.nature import CHECK_OPAQUE, Nature
+from pgrace.drivers.reduce.nature import CHECK_OPAQUE, Nature, setup_clock
 from pgrace.drivers.reduce.reads import Shape, effect_of, in_physical_order, shapes
 from pgrace.engine.observe.footprints import ROW_ACTING
 from pgrace.engine.observe.locks.conflicts import CONFLICTS, ROW_CONFLICTS
@@ -107,11 +107,12 @@ class Move:
     isolated: bool = False  # runs in a transaction that keeps a snapshot
     enablers: tuple[int, ...] = ()  # positions whose completion it had to wait for (not reversible)
     physical: bool = False  # a final check may see rows in the order they lie on disk
+    clock: bool = False  # reads the clock: its order among the other readings fixes which time is later
 
 
 def dependent(a: Move, b: Move) -> bool:
     """Whether the order of two steps may matter (see the package's docstring)."""
-    if a.session == b.session or a.opaque or b.opaque:
+    if a.session == b.session or a.opaque or b.opaque or (a.clock and b.clock):
         return True
     if a.isolated and b.isolated:
         return True
@@ -307,6 +308,7 @@ def moves_of(
     physical = any(in_physical_order(text, tables) for text in checks or [c.sql for c in scenario.checks])
     own: list[Move] = []
     made: dict[str, tuple[str | None, dict[str, frozenset[str] | None]]] = {}  # session -> (vxid, keys by table)
+    clock_everywhere, starts_read_clock = _clock_readers(scenario, natures)
     for i, (seq, name, session) in enumerate(launches):
         end = done_at[seq]
         before_reading = held(session, i)
@@ -368,7 +370,9 @@ def moves_of(
                 enablers.append(done_at[launches[j][0]])
         snapshot = "snapshot" in after and ("snapshot" not in before or vx_before != vx_after)
         enabled_by = tuple(sorted(set(enablers)))
-        own.append(Move(name, session, access, opaque, releases, snapshot, isolated, enabled_by, physical))
+        starts = vx_after is not None and vx_after != vx_before  # its session's transaction began in it
+        clock = clock_everywhere or reads_clock(nature, starts, starts_read_clock.get(name, True))
+        own.append(Move(name, session, access, opaque, releases, snapshot, isolated, enabled_by, physical, clock))
     moves: list[Move] = []
     for i, move in enumerate(own):
         waiters = [own[j] for j, (seq, _, _) in enumerate(launches) if j != i and done_at[seq] == i]
@@ -380,11 +384,38 @@ def moves_of(
                 opaque=move.opaque or any(w.opaque for w in waiters),
                 releases=move.releases or any(w.releases for w in waiters),
                 isolated=move.isolated or any(w.isolated for w in waiters),
+                clock=move.clock or any(w.clock for w in waiters),
             )
         moves.append(move)
     enabled = [_enabled(scenario, launches, done_at, needs, i) for i in range(n)]
     observed = classify(run)
     return Trace(moves, enabled, observed, tuple(name for _, name, _ in launches))
+
+
+def reads_clock(nature: Nature, starts: bool, start_read: bool) -> bool:
+    """Whether a step reads the clock: as it runs, or as the start of a transaction whose start time is read.
+
+    ``starts``: its session's transaction began during it (a new virtual transaction id);
+    ``start_read``: a step of its session from it on reads the transaction's start time (or
+    the setup left that to happen unseen). now() is the transaction's start, fixed by its
+    first statement, so the order of the starts, not of the steps that read it, orders the times.
+    """
+    return nature.clock or (starts and start_read)
+
+
+def _clock_readers(scenario: Scenario, natures: Mapping[str, Nature]) -> tuple[bool, dict[str, bool]]:
+    """Whether every step reads the clock (the setup left it to a default, a function or a trigger
+    that reads it as a statement runs), and for each step whether a transaction that begins in it
+    may read its start time: a step of its session from it on reads it (coarse: a later
+    transaction's step counts too), or the setup left that to happen unseen."""
+    at_start, at_step = setup_clock(scenario)
+    out: dict[str, bool] = {}
+    for chain in chains(scenario).values():
+        later = at_start
+        for name in reversed(chain):
+            later = later or natures.get(name, Nature(True, False, False)).clock_at_start
+            out[name] = later
+    return at_step, out
 
 
 def _enabled(

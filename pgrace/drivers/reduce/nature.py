@@ -8,16 +8,26 @@ from dataclasses import dataclass
 from pgrace.model import variables
 from pgrace.model.scenario import Scenario, Step
 
-__all__ = ["CHECK_OPAQUE", "Nature", "every_order_differs", "nature_of", "opaque_orders"]
+__all__ = ["CHECK_OPAQUE", "Nature", "every_order_differs", "nature_of", "opaque_orders", "setup_clock"]
 
 # SQL whose effect or result pg_locks does not show, or that differs from run to run.
 OPAQUE_WORDS = re.compile(
-    r"\b(?!pg_advisory_|pg_try_advisory_)(pg_\w+|txid_\w+|now|clock_timestamp|statement_timestamp|"
-    r"transaction_timestamp|timeofday|current_timestamp|current_time|current_date|localtime|localtimestamp|"
+    r"\b(?!pg_advisory_|pg_try_advisory_)(pg_\w+|txid_\w+|"
     r"random|random_normal|setseed|gen_random_uuid|uuid_generate_\w+|dblink\w*|lo_\w+|xmin|xmax|cmin|cmax|ctid)\b",
     re.IGNORECASE,
 )
-CHECK_OPAQUE = re.compile(r"\b(xmin|xmax|cmin|cmax|ctid|txid_\w+|pg_current_xact_id\w*|now|clock_timestamp)\b", re.I)
+# The transaction's start time (fixed by its first statement): now() and the SQL-standard
+# values, the 'now', 'today' ... literals, and age() of one argument (since today's midnight).
+CLOCK_AT_START = re.compile(
+    r"\b(now|transaction_timestamp|current_timestamp|current_time|current_date|localtime|localtimestamp|"
+    r"today|tomorrow|yesterday)\b|\bage\s*\(",
+    re.IGNORECASE,
+)
+# The clock as the statement starts or runs: these are read by the step itself.
+CLOCK_AT_STEP = re.compile(r"\b(clock_timestamp|statement_timestamp|timeofday)\b", re.IGNORECASE)
+# A final check runs after every step, so its clock reads come after all of theirs in any order:
+# only what the server's own counters say differs by order without a step showing it.
+CHECK_OPAQUE = re.compile(r"\b(xmin|xmax|cmin|cmax|ctid|txid_\w+|pg_current_xact_id\w*)\b", re.I)
 PLAIN_STATEMENTS = {
     "SelectStmt",
     "InsertStmt",
@@ -43,6 +53,8 @@ class Nature:
     single_transaction_statement: bool  # one COMMIT, ROLLBACK ... (AND CHAIN may end and begin)
     probes: bool = False  # its result hangs on rows it examined but need not lock (SKIP LOCKED, ON CONFLICT ...)
     rolls_back: bool = False  # ROLLBACK TO SAVEPOINT: undoes writes and row locks of the transaction's own
+    clock: bool = False  # reads the clock as it runs (clock_timestamp, statement_timestamp)
+    clock_at_start: bool = False  # reads its transaction's start time (now(), current_timestamp ...)
 
 
 def nature_of(step: Step, scenario: Scenario) -> Nature:
@@ -73,7 +85,47 @@ def nature_of(step: Step, scenario: Scenario) -> Nature:
         elif kind not in PLAIN_STATEMENTS and kind not in LOCAL_STATEMENTS:
             return Nature(True, False, False)
     single = len(statements) == 1 and kinds[0] == "TransactionStmt"
-    return Nature(False, False, single, bool(PROBES.search(text)), bool(ROLLS_BACK.search(text)))
+    return Nature(
+        False,
+        False,
+        single,
+        bool(PROBES.search(text)),
+        bool(ROLLS_BACK.search(text)),
+        bool(CLOCK_AT_STEP.search(step.sql)),
+        bool(CLOCK_AT_START.search(step.sql)),
+    )
+
+
+_SETUP_CLOCK: list[tuple[Scenario, tuple[bool, bool]]] = []  # the last one asked (held: its id stays its own)
+SETUP_EVALUATES = {"SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt", "TransactionStmt", "VariableSetStmt"}
+
+
+def setup_clock(scenario: Scenario) -> tuple[bool, bool]:
+    """Whether the setup leaves the clock to be read later, by steps whose text does not show it:
+    (at a transaction's start, as a step runs).
+
+    A setup query reads the clock once, before every step; a default, a function, a trigger,
+    a view or a rule that names it reads it whenever a step uses them.
+    """
+    if _SETUP_CLOCK and _SETUP_CLOCK[0][0] is scenario:
+        return _SETUP_CLOCK[0][1]
+    import pglast
+
+    start = step = False
+    for text in (*scenario.setup, *(s.setup or "" for s in scenario.sessions)):
+        try:
+            data = text.encode()  # the parser's locations count bytes
+            deferred = [
+                data[(at := raw.stmt_location or 0) : at + (raw.stmt_len or len(data))].decode()
+                for raw in pglast.parse_sql(text)
+                if type(raw.stmt).__name__ not in SETUP_EVALUATES
+            ]
+        except Exception:  # not parsed: every word of it counts
+            deferred = [text]
+        start = start or any(CLOCK_AT_START.search(t) for t in deferred)
+        step = step or any(CLOCK_AT_STEP.search(t) for t in deferred)
+    _SETUP_CLOCK[:] = [(scenario, (start, step))]
+    return start, step
 
 
 # A statement whose result another session's uncommitted row change decides without a wait

@@ -26,6 +26,7 @@ node is on a short list (no subquery, function call, CTE, join, parameter or cur
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -136,10 +137,9 @@ def effect_of(
     ``returned``: its last result (a :class:`~pgrace.model.timeline.ResultSet`), for RETURNING.
     ``probes``: SKIP LOCKED, NOWAIT, ON CONFLICT, MERGE: what it reads is every row.
     """
-    import pglast
 
     try:
-        statements = [raw.stmt for raw in pglast.parse_sql(text)]
+        statements = parsed(text)
     except Exception:  # what pglast cannot take says nothing
         return UNKNOWN
     kinds = [type(s).__name__ for s in statements]
@@ -167,15 +167,23 @@ def effect_of(
     return Effect(False, scans, made, anywhere, writes)
 
 
+@functools.lru_cache(maxsize=4096)
+def parsed(text: str) -> tuple[Any, ...]:
+    """The statements of ``text``, parsed once: every run of a search sends the same texts, and
+    building pglast's nodes was half of what folding a run into moves cost. Only read, never changed."""
+    import pglast
+
+    return tuple(raw.stmt for raw in pglast.parse_sql(text))
+
+
 def in_physical_order(text: str, tables: Mapping[str, Shape]) -> bool:
     """Whether a final check's rows may come in the order they lie on disk (which the order of
     writes to different rows changes): anything but SELECTs (subqueries too) each ordered by
     ORDER BY, of no table, or of order-blind aggregates alone (an ORDER BY's ties are taken
     as broken by its columns)."""
-    import pglast
 
     try:
-        statements = [raw.stmt for raw in pglast.parse_sql(text)]
+        statements = parsed(text)
     except Exception:
         return True
     if any(type(s).__name__ != "SelectStmt" for s in statements):

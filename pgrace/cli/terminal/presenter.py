@@ -26,6 +26,7 @@ from typing import TextIO
 
 import click
 
+from pgrace.cli.terminal.screen import TICK, Keys, Screen
 from pgrace.model.scenario import Scenario, Step
 from pgrace.model.timeline import (
     CheckQueried,
@@ -46,7 +47,6 @@ from pgrace.model.timeline import (
 )
 from pgrace.model.variables import FACTS, find
 from pgrace.render.common import SESSION_COLOURS, one_line, sql_lines
-from pgrace.render.screen import TICK, Keys, Screen
 from pgrace.render.story import story_facts, variant_flag, verdict_line
 from pgrace.render.text import Style
 from pgrace.render.wording import (

@@ -11,7 +11,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING
 
-from pgrace.errors import EXIT_SIGINT, EXIT_SIGTERM, Terminated
+from pgrace.errors import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, Terminated
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -23,8 +23,9 @@ def raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 
 def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM: the shell's 128 + signal number."""
-    return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+    """130 for Ctrl-C, 143 for SIGTERM: the shell's 128 + signal number (an :class:`Interrupted` carries which)."""
+    by = exc.by if isinstance(exc, Interrupted) else exc
+    return EXIT_SIGTERM if isinstance(by, Terminated) else EXIT_SIGINT
 
 
 def report_internal_error(exc: BaseException) -> None:

@@ -2,7 +2,7 @@
 
 It only imports the standard library before it takes over SIGINT and SIGTERM: Ctrl-C
 half-way through importing psycopg or click then ends in one line and exit 130, never a
-traceback. The commands themselves live in :mod:`pgrace.cli`.
+traceback: importing :mod:`pgrace.cli`, its package, imports nothing. The commands live beside it.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
+from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error  # noqa: E402
 from pgrace.errors import (  # noqa: E402
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     EXIT_SIGTERM,
     Terminated,
 )
-from pgrace.exits import exit_code_of_interrupt, raise_terminated, report_internal_error  # noqa: E402
 
 
 def main() -> NoReturn:

@@ -21,10 +21,10 @@ from pgrace.render import formats
 from pgrace.text import visible
 
 if TYPE_CHECKING:
+    from pgrace.cli.terminal.presenter import Presenter
     from pgrace.engine.options import RunOptions
     from pgrace.model.scenario import Scenario
     from pgrace.model.timeline import LockKinds, Run
-    from pgrace.render.presenter import Presenter
     from pgrace.render.text import Style
 
 
@@ -70,7 +70,7 @@ class Playback:
         self.chosen = chosen
         self.counterpart = loaded.other if chosen is loaded else loaded
         if self.live and (self.fmt == "text" or self.output is not None):
-            from pgrace.render.presenter import Presenter
+            from pgrace.cli.terminal.presenter import Presenter
 
             self.presenter = Presenter(
                 chosen,

@@ -1,0 +1,73 @@
+"""The option types the commands share: a duration (``5``, ``1.5s``, ``200ms``) and a list (``1,2,4,8``).
+
+click turns a value these refuse into one line naming the option, exit 2; the library gets
+numbers and tuples, never the text typed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """Seconds, positive and finite: ``5``, ``1.5``, ``5s`` or ``200ms`` (click's FloatRange lets ``nan`` through).
+
+    ``whole``: a whole number of seconds from 1 to ``most`` (pgbench counts whole seconds).
+    """
+
+    name = "duration"
+
+    def __init__(self, whole: bool = False, most: float = math.inf) -> None:
+        self.whole = whole
+        self.most = most
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            seconds = self._seconds(str(value), param, ctx)
+        if self.whole and not (seconds.is_integer() and 1 <= seconds <= self.most):
+            self.fail(f"{value!r} is not a whole number of seconds from 1 to {self.most:g}", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0 or seconds > self.most:
+            self.fail(f"{value!r} is not a positive, finite number of seconds", param, ctx)
+        return seconds
+
+    def _seconds(self, text: str, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number, scale = text.strip(), 1.0
+        if number.endswith("ms"):
+            number, scale = number[:-2], 1000.0
+        elif number.endswith("s"):
+            number = number[:-1]
+        try:
+            return float(number) / scale
+        except ValueError:
+            kind = "a whole number of seconds" if self.whole else "a number of seconds"
+            self.fail(f"{text!r} is not {kind}, or one ending in s or ms (5, 5s, 200ms)", param, ctx)
+
+
+class CommaList(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """Items separated by commas, each converted by ``item``: ``1,2,4,8`` as ``(1, 2, 4, 8)``.
+
+    ``what`` and ``example`` say what the list holds when an item is refused.
+    """
+
+    name = "list"
+
+    def __init__(self, item: click.ParamType, what: str, example: str) -> None:  # type: ignore[type-arg]
+        self.item = item
+        self.what = what
+        self.example = example
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
+        if isinstance(value, tuple | list):
+            return tuple(value)
+        parts = [part.strip() for part in str(value).split(",")]
+        try:
+            if not all(parts):
+                raise click.BadParameter("an empty item")
+            return tuple(self.item.convert(part, param, ctx) for part in parts)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not a list of {self.what}, like {self.example}", param, ctx)
