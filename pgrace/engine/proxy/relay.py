@@ -107,6 +107,7 @@ class Proxy:
         self._threads: list[threading.Thread] = []
         self._relays: set[_Relay] = set()
         self._lock = threading.Lock()
+        self._accepting = 0
         self._numbers = itertools.count(1)
 
     @property
@@ -175,13 +176,18 @@ class Proxy:
                         continue
                     if self.closing.is_set():
                         break
+                    with self._lock:
+                        self._accepting += 1  # counted as starting from the backlog to its relay
                     try:
                         sock, _ = ready.accept()
+                        if sock.family == socket.AF_INET:
+                            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        self._start(_Relay(self, sock))
                     except OSError:
                         continue
-                    if sock.family == socket.AF_INET:
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self._start(_Relay(self, sock))
+                    finally:
+                        with self._lock:
+                            self._accepting -= 1
 
     def _start(self, relay: _Relay) -> None:
         thread = threading.Thread(target=relay.run, name=f"pgrace-proxy-client:{self.port}", daemon=True)
@@ -194,17 +200,22 @@ class Proxy:
     def starting(self) -> str | None:
         """Which client connection is not yet a session, for people; None when none is.
 
-        A client in its start-up (or connected, not yet accepted) waits for the proxy, asleep:
-        it will send a statement once it has its ReadyForQuery, so until its session opens
-        nobody can tell which sessions are ready. Read from the proxy's own relays and, for
-        connections not yet accepted, the kernel's TCP table.
+        A client in its start-up (waiting to be accepted, or accepted and not yet answered) waits
+        for the proxy, asleep, and its backend may be on the server with its pid not yet known: it
+        will send a statement once it has its ReadyForQuery, so until then nobody can tell which
+        sessions are ready. Read from the listeners' backlog, the proxy's own relays and, for
+        connections the backlog no longer shows but no relay has yet, the kernel's TCP table.
         """
+        if self.closing.is_set():
+            return None
+        if select.select(self._listeners, [], [], 0)[0]:
+            return "a client connection the proxy has not accepted yet"
         with self._lock:
             relays = list(self._relays)
-        if any(not relay.opened for relay in relays):
+            accepting = self._accepting
+        if accepting > 0 or any(not relay.started_up for relay in relays):
             return "a client connection's start-up at the proxy"
-        accepted = {relay.peer_port for relay in relays}
-        if connected_ports(self.port) - accepted:
+        if connected_ports(self.port) - {relay.peer_port for relay in relays}:
             return "a client connection the proxy has not accepted yet"
         return None
 
@@ -246,8 +257,8 @@ class _Relay:
         self.terminate: bytes | None = None
         self.fatal: str | None = None
         """The server's FATAL message, when it ends the connection with one."""
-        self.opened = False
-        """Past its start-up: a session of the hooks (or ended)."""
+        self.started_up = False
+        """Its start-up ended: the hooks know it (by its backend pid) and the client has the server's last answer."""
         self.peer_port: int | None = None
         """The client's TCP port (its end of the connection), None on a unix socket."""
         if client.family in (socket.AF_INET, socket.AF_INET6):
@@ -269,8 +280,8 @@ class _Relay:
             name = started.parameters.get("application_name") or started.startup.parameters.get("application_name")
             client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock))
             proxy.hooks.opened(client)
-            self.opened = True
             self.client_sock.sendall(started.to_client)
+            self.started_up = True  # the client has its ReadyForQuery: what it does next is its own
             why = self._loop(client)
         except startup.Ended as ended:
             why = ended.why
@@ -284,7 +295,7 @@ class _Relay:
             self._last_words()
             why = self.fatal or f"connection lost: {exc}"
         finally:
-            self.opened = True  # ended: nothing more to wait for
+            self.started_up = True  # ended: nothing more to wait for
             if keys is not None:
                 proxy._cancels.remove(keys)
                 if self.running is not None and not self.running[1].complete:
