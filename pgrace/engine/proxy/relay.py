@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
-from pgrace.engine.proxy.peers import connected_ports, peer_pid
+from pgrace.engine.proxy.peers import connected_ports, in_transit, peer_pid
 from pgrace.engine.proxy.steps import Grouper, Memory, Reply, Statement, Step, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
@@ -197,14 +197,16 @@ class Proxy:
             self._threads.append(thread)
         thread.start()
 
-    def starting(self) -> str | None:
-        """Which client connection is not yet a session, for people; None when none is.
+    def in_between(self) -> str | None:
+        """What the proxy is in the middle of, for people: a connection not yet a session, or bytes on
+        their way; None when nothing is.
 
         A client in its start-up (waiting to be accepted, or accepted and not yet answered) waits
         for the proxy, asleep, and its backend may be on the server with its pid not yet known: it
         will send a statement once it has its ReadyForQuery, so until then nobody can tell which
         sessions are ready. Read from the listeners' backlog, the proxy's own relays and, for
-        connections the backlog no longer shows but no relay has yet, the kernel's TCP table.
+        connections the backlog no longer shows but no relay has yet, the kernel's TCP table, which
+        also shows bytes sent and not yet read (`peers.in_transit`).
         """
         if self.closing.is_set():
             return None
@@ -217,6 +219,8 @@ class Proxy:
             return "a client connection's start-up at the proxy"
         if connected_ports(self.port) - {relay.peer_port for relay in relays}:
             return "a client connection the proxy has not accepted yet"
+        if in_transit(self.port):
+            return "bytes on their way between a client and the proxy"
         return None
 
     def _number(self) -> int:

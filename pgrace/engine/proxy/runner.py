@@ -180,9 +180,9 @@ class ExecOrder:
         with self.cond:
             states = {name: (s.gate.state, s.owner, s.relay_tid) for name, s in self.sessions.items()}
             held = [s for s in self.sessions.values() if s.gate.state in ("ready", "running")]
-        starting = self.runner.proxy.starting()
-        if starting is not None:
-            return starting
+        between = self.runner.proxy.in_between()
+        if between is not None:
+            return between
         waiting = self.scheduler.waiting_sessions()
         for name, (state, owner, relay_tid) in states.items():
             if state == "running" and name not in waiting:
@@ -202,9 +202,6 @@ class ExecOrder:
             moving = started.moving(proxied, mine)
             if moving is not None:
                 return f"{started.name} ({moving}) runs"
-        if self.runner.proxy.starting():
-            # Its client waits for the proxy: once opened it may send a statement, and be ready.
-            return "a connection is starting up through pgrace's proxy"
         return None
 
     def _report_exits(self) -> None:
@@ -434,7 +431,7 @@ class ExecRunner:
         """Until no connection the proxy accepted is in its start-up (bounded by the step timeout)."""
         deadline = time.perf_counter() + self.step_timeout
         slice_s = FIRST_SLICE_S
-        while self.proxy.starting() and time.perf_counter() < deadline:
+        while self.proxy.in_between() and time.perf_counter() < deadline:
             with self.cond:
                 self.cond.wait(slice_s)  # the hooks notify it when a start-up ends
             slice_s = min(slice_s * 2, 0.01)
