@@ -3,10 +3,14 @@ the proxy on the one scheduler (real server, real drivers)."""
 
 from __future__ import annotations
 
+import time
+
 import asyncpg
 import psycopg
+import pytest
 
 from pgrace import proxy
+from pgrace.engine.proxy import startup
 from pgrace.servers import ServerInfo
 
 SETUP = "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); INSERT INTO accounts VALUES (1, 500)"
@@ -17,6 +21,14 @@ async def withdraw_asyncpg(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     async with conn.transaction():
         balance = await conn.fetchval("SELECT balance FROM accounts WHERE id = 1")
+        await conn.execute("UPDATE accounts SET balance = $1 WHERE id = 1", balance - 100)
+    await conn.close()
+
+
+async def withdraw_locked_asyncpg(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    async with conn.transaction():
+        balance = await conn.fetchval("SELECT balance FROM accounts WHERE id = 1 FOR UPDATE")
         await conn.execute("UPDATE accounts SET balance = $1 WHERE id = 1", balance - 100)
     await conn.close()
 
@@ -45,7 +57,28 @@ def test_asyncpg_finds_the_lost_update(pgrace_server: ServerInfo) -> None:
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     finals = {str(c.final) for c in found.classes}
     assert any("400" in final for final in finals) and any("300" in final for final in finals), finals
-    assert not found.passed
+    assert found.complete and not found.passed, found.incomplete
+    cured = {"alice": withdraw_locked_asyncpg, "bob": withdraw_locked_asyncpg}
+    proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
+    assert proved.complete and len(proved.classes) == 1 and proved.passed, [c.summary for c in proved.classes]
+
+
+def test_a_slow_start_up_is_waited_for(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection still in its start-up at the proxy (authentication on a loaded server) belongs to a session
+    that will send a statement: the first choice waits for it, so every run follows the order asked for."""
+    real_start = startup.start
+
+    def slow_for_alice(*args: object, **kwargs: object) -> startup.Started:
+        started = real_start(*args, **kwargs)  # type: ignore[arg-type]
+        if started.startup.parameters.get("application_name") == "alice":
+            time.sleep(0.3)  # the client waits for its ReadyForQuery meanwhile, asleep in its event loop
+        return started
+
+    monkeypatch.setattr(startup, "start", slow_for_alice)
+    sessions = {"alice": withdraw_asyncpg, "bob": withdraw_asyncpg}
+    found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
+    assert found.complete, found.incomplete
+    assert not found.passed and len(found.classes) == 2, [c.summary for c in found.classes]
 
 
 def test_psycopg_async_lost_update_found_and_cure_proved(pgrace_server: ServerInfo) -> None:

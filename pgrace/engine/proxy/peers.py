@@ -22,6 +22,45 @@ def peer_pid(sock: socket.socket) -> int | None:
     return None if inode is None else _owner(inode)
 
 
+def connected_ports(port: int) -> set[int]:
+    """The local ports of this machine's established TCP connections to ``port``: a client's end, accepted or not."""
+    found: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines, None)
+                for line in lines:
+                    parts = line.split()
+                    if len(parts) > 3 and parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
+                        found.add(int(parts[1].rsplit(":", 1)[1], 16))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def in_transit(port: int) -> bool:
+    """Whether bytes are on their way over a TCP connection to ``port``, in either direction.
+
+    A client that has just sent a statement, or a reply the proxy has just sent, may sit in a
+    socket queue (sent, not yet acknowledged; received, not yet read) while both ends look
+    asleep in ``/proc``: the kernel's TCP table shows those queues.
+    """
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines, None)
+                for line in lines:
+                    parts = line.split()
+                    if len(parts) < 5 or parts[3] != "01" or parts[4] == "00000000:00000000":
+                        continue
+                    ends = (int(parts[1].rsplit(":", 1)[1], 16), int(parts[2].rsplit(":", 1)[1], 16))
+                    if port in ends:
+                        return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
 def _socket_inode(port: int, table: str) -> str | None:
     """The inode of the socket whose local port is ``port`` (the client's end), from the kernel's TCP table."""
     suffix = f":{port:04X}"

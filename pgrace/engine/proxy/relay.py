@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import selectors
 import socket
 import threading
@@ -22,7 +23,7 @@ from types import TracebackType
 from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
-from pgrace.engine.proxy.peers import peer_pid
+from pgrace.engine.proxy.peers import connected_ports, in_transit, peer_pid
 from pgrace.engine.proxy.steps import Grouper, Memory, Reply, Statement, Step, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
@@ -106,6 +107,7 @@ class Proxy:
         self._threads: list[threading.Thread] = []
         self._relays: set[_Relay] = set()
         self._lock = threading.Lock()
+        self._accepting = 0
         self._numbers = itertools.count(1)
 
     @property
@@ -174,13 +176,18 @@ class Proxy:
                         continue
                     if self.closing.is_set():
                         break
+                    with self._lock:
+                        self._accepting += 1  # counted as starting from the backlog to its relay
                     try:
                         sock, _ = ready.accept()
+                        if sock.family == socket.AF_INET:
+                            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        self._start(_Relay(self, sock))
                     except OSError:
                         continue
-                    if sock.family == socket.AF_INET:
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self._start(_Relay(self, sock))
+                    finally:
+                        with self._lock:
+                            self._accepting -= 1
 
     def _start(self, relay: _Relay) -> None:
         thread = threading.Thread(target=relay.run, name=f"pgrace-proxy-client:{self.port}", daemon=True)
@@ -190,6 +197,32 @@ class Proxy:
             self._threads.append(thread)
         thread.start()
 
+    def in_between(self) -> str | None:
+        """What the proxy is in the middle of, for people: a connection not yet a session, or bytes on
+        their way; None when nothing is.
+
+        A client in its start-up (waiting to be accepted, or accepted and not yet answered) waits
+        for the proxy, asleep, and its backend may be on the server with its pid not yet known: it
+        will send a statement once it has its ReadyForQuery, so until then nobody can tell which
+        sessions are ready. Read from the listeners' backlog, the proxy's own relays and, for
+        connections the backlog no longer shows but no relay has yet, the kernel's TCP table, which
+        also shows bytes sent and not yet read (`peers.in_transit`).
+        """
+        if self.closing.is_set():
+            return None
+        if select.select(self._listeners, [], [], 0)[0]:
+            return "a client connection the proxy has not accepted yet"
+        with self._lock:
+            relays = list(self._relays)
+            accepting = self._accepting
+        if accepting > 0 or any(not relay.started_up for relay in relays):
+            return "a client connection's start-up at the proxy"
+        if connected_ports(self.port) - {relay.peer_port for relay in relays}:
+            return "a client connection the proxy has not accepted yet"
+        if in_transit(self.port):
+            return "bytes on their way between a client and the proxy"
+        return None
+
     def _number(self) -> int:
         with self._lock:
             return next(self._numbers)
@@ -197,6 +230,11 @@ class Proxy:
     def _forget(self, relay: _Relay) -> None:
         with self._lock:
             self._relays.discard(relay)
+
+
+def _interest(out: bytearray, *, reading: bool) -> int:
+    """The epoll events a socket waits for: input while it is read, output while bytes wait for it."""
+    return (select.EPOLLIN if reading else 0) | (select.EPOLLOUT if out else 0) or select.EPOLLIN
 
 
 class _Relay:
@@ -223,6 +261,13 @@ class _Relay:
         self.terminate: bytes | None = None
         self.fatal: str | None = None
         """The server's FATAL message, when it ends the connection with one."""
+        self.started_up = False
+        """Its start-up ended: the hooks know it (by its backend pid) and the client has the server's last answer."""
+        self.peer_port: int | None = None
+        """The client's TCP port (its end of the connection), None on a unix socket."""
+        if client.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                self.peer_port = int(client.getpeername()[1])
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -240,6 +285,7 @@ class _Relay:
             client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock))
             proxy.hooks.opened(client)
             self.client_sock.sendall(started.to_client)
+            self.started_up = True  # the client has its ReadyForQuery: what it does next is its own
             why = self._loop(client)
         except startup.Ended as ended:
             why = ended.why
@@ -253,6 +299,7 @@ class _Relay:
             self._last_words()
             why = self.fatal or f"connection lost: {exc}"
         finally:
+            self.started_up = True  # ended: nothing more to wait for
             if keys is not None:
                 proxy._cancels.remove(keys)
                 if self.running is not None and not self.running[1].complete:
@@ -290,18 +337,24 @@ class _Relay:
             self.client_sock.sendall(pending)
 
     def _loop(self, client: Client) -> str | None:
-        """Relay until the client leaves (None), or the server or the proxy ends it (why)."""
+        """Relay until the client leaves (None), or the server or the proxy ends it (why).
+
+        One epoll set over the three descriptors, read by number: the relay's fixed cost per
+        statement is two wake-ups of this loop, so it keeps each one to a few dictionary-free steps.
+        """
         server = self.server_sock
         assert server is not None
         self.client_sock.setblocking(False)
         server.setblocking(False)
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.client_sock, selectors.EVENT_READ)
-            selector.register(server, selectors.EVENT_READ)
-            selector.register(self._wake_read, selectors.EVENT_READ)
-            interest = (selectors.EVENT_READ, selectors.EVENT_READ)
+        client_fd, server_fd, wake_fd = self.client_sock.fileno(), server.fileno(), self._wake_read.fileno()
+        with select.epoll(3) as poller:
+            poller.register(client_fd, select.EPOLLIN)
+            poller.register(server_fd, select.EPOLLIN)
+            poller.register(wake_fd, select.EPOLLIN)
+            interest = (select.EPOLLIN, select.EPOLLIN)
             while True:
-                self._advance(client)
+                if self.steps and self.running is None:
+                    self._advance(client)
                 if self.proxy.closing.is_set():
                     return "the proxy closed"
                 if self.client_gone:  # without a Terminate: what it queued is dropped, what runs is cancelled
@@ -313,32 +366,28 @@ class _Relay:
                     self._flush(server, self.to_server)
                     return None
                 wanted = (
-                    self._interest(self.to_client, reading=self._reads_client()),
-                    self._interest(self.to_server, reading=len(self.to_client) < MAX_WAITING_OUTPUT),
+                    _interest(self.to_client, reading=self._reads_client()),
+                    _interest(self.to_server, reading=len(self.to_client) < MAX_WAITING_OUTPUT),
                 )
                 if wanted != interest:  # epoll_ctl only when it changes: most statements need none
                     if wanted[0] != interest[0]:
-                        selector.modify(self.client_sock, wanted[0])
+                        poller.modify(client_fd, wanted[0])
                     if wanted[1] != interest[1]:
-                        selector.modify(server, wanted[1])
+                        poller.modify(server_fd, wanted[1])
                     interest = wanted
-                for key, events in selector.select():
-                    sock = key.fileobj
-                    if sock is self._wake_read:
+                for fd, events in poller.poll():
+                    if fd == wake_fd:
                         return "the proxy closed"
-                    if events & selectors.EVENT_WRITE:
-                        assert isinstance(sock, socket.socket)
-                        self._flush(sock, self.to_client if sock is self.client_sock else self.to_server)
-                    if events & selectors.EVENT_READ:
-                        if sock is server:
+                    sock, mask = (self.client_sock, interest[0]) if fd == client_fd else (server, interest[1])
+                    # as selectors reads epoll: a hang-up or an error wakes whichever way the socket waits
+                    if events & ~select.EPOLLIN and mask & select.EPOLLOUT:
+                        self._flush(sock, self.to_client if fd == client_fd else self.to_server)
+                    if events & ~select.EPOLLOUT and mask & select.EPOLLIN:
+                        if fd == server_fd:
                             if (why := self._from_server(client, server)) is not None:
                                 return why
                         else:
                             self._from_client()
-
-    @staticmethod
-    def _interest(out: bytearray, *, reading: bool) -> int:
-        return (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if out else 0) or selectors.EVENT_READ
 
     def _reads_client(self) -> bool:
         return not self.client_done and self.queued < self.proxy.max_message

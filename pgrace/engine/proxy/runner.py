@@ -180,6 +180,9 @@ class ExecOrder:
         with self.cond:
             states = {name: (s.gate.state, s.owner, s.relay_tid) for name, s in self.sessions.items()}
             held = [s for s in self.sessions.values() if s.gate.state in ("ready", "running")]
+        between = self.runner.proxy.in_between()
+        if between is not None:
+            return between
         waiting = self.scheduler.waiting_sessions()
         for name, (state, owner, relay_tid) in states.items():
             if state == "running" and name not in waiting:
@@ -396,10 +399,14 @@ class ExecRunner:
             raise StepsStuck("the commands' backends did not end after their connections closed", self.scenario.source)
 
     def _check_ordered(self, order: ExecOrder) -> None:
-        """A client backend of the run's database that is neither pgrace's nor a proxy session's: no proof."""
+        """A client backend of the run's database that is neither pgrace's nor a proxy session's: no proof.
+
+        A proxied connection's backend is on the server before its start-up ends and the hooks learn
+        its pid (from BackendKeyData): a connection the proxy accepted a moment after the commands
+        settled shows so. A backend seen then is a stranger only if it is still unknown once every
+        start-up under way has ended.
+        """
         own = [self.control.pgconn.backend_pid, self.observer.pgconn.backend_pid]
-        with self.cond:
-            own += [s.pid for s in self.hooks.sessions.values()]
         rows = self.observer.execute(
             "SELECT pid, coalesce(application_name, ''), coalesce(query, '') FROM pg_catalog.pg_stat_activity"
             " WHERE datname = current_database() AND usesysid IS NOT NULL"
@@ -407,7 +414,11 @@ class ExecRunner:
             " ORDER BY backend_start, pid",
             (own,),
         ).fetchall()
-        for pid, application, query in rows:
+        if rows:
+            self._start_ups_ended()
+        with self.cond:
+            known = {s.pid for s in self.hooks.sessions.values()}
+        for pid, application, query in (row for row in rows if row[0] not in known):
             said = f"sending {first_line(str(query))!r}" if query else "no statement seen yet"
             raise ExecError(
                 f"a connection that did not come through pgrace's proxy reached the run's database (application_name"
@@ -415,6 +426,15 @@ class ExecRunner:
                 " DATABASE_URL or the PG* variables pgrace sets",
                 self.scenario.source,
             )
+
+    def _start_ups_ended(self) -> None:
+        """Until no connection the proxy accepted is in its start-up (bounded by the step timeout)."""
+        deadline = time.perf_counter() + self.step_timeout
+        slice_s = FIRST_SLICE_S
+        while self.proxy.in_between() and time.perf_counter() < deadline:
+            with self.cond:
+                self.cond.wait(slice_s)  # the hooks notify it when a start-up ends
+            slice_s = min(slice_s * 2, 0.01)
 
     def _sessions_count(self) -> int:
         """How many sessions the server has counted in the run's database (``pg_stat_database.sessions``)."""

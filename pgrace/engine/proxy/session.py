@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import pq
 
-from pgrace.engine.proxy.processes import Actor
+from pgrace.engine.proxy.processes import SELECTOR_WAITS, Actor
 from pgrace.engine.proxy.relay import Refused
 from pgrace.engine.threads.session import Gate, Request
 from pgrace.model.timeline import Outcome, ResultSet, SessionLost, SqlError
@@ -244,4 +244,6 @@ def relay_asleep(tid: int | None) -> bool:
             call = f.read().split()[0]
     except (OSError, IndexError):
         return True  # the thread is gone: it reads nothing more
-    return state == "S" and call not in ("running", "-1")
+    # Asleep in its selector, not on a lock or Python's GIL: a relay thread that waits for one of those is
+    # about to go on (with a statement the client sent, or the start-up's last bytes to send).
+    return state == "S" and call.isdigit() and int(call) in SELECTOR_WAITS

@@ -383,29 +383,53 @@ class Column:
     format: int
 
 
+_COLUMN = struct.Struct("!IhIhih")  # table oid, attribute number, type oid, type size, type modifier, format
+
+
 def row_description(body: bytes) -> tuple[Column, ...]:
-    fields = Fields(body, "RowDescription")
+    """A RowDescription's columns, read with one struct call each: it comes with every statement's rows."""
+    if len(body) < 2:
+        raise ProtocolViolation("RowDescription message is too short")
+    count = _INT16.unpack_from(body)[0]
+    if count < 0:
+        raise ProtocolViolation("RowDescription message has a negative count")
     columns = []
-    for _ in range(_count(fields)):
-        name = fields.cstring()
-        fields.raw(6)  # table oid, attribute number
-        type_oid = fields.int32()
-        fields.raw(6)  # type size, type modifier
-        columns.append(Column(name, type_oid & 0xFFFFFFFF, fields.int16()))
+    at = 2
+    for _ in range(count):
+        end = body.find(b"\0", at)
+        if end < 0:
+            raise ProtocolViolation("RowDescription message has a string without its NUL")
+        if end + 1 + _COLUMN.size > len(body):
+            raise ProtocolViolation("RowDescription message is too short")
+        _, _, type_oid, _, _, fmt = _COLUMN.unpack_from(body, end + 1)
+        columns.append(Column(_text(body[at:end]), type_oid, fmt))
+        at = end + 1 + _COLUMN.size
     return tuple(columns)
 
 
 def data_row(body: bytes) -> tuple[bytes | None, ...]:
     """A DataRow's values; a row cut for display (:class:`BackendReader`) yields what it holds whole."""
-    fields = Fields(body, "DataRow")
+    if len(body) < 2:
+        raise ProtocolViolation("DataRow message is too short")
+    count = _INT16.unpack_from(body)[0]
+    if count < 0:
+        raise ProtocolViolation("DataRow message has a negative count")
     values: list[bytes | None] = []
-    for _ in range(_count(fields)):
-        try:
-            size = fields.int32()
-            values.append(None if size == -1 else fields.raw(size))
-        except ProtocolViolation:
+    at, whole = 2, len(body)
+    for _ in range(count):
+        if at + 4 > whole:
             values.append(b"...")
             break
+        size = _INT32.unpack_from(body, at)[0]
+        at += 4
+        if size == -1:
+            values.append(None)
+        elif size < 0 or at + size > whole:
+            values.append(b"...")
+            break
+        else:
+            values.append(body[at : at + size])
+            at += size
     return tuple(values)
 
 
