@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Iterator
 
 
 def peer_pid(sock: socket.socket) -> int | None:
@@ -22,20 +23,29 @@ def peer_pid(sock: socket.socket) -> int | None:
     return None if inode is None else _owner(inode)
 
 
-def connected_ports(port: int) -> set[int]:
-    """The local ports of this machine's established TCP connections to ``port``: a client's end, accepted or not."""
-    found: set[int] = set()
+def _established() -> Iterator[tuple[int, int, bool]]:
+    """This machine's established TCP connections, from the kernel's tables: local port, remote
+    port, and whether bytes wait in a queue (sent and not acknowledged, or received and not read)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as lines:
                 next(lines, None)
-                for line in lines:
-                    parts = line.split()
-                    if len(parts) > 3 and parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
-                        found.add(int(parts[1].rsplit(":", 1)[1], 16))
-        except (OSError, ValueError, IndexError):
+                rows = [line.split() for line in lines]
+        except OSError:
             continue
-    return found
+        for parts in rows:
+            if len(parts) < 5 or parts[3] != "01":
+                continue
+            try:
+                local, remote = (int(parts[k].rsplit(":", 1)[1], 16) for k in (1, 2))
+            except (ValueError, IndexError):
+                continue
+            yield local, remote, parts[4] != "00000000:00000000"
+
+
+def connected_ports(port: int) -> set[int]:
+    """The local ports of this machine's established TCP connections to ``port``: a client's end, accepted or not."""
+    return {local for local, remote, _ in _established() if remote == port}
 
 
 def in_transit(port: int) -> bool:
@@ -45,20 +55,7 @@ def in_transit(port: int) -> bool:
     socket queue (sent, not yet acknowledged; received, not yet read) while both ends look
     asleep in ``/proc``: the kernel's TCP table shows those queues.
     """
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as lines:
-                next(lines, None)
-                for line in lines:
-                    parts = line.split()
-                    if len(parts) < 5 or parts[3] != "01" or parts[4] == "00000000:00000000":
-                        continue
-                    ends = (int(parts[1].rsplit(":", 1)[1], 16), int(parts[2].rsplit(":", 1)[1], 16))
-                    if port in ends:
-                        return True
-        except (OSError, ValueError, IndexError):
-            continue
-    return False
+    return any(queued and port in (local, remote) for local, remote, queued in _established())
 
 
 def _socket_inode(port: int, table: str) -> str | None:
