@@ -70,11 +70,7 @@ class ProxySession:
 
     def send(self, text: str, active: Active) -> Outcome | None:
         """Let the statement held in the relay go upstream."""
-        gate = self.gate
-        with gate.cond:
-            gate.state, gate.since, gate.request = "running", time.perf_counter(), None
-            gate.permitted = True
-            gate.cond.notify_all()
+        self.gate.permit()
         return None
 
     def collect(self, active: Active) -> tuple[Outcome, str | None]:

@@ -79,6 +79,13 @@ class Gate:
     end_location: Request | None = None  # the implicit rollback's place
     reported: bool = False  # its escaped exception is in the timeline
 
+    def permit(self) -> None:
+        """The scheduler lets the parked statement go: whoever waits at the gate sends it."""
+        with self.cond:
+            self.state, self.since, self.request = "running", time.perf_counter(), None
+            self.permitted = True
+            self.cond.notify_all()
+
 
 GATES: dict[int, Gate] = {}  # thread ident -> the gate of the session running there
 
@@ -462,11 +469,7 @@ class ThreadSession:
 
     def send(self, text: str, active: Active) -> Outcome | None:
         """Let the thread parked at this statement go."""
-        gate = self.gate
-        with gate.cond:
-            gate.state, gate.since, gate.request = "running", time.perf_counter(), None
-            gate.permitted = True
-            gate.cond.notify_all()
+        self.gate.permit()
         return None
 
     def collect(self, active: Active) -> tuple[Outcome, str | None]:
