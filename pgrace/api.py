@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from pgrace.drivers.fromlog import FromLog
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
-    from pgrace.drivers.minimize import Minimized
     from pgrace.formats.catalog import Entry
+    from pgrace.model.minimized import Minimized
 
 
 def run(

@@ -22,6 +22,7 @@ from pgrace.formats import catalog
 from pgrace.model.cases import Case as Case
 from pgrace.model.cases import CaseResult as CaseResult
 from pgrace.model.cases import differs_across_servers as differs_across_servers
+from pgrace.model.timeline import Run
 from pgrace.render.text import Style, render_text
 from pgrace.scratch import ReusableScratch
 from pgrace.servers import ServerInfo
@@ -102,7 +103,8 @@ def run_case(
         named = database_name if scratch is None else None  # the specs' shared database holds that name
         run = run_in_scratch(case.scenario, server, options, database_name=named)
     except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
-        return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
+        recorded = failed.run if isinstance(failed.run, Run) else None
+        return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=recorded)
     result = CaseResult(case, server, run.ok, 0.0, run=run)
     for check in run.checks:
         if not check.ok:

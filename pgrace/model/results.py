@@ -14,9 +14,9 @@ if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
     from pgrace.drivers.explore import Exploration
     from pgrace.drivers.load import LoadResult
-    from pgrace.drivers.minimize import Minimized
     from pgrace.drivers.sweep import Sweep
     from pgrace.errors import ScenarioError
+    from pgrace.model.minimized import Minimized
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario
     from pgrace.model.timeline import Run

@@ -132,7 +132,9 @@ def explore_json(found: Explored, view: View) -> str:
     from pgrace.text import json_safe
 
     shown = found.exploration.to_dict()
-    shown["minimized"] = None if found.minimized is None else found.minimized.to_dict()
+    from pgrace.render.minimize import minimized_to_dict
+
+    shown["minimized"] = None if found.minimized is None else minimized_to_dict(found.minimized)
     shown["minimized_class"] = found.minimized_class
     return json_safe(json.dumps(shown, indent=2, ensure_ascii=False, default=str)) + "\n"
 

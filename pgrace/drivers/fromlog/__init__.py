@@ -19,7 +19,7 @@ from pgrace.errors import OptionError, ScenarioError
 if TYPE_CHECKING:
     from pgrace.drivers.fromlog.verify import Verified
     from pgrace.drivers.fromlog.writer import Written
-    from pgrace.drivers.minimize import Minimized
+    from pgrace.model.minimized import Minimized
     from pgrace.servers import ServerInfo
 
 __all__ = ["FromLog", "from_log"]

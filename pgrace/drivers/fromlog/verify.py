@@ -107,12 +107,13 @@ def _run(written: Written, source: str, server: ServerInfo, step_timeout: float)
     from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
     from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.model.timeline import Run
 
     scenario = parse_toml_scenario(written.text, source)
     try:
         return run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
     except ScenarioFailed as failed:
-        if failed.run is None:
+        if not isinstance(failed.run, Run):
             raise
         failed.run.checks = failed.run.checks or []
         return failed.run
