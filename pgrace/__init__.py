@@ -41,7 +41,6 @@ if TYPE_CHECKING:
         sweep,
     )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
-    from pgrace.drivers.explore import Exploration
     from pgrace.engine.options import RunOptions
     from pgrace.errors import (
         CodeError,
@@ -53,6 +52,7 @@ if TYPE_CHECKING:
         ServerUnavailable,
         SetupFailed,
     )
+    from pgrace.model.exploration import Exploration
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario, Session, Step
     from pgrace.model.timeline import CheckResult, Run, StepRun
@@ -64,7 +64,7 @@ _HOMES = {
     "CodeError": "pgrace.errors",
     "Interrupted": "pgrace.errors",
     "OptionError": "pgrace.errors",
-    "Exploration": "pgrace.drivers.explore",
+    "Exploration": "pgrace.model.exploration",
     "OutcomeClass": "pgrace.model.outcomes",
     "TracedConnection": "pgrace.drivers.code",
     "explore_code": "pgrace.drivers.code",

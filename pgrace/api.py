@@ -25,7 +25,7 @@ from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
 from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
-from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
+from pgrace.model.results import Checked, Cleaned, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.scratch import sweep_leftovers
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.formats.catalog import Entry
+    from pgrace.model.exploration import Exploration
     from pgrace.model.minimized import Minimized
 
 
@@ -175,7 +176,7 @@ def explore(
     max_preemptions: int | None = None,
     pct: int | None = None,
     minimize: bool = False,
-) -> Explored:
+) -> Exploration:
     """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
 
     ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
@@ -200,7 +201,7 @@ def explore(
         )
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
-        return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
+        return merge_explorations(load_explorations(texts, space), scenario)
     from pgrace.drivers.bounded import check_bounds
 
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
@@ -241,22 +242,21 @@ def explore(
         finally:
             watch.close()
         wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
-        result = Explored(scenario, found)
         for n in wanted:
             if 1 <= n <= len(found.classes):
-                result.examples[n] = replay(scenario, opened, found.classes[n - 1], step_timeout)
-                if not same_class(result.examples[n], found.classes[n - 1]):
-                    result.replayed_differently.append(n)
+                found.examples[n] = replay(scenario, opened, found.classes[n - 1], step_timeout)
+                if not same_class(found.examples[n], found.classes[n - 1]):
+                    found.replayed_differently.append(n)
         if minimize:
             from pgrace.drivers.minimize import minimize as shrink
 
-            result.asked_to_minimize = True
+            found.asked_to_minimize = True
             failing = next((n for n, c in enumerate(found.classes, 1) if c.breaks), None)
             if failing is not None:
-                result.minimized_class = failing
+                found.minimized_class = failing
                 example = tuple(found.classes[failing - 1].example)
-                result.minimized = shrink(scenario, opened, example, step_timeout=step_timeout)
-    return result
+                found.minimized = shrink(scenario, opened, example, step_timeout=step_timeout)
+    return found
 
 
 def minimize(

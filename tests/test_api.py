@@ -62,7 +62,7 @@ def test_the_drivers_modules_live_apart_from_the_functions_of_their_names() -> N
     import pgrace.drivers.sweep
 
     assert (pgrace.explore.__module__, pgrace.sweep.__module__, pgrace.matrix.__module__) == ("pgrace.api",) * 3
-    assert pgrace.drivers.explore.Exploration.__module__ == "pgrace.drivers.explore"
+    assert pgrace.drivers.explore.explore.__module__ == "pgrace.drivers.explore"
 
 
 def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_compare_of_a_scenario_with_one_variant_is_invalid_input() -> None:
 def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server: ServerInfo) -> None:
     scenario = pgrace.load_scenario("lost-update")
     found = pgrace.explore(scenario, dsn=pgrace_server.dsn, examples=[1])
-    assert found.exploration.explored == found.exploration.space and list(found.examples) == [1]
+    assert found.explored == found.space and list(found.examples) == [1]
     assert formats.render("explore", "json", found) == cli(
         "explore", "lost-update", "-f", "json", "--dsn", pgrace_server.dsn
     )
@@ -118,9 +118,9 @@ def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_p
             part = pgrace.explore(scenario, server=pgrace_server, shard=(k, 2), reduce=reduce)
             shards.append(tmp_path / f"{k}.json")
             shards[-1].write_text(formats.render("explore", "json", part), encoding="utf-8")
-        merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards).exploration
+        merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards)
         if not reduce:  # every interleaving run once, by one shard or the other
-            said, whole_said = merged.to_dict(), whole.exploration.to_dict()
+            said, whole_said = merged.to_dict(), whole.to_dict()
             assert (said.pop("shard"), whole_said.pop("shard")) == (
                 {"n": 2, "held": [1, 2], "missing": []},
                 {"n": 1, "held": [1], "missing": []},

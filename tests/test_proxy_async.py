@@ -57,10 +57,10 @@ def test_asyncpg_finds_the_lost_update(pgrace_server: ServerInfo) -> None:
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     finals = {str(c.final) for c in found.classes}
     assert any("400" in final for final in finals) and any("300" in final for final in finals), finals
-    assert found.complete and not found.passed, found.incomplete
+    assert found.complete and not found.ok, found.incomplete
     cured = {"alice": withdraw_locked_asyncpg, "bob": withdraw_locked_asyncpg}
     proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
-    assert proved.complete and len(proved.classes) == 1 and proved.passed, [c.summary for c in proved.classes]
+    assert proved.complete and len(proved.classes) == 1 and proved.ok, [c.summary for c in proved.classes]
 
 
 def test_a_slow_start_up_is_waited_for(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,16 +78,16 @@ def test_a_slow_start_up_is_waited_for(pgrace_server: ServerInfo, monkeypatch: p
     sessions = {"alice": withdraw_asyncpg, "bob": withdraw_asyncpg}
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     assert found.complete, found.incomplete
-    assert not found.passed and len(found.classes) == 2, [c.summary for c in found.classes]
+    assert not found.ok and len(found.classes) == 2, [c.summary for c in found.classes]
 
 
 def test_psycopg_async_lost_update_found_and_cure_proved(pgrace_server: ServerInfo) -> None:
     sessions = {"alice": withdraw_psycopg, "bob": withdraw_psycopg}
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
-    assert found.complete and found.runs == 7 and len(found.classes) == 2 and not found.passed
+    assert found.complete and found.runs == 7 and len(found.classes) == 2 and not found.ok
     cured = {"alice": withdraw_locked_psycopg, "bob": withdraw_locked_psycopg}
     proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
-    assert proved.complete and len(proved.classes) == 1 and proved.passed, [c.summary for c in proved.classes]
+    assert proved.complete and len(proved.classes) == 1 and proved.ok, [c.summary for c in proved.classes]
 
 
 def test_psycopg_async_one_run_in_order(pgrace_server: ServerInfo) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from pgrace.drivers.explore import Exploration
 from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
 from pgrace.drivers.sweep import GridPoint, Sweep
+from pgrace.model.exploration import Exploration
 from pgrace.model.outcomes import OutcomeClass
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.render import outcomes as render

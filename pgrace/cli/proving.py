@@ -293,18 +293,17 @@ def explore(
                 pct=pct,
                 minimize=minimize_first,
             )
-    verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
         emit(draw("explore", fmt if fmt in drawn else "text", found), output)
-        sys.exit(verdict)
-    if show > len(classes := found.exploration.classes):
+        sys.exit(found.exit_code)
+    if show > len(classes := found.classes):
         raise click.BadParameter(
             f"there {'is' if len(classes) == 1 else 'are'} {len(classes)} classes", param_hint="--show"
         )
     if show in found.replayed_differently:
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
     emit(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
-    sys.exit(verdict)
+    sys.exit(found.exit_code)
 
 
 def refuse_exec_explore(

@@ -190,7 +190,7 @@ def run_explore_case(
     problems = []
     classes = found.classes
     if found.claim == "bug":
-        if not found.passed:
+        if not found.ok:
             tainted = [(n, c) for n, c in enumerate(classes, 1) if c.reproduces]
             number, first = tainted[0] if tainted else (1, classes[0])
             said = "only with an error no step declares" if tainted else "in no interleaving"

@@ -5,7 +5,7 @@ Each command runs once per run, its connections through pgrace's proxy
 scheduler lets it go. :func:`run_exec` makes one run (first ready connection first, or
 ``order``); :func:`explore_exec` searches the orders as :func:`~pgrace.drivers.code.explore_code`
 does (reduced by what the server showed each statement touch, or every order), and its
-:class:`~pgrace.drivers.explore.Exploration` is ``pgrace explore``'s, judged by the file's
+:class:`~pgrace.model.exploration.Exploration` is ``pgrace explore``'s, judged by the file's
 checks and their polarity.
 """
 
@@ -17,14 +17,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
 from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
-from pgrace.drivers.explore import Exploration
 from pgrace.engine.proxy.processes import Command
 from pgrace.engine.proxy.runner import EXEC_SCHEMA, ExecRunner
 from pgrace.engine.proxy.tasks import AsyncSession
 from pgrace.errors import OptionError
+from pgrace.model.exploration import Exploration
 from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
 from pgrace.model.outcomes import OutcomeClass, add_observed, claim_of, ordered
-from pgrace.model.results import Explored
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
@@ -139,8 +138,9 @@ def explore_exec(
         complete=why is None,
         incomplete=why,
         replayer=replay,
+        claim=claim_of(scenario),
+        subject=scenario,
     )
-    found.claim = claim_of(scenario)
     return found
 
 
@@ -164,12 +164,11 @@ def explore_commands(
     step_timeout: float = 10.0,
     reduce: bool = True,
     examples: Iterable[int] | Literal["all"] = (),
-) -> Explored:
+) -> Exploration:
     """:func:`explore_exec` of ``NAME=COMMAND`` options; ``examples``: classes whose example is replayed observed."""
     found = explore_exec(scenario, parse_exec(commands), server, step_timeout=step_timeout, reduce=reduce)
-    result = Explored(scenario, found)
     wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
     for n in wanted:
         if 1 <= n <= len(found.classes):
-            result.examples[n] = found.replay(found.classes[n - 1])
-    return result
+            found.examples[n] = found.replay(found.classes[n - 1])
+    return found

@@ -12,9 +12,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pgrace.drivers.explore import Exploration
-from pgrace.drivers.identity import Search, scenario_digest
 from pgrace.errors import ScenarioError
+from pgrace.model.exploration import Exploration, Search, scenario_digest
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Claim, OutcomeClass, merge_classes, whole_number
 from pgrace.model.scenario import Scenario
@@ -23,7 +22,7 @@ __all__ = ["exploration_from_dict", "load_explorations", "merge_explorations"]
 
 
 def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None = None) -> Exploration:
-    from pgrace.drivers.bounded import Bound
+    from pgrace.model.exploration import Bound
 
     try:
         classes = [OutcomeClass.from_dict(c, space.preference) for c in data["classes"]]
@@ -97,6 +96,7 @@ def merge_explorations(parts: Sequence[Exploration], scenario: Scenario | None =
         search=first.search,
         held=held,
         claim=first.claim,
+        subject=scenario,
     )
 
 

@@ -12,35 +12,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
-    from pgrace.drivers.explore import Exploration
     from pgrace.drivers.load import LoadResult
     from pgrace.drivers.sweep import Sweep
     from pgrace.errors import ScenarioError
-    from pgrace.model.minimized import Minimized
-    from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario
     from pgrace.model.timeline import Run
     from pgrace.servers import ServerInfo
-
-
-@dataclass
-class Explored:
-    """An exploration of ``scenario``, and the examples replayed as runs, by class number (from 1)."""
-
-    scenario: Scenario
-    exploration: Exploration
-    examples: dict[int, Run] = field(default_factory=dict)
-    replayed_differently: list[int] = field(default_factory=list)
-    """Classes whose example ended in another class when replayed (a race the schedule does not pin)."""
-    asked_to_minimize: bool = False
-    minimized: Minimized | None = None
-    """With ``minimize``: the first failing class's example, shrunk (see ``pgrace.drivers.minimize``)."""
-    minimized_class: int | None = None
-    """Which class (from 1) was minimized; None with ``minimize`` when no class fails."""
-
-    @property
-    def classes(self) -> list[OutcomeClass]:
-        return self.exploration.classes
 
 
 @dataclass

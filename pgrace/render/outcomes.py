@@ -22,9 +22,9 @@ from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
 from pgrace.text import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
-    from pgrace.drivers.explore import Exploration
     from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
     from pgrace.drivers.sweep import Sweep
+    from pgrace.model.exploration import Exploration
     from pgrace.model.outcomes import OutcomeClass
 
 

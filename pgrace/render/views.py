@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pgrace.drivers.load import LoadResult
     from pgrace.drivers.matrix import Matrix
-    from pgrace.model.results import Explored, Swept
+    from pgrace.model.exploration import Exploration
+    from pgrace.model.results import Swept
     from pgrace.model.scenario import Scenario
     from pgrace.model.timeline import Run
     from pgrace.render.text import Style
@@ -108,10 +109,17 @@ def compare_markdown(runs: list[Run], view: View) -> str:
 # -- explore, sweep, matrix -----------------------------------------------------------------
 
 
-def explore_text(found: Explored, view: View) -> str:
+def _explored(found: Exploration) -> Scenario:
+    """The scenario variant explored: its checks and steps name what the classes show."""
+    if found.subject is None:
+        raise ValueError(f"an exploration of {found.scenario} without its scenario: code's explorations are not drawn")
+    return found.subject
+
+
+def explore_text(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_text
 
-    text = render_exploration_text(found.exploration, found.scenario)
+    text = render_exploration_text(found, _explored(found))
     if found.minimized is not None:
         from pgrace.render.minimize import render_minimized_text
 
@@ -122,16 +130,16 @@ def explore_text(found: Explored, view: View) -> str:
     return text
 
 
-def explore_json(found: Explored, view: View) -> str:
+def explore_json(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_json
 
     if not found.asked_to_minimize:
-        return render_exploration_json(found.exploration)
+        return render_exploration_json(found)
     import json
 
     from pgrace.text import json_safe
 
-    shown = found.exploration.to_dict()
+    shown = found.to_dict()
     from pgrace.render.minimize import minimized_to_dict
 
     shown["minimized"] = None if found.minimized is None else minimized_to_dict(found.minimized)
@@ -139,17 +147,17 @@ def explore_json(found: Explored, view: View) -> str:
     return json_safe(json.dumps(shown, indent=2, ensure_ascii=False, default=str)) + "\n"
 
 
-def explore_markdown(found: Explored, view: View) -> str:
+def explore_markdown(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_markdown
 
-    return render_exploration_markdown(found.exploration, found.scenario)
+    return render_exploration_markdown(found, _explored(found))
 
 
-def explore_html(found: Explored, view: View) -> str:
+def explore_html(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_html
 
     timelines = {n: _timeline(run) for n, run in found.examples.items()}
-    return render_exploration_html(found.exploration, found.scenario, timelines)
+    return render_exploration_html(found, _explored(found), timelines)
 
 
 def sweep_text(swept: Swept, view: View) -> str:
