@@ -25,8 +25,9 @@ from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
 from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
-from pgrace.model.results import Checked, Cleaned, Loaded, Shown, Swept
+from pgrace.model.results import Checked, Cleaned, Loaded, Shown
 from pgrace.model.scenario import Scenario
+from pgrace.model.sweep import Sweep
 from pgrace.model.timeline import Run
 from pgrace.scratch import sweep_leftovers
 from pgrace.servers import ServerInfo
@@ -314,7 +315,7 @@ def sweep(
     superuser: bool = False,
     monitor: Monitor | None = None,
     on_note: Note | None = None,
-) -> Swept:
+) -> Sweep:
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
     With ``explore``, every interleaving of each combination (``limit``: a seeded sample;
@@ -341,12 +342,12 @@ def sweep(
     refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
     if explore:
         note_long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
-    result = Swept([])
+    result = Sweep()
     with _serving(server, dsn, superuser, on_note) as opened:
         try:
             watch.start("sweep", combinations, "combinations")
             for chosen in loaded:
-                before = sum(len(c) for c in loaded[: len(result.sweeps)])
+                before = sum(len(c) for c in loaded[: len(result.grids)])
 
                 def combination_done(done: int, total: int, before: int = before) -> None:
                     watch.update(before + done)
@@ -354,7 +355,7 @@ def sweep(
                 def interleaved(done: int, total: int) -> None:
                     watch.update(watch.done, f"{done:,}/{total:,} interleavings")
 
-                result.sweeps.append(
+                result.grids.append(
                     sweep_grid(
                         chosen,
                         grid,
@@ -373,7 +374,7 @@ def sweep(
         finally:
             watch.close()
         if examples:
-            for i, (chosen, swept) in enumerate(zip(loaded, result.sweeps, strict=True)):
+            for i, (chosen, swept) in enumerate(zip(loaded, result.grids, strict=True)):
                 for j, ((_, scenario), cell) in enumerate(zip(chosen, swept.cells, strict=True)):
                     for k, cls in enumerate(cell.classes):
                         result.examples[(i, j, k)] = replay(scenario, opened, cls, step_timeout)

@@ -132,7 +132,7 @@ def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_p
 def test_sweep_returns_one_grid_per_scenario(pgrace_server: ServerInfo) -> None:
     levels = ["read-committed", "serializable"]
     swept = pgrace.sweep([LOST_UPDATE_P4], {"level": levels}, server=pgrace_server)
-    [grid] = swept.sweeps
+    [grid] = swept.grids
     assert [cell.params for cell in grid.cells] == [{"level": level} for level in levels]
     assert [cell.verdict for cell in grid.cells] == ["occurs", "prevented by 40001"]
     args = ["sweep", LOST_UPDATE_P4, "-p", "level=read-committed,serializable", "-f", "json"]

@@ -13,19 +13,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pgrace.drivers.check import CaseResult
     from pgrace.drivers.load import LoadResult
-    from pgrace.drivers.sweep import Sweep
     from pgrace.errors import ScenarioError
     from pgrace.model.scenario import Scenario
-    from pgrace.model.timeline import Run
     from pgrace.servers import ServerInfo
-
-
-@dataclass
-class Swept:
-    """One grid per scenario; with examples, each class's example replayed, by (scenario, cell, class)."""
-
-    sweeps: list[Sweep]
-    examples: dict[tuple[int, int, int], Run] = field(default_factory=dict)
 
 
 @dataclass

@@ -23,9 +23,9 @@ from pgrace.text import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
     from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
-    from pgrace.drivers.sweep import Sweep
     from pgrace.model.exploration import Exploration
     from pgrace.model.outcomes import OutcomeClass
+    from pgrace.model.sweep import Grid
 
 
 def step_label(scenario: Scenario, name: str) -> str:
@@ -358,13 +358,13 @@ def _combination_label(params: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
-def _sweep_rows(sweeps: Sequence[Sweep]) -> tuple[list[str], list[list[str]]]:
+def _sweep_rows(sweeps: Sequence[Grid]) -> tuple[list[str], list[list[str]]]:
     headers = ["scenario", *(_combination_label(c.params) for c in sweeps[0].cells)]
     rows = [[f"{s.scenario} ({s.variant})", *(c.verdict for c in s.cells)] for s in sweeps]
     return headers, rows
 
 
-def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
+def render_sweep_text(sweeps: Sequence[Grid]) -> str:
     sweeps = without_controls(list(sweeps))
     if not sweeps:
         return ""
@@ -381,7 +381,7 @@ def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_sweep_markdown(sweeps: Sequence[Sweep]) -> str:
+def render_sweep_markdown(sweeps: Sequence[Grid]) -> str:
     sweeps = without_controls(list(sweeps))
     if not sweeps:
         return ""
@@ -391,7 +391,7 @@ def render_sweep_markdown(sweeps: Sequence[Sweep]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int, int], str]) -> str:
+def render_sweep_html(sweeps: Sequence[Grid], timelines: Mapping[tuple[int, int, int], str]) -> str:
     """``timelines``: (sweep, cell, class) numbers from 0 → that class's example timeline."""
     sweeps = without_controls(list(sweeps))
     if not sweeps:
@@ -426,6 +426,6 @@ def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int
     return _page("pgrace sweep", "\n".join(body) + "\n")
 
 
-def render_sweep_json(sweeps: Sequence[Sweep]) -> str:
+def render_sweep_json(sweeps: Sequence[Grid]) -> str:
     data: Any = sweeps[0].to_dict() if len(sweeps) == 1 else [s.to_dict() for s in sweeps]
     return json_safe(json.dumps(data, indent=2, ensure_ascii=False)) + "\n"

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from pgrace.drivers.load import LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.model.exploration import Exploration
-    from pgrace.model.results import Swept
     from pgrace.model.scenario import Scenario
+    from pgrace.model.sweep import Sweep
     from pgrace.model.timeline import Run
     from pgrace.render.text import Style
 
@@ -160,28 +160,28 @@ def explore_html(found: Exploration, view: View) -> str:
     return render_exploration_html(found, _explored(found), timelines)
 
 
-def sweep_text(swept: Swept, view: View) -> str:
+def sweep_text(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_text
 
-    return render_sweep_text(swept.sweeps)
+    return render_sweep_text(swept.grids)
 
 
-def sweep_json(swept: Swept, view: View) -> str:
+def sweep_json(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_json
 
-    return render_sweep_json(swept.sweeps)
+    return render_sweep_json(swept.grids)
 
 
-def sweep_markdown(swept: Swept, view: View) -> str:
+def sweep_markdown(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_markdown
 
-    return render_sweep_markdown(swept.sweeps)
+    return render_sweep_markdown(swept.grids)
 
 
-def sweep_html(swept: Swept, view: View) -> str:
+def sweep_html(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_html
 
-    return render_sweep_html(swept.sweeps, {key: _timeline(run) for key, run in swept.examples.items()})
+    return render_sweep_html(swept.grids, {key: _timeline(run) for key, run in swept.examples.items()})
 
 
 def matrix_text(matrix: Matrix, view: View) -> str:
