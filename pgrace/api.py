@@ -24,8 +24,9 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
+from pgrace.model.cases import Checked
 from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
-from pgrace.model.results import Checked, Cleaned, Loaded, Shown
+from pgrace.model.results import Cleaned, Loaded, Shown
 from pgrace.model.scenario import Scenario
 from pgrace.model.sweep import Sweep
 from pgrace.model.timeline import Run
@@ -34,11 +35,11 @@ from pgrace.servers import ServerInfo
 from pgrace.text import visible
 
 if TYPE_CHECKING:
-    from pgrace.drivers.check import CaseResult
     from pgrace.drivers.fromlog import FromLog
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.formats.catalog import Entry
+    from pgrace.model.cases import CaseVerdict
     from pgrace.model.exploration import Exploration
     from pgrace.model.minimized import Minimized
 
@@ -416,7 +417,7 @@ def check(
     pct: int | None = None,
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
-    on_result: Callable[[CaseResult], None] | None = None,
+    on_result: Callable[[CaseVerdict], None] | None = None,
     on_note: Note | None = None,
 ) -> Checked:
     """Run scenario files and specs (files or directories) as regression checks, on each server in turn.
@@ -441,7 +442,7 @@ def check(
     options = RunOptions(step_timeout=step_timeout)
     check_bounded_explore(explore, max_preemptions, pct, jobs)
     watch = monitor or Unwatched()
-    checked = Checked([], [], [])
+    checked = Checked()
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
@@ -468,7 +469,7 @@ def check(
                     def interleaved(done: int, total: int, name: str = case.name) -> None:
                         if done == 0:
                             note_long(watch, name, total, jobs)
-                        watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
+                        watch.update(len(checked.verdicts), f"{name}: {done:,}/{total:,} interleavings")
 
                     result = regression.run_explore_case(
                         case, server, options, limit, seed, jobs, interleaved, max_preemptions, pct
@@ -477,15 +478,15 @@ def check(
                     result = regression.run_case(
                         case, server, options, update=update, database_name=database_name, scratch=scratch
                     )
-                checked.results.append(result)
+                checked.verdicts.append(result)
                 if on_result is not None:
                     on_result(result)
-                watch.update(len(checked.results))
+                watch.update(len(checked.verdicts))
         watch.close()
     if junit is not None:
         from pgrace.render.junit import render_junit
 
-        write_output(junit, render_junit(checked.results, checked.invalid))
+        write_output(junit, render_junit(checked.verdicts, checked.invalid))
     return checked
 
 

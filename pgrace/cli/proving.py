@@ -37,7 +37,6 @@ from pgrace.cli.base import (
     writable,
 )
 from pgrace.cli.types import CommaList
-from pgrace.errors import EXIT_INVALID
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
 
@@ -161,7 +160,7 @@ def check(
             on_note=say,
         )
     emit(render_summary(checked, update), None)
-    sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
+    sys.exit(checked.exit_code)
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -20,7 +20,7 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
 from pgrace.formats import catalog
 from pgrace.model.cases import Case as Case
-from pgrace.model.cases import CaseResult as CaseResult
+from pgrace.model.cases import CaseVerdict
 from pgrace.model.cases import differs_across_servers as differs_across_servers
 from pgrace.model.timeline import Run
 from pgrace.render.text import Style, render_text
@@ -86,7 +86,7 @@ def run_case(
     update: bool = False,
     database_name: str | None = None,
     scratch: ReusableScratch | None = None,
-) -> CaseResult:
+) -> CaseVerdict:
     """Run one case on one server and judge it (``database_name``: the scratch database's exact name).
 
     Specs run in ``scratch`` when given: one database for all of them, as pg_regress does.
@@ -97,15 +97,15 @@ def run_case(
             spec_options = replace(options or RunOptions(), track_row_locks=False)
             checked = speccheck.run_check(case.spec, server, spec_options, database_name, scratch)
             problems = [] if checked.passed else [_first_difference(checked.comparison)]
-            return CaseResult(
+            return CaseVerdict(
                 case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
             )
         named = database_name if scratch is None else None  # the specs' shared database holds that name
         run = run_in_scratch(case.scenario, server, options, database_name=named)
     except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
         recorded = failed.run if isinstance(failed.run, Run) else None
-        return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=recorded)
-    result = CaseResult(case, server, run.ok, 0.0, run=run)
+        return CaseVerdict(case, server, False, time.perf_counter() - started, [failed.message], run=recorded)
+    result = CaseVerdict(case, server, run.ok, 0.0, run=run)
     for check in run.checks:
         if not check.ok:
             where = f"line {check.line}: " if check.line else ""
@@ -116,7 +116,7 @@ def run_case(
     return result
 
 
-def _compare_golden(path: Path, text: str, result: CaseResult, update: bool) -> None:
+def _compare_golden(path: Path, text: str, result: CaseVerdict, update: bool) -> None:
     if update:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
@@ -148,7 +148,7 @@ def run_explore_case(
     on_progress: Callable[[int, int], None] | None = None,
     max_preemptions: int | None = None,
     pct: int | None = None,
-) -> CaseResult:
+) -> CaseVerdict:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
 
     The variant's claim (:func:`pgrace.model.outcomes.claim_of`) decides. The bug of a bug
@@ -206,4 +206,4 @@ def run_explore_case(
                     f"class {number} of {len(classes)} ({cls.count} of {explored} interleavings): {cls.summary}; "
                     f"example: {example_text(case.scenario, cls.example)}"
                 )
-    return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
+    return CaseVerdict(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)

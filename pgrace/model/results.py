@@ -11,25 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.drivers.check import CaseResult
     from pgrace.drivers.load import LoadResult
-    from pgrace.errors import ScenarioError
     from pgrace.model.scenario import Scenario
-    from pgrace.servers import ServerInfo
-
-
-@dataclass
-class Checked:
-    """Every case's result on every server, and the files that could not be read."""
-
-    results: list[CaseResult]
-    invalid: list[ScenarioError]
-    servers: list[ServerInfo]
-    updated: int = 0
-
-    @property
-    def failed(self) -> int:
-        return sum(1 for r in self.results if not r.ok)
 
 
 @dataclass

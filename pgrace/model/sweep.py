@@ -42,9 +42,7 @@ class GridPoint:
     classes: list[OutcomeClass]
     variant: str
     signatures: bool = False  # the checks are the anomaly's signature (kind = "bug"), not invariants
-    guarantee: dict[str, Any] | None = (
-        None  # a bounded exploration's (see pgrace.model.exploration)
-    )
+    guarantee: dict[str, Any] | None = None  # a bounded exploration's (see pgrace.model.exploration)
 
     def to_dict(self) -> dict[str, Any]:
         return {
