@@ -25,8 +25,9 @@ from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
 from pgrace.model.cases import Checked
+from pgrace.model.load import Loaded
 from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
-from pgrace.model.results import Cleaned, Loaded, Shown
+from pgrace.model.results import Cleaned, Shown
 from pgrace.model.scenario import Scenario
 from pgrace.model.sweep import Sweep
 from pgrace.model.timeline import Run
@@ -36,11 +37,11 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.drivers.fromlog import FromLog
-    from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.formats.catalog import Entry
     from pgrace.model.cases import CaseVerdict
     from pgrace.model.exploration import Exploration
+    from pgrace.model.load import ClientRun, LoadSeries
     from pgrace.model.minimized import Minimized
 
 
@@ -507,7 +508,7 @@ def load(
     server: ServerInfo | None = None,
     setup_timeout: float | None = None,
     monitor: Monitor | None = None,
-    on_measured: Callable[[LoadResult, ClientRun], None] | None = None,
+    on_measured: Callable[[LoadSeries, ClientRun], None] | None = None,
     on_note: Note | None = None,
 ) -> Loaded:
     """Run ``scenario``'s ``[load]`` transaction with pgbench at each client count; count what went wrong.
@@ -545,12 +546,12 @@ def load(
             try:
                 watch.start(f"load {scenario.name}", len(variants) * len(options.clients), "client counts")
                 for variant in variants:
-                    loaded.results.append(engine.run_load(variant, opened, options))
+                    loaded.series.append(engine.run_load(variant, opened, options))
             finally:
                 watch.close()
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted):  # a variant part-measured
-            loaded.results.append(exc.partial)
+            loaded.series.append(exc.partial)
         raise Interrupted(loaded, exc) from exc
     return loaded
 

@@ -69,7 +69,7 @@ def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:
     scenario = pgrace.load_scenario("lost-update")
     assert (scenario.name, scenario.variants) == ("lost-update", ("bug", "fix"))
     done = pgrace.load(scenario, compare=True, emit=tmp_path)  # nothing runs, no server
-    assert done.results == [] and {"lost-update.bug.pgbench.sql", "lost-update.fix.pgbench.sql"} <= {
+    assert done.series == [] and {"lost-update.bug.pgbench.sql", "lost-update.fix.pgbench.sql"} <= {
         p.name for p in done.emitted
     }
 
@@ -244,6 +244,6 @@ def test_an_interrupted_load_declares_what_it_measured(
             server=pgrace_server,
             on_measured=interrupt,
         )
-    [measured] = caught.value.partial.results
+    [measured] = caught.value.partial.series
     assert measured.interrupted and [run.clients for run in measured.runs] == [1]
     assert isinstance(caught.value.by, stop) and exit_code_of_interrupt(caught.value) == code

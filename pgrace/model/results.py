@@ -7,24 +7,10 @@ runner, and a caller holds everything a format draws in one object.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.drivers.load import LoadResult
     from pgrace.model.scenario import Scenario
-
-
-@dataclass
-class Loaded:
-    """The variants' measurements under load, or (with ``emit``) the files written instead."""
-
-    results: list[LoadResult] = field(default_factory=list)
-    emitted: list[Path] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not any(run.violations for result in self.results for run in result.runs)
 
 
 @dataclass

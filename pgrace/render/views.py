@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.drivers.load import LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.model.exploration import Exploration
+    from pgrace.model.load import LoadSeries
     from pgrace.model.scenario import Scenario
     from pgrace.model.sweep import Sweep
     from pgrace.model.timeline import Run
@@ -211,25 +211,25 @@ def matrix_html(matrix: Matrix, view: View) -> str:
 # -- load -----------------------------------------------------------------------------------
 
 
-def load_text(results: list[LoadResult], view: View) -> str:
+def load_text(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_text
 
     return render_load_text(results)
 
 
-def load_json(results: list[LoadResult], view: View) -> str:
+def load_json(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_json
 
     return render_load_json(results)
 
 
-def load_svg(results: list[LoadResult], view: View) -> str:
+def load_svg(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_svg
 
     return render_load_svg(results)
 
 
-def load_html(results: list[LoadResult], view: View) -> str:
+def load_html(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_html
 
     return render_load_html(results)
