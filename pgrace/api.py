@@ -37,11 +37,11 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.drivers.fromlog import FromLog
-    from pgrace.drivers.matrix import Matrix
     from pgrace.formats.catalog import Entry
     from pgrace.model.cases import CaseVerdict
     from pgrace.model.exploration import Exploration
     from pgrace.model.load import ClientRun, LoadSeries
+    from pgrace.model.matrix import Matrix
     from pgrace.model.minimized import Minimized
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
 from pgrace.model.exploration import Exploration
+from pgrace.model.matrix import Matrix, MatrixTable, ModePair
 from pgrace.model.outcomes import OutcomeClass
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.model.sweep import Grid, GridPoint

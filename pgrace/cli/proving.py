@@ -352,7 +352,7 @@ def matrix(
 
     measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=say)
     emit(draw("matrix", fmt, measured), output)
-    sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
+    sys.exit(measured.exit_code)
 
 
 SWEPT_VALUES = CommaList(click.STRING, "values", "read-committed,serializable")

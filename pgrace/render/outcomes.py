@@ -22,8 +22,8 @@ from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
 from pgrace.text import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
-    from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
     from pgrace.model.exploration import Exploration
+    from pgrace.model.matrix import Matrix, MatrixTable, ModePair
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.sweep import Grid
 

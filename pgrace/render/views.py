@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.drivers.matrix import Matrix
     from pgrace.model.exploration import Exploration
     from pgrace.model.load import LoadSeries
+    from pgrace.model.matrix import Matrix
     from pgrace.model.scenario import Scenario
     from pgrace.model.sweep import Sweep
     from pgrace.model.timeline import Run
