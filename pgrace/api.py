@@ -36,10 +36,10 @@ from pgrace.servers import ServerInfo
 from pgrace.text import visible
 
 if TYPE_CHECKING:
-    from pgrace.drivers.fromlog import FromLog
     from pgrace.formats.catalog import Entry
     from pgrace.model.cases import CaseVerdict
     from pgrace.model.exploration import Exploration
+    from pgrace.model.fromlog import FromLog
     from pgrace.model.load import ClientRun, LoadSeries
     from pgrace.model.matrix import Matrix
     from pgrace.model.minimized import Minimized

@@ -31,6 +31,14 @@ def test_a_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     assert "pkg.high" not in graph["pkg.typed"]  # an import for the type checker never runs
 
 
+def test_import_linter_counts_the_type_checkers_imports_too() -> None:
+    """A type a module names under ``if TYPE_CHECKING:`` is one its readers must know: it is held to the layers."""
+    import tomllib
+
+    config = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert config["exclude_type_checking_imports"] is False
+
+
 MAX_MODULE_LINES = 600
 
 

@@ -444,6 +444,7 @@ def sweep(
             on_note=say,
         )
     emit(draw("sweep", fmt, swept), output)
+    sys.exit(swept.exit_code)
 
 
 def parse_shard(value: str | None) -> tuple[int, int]:
@@ -555,3 +556,4 @@ def minimize(
         on_note=say,
     )
     emit(draw("minimize", fmt, found), None)
+    sys.exit(found.exit_code)

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgrace.errors import EXIT_OK
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 
@@ -116,12 +117,23 @@ class Minimized:
     written: list[tuple[str, str]] = field(default_factory=list)  # (kind, path) of each verified export
 
     @property
+    def ok(self) -> bool:
+        """Always: a shrink ends with a scenario that fails as the run it started from did (one that does not
+        fail raises instead, before anything is shrunk)."""
+        return True
+
+    @property
+    def exit_code(self) -> int:
+        """``pgrace minimize``'s: 0 once the smallest scenario is found (and written where asked, verified)."""
+        return EXIT_OK
+
+    @property
     def order(self) -> tuple[str, ...]:
         return tuple(p.step for p in self.scenario.permutations[0])
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (docs/reference/json.md) but its last key, ``timeline``: a run's JSON is
-        the renderer's (:func:`pgrace.render.minimize.minimize_json` adds it)."""
+        the renderer's (:func:`pgrace.render.minimize.minimized_to_dict` adds it)."""
         return {
             "scenario": self.original.name,
             "variant": self.original.variant,

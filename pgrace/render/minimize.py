@@ -9,7 +9,6 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.model.minimized import Minimized
-    from pgrace.render.views import View
 
 
 def _sizes(counts: dict[str, int]) -> str:
@@ -59,11 +58,7 @@ def render_minimized_text(found: Minimized, timeline: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def minimize_text(found: Minimized, view: View) -> str:
-    return render_minimized_text(found)
-
-
-def minimize_json(found: Minimized, view: View) -> str:
+def render_minimized_json(found: Minimized) -> str:
     return json.dumps(minimized_to_dict(found), indent=2, default=str) + "\n"
 
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from pgrace.model.exploration import Exploration
     from pgrace.model.load import LoadSeries
     from pgrace.model.matrix import Matrix
+    from pgrace.model.minimized import Minimized
     from pgrace.model.scenario import Scenario
     from pgrace.model.sweep import Sweep
     from pgrace.model.timeline import Run
@@ -233,3 +234,18 @@ def load_html(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_html
 
     return render_load_html(results)
+
+
+# -- minimize ---------------------------------------------------------------------------------
+
+
+def minimize_text(found: Minimized, view: View) -> str:
+    from pgrace.render.minimize import render_minimized_text
+
+    return render_minimized_text(found)
+
+
+def minimize_json(found: Minimized, view: View) -> str:
+    from pgrace.render.minimize import render_minimized_json
+
+    return render_minimized_json(found)
