@@ -52,15 +52,29 @@ if TYPE_CHECKING:
         ServerUnavailable,
         SetupFailed,
     )
+    from pgrace.model.cases import Checked
     from pgrace.model.exploration import Exploration
+    from pgrace.model.fromlog import FromLog
+    from pgrace.model.load import Loaded
+    from pgrace.model.matrix import Matrix
+    from pgrace.model.minimized import Minimized
     from pgrace.model.outcomes import OutcomeClass
+    from pgrace.model.results import Cleaned
     from pgrace.model.scenario import Scenario, Session, Step
+    from pgrace.model.sweep import Sweep
     from pgrace.model.timeline import CheckResult, Run, StepRun
     from pgrace.proxy import explore_exec, run_exec
     from pgrace.servers import ServerInfo, open_server
 
 _HOMES = {
     "CheckResult": "pgrace.model.timeline",
+    "Checked": "pgrace.model.cases",
+    "Cleaned": "pgrace.model.results",
+    "FromLog": "pgrace.model.fromlog",
+    "Loaded": "pgrace.model.load",
+    "Matrix": "pgrace.model.matrix",
+    "Minimized": "pgrace.model.minimized",
+    "Sweep": "pgrace.model.sweep",
     "CodeError": "pgrace.errors",
     "Interrupted": "pgrace.errors",
     "OptionError": "pgrace.errors",
@@ -106,9 +120,15 @@ _HOMES = {
 
 __all__ = [
     "CheckResult",
+    "Checked",
+    "Cleaned",
     "CodeError",
     "Exploration",
+    "FromLog",
     "Interrupted",
+    "Loaded",
+    "Matrix",
+    "Minimized",
     "OptionError",
     "OutcomeClass",
     "PgraceError",
@@ -123,6 +143,7 @@ __all__ = [
     "SetupFailed",
     "Step",
     "StepRun",
+    "Sweep",
     "TracedConnection",
     "check",
     "clean",
