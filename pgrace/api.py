@@ -24,8 +24,8 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
-from pgrace.model.cases import Checked
-from pgrace.model.load import Loaded
+from pgrace.model.cases import CaseVerdict, Checked
+from pgrace.model.load import ClientRun, Loaded, LoadSeries
 from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
 from pgrace.model.results import Cleaned, Shown
 from pgrace.model.scenario import Scenario
@@ -37,10 +37,8 @@ from pgrace.text import visible
 
 if TYPE_CHECKING:
     from pgrace.formats.catalog import Entry
-    from pgrace.model.cases import CaseVerdict
     from pgrace.model.exploration import Exploration
     from pgrace.model.fromlog import FromLog
-    from pgrace.model.load import ClientRun, LoadSeries
     from pgrace.model.matrix import Matrix
     from pgrace.model.minimized import Minimized
 
@@ -326,10 +324,7 @@ def sweep(
     will write, refused before anything runs when it is one of the scenario files.
     """
     from pgrace.drivers.explore import replay
-    from pgrace.drivers.sweep import (  # from the module: the package's ``pgrace.drivers.sweep`` is this
-        interleavings,
-        variants,
-    )
+    from pgrace.drivers.sweep import interleavings, variants  # the module's: the package's drivers.sweep is this
     from pgrace.drivers.sweep import sweep as sweep_grid
 
     check_bounded_explore(explore, max_preemptions, pct, jobs)
