@@ -1,6 +1,6 @@
 """Shards of one search read back from JSON and merged: complete only when each of the N is there once.
 
-A shard's JSON says which search it is a shard of (:class:`~pgrace.drivers.identity.Search`)
+A shard's JSON says which search it is a shard of (:class:`~pgrace.model.exploration.Search`)
 and which of N shards it holds; :func:`merge_explorations` refuses a part of another search
 or a shard held twice (exit 2, naming the file), and a merge missing shards is a part.
 """

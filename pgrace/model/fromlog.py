@@ -76,7 +76,8 @@ class Incident:
 class Listed:
     """An incident as a list of them shows it: a few hundred bytes, where a whole :class:`Incident` is kilobytes.
 
-    A log of 20,000 incidents is listed in bounded memory; :func:`reread` gives the one written whole.
+    A log of 20,000 incidents is listed in bounded memory; ``pgrace.drivers.fromlog.incidents.reread`` gives
+    the one written whole.
     """
 
     kind: str

@@ -133,7 +133,7 @@ class Minimized:
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (docs/reference/json.md) but its last key, ``timeline``: a run's JSON is
-        the renderer's (:func:`pgrace.render.minimize.minimized_to_dict` adds it)."""
+        the renderer's (``pgrace.render.minimize.minimized_to_dict`` adds it)."""
         return {
             "scenario": self.original.name,
             "variant": self.original.variant,
