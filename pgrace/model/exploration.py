@@ -26,7 +26,8 @@ __all__ = ["Bound", "Exploration", "Search", "scenario_digest"]
 
 @dataclass
 class Exploration:
-    """The outcome classes of one variant's interleavings (or of a shard or a sample of them)."""
+    """The outcome classes of one variant's interleavings (or of a shard or a sample of them), what the search
+    covered, and what the command added: the examples replayed, the first failing class minimized."""
 
     scenario: str
     variant: str
