@@ -99,6 +99,7 @@ BOUNDED_HELP = " a pass then says so, never as every interleaving"
 @preemptions_option("With --explore: every schedule with at most K preemptions;" + BOUNDED_HELP)
 @pct_option("With --explore: PCT schedules of depth D;" + BOUNDED_HELP)
 @superuser_option
+@exec_option
 def check(
     paths: tuple[str, ...],
     servers: tuple[str, ...],
@@ -118,6 +119,7 @@ def check(
     max_preemptions: int | None,
     pct: int | None,
     superuser: bool,
+    commands: tuple[str, ...],
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
 
@@ -128,8 +130,10 @@ def check(
     bug of a bug and a fix (or a scenario whose checks are all kind = "bug") passes when
     some interleaving reproduces it without an error no step declares, and anything else
     when no interleaving shows the bug or raises such an error; with --max-preemptions or
-    --pct, over those schedules only, and its line says which. Exit code 1: a case
-    failed; 2: a file could not be read (it is reported, the others still run).
+    --pct, over those schedules only, and its line says which. With --exec, the commands
+    are each scenario case's sessions instead of its steps (with --explore, every order of
+    their statements). Exit code 1: a case failed; 2: a file could not be read, or a
+    command connected around pgrace's proxy (it is reported, the others still run).
     """
     from pgrace import api
     from pgrace.cli.terminal.stream import CheckStream
@@ -155,6 +159,7 @@ def check(
             params=parse_params(params),
             max_preemptions=max_preemptions,
             pct=pct,
+            commands=commands,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
