@@ -444,7 +444,7 @@ def check(
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
     check_bounded_explore(explore, max_preemptions, pct, jobs)
-    regression.check_exec_options(commands, limit, max_preemptions, pct, jobs, database_name)
+    regression.check_exec_options(commands, (), limit, max_preemptions, pct, jobs, database_name)
     watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
@@ -454,6 +454,7 @@ def check(
             names, golden or update, expected, checked.invalid, dict(params or {}), exec_commands=bool(commands)
         )
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "junit")
+        regression.check_exec_options(commands, cases, limit, max_preemptions, pct, jobs, database_name)
         for error in checked.invalid:  # reported at once; the valid files still run
             if on_invalid is not None:
                 on_invalid(error)

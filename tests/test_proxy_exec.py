@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from pgrace.drivers.exec import explore_exec, run_exec
-from pgrace.engine.proxy.processes import Command
 from pgrace.formats import catalog
+from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
 CLIENTS = Path(__file__).parent / "clients"

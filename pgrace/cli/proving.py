@@ -264,7 +264,7 @@ def explore(
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
-    if commands:
+    if commands or chosen.commands:
         refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
@@ -321,7 +321,8 @@ def refuse_exec_explore(
     merge_files: tuple[str, ...],
     minimize_first: bool,
 ) -> None:
-    """What ``explore --exec`` does not do yet: samples, bounded searches, shards, -j processes, merges, minimizing."""
+    """What exploring commands (``--exec``, a file's ``[exec]``) does not do yet: samples, bounded searches, shards,
+    -j processes, merges, minimizing."""
     given = [
         name
         for name, value in (
@@ -336,7 +337,9 @@ def refuse_exec_explore(
         if value
     ]
     if given:
-        raise click.UsageError(f"--exec explores every order (reduced, or --no-reduce); leave out {given[0]}")
+        raise click.UsageError(
+            f"commands (--exec, [exec]) are explored in every order (reduced, or --no-reduce); leave out {given[0]}"
+        )
 
 
 @main.command(epilog=EXIT_CODES_HELP)

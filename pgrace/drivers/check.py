@@ -35,18 +35,21 @@ GOLDEN_STYLE = Style(colour=False, width=120, show_server=False, until_server_ch
 
 def check_exec_options(
     commands: Sequence[str],
+    cases: Sequence[Case],
     limit: int | None,
     max_preemptions: int | None,
     pct: int | None,
     jobs: int,
     database_name: str | None,
 ) -> None:
-    """What ``check`` with commands does not do: samples, bounded searches, -j processes, a named database."""
-    if not commands:
+    """What ``check`` does not do with commands (``--exec``, or a case's ``[exec]``): samples, bounded searches, -j
+    processes, a named database."""
+    if not commands and not any(case.scenario.commands for case in cases):
         return
     from pgrace.drivers.exec import parse_exec
 
-    parse_exec(commands)
+    if commands:
+        parse_exec(commands)
     given = [
         name
         for name, value in (
@@ -59,7 +62,10 @@ def check_exec_options(
         if value
     ]
     if given:
-        raise OptionError("not with --exec, which explores every order in a scratch database of its own", given[0])
+        raise OptionError(
+            "not with commands (--exec, a file's [exec]), which explore every order in a scratch database of their own",
+            given[0],
+        )
 
 
 def golden_path(path: Path, variant: str) -> Path:
@@ -139,7 +145,7 @@ def run_case(
             return CaseResult(
                 case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
             )
-        if commands:
+        if commands or case.scenario.commands:
             from pgrace.drivers.exec import run_commands
 
             step_timeout = (options or RunOptions()).step_timeout
@@ -217,10 +223,10 @@ def run_explore_case(
 
     started = time.perf_counter()
     step_timeout = (options or RunOptions()).step_timeout
-    if commands:
-        from pgrace.drivers.exec import explore_exec, parse_exec
+    if commands or case.scenario.commands:
+        from pgrace.drivers.exec import commands_for, explore_exec
 
-        searched = explore_exec(case.scenario, parse_exec(commands), server, step_timeout=step_timeout)
+        searched = explore_exec(case.scenario, commands_for(case.scenario, commands), server, step_timeout=step_timeout)
         problems = judged(case, searched)
         if searched.claim != "bug" and not searched.covers_all:
             problems.append(f"the search did not cover every order ({searched.incomplete}): no proof it holds in all")
