@@ -252,7 +252,7 @@ class ExecRunner:
         self.cond = threading.Condition()
         self.stack = contextlib.ExitStack()
         self.sql = ControlSql(step_timeout, timeout_name="the step timeout")
-        self.hooks = ProxyHooks(self.cond, self._cancel)
+        self.hooks = ProxyHooks(self.cond, self._cancel, step_timeout)
         self.raised: list[str] = []
         self.columns: list[str] = []  # sessions that are a command without a connection (its exit shown there)
         self.has_row_locks = True
