@@ -194,3 +194,24 @@ def test_a_command_that_cannot_start_names_its_file_and_line(pgrace_server: Serv
     with pytest.raises(ExecError) as raised:
         run_commands(scenario, [], pgrace_server)
     assert str(raised.value).startswith(f"{path}:23: cannot start command 'alice' in {app.resolve()}: ")
+
+
+@pytest.mark.parametrize(
+    ("option", "why"),
+    [
+        (["--max", "3"], "not in a sample"),
+        (["--max-preemptions", "1"], "not in a bounded search"),
+        (["--pct", "2"], "not in a bounded search"),
+        (["--shard", "1/2"], "does not split into shards"),
+        (["-j", "2"], "does not split across processes"),
+        (["--minimize"], "a command's statements are its code"),
+    ],
+)
+def test_exploring_commands_refuses_what_it_cannot_do_and_says_why(app: Path, option: list[str], why: str) -> None:
+    """Refused in one line before any server starts, whether the commands come from [exec] or --exec."""
+    path = _write(app, '\n[exec]\nalice = "true"\n')
+    for extra in ([], ["--exec", "bob=true"]):
+        result = _cli("explore", str(path), *option, *extra)
+        assert result.exit_code == 2
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"pgrace: explore: {option[0]} with commands (--exec, [exec]): ") and why in line

@@ -312,6 +312,23 @@ def explore(
     sys.exit(verdict)
 
 
+EXEC_SEARCH = (
+    "the search over commands is one sequence of runs, each chosen from what the runs before it showed: it does not"
+    " split"
+)
+EXEC_REFUSED = {
+    "--max": "commands are explored in every order (reduced, or --no-reduce), not in a sample",
+    "--max-preemptions": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--pct": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--shard": f"{EXEC_SEARCH} into shards",
+    "--merge": f"{EXEC_SEARCH} into shards, so there are none to merge",
+    "-j": f"{EXEC_SEARCH} across processes",
+    "--minimize": "minimizing removes statements, and a command's statements are its code: put the failing class's"
+    " statements (--show N) in a scenario's steps and minimize that",
+}
+"""Why exploring commands takes none of these options."""
+
+
 def refuse_exec_explore(
     limit: int | None,
     max_preemptions: int | None,
@@ -321,8 +338,8 @@ def refuse_exec_explore(
     merge_files: tuple[str, ...],
     minimize_first: bool,
 ) -> None:
-    """What exploring commands (``--exec``, a file's ``[exec]``) does not do yet: samples, bounded searches, shards,
-    -j processes, merges, minimizing."""
+    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: samples, bounded searches, shards,
+    -j processes, merges, minimizing; each refused in one line that says why."""
     given = [
         name
         for name, value in (
@@ -337,9 +354,7 @@ def refuse_exec_explore(
         if value
     ]
     if given:
-        raise click.UsageError(
-            f"commands (--exec, [exec]) are explored in every order (reduced, or --no-reduce); leave out {given[0]}"
-        )
+        raise click.UsageError(f"{given[0]} with commands (--exec, [exec]): {EXEC_REFUSED[given[0]]}")
 
 
 @main.command(epilog=EXIT_CODES_HELP)
