@@ -215,3 +215,19 @@ def test_exploring_commands_refuses_what_it_cannot_do_and_says_why(app: Path, op
         assert result.exit_code == 2
         [line] = result.stderr.splitlines()
         assert line.startswith(f"pgrace: explore: {option[0]} with commands (--exec, [exec]): ") and why in line
+
+
+def test_golden_timelines_of_a_file_of_commands(pgrace_server: ServerInfo, app: Path) -> None:
+    """check --golden compares a run of commands' timeline as a run of steps', NAME.VARIANT.out beside the file."""
+    path = _write(app, f'\n[exec]\nalice = "{PYTHON} withdraw.py"\nbob = "{PYTHON} withdraw.py"\n')
+    dsn = ("--dsn", pgrace_server.dsn)
+    written = _cli("check", "--golden", "--update", str(path), *dsn)
+    golden = app / "withdrawals.bug.out"
+    assert golden.is_file(), written.output
+    text = golden.read_text(encoding="utf-8")
+    assert "alice#1" in text and "bob#1" in text and "got (300)" in text
+    again = _cli("check", "--golden", str(path), *dsn)
+    assert "timeline differs" not in again.output, again.output
+    golden.write_text(text.replace("got (300)", "got (200)"), encoding="utf-8")
+    changed = _cli("check", "--golden", str(path), *dsn)
+    assert changed.exit_code == 1 and "timeline differs" in changed.output
