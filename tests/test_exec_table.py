@@ -231,3 +231,11 @@ def test_golden_timelines_of_a_file_of_commands(pgrace_server: ServerInfo, app: 
     golden.write_text(text.replace("got (300)", "got (200)"), encoding="utf-8")
     changed = _cli("check", "--golden", str(path), *dsn)
     assert changed.exit_code == 1 and "timeline differs" in changed.output
+
+
+def test_show_lists_the_commands_with_their_folder_and_hostile_text_made_visible(app: Path) -> None:
+    path = _write(app, '\n[exec]\nalice = "python withdraw.py \\u001b[2J"\n')
+    shown = _cli("show", str(path))
+    assert shown.exit_code == 0
+    assert f"  alice      python withdraw.py ␛[2J  (in {app.resolve()})\n" in shown.output
+    assert "\x1b" not in shown.output
