@@ -239,3 +239,11 @@ def test_show_lists_the_commands_with_their_folder_and_hostile_text_made_visible
     assert shown.exit_code == 0
     assert f"  alice      python withdraw.py ␛[2J  (in {app.resolve()})\n" in shown.output
     assert "\x1b" not in shown.output
+
+
+def test_the_python_api_runs_a_files_commands_with_none_given(pgrace_server: ServerInfo, app: Path) -> None:
+    from pgrace import proxy
+
+    path = _write(app, f'\n[exec]\nalice = "{PYTHON} withdraw.py"\n')
+    run = proxy.run_exec(load_toml_scenario(path), server=pgrace_server)
+    assert [s.session for s in run.scenario.steps] == ["alice#1"] * 4
