@@ -24,7 +24,7 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import ExecError, Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
-from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
+from pgrace.model.monitor import Monitor, Note, Unwatched, following, note_long
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
@@ -429,11 +429,8 @@ def check(
     when it is one of the inputs). Specs share one scratch database per server, reset only
     when a spec leaves objects. ``params``: every pgrace scenario's parameters. With
     ``explore``, ``max_preemptions`` K or ``pct`` D bound the search as in ``pgrace.explore``:
-    each result's ``guarantee`` says what it covered. ``commands`` (``NAME=COMMAND``, as
-    ``pgrace.proxy.run_exec`` takes them) are every scenario case's sessions, through pgrace's
-    proxy, instead of its steps (docs/guide/any-language.md); with ``explore``, the search is
-    theirs. A case whose command connected around the proxy, or never waited for pgrace, is
-    reported to ``on_invalid`` as a file that cannot be read is, and the others still run.
+    each result's ``guarantee`` says what it covered. ``commands`` (``NAME=COMMAND``): each case's sessions
+    instead of its steps (docs/guide/any-language.md); a case they leave unproved goes to ``on_invalid``.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -451,13 +448,12 @@ def check(
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
         cases = regression.prepare(
-            names, golden or update, expected, checked.invalid, dict(params or {}), exec_commands=bool(commands)
+            names, golden or update, expected, checked.invalid, dict(params or {}), bool(commands)
         )
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "junit")
         regression.check_exec_options(commands, cases, limit, max_preemptions, pct, jobs, database_name)
         for error in checked.invalid:  # reported at once; the valid files still run
-            if on_invalid is not None:
-                on_invalid(error)
+            (on_invalid or _ignore)(error)
         if checked.invalid and not cases:  # nothing to run: no server is needed to say so
             raise ScenarioError(f"no valid scenario files under {', '.join(names)}")
         checked.servers = [ready() for ready in booting]
@@ -469,16 +465,11 @@ def check(
             if not explore and any(case.spec is not None for case in cases):
                 scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
             for case in cases:
-
-                def interleaved(done: int, total: int, name: str = case.name) -> None:
-                    if done == 0:
-                        note_long(watch, name, total, jobs)
-                    watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
-
                 try:
                     if explore:
+                        progress = following(watch, case.name, checked.results, jobs)
                         result = regression.run_explore_case(
-                            case, server, options, limit, seed, jobs, interleaved, max_preemptions, pct, commands
+                            case, server, options, limit, seed, jobs, progress, max_preemptions, pct, commands
                         )
                     else:
                         result = regression.run_case(case, server, options, update, database_name, scratch, commands)
