@@ -143,3 +143,25 @@ def test_a_spec_with_exec_is_refused(pgrace_server: ServerInfo, tmp_path: Path) 
     result = _cli("check", str(spec), "--exec", f"alice={WITHDRAW}", "--dsn", pgrace_server.dsn)
     assert result.exit_code == 2
     assert result.output.startswith(f"INVALID  {spec}: an isolation spec runs its own steps"), result.output
+
+
+def test_a_search_that_cannot_cover_every_order_proves_nothing(pgrace_server: ServerInfo, tmp_path: Path) -> None:
+    """Commands that send another statement after the same ones leave the reduced search incomplete: the
+    invariant held in every run made, yet the case fails, saying why, rather than pass as a proof."""
+    always = tmp_path / "always.toml"
+    always.write_text(
+        'name = "always"\nsessions = ["a"]\n[[step]]\nsession = "a"\nsql = "SELECT 1"\n'
+        '[[check]]\ndescription = "one is one"\nsql = "SELECT 1"\nrows = [[1]]\n',
+        encoding="utf-8",
+    )
+    chance = f"{sys.executable} {CLIENTS / 'chance.py'}"
+    junit = tmp_path / "out.xml"
+    result = _cli(
+        "check", "--explore", str(always), "--exec", f"alice={chance}", "--exec", f"bob={chance}",
+        "--junit", str(junit), "--dsn", pgrace_server.dsn,
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    failure = _junit(junit)["always (bug)"]
+    assert failure is not None
+    assert failure.startswith("the search did not cover every order (run ") and "sent another statement" in failure
+    assert "no proof it holds in all" in failure
