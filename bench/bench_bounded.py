@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from pgrace.drivers.explore import Exploration, explore
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo, open_server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pgrace.drivers.code import explore_code
 from pgrace.drivers.explore import explore
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 HERE = Path(__file__).resolve().parent

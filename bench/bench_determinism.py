@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 from pgrace import api
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.text import render_text
 from pgrace.servers import open_server
 

@@ -26,7 +26,7 @@ import psycopg
 from pgrace.drivers.explore import explore
 from pgrace.drivers.exploring import EXPLORE_SCHEMA
 from pgrace.drivers.shards import merge_explorations
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.scratch import scratch_database, scratch_database_with_schema
 from pgrace.servers import ServerInfo, open_server

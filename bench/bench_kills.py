@@ -83,7 +83,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgrace import api
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.scratch import is_scratch_name, lock_key, scratch_name
 from pgrace.servers import ServerInfo, open_server
 

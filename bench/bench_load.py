@@ -27,7 +27,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.drivers.load import LoadOptions, emit, find_pgbench, run_load, setup_sql, threads_for
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Scenario
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, open_server

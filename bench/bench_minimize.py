@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pgrace.drivers.minimize import Minimized, minimize
 from pgrace.drivers.minimize.export import ExportError, verified_spec
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, open_server
 
@@ -77,7 +77,7 @@ def _row(name: str, label: str, scenario: Scenario, server: ServerInfo, specs: l
 def _incident(name: str) -> None:
     """From a real log to a minimized scenario, on the server that logged it (the incident's database is not used)."""
     from pgrace.drivers.fromlog import from_log
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     with real.logging_server("18") as logging, tempfile.TemporaryDirectory() as where:
         INCIDENTS[name](logging)

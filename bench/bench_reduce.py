@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from pgrace.drivers.explore import explore
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import open_server
 

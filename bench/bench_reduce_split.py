@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pgrace.drivers.explore import explore
 from pgrace.drivers.shards import merge_explorations
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -55,7 +55,7 @@ from pgrace.drivers.speccheck import unified_diff
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.isolation import render_isolation
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, open_server

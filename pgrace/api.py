@@ -23,7 +23,7 @@ from pgrace.drivers.one_run import teardown_failures as teardown_failures  # wha
 from pgrace.engine.options import RunOptions
 from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.drivers.minimize import Minimized
-    from pgrace.formats.catalog import Entry
+    from pgrace.frontends.catalog import Entry
 
 
 def run(

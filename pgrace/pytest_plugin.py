@@ -65,7 +65,7 @@ def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
     """Run a scenario in a scratch database of ``pgrace_server`` and return its record."""
     from pgrace import api
     from pgrace.engine.options import RunOptions
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
     from pgrace.model.scenario import Scenario
 
     def run(

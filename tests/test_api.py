@@ -19,7 +19,7 @@ import pgrace
 from pgrace.cli import main
 from pgrace.cli.exits import exit_code_of_interrupt
 from pgrace.errors import Interrupted, OptionError, ScenarioError, Terminated
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render import formats
 from pgrace.render.text import Style
 from pgrace.render.views import View

@@ -20,7 +20,7 @@ from pgrace.cli import main
 from pgrace.drivers.bounded import Bound, explore_preemptions, pct_order
 from pgrace.drivers.explore import Exploration, explore
 from pgrace.drivers.reduce import Trace, executor
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed, switches
 from pgrace.render.outcomes import render_exploration_html, render_exploration_markdown, render_exploration_text

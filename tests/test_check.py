@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from fix_servers import PG15, needs_pg15
 
 from pgrace.cli import main
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 

@@ -17,7 +17,7 @@ from documentation import page
 
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.scratch.confinement import confine_scenario, refusal
 from pgrace.servers import ServerInfo
 

@@ -23,7 +23,7 @@ import pytest
 
 from pgrace import api
 from pgrace.errors import ServerUnavailable
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 needs_docker = pytest.mark.docker
@@ -122,7 +122,7 @@ def test_the_server_is_the_run_s_alone(no_container_left: None) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     with open_server(f"docker:{IMAGE}") as server:
         client = docker.from_env()

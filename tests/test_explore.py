@@ -24,7 +24,7 @@ from pgrace.drivers.shards import merge_explorations
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import classify, split_run
 from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario

@@ -24,7 +24,7 @@ from pgrace import bounds
 from pgrace.cli import main
 from pgrace.drivers.exploring import choose
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 
@@ -94,7 +94,7 @@ def test_24_sessions_of_3_steps_are_counted_and_numbered_at_once() -> None:
     out = python(
         """
         import time
-        from pgrace.formats import catalog
+        from pgrace.frontends import catalog
         from pgrace.model.orders.space import Space
         started = time.perf_counter()
         space = Space(catalog.load("skip-locked-fanout", {"workers": "24"}))

@@ -25,7 +25,7 @@ from psycopg.conninfo import make_conninfo
 from pgrace import api
 from pgrace.cli import main
 from pgrace.errors import SetupFailed
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import CheckQueried, SetupRan
 from pgrace.pytest_plugin import RunScenario

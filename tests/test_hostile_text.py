@@ -26,7 +26,7 @@ from fix_recorded import Recorded
 from pgrace.cli import main
 from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.options import RunOptions
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.compare import render_text_compare

@@ -12,7 +12,7 @@ import pytest
 
 from pgrace import api
 from pgrace.drivers.explore import explore
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.json import run_to_dict
 from pgrace.servers import ServerInfo
 

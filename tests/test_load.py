@@ -22,8 +22,8 @@ from procs import wait_gone
 from pgrace.cli import main
 from pgrace.drivers.load import LoadOptions, NoPgbench, pgbench_script, run_load
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.render.load import render_load_json, render_load_svg, render_load_text
 from pgrace.servers import ServerInfo
 

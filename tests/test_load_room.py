@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from pgrace.cli import main
 from pgrace.drivers.load import DEFAULT_CONNECTIONS, LoadOptions, connections_for, run_load
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.load import render_load_text
 from pgrace.servers import ServerInfo
 

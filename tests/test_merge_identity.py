@@ -18,7 +18,7 @@ from pgrace.cli import main
 from pgrace.drivers.explore import explore
 from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 

@@ -14,7 +14,7 @@ from pgrace.cli import main
 from pgrace.drivers.minimize import Failure, Minimized, Shape, failure_of, minimize
 from pgrace.drivers.minimize.export import ExportError, isolationtester, verified_spec
 from pgrace.drivers.minimize.statements import split_block
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
 from tools.padded import padded

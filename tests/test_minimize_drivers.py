@@ -14,7 +14,7 @@ from pgrace import api
 from pgrace.cli import main
 from pgrace.drivers.fromlog import from_log
 from pgrace.drivers.minimize import failure_of
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 CYCLE = {

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from pgrace.cli import main
 from pgrace.drivers.minimize import failure_of, minimize
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 from tools.padded import padded
 

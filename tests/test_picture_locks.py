@@ -15,8 +15,8 @@ import pytest
 from fix_recorded import RECORDED, Recorded
 
 from pgrace import api
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.timeline import Run
 from pgrace.render.common import PALETTE
 from pgrace.render.html import render_html

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from pgrace.cli import main
 from pgrace.drivers.explore import explore
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.render.json import run_to_dict
 from pgrace.servers import ServerInfo
 from tools.record_runs import load_run

@@ -21,8 +21,8 @@ import pytest
 
 from pgrace.cli.terminal.presenter import Presenter, bound_values
 from pgrace.engine.options import RunOptions
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.text import Style
 from pgrace.servers import ServerInfo

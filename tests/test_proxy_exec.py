@@ -13,7 +13,7 @@ import pytest
 
 from pgrace.drivers.exec import explore_exec, run_exec
 from pgrace.engine.proxy.processes import Command
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 CLIENTS = Path(__file__).parent / "clients"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.pytest_plugin import RunScenario
 
 RACES = sorted((Path(__file__).resolve().parent / "races").glob("*.toml"))

@@ -21,7 +21,7 @@ import pytest
 from pgrace.drivers.explore import Exploration, _explore_reduced, explore
 from pgrace.drivers.reduce import moves, nature_of
 from pgrace.drivers.reduce.nature import Nature, setup_clock
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario, Step
 from pgrace.servers import ServerInfo

@@ -20,7 +20,7 @@ import pytest
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
 from pgrace.drivers.reduce.reads import Shape, effect_of
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 

@@ -14,7 +14,7 @@ import pytest
 
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 

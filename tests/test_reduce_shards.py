@@ -19,7 +19,7 @@ from pgrace.cli import main
 from pgrace.drivers.explore import Exploration, explore, reduces
 from pgrace.drivers.reduce import explore_roots
 from pgrace.drivers.shards import merge_explorations
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo

@@ -18,7 +18,7 @@ from fix_recorded import Recorded
 
 from pgrace import api
 from pgrace.cli import main
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.common import PALETTE, sql_lines
 from pgrace.render.html import render_html, render_html_compare
 from pgrace.render.markdown import render_markdown, render_markdown_compare

@@ -21,7 +21,7 @@ from pgrace.cli import main
 from pgrace.drivers.explore import explore, replay
 from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
+from pgrace.frontends.scenario_toml import load_toml_scenario, parse_toml_scenario
 from pgrace.model.timeline import Run
 from pgrace.render.html import render_html
 from pgrace.render.markdown import render_markdown

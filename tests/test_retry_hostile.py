@@ -15,7 +15,7 @@ import pytest
 from pgrace import api
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
+from pgrace.frontends.scenario_toml import load_toml_scenario, parse_toml_scenario
 from pgrace.model.timeline import Run, StepLaunched
 from pgrace.servers import ServerInfo
 

@@ -10,7 +10,7 @@ import pytest
 
 from pgrace import api, scratch
 from pgrace.drivers.code import run_code
-from pgrace.formats.catalog import load
+from pgrace.frontends.catalog import load
 from pgrace.servers import ServerInfo
 
 

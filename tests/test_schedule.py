@@ -5,7 +5,7 @@ No server: a schedule is arithmetic on names until a run follows it.
 
 from __future__ import annotations
 
-from pgrace.formats.spec import parse_spec
+from pgrace.frontends.spec import parse_spec
 from pgrace.model.orders import Interleavings, Permutations, Schedule
 from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
 from pgrace.model.orders.space import Space

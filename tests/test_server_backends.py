@@ -10,7 +10,7 @@ from fix_servers import PG15, needs_pg15
 
 from pgrace import api
 from pgrace.errors import ServerUnavailable
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 

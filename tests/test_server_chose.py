@@ -21,8 +21,8 @@ from pgrace import api
 from pgrace.cli import main
 from pgrace.drivers.check import GOLDEN_STYLE
 from pgrace.engine.options import RunOptions
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.timeline import Run, ServerChose, StepCancelled, StepLaunched
 from pgrace.render.json import render_json
 from pgrace.render.markdown import render_markdown

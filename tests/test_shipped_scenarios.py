@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pgrace.drivers.check import GOLDEN_STYLE
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.timeline import Run, StepRun
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.json import run_to_dict

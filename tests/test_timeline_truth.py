@@ -22,9 +22,9 @@ from pgrace.cli import main
 from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.formats.spec import parse_spec
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
+from pgrace.frontends.spec import parse_spec
 from pgrace.model.timeline import LocksObserved, Release, StepLaunched
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.common import shorten_sql

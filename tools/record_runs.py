@@ -167,7 +167,7 @@ def _absolute(source: str) -> str:
 
 def scenarios() -> list[tuple[str, Scenario]]:
     """What is recorded, by the name of its recording: each variant of the shipped and the tests' own scenarios."""
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     loaded = [catalog.load(name) for name in catalog.shipped_names()]
     loaded += [catalog.load(str(path)) for path in [*sorted(RECORDED.glob("*.toml")), HOSTILE]]

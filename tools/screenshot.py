@@ -144,7 +144,7 @@ def docs_pages(server: ServerInfo) -> dict[str, str]:
     """File name in docs/ -> the HTML it pictures, from fresh runs (on the embedded server:
     its label is part of the page)."""
     from pgrace import api
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
     from pgrace.render.html import render_html, render_html_compare
 
     pages: dict[str, str] = {}

@@ -233,7 +233,7 @@ def main() -> None:
 
 def complete_scenario(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Shell completion of SCENARIO: the shipped names that fit, then files, as the shell lists them."""
-    from pgrace.formats.catalog import shipped_names
+    from pgrace.frontends.catalog import shipped_names
 
     names = [CompletionItem(name) for name in shipped_names() if name.startswith(incomplete)]
     return [*names, CompletionItem(incomplete, type="file")]
@@ -317,7 +317,7 @@ def parse_params(values: tuple[str, ...]) -> dict[str, str]:
 def pick_variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     return catalog.variant(scenario, "fix" if fix else "bug" if bug else None)
 

@@ -123,7 +123,7 @@ def load(
     [load] section that did not hold. Each count starts from a fresh scratch database.
     """
     from pgrace import api
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     loaded = catalog.load(scenario, parse_params(params))
     refuse_overwriting_inputs(output, [loaded.source])

@@ -247,7 +247,7 @@ def explore(
     """
     from pgrace import api
     from pgrace.cli.terminal.playback import style_of
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])
@@ -532,7 +532,7 @@ def minimize(
     the scenario, a spec and a pytest test, each verified first. The bug variant by default.
     """
     from pgrace import api
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     loaded = catalog.load(scenario, parse_params(params))
     if fix and bug:

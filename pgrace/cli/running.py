@@ -126,7 +126,7 @@ def run(
 
     # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
     with booting_server(server_target or dsn, superuser) as server_ready:
-        from pgrace.formats import catalog
+        from pgrace.frontends import catalog
 
         loaded = catalog.load(scenario, parse_params(params))
         from pgrace import api

@@ -18,7 +18,7 @@ from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.cases import Case as Case
 from pgrace.model.cases import CaseResult as CaseResult
 from pgrace.model.cases import differs_across_servers as differs_across_servers

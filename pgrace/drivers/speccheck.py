@@ -178,7 +178,7 @@ class CheckedFile:
 
 
 def _prepare_spec(path: Path, expected: Path | None) -> PreparedCheck:
-    from pgrace.formats.catalog import load
+    from pgrace.frontends.catalog import load
     from pgrace.render.isolation import render_isolation
 
     scenario = load(str(path))

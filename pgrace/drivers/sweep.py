@@ -21,7 +21,7 @@ from typing import Any
 from pgrace.bounds import check_combinations, check_jobs, check_sample
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.outcomes import OutcomeClass, add_observed, classify
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo

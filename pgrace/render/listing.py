@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 from pgrace.text import visible, without_controls
 
 if TYPE_CHECKING:
-    from pgrace.formats.catalog import Entry
+    from pgrace.frontends.catalog import Entry
     from pgrace.model.results import Shown
     from pgrace.render.views import View
 
 
 def list_text(chosen: list[Entry], view: View | None = None) -> str:
     """By topic, one line a scenario, then the tags to filter them by."""
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     lines = []
     for number, (group, members) in enumerate(catalog.by_topic(chosen)):
@@ -43,7 +43,7 @@ def list_json(chosen: list[Entry], view: View | None = None) -> str:
 
 def render_show(shown: Shown) -> str:
     """A variant of a file told without running it: its story, sessions, steps and checks."""
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     loaded, chosen = shown.scenario, without_controls(shown.variant)
     lines = [f"{chosen.name} ({chosen.variant}): {chosen.title}", f"source: {chosen.source}"]

@@ -106,7 +106,7 @@ def _run(written: Written, source: str, server: ServerInfo, step_timeout: float)
     from pgrace.drivers.one_run import run_in_scratch
     from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     scenario = parse_toml_scenario(written.text, source)
     try:
@@ -136,7 +136,7 @@ def verify(
         return Verified(False, failures, run=run), written
     from pgrace.drivers.explore import explore
     from pgrace.drivers.exploring import prepared
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     # Which orders deadlock does not depend on who is chosen: every session checks soon, so
     # no interleaving waits out the others' long pins.

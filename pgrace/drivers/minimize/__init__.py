@@ -82,7 +82,7 @@ def failing_order(
 
 def check_order(scenario: Scenario, order: tuple[str, ...]) -> tuple[str, ...]:
     """Every name a step of the scenario, each once, each session's steps in the file's order."""
-    from pgrace.formats.names import did_you_mean
+    from pgrace.frontends.names import did_you_mean
 
     names = [s.name for s in scenario.steps]
     for name in order:

@@ -149,7 +149,7 @@ def _narrative(minimized: Minimized) -> str:
 
 
 def _read_back(text: str, directory: Path, stem: str) -> Scenario:
-    from pgrace.formats.catalog import load
+    from pgrace.frontends.catalog import load
 
     with tempfile.TemporaryDirectory(dir=directory, prefix=".pgrace-minimize-") as where:
         path = Path(where) / f"{stem}.toml"
@@ -275,7 +275,7 @@ def verified_spec(minimized: Minimized, server: ServerInfo, name: str, directory
     """The spec and its expected output (pgrace's run of it), only when the real isolationtester prints the same."""
     from pgrace.drivers.one_run import run_in
     from pgrace.errors import SetupFailed
-    from pgrace.formats.spec import parse_spec
+    from pgrace.frontends.spec import parse_spec
     from pgrace.model.timeline import Run
     from pgrace.render.isolation import render_isolation
     from pgrace.scratch import scratch_database
@@ -359,7 +359,7 @@ def verified_pytest(
     """The test's text, called here beside ``scenario_text`` with this server's ``pgrace_run``: it must fail."""
     from pgrace.drivers.one_run import run_in_scratch
     from pgrace.engine.options import RunOptions
-    from pgrace.formats.catalog import load
+    from pgrace.frontends.catalog import load
 
     text = pytest_text(minimized, scenario_path.name)
 

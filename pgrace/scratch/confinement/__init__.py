@@ -68,7 +68,7 @@ def sql_texts(scenario: Scenario) -> Iterator[tuple[str, int | None]]:
     params = param_values(scenario)
 
     def filled(text: str) -> str:
-        if scenario.format != "pgrace":
+        if scenario.dialect != "pgrace":
             return text
         values = {
             use.key: params.get(use.key) or Value("pgrace_variable" if use.form == "identifier" else None)

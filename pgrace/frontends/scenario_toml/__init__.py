@@ -22,9 +22,9 @@ import tomllib
 from pathlib import Path
 
 from pgrace.errors import ScenarioError
-from pgrace.formats import limits
-from pgrace.formats.scenario_toml.builder import Builder
-from pgrace.formats.scenario_toml.locator import Locator
+from pgrace.frontends import limits
+from pgrace.frontends.scenario_toml.builder import Builder
+from pgrace.frontends.scenario_toml.locator import Locator
 from pgrace.model.scenario import Scenario
 
 __all__ = ["Builder", "Locator", "load_toml_scenario", "parse_toml_scenario"]

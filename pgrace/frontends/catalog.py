@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from pgrace.errors import OptionError, ScenarioError
-from pgrace.formats import limits
-from pgrace.formats.names import did_you_mean
-from pgrace.formats.scenario_toml import load_toml_scenario
+from pgrace.frontends import limits
+from pgrace.frontends.names import did_you_mean
+from pgrace.frontends.scenario_toml import load_toml_scenario
 from pgrace.model.scenario import Scenario
 
 SUFFIXES = (".toml", ".spec")
@@ -113,7 +113,7 @@ def load(ref: str, params: dict[str, str] | None = None) -> Scenario:
     if not path.is_file():
         raise ScenarioError("no such scenario file" if not path.exists() else "not a regular file", ref)
     if path.suffix == ".spec":
-        from pgrace.formats.spec import parse_spec
+        from pgrace.frontends.spec import parse_spec
 
         if params:
             raise OptionError(f"{ref} is a .spec file: parameters are set in pgrace scenario files only", "params")
