@@ -29,7 +29,7 @@ SHAPES = [
 
 
 def timed(server: ServerInfo, name: str, **bound: int) -> tuple[Exploration, float]:
-    scenario = catalog.load(name).variant_named(catalog.load(name).variants[0])
+    scenario = catalog.read_scenario(name).variant_named(catalog.read_scenario(name).variants[0])
     started = time.perf_counter()
     found = explore(scenario, server, **bound)  # type: ignore[arg-type]
     return found, time.perf_counter() - started

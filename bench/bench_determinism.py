@@ -36,7 +36,7 @@ def main() -> None:
     failures = 0
     with open_server() as server:
         for name in catalog.shipped_names():
-            scenario = catalog.load(name)
+            scenario = catalog.read_scenario(name)
             for variant in scenario.variants:
                 chosen = scenario.variant_named(variant)
                 texts: Counter[str] = Counter()

@@ -34,7 +34,7 @@ from pgrace.servers import ServerInfo, open_server
 
 def floor_per_interleaving(server: ServerInfo, count: int) -> float:
     """Seconds per interleaving if pgrace cost nothing: the statements alone, on one connection."""
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     steps = [scenario.step(p.step).sql.replace(":balance", "500") for p in scenario.permutations[0]]
     with scratch_database(server, "floor") as db, psycopg.connect(db.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {EXPLORE_SCHEMA}; SET search_path = {EXPLORE_SCHEMA}, public")
@@ -51,8 +51,8 @@ def floor_per_interleaving(server: ServerInfo, count: int) -> float:
 def main() -> None:
     repeat = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     sample = int(sys.argv[2]) if len(sys.argv) > 2 else 1680
-    lost_update = catalog.load("lost-update")
-    fanout = catalog.load("skip-locked-fanout")
+    lost_update = catalog.read_scenario("lost-update")
+    fanout = catalog.read_scenario("skip-locked-fanout")
     with open_server("embedded") as server:
         explore(lost_update, server, reduce=False)  # warm up: caches, first scratch database
         rates, floors = [], []

@@ -291,7 +291,7 @@ def learn(server: ServerInfo) -> list[Variant]:
     """Run every shipped variant once: how many steps, which ones block and what frees them."""
     variants = []
     for name in catalog.shipped_names():
-        loaded = catalog.load(name)
+        loaded = catalog.read_scenario(name)
         for variant in loaded.variants:
             run = api.run(loaded.variant_named(variant), server=server)
             steps = run.step_runs()

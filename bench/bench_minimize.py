@@ -98,7 +98,7 @@ def main() -> None:
         else [
             n
             for n in catalog.shipped_names()
-            if "bug" in catalog.load(n).variants and catalog.load(n).variant_named("bug").checks
+            if "bug" in catalog.read_scenario(n).variants and catalog.read_scenario(n).variant_named("bug").checks
         ]
     )
     incidents = [n for n in wanted if n in INCIDENTS] if wanted else list(INCIDENTS)
@@ -110,7 +110,7 @@ def main() -> None:
             if os.path.exists(os.path.join(PG15, "postgres")):
                 specs.append(("15", stack.enter_context(open_server(PG15))))
             for name in names:
-                shipped = catalog.load(name).variant_named("bug")
+                shipped = catalog.read_scenario(name).variant_named("bug")
                 for label, scenario in (("shipped", shipped), ("padded", padded(shipped))):
                     _row(name, label, scenario, server, specs if label == "padded" else [])
     for name in incidents:

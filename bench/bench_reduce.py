@@ -49,7 +49,7 @@ def main() -> None:
     failed = False
     with open_server("embedded") as server:
         for path in files:
-            loaded = catalog.load(str(path))
+            loaded = catalog.read_scenario(str(path))
             for variant in loaded.variants:
                 scenario = loaded.variant_named(variant)
                 space = Space(scenario).size

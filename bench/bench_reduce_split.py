@@ -30,7 +30,7 @@ def main() -> None:
     print("|---|---|---:|---:|---|---|")
     with open_server("embedded") as server:
         for path in files:
-            scenario = catalog.load(path).variant_named(None)
+            scenario = catalog.read_scenario(path).variant_named(None)
             started = time.perf_counter()
             one = explore(scenario, server)
             seconds = time.perf_counter() - started

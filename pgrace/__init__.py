@@ -7,7 +7,7 @@ sessions' steps in a fixed interleaving against a real PostgreSQL and records a
 The commands are functions of the same names (:mod:`pgrace.api`): ``run``, ``compare``,
 ``check``, ``explore``, ``minimize``, ``sweep``, ``matrix``, ``load`` (pgbench), ``from_log``,
 ``list_scenarios``, ``show`` and ``clean``, each returning what the command's formats draw;
-``load_scenario`` reads a scenario file.
+``read_scenario`` reads a scenario file.
 
 The public names are imported on first use (PEP 562), so that importing a submodule,
 such as the console entry point, does not pay for psycopg (and cannot be caught by
@@ -33,9 +33,9 @@ if TYPE_CHECKING:
         from_log,
         list_scenarios,
         load,
-        load_scenario,
         matrix,
         minimize,
+        read_scenario,
         run,
         show,
         sweep,
@@ -93,7 +93,7 @@ _HOMES = {
             "from_log",
             "list_scenarios",
             "load",
-            "load_scenario",
+            "read_scenario",
             "matrix",
             "minimize",
             "run",
@@ -133,10 +133,10 @@ __all__ = [
     "from_log",
     "list_scenarios",
     "load",
-    "load_scenario",
     "matrix",
     "minimize",
     "open_server",
+    "read_scenario",
     "run",
     "run_code",
     "run_exec",

@@ -76,13 +76,13 @@ def _ignore(line: str) -> None:
     pass
 
 
-def load_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
+def read_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
     """A shipped scenario's name, or a path to a ``.toml`` scenario or an isolation ``.spec`` file, read.
 
     ``params`` set the file's parameters. The file's first variant is returned; ``.other``
     (and ``Scenario.variant_named``) hold the other one.
     """
-    return catalog.load(ref, params)
+    return catalog.read_scenario(ref, params)
 
 
 def list_scenarios(tags: Sequence[str] = (), topic: str | None = None) -> list[Entry]:
@@ -94,11 +94,11 @@ def list_scenarios(tags: Sequence[str] = (), topic: str | None = None) -> list[E
 
 
 def show(ref: str, params: dict[str, str] | None = None, variant: str | None = None) -> Shown:
-    """``ref`` read (as ``load_scenario`` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
+    """``ref`` read (as ``read_scenario`` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
 
     What ``pgrace show`` tells without running it: the story, the sessions, the steps, the checks.
     """
-    scenario = catalog.load(ref, params)
+    scenario = catalog.read_scenario(ref, params)
     return Shown(scenario, catalog.variant(scenario, variant))
 
 
@@ -149,7 +149,7 @@ def compare(
 ) -> list[Run]:
     """Run the bug, then the fix, on one server: the runs side by side.
 
-    ``scenario`` is as ``load_scenario`` reads it: its first variant, holding the other.
+    ``scenario`` is as ``read_scenario`` reads it: its first variant, holding the other.
     """
     variants = catalog.both_variants(scenario)
     with _serving(server, dsn, superuser, on_note) as opened:
@@ -190,7 +190,7 @@ def explore(
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
     from pgrace.drivers.explore import explore as explore_space
     from pgrace.drivers.explore import reduces, replay, same_class
-    from pgrace.drivers.shards import load_explorations, merge_explorations
+    from pgrace.drivers.shards import merge_explorations, read_explorations
     from pgrace.model.orders.space import Space
 
     space = Space(scenario)
@@ -200,7 +200,7 @@ def explore(
         )
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
-        return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
+        return Explored(scenario, merge_explorations(read_explorations(texts, space), scenario))
     from pgrace.drivers.bounded import check_bounds
 
     check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
@@ -336,17 +336,17 @@ def sweep(
     watch = monitor or Unwatched()
     if combinations > bounds.LONG_COMBINATIONS:
         watch.note(f"pgrace: {combinations:,} combinations to run")
-    # Every combination is loaded once, up front: invalid input fails before a server starts.
-    loaded = [variants(ref, grid, variant) for ref in scenarios]
-    refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
+    # Every combination is read once, up front: invalid input fails before a server starts.
+    variant_lists = [variants(ref, grid, variant) for ref in scenarios]
+    refuse_overwriting_inputs(output, [scenario.source for chosen in variant_lists for _, scenario in chosen])
     if explore:
-        note_long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
+        note_long(watch, "sweep", sum(interleavings(c, limit) for c in variant_lists), jobs)
     result = Swept([])
     with _serving(server, dsn, superuser, on_note) as opened:
         try:
             watch.start("sweep", combinations, "combinations")
-            for chosen in loaded:
-                before = sum(len(c) for c in loaded[: len(result.sweeps)])
+            for chosen in variant_lists:
+                before = sum(len(c) for c in variant_lists[: len(result.sweeps)])
 
                 def combination_done(done: int, total: int, before: int = before) -> None:
                     watch.update(before + done)
@@ -373,7 +373,7 @@ def sweep(
         finally:
             watch.close()
         if examples:
-            for i, (chosen, swept) in enumerate(zip(loaded, result.sweeps, strict=True)):
+            for i, (chosen, swept) in enumerate(zip(variant_lists, result.sweeps, strict=True)):
                 for j, ((_, scenario), cell) in enumerate(zip(chosen, swept.cells, strict=True)):
                     for k, cls in enumerate(cell.classes):
                         result.examples[(i, j, k)] = replay(scenario, opened, cls, step_timeout)

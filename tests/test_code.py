@@ -82,7 +82,7 @@ def test_the_same_classes_as_pgrace_explore_of_the_scenario_file(pgrace_server: 
     from pgrace.drivers.explore import explore
     from pgrace.frontends import catalog
 
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     from_file = {tuple(tuple(r) for r in c.final[0]) for c in explore(scenario, pgrace_server).classes}
     setup = "CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance int NOT NULL);"
     setup += " INSERT INTO accounts VALUES (1, 'shared', 500)"

@@ -92,7 +92,7 @@ def test_a_scenario_runs_on_a_docker_server(no_container_left: None) -> None:
     with open_server(f"docker:{IMAGE}") as server:
         assert server.label.startswith(f"docker:{IMAGE} PostgreSQL ")
         assert containers(PGRACE_LABEL) != set()
-        assert api.run(catalog.load("nowait"), server=server).ok
+        assert api.run(catalog.read_scenario("nowait"), server=server).ok
 
 
 #: A scenario whose one session says who it runs as, and tries what only a superuser may.

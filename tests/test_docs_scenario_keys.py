@@ -100,11 +100,11 @@ def used(data: dict[str, Any], prefix: str = "") -> Iterator[str]:
 
 def test_every_key_on_the_page_is_one_a_file_the_parser_reads_can_hold() -> None:
     """Not only the sets: the keys at their paths, in files the parser reads without an error."""
-    from pgrace.frontends.scenario_toml import load_toml_scenario
+    from pgrace.frontends.scenario_toml import read_toml_scenario
 
     held: set[str] = set()
     for path in EVERY_KEY:
-        scenario = load_toml_scenario(Path(path))
+        scenario = read_toml_scenario(Path(path))
         assert scenario.other is not None, f"{path.name} has no other variant"
         held |= set(used(tomllib.loads(path.read_text(encoding="utf-8"))))
     assert not set(documented()) - held, f"no example file holds: {sorted(set(documented()) - held)}"

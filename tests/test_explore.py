@@ -40,7 +40,7 @@ HALF_CURE = HERE / "explore" / "half-cure.toml"
 
 
 def test_space_of_two_sessions_of_four_steps_is_70_and_numbering_round_trips() -> None:
-    space = Space(catalog.load("lost-update"))
+    space = Space(catalog.read_scenario("lost-update"))
     assert space.size == 70 == math.comb(8, 4)
     orders = [space.unrank(i) for i in range(space.size)]
     assert len(set(orders)) == 70
@@ -51,7 +51,7 @@ def test_space_of_two_sessions_of_four_steps_is_70_and_numbering_round_trips() -
 
 
 def test_space_of_three_sessions_is_the_multinomial() -> None:
-    scenario = catalog.load("skip-locked-fanout")  # three workers of three steps
+    scenario = catalog.read_scenario("skip-locked-fanout")  # three workers of three steps
     assert Space(scenario).size == math.factorial(9) // math.factorial(3) ** 3 == 1680
 
 
@@ -78,7 +78,7 @@ def test_a_sample_is_seeded_and_shards_partition_it() -> None:
 
 
 def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     found = explore(scenario, pgrace_server, reduce=False)
     assert (found.space, found.explored, found.seed) == (70, 70, None)
     by_balance = {c.final[0][0][0]: c for c in found.classes}
@@ -94,7 +94,7 @@ def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo)
 
 
 def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_server: ServerInfo) -> None:
-    found = explore(catalog.load("lost-update").variant_named("fix"), pgrace_server, reduce=False)
+    found = explore(catalog.read_scenario("lost-update").variant_named("fix"), pgrace_server, reduce=False)
     assert len(found.classes) == 1
     only = found.classes[0]
     assert (only.count, only.final, only.ok) == (70, (((300,),),), True)
@@ -102,7 +102,7 @@ def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_ser
 
 
 def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("skip-locked-fanout").variant_named("bug")
+    scenario = catalog.read_scenario("skip-locked-fanout").variant_named("bug")
     first = explore(scenario, pgrace_server, limit=24, seed=5)
     again = explore(scenario, pgrace_server, limit=24, seed=5)
     assert first.to_dict() == again.to_dict()
@@ -118,13 +118,13 @@ def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: S
 
 def test_jobs_run_in_separate_processes_with_the_same_result(pgrace_server: ServerInfo) -> None:
     """Every interleaving, in two processes or one (the reduced search split: tests/test_reduce_shards.py)."""
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     every = explore(scenario, pgrace_server, reduce=False).to_dict()
     assert explore(scenario, pgrace_server, jobs=2, reduce=False).to_dict() == every
 
 
 def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load(str(HERE / "specs" / "row-queue.spec"))
+    scenario = catalog.read_scenario(str(HERE / "specs" / "row-queue.spec"))
     found = explore(scenario, pgrace_server, reduce=False)
     assert found.space == math.factorial(6) // 8 == 90
     assert sum(c.count for c in found.classes) == 90
@@ -133,7 +133,7 @@ def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> 
 
 def test_a_blocked_sessions_next_step_is_deferred_not_waited_for(pgrace_server: ServerInfo) -> None:
     """bob-read waits for alice; bob-write comes next in the order but must wait for bob to be free."""
-    fix = catalog.load("lost-update").variant_named("fix")
+    fix = catalog.read_scenario("lost-update").variant_named("fix")
     order = ("alice-1", "alice-read", "bob-1", "bob-read", "bob-write", "alice-write", "alice-4", "bob-4")
     one = Scenario(**{**fix.__dict__, "permutations": (tuple(PermutationStep(n) for n in order),), "other": None})
     options = RunOptions(step_timeout=2.0, defer_busy_sessions=True, checks_each_permutation=True)
@@ -154,7 +154,7 @@ def test_check_explore_passes_on_the_shipped_scenarios(pgrace_server: ServerInfo
     # a modest seeded sample of each (sleeps make some spaces slow); bench/bench_library.py explores them whole
     results = [regression.run_explore_case(case, pgrace_server, limit=12, seed=1) for case in cases]
     assert [(r.case.name, r.problems) for r in results if not r.ok] == []
-    assert len(results) == sum(len(catalog.load(n).variants) for n in catalog.shipped_names())
+    assert len(results) == sum(len(catalog.read_scenario(n).variants) for n in catalog.shipped_names())
 
 
 def test_check_explore_fails_a_cure_that_locks_one_read_naming_class_and_example(
@@ -341,7 +341,7 @@ def test_a_57014_class_is_not_called_a_step_timeout() -> None:
     """57014 is any canceled query: ddl-lock-queue's statement_timeout is not pgrace's --step-timeout."""
     from pgrace.model.outcomes import OutcomeClass, summarize
 
-    scenario = catalog.load("ddl-lock-queue")
+    scenario = catalog.read_scenario("ddl-lock-queue")
     summary = summarize(OutcomeClass(False, 1, ("57014",), (), (), 0, ()), scenario)
     assert "57014 (query canceled" in summary and "step timeout" not in summary
 

@@ -219,9 +219,9 @@ def test_check_without_a_path_runs_the_shipped_scenarios_when_there_is_no_scenar
 
 
 def parse_scenario(name: str) -> Scenario:
-    from pgrace.frontends.catalog import load
+    from pgrace.frontends.catalog import read_scenario
 
-    return load(name)
+    return read_scenario(name)
 
 
 HEAD = """sessions = ["a", "b"]

@@ -225,7 +225,7 @@ def test_a_high_client_count_runs_on_as_many_threads_as_cores(pgrace_server: Ser
     """40 clients, each holding a row lock for 20 ms: pgbench runs them on the machine's cores."""
     from pgrace.frontends import catalog
 
-    scenario = catalog.load("head-of-line-blocking")
+    scenario = catalog.read_scenario("head-of-line-blocking")
     seen: list[int] = []
     done = threading.Event()
 

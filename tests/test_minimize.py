@@ -30,14 +30,14 @@ _MINIMIZED: dict[str, Minimized] = {}
 
 def minimized_padded(name: str, server: ServerInfo) -> Minimized:
     if name not in _MINIMIZED:
-        scenario = padded(catalog.load(name).variant_named("bug"))
+        scenario = padded(catalog.read_scenario(name).variant_named("bug"))
         _MINIMIZED[name] = minimize(scenario, server, tuple(p.step for p in scenario.permutations[0]))
     return _MINIMIZED[name]
 
 
 @pytest.mark.parametrize("name", RACES)
 def test_a_padded_race_shrinks_back_and_fails_the_same_way(name: str, pgrace_server: ServerInfo) -> None:
-    shipped = catalog.load(name).variant_named("bug")
+    shipped = catalog.read_scenario(name).variant_named("bug")
     scenario = padded(shipped)
     found = minimized_padded(name, pgrace_server)
     assert found.locally_minimal
@@ -92,7 +92,7 @@ def test_a_candidate_that_fails_differently_is_never_kept() -> None:
 
 def test_deadlock_keeps_its_seed_rows_and_its_order(pgrace_server: ServerInfo) -> None:
     """Each seed row is tried alone; the deadlock needs both, and the order that makes the cycle."""
-    scenario = catalog.load("deadlock-transfer").variant_named("bug")
+    scenario = catalog.read_scenario("deadlock-transfer").variant_named("bug")
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
     rows = [t for t in found.trials if t.kind == "row"]
     assert len(rows) >= 2 and not any(t.removed for t in rows)
@@ -102,7 +102,7 @@ def test_deadlock_keeps_its_seed_rows_and_its_order(pgrace_server: ServerInfo) -
 
 
 def test_a_capture_goes_with_its_reader(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
     assert any(t.what == "alice-read (with its reader alice-write)" for t in found.trials)
     assert found.order == ("alice-read", "bob-read", "alice-write", "bob-write")  # no BEGIN/COMMIT needed
@@ -188,7 +188,7 @@ def test_a_class_of_the_exploration_is_a_starting_point(pgrace_server: ServerInf
     from pgrace import api
     from pgrace.drivers.explore import explore
 
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     classes = explore(scenario, pgrace_server).classes
     bug = next(i for i, c in enumerate(classes, 1) if c.reproduces)  # the class where the bug happened
     found = api.minimize(scenario, server=pgrace_server, cls=bug)

@@ -40,7 +40,7 @@ def _keys(found: Exploration) -> list[str]:
 
 
 def _variants(name: str) -> list[Scenario]:
-    loaded = catalog.load(name if name in catalog.shipped_names() else str(HERE / f"{name}.toml"))
+    loaded = catalog.read_scenario(name if name in catalog.shipped_names() else str(HERE / f"{name}.toml"))
     return [loaded.variant_named(v) for v in loaded.variants]
 
 
@@ -52,7 +52,7 @@ def _sharded(scenario: Scenario, server: ServerInfo, n: int) -> Exploration:
 
 
 def test_the_space_splits_into_prefixes_in_number_order_that_count_it_all() -> None:
-    space = Space(catalog.load("lost-update"))
+    space = Space(catalog.read_scenario("lost-update"))
     assert space.split(1) == [((), 70)]
     assert space.split(2) == [(("alice-1",), 35), (("bob-1",), 35)]
     three = space.split(3)  # no length gives exactly three: the shortest that gives at least
@@ -99,7 +99,7 @@ def test_shards_and_workers_find_the_classes_on_hard_shapes(pgrace_server: Serve
 def test_shards_and_workers_find_one_searchs_classes_on_two_skip_locked_queues(pgrace_server: ServerInfo) -> None:
     """4,200 interleavings; the one search's classes are every interleaving's (bench/bench_reduce.py, and
     tests/test_reduce_rows.py for one SKIP LOCKED queue)."""
-    scenario = catalog.load(str(HERE / "hard" / "skip-locked-two-queues.toml"))
+    scenario = catalog.read_scenario(str(HERE / "hard" / "skip-locked-two-queues.toml"))
     one = explore(scenario, pgrace_server)
     merged = _sharded(scenario, pgrace_server, 3)
     workers = explore(scenario, pgrace_server, jobs=2)
@@ -135,7 +135,7 @@ def test_workers_of_the_reduced_search_cover_two_lost_updates(pgrace_server: Ser
 
 def test_a_prefix_the_server_cannot_launch_as_it_is_is_covered_by_another(pgrace_server: ServerInfo) -> None:
     """Bob's write waits for Alice's lock: his COMMIT cannot be sent before hers, so no run begins so."""
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     blocked = ("alice-1", "alice-read", "alice-write", "bob-1", "bob-read", "bob-write", "bob-4")
     free = ("alice-1", "alice-read", "alice-write", "bob-1", "bob-read", "alice-4", "bob-write")
     (runs, covered), (_, also) = explore_roots(scenario, pgrace_server, 10.0, [blocked, free], lambda one: None)
@@ -143,7 +143,7 @@ def test_a_prefix_the_server_cannot_launch_as_it_is_is_covered_by_another(pgrace
 
 
 def test_too_few_shards_do_not_claim_the_space(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     first, second, third = (explore(scenario, pgrace_server, shard=(k, 3)) for k in (1, 2, 3))
     assert first.complete and first.to_dict()["complete"]  # its own share is covered
     partial = merge_explorations([first, second])

@@ -177,7 +177,7 @@ def test_a_deadlock_names_the_detector_and_its_victim_in_every_format(pgrace_run
 
 
 def test_the_presenter_tells_the_same_release(pgrace_run: RunScenario) -> None:
-    loaded = catalog.load(str(RACES / "transfer-deadlock.toml"))
+    loaded = catalog.read_scenario(str(RACES / "transfer-deadlock.toml"))
     out = io.StringIO()
     presenter = Presenter(loaded, Style(width=140), pace=0.0001, out=out, tty=False)
     with presenter:

@@ -38,9 +38,9 @@ PASSWORD = "str4nger-pw"
 def everything() -> list[Scenario]:
     scenarios = []
     for name in catalog.shipped_names():
-        loaded = catalog.load(name)
+        loaded = catalog.read_scenario(name)
         scenarios += [loaded.variant_named(v) for v in loaded.variants]
-    return scenarios + [catalog.load(str(spec)) for spec in SPECS]
+    return scenarios + [catalog.read_scenario(str(spec)) for spec in SPECS]
 
 
 def created_names(scenarios: list[Scenario]) -> tuple[set[str], set[str]]:

@@ -149,7 +149,7 @@ def docs_pages(server: ServerInfo) -> dict[str, str]:
 
     pages: dict[str, str] = {}
     for name in catalog.shipped_names():
-        scenario = catalog.load(name)
+        scenario = catalog.read_scenario(name)
         pages[f"{name}.png"] = render_html(api.run(scenario, server=server))
         for extra, variant in DOCS_EXTRA:
             if extra == name:

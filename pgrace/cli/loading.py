@@ -125,7 +125,7 @@ def load(
     from pgrace import api
     from pgrace.frontends import catalog
 
-    loaded = catalog.load(scenario, parse_params(params))
+    loaded = catalog.read_scenario(scenario, parse_params(params))
     refuse_overwriting_inputs(output, [loaded.source])
     if compare and (fix or bug):
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")

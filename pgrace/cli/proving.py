@@ -249,7 +249,7 @@ def explore(
     from pgrace.cli.terminal.playback import style_of
     from pgrace.frontends import catalog
 
-    chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)
+    chosen = pick_variant(catalog.read_scenario(scenario, parse_params(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])
     drawn = formats.names("explore")
     if show is None and fmt not in drawn:
@@ -534,11 +534,11 @@ def minimize(
     from pgrace import api
     from pgrace.frontends import catalog
 
-    loaded = catalog.load(scenario, parse_params(params))
+    file_scenario = catalog.read_scenario(scenario, parse_params(params))
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    wanted = "fix" if fix else "bug" if bug or "bug" in loaded.variants else None
-    chosen = pick_variant(loaded, False, False) if wanted is None else catalog.variant(loaded, wanted)
+    wanted = "fix" if fix else "bug" if bug or "bug" in file_scenario.variants else None
+    chosen = pick_variant(file_scenario, False, False) if wanted is None else catalog.variant(file_scenario, wanted)
     if cls is not None and order is not None:
         raise click.UsageError("--class and --order exclude each other")
     for path, parameter in ((output, "output"), (spec, "spec"), (pytest, "pytest")):

@@ -124,37 +124,36 @@ def run(
     """
     from pgrace.servers import booting_server
 
-    # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
+    # pgrace's own server boots in other processes while the scenario is read and the driver is imported.
     with booting_server(server_target or dsn, superuser) as server_ready:
         from pgrace.frontends import catalog
 
-        loaded = catalog.load(scenario, parse_params(params))
+        file_scenario = catalog.read_scenario(scenario, parse_params(params))
         from pgrace import api
         from pgrace.cli.terminal.playback import Playback
 
-        refuse_overwriting_inputs(output, [loaded.source])
+        refuse_overwriting_inputs(output, [file_scenario.source])
         shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)
         if commands:
             refuse_exec(compare, shown.live, fmt)
             from pgrace import proxy
 
-            result = proxy.run_exec(
-                pick_variant(loaded, fix, bug), commands, server=tidied(server_ready()), step_timeout=step_timeout
-            )
+            chosen = pick_variant(file_scenario, fix, bug)
+            result = proxy.run_exec(chosen, commands, server=tidied(server_ready()), step_timeout=step_timeout)
             emit(draw("run", fmt, result, shown.style()), output)
             sys.exit(0 if result.ok else 1)
         if compare:
             refuse_compare(fix or bug, shown.live, fmt)
             runs = api.compare(
-                loaded,
+                file_scenario,
                 server=tidied(server_ready()),
                 options=shown.options(step_timeout),
                 allow_scratch_schema=allow_scratch_schema,
             )
             emit(draw("compare", fmt, runs, shown.style()), output)
             sys.exit(0 if all(r.ok for r in runs) else 1)
-        chosen = pick_variant(loaded, fix, bug)
-        if not shown.start(chosen, loaded):
+        chosen = pick_variant(file_scenario, fix, bug)
+        if not shown.start(chosen, file_scenario):
             # The engine and the renderer are imported while the run waits for its server and database.
             import_ahead("pgrace.engine.libpq.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
         server = tidied(server_ready())

@@ -66,7 +66,7 @@ def _cases_of(path: Path, golden: bool, expected: Path | None, params: dict[str,
     if path.suffix == ".spec":
         prepared = speccheck.prepare_check(path, expected)
         return [Case(path, prepared.scenario, spec=prepared)]
-    scenario = catalog.load(str(path), params)
+    scenario = catalog.read_scenario(str(path), params)
     return [
         Case(
             path,

@@ -19,7 +19,7 @@ from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Claim, OutcomeClass, merge_classes, whole_number
 from pgrace.model.scenario import Scenario
 
-__all__ = ["exploration_from_dict", "load_explorations", "merge_explorations"]
+__all__ = ["exploration_from_dict", "merge_explorations", "read_explorations"]
 
 
 def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None = None) -> Exploration:
@@ -130,7 +130,7 @@ def _check_same_search(first: Exploration, part: Exploration, scenario: Scenario
         raise ScenarioError(f"another search than {_named(first)}'s: {'; '.join(said)}", part.origin)
 
 
-def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
+def read_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
     """Parse the JSON of shards (``(name, text)`` pairs) for :func:`merge_explorations`."""
     parts = []
     for name, text in texts:

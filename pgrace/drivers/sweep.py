@@ -1,6 +1,6 @@
 """``pgrace sweep``: one scenario under every combination of parameter values, as a grid of outcomes.
 
-Each combination is loaded afresh (``catalog.load(name, params)``: the scenario file
+Each combination is loaded afresh (``catalog.read_scenario(name, params)``: the scenario file
 decides what a parameter means) and run in the file's order, or, with ``explore``, in
 every interleaving. A cell holds the outcome classes (:mod:`pgrace.model.outcomes`), and a
 verdict for a reader, in the words of the checks' polarity: where they are the anomaly's
@@ -113,7 +113,8 @@ def variants(
     if not params:
         raise OptionError("a sweep needs at least one parameter and its values", "params")
     return [
-        (combination, catalog.variant(catalog.load(ref, combination), variant)) for combination in combinations(params)
+        (combination, catalog.variant(catalog.read_scenario(ref, combination), variant))
+        for combination in combinations(params)
     ]
 
 
