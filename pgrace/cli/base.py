@@ -349,7 +349,7 @@ def tidied(server: ServerInfo) -> ServerInfo:
     return server
 
 
-def emit(text: str, output: str | None) -> None:
+def echo(text: str, output: str | None) -> None:
     """Write to ``output`` or stdout; a stdout that cannot take it (a full disk) is said as ``-o FILE`` says it."""
     if output is not None:
         write_output(output, text)

@@ -15,7 +15,7 @@ from pgrace.cli.base import (
     bug_option,
     draw,
     dsn_option,
-    emit,
+    echo,
     fix_option,
     format_option,
     main,
@@ -151,12 +151,12 @@ def load(
         measured: Loaded = exc.partial
         if measured.results:
             with suppress(Exception):
-                emit(draw("load", fmt, measured.results), output)
+                echo(draw("load", fmt, measured.results), output)
         raise
     for path in done.emitted:
-        emit(f"{path}\n", None)
+        echo(f"{path}\n", None)
     if emit_dir is None:
-        emit(draw("load", fmt, done.results), output)
+        echo(draw("load", fmt, done.results), output)
         sys.exit(0 if done.ok else 1)
 
 

@@ -15,8 +15,8 @@ from pgrace.cli.base import (
     database_name_option,
     draw,
     dsn_option,
+    echo,
     either,
-    emit,
     exec_option,
     fix_option,
     format_option,
@@ -137,7 +137,7 @@ def check(
 
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     with progress_line() as progress:
-        stream = CheckStream(lambda text: emit(text, None), progress, quiet, with_server=len(targets) > 1)
+        stream = CheckStream(lambda text: echo(text, None), progress, quiet, with_server=len(targets) > 1)
         checked = api.check(
             paths,
             servers=targets or [None],
@@ -160,7 +160,7 @@ def check(
             on_result=stream.result,
             on_note=say,
         )
-    emit(render_summary(checked, update), None)
+    echo(render_summary(checked, update), None)
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
 
 
@@ -295,7 +295,7 @@ def explore(
             )
     verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
-        emit(draw("explore", fmt if fmt in drawn else "text", found), output)
+        echo(draw("explore", fmt if fmt in drawn else "text", found), output)
         sys.exit(verdict)
     if show > len(classes := found.exploration.classes):
         raise click.BadParameter(
@@ -303,7 +303,7 @@ def explore(
         )
     if show in found.replayed_differently:
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
-    emit(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
+    echo(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
     sys.exit(verdict)
 
 
@@ -353,7 +353,7 @@ def matrix(
     from pgrace import api
 
     measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=say)
-    emit(draw("matrix", fmt, measured), output)
+    echo(draw("matrix", fmt, measured), output)
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
 
 
@@ -445,7 +445,7 @@ def sweep(
             monitor=progress,
             on_note=say,
         )
-    emit(draw("sweep", fmt, swept), output)
+    echo(draw("sweep", fmt, swept), output)
 
 
 def parse_shard(value: str | None) -> tuple[int, int]:
@@ -556,4 +556,4 @@ def minimize(
         repeats=repeat,
         on_note=say,
     )
-    emit(draw("minimize", fmt, found), None)
+    echo(draw("minimize", fmt, found), None)

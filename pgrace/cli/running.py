@@ -15,7 +15,7 @@ from pgrace.cli.base import (
     database_name_option,
     draw,
     dsn_option,
-    emit,
+    echo,
     exec_option,
     fix_option,
     format_option,
@@ -46,7 +46,7 @@ def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
     """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
     from pgrace import api
 
-    emit(draw("list", fmt, api.list_scenarios(tags, topic)), None)
+    echo(draw("list", fmt, api.list_scenarios(tags, topic)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -61,7 +61,7 @@ def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
 
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    emit(render_show(api.show(scenario, parse_params(params), "fix" if fix else "bug" if bug else None)), None)
+    echo(render_show(api.show(scenario, parse_params(params), "fix" if fix else "bug" if bug else None)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -133,14 +133,14 @@ def run(
         from pgrace.cli.terminal.playback import Playback
 
         refuse_overwriting_inputs(output, [file_scenario.source])
-        shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)
+        shown = Playback(fmt, lambda text: echo(text, output), output, color, width, lock_kinds, pace, step_by_step)
         if commands:
             refuse_exec(compare, shown.live, fmt)
             from pgrace import proxy
 
             chosen = pick_variant(file_scenario, fix, bug)
             result = proxy.run_exec(chosen, commands, server=tidied(server_ready()), step_timeout=step_timeout)
-            emit(draw("run", fmt, result, shown.style()), output)
+            echo(draw("run", fmt, result, shown.style()), output)
             sys.exit(0 if result.ok else 1)
         if compare:
             refuse_compare(fix or bug, shown.live, fmt)
@@ -150,7 +150,7 @@ def run(
                 options=shown.options(step_timeout),
                 allow_scratch_schema=allow_scratch_schema,
             )
-            emit(draw("compare", fmt, runs, shown.style()), output)
+            echo(draw("compare", fmt, runs, shown.style()), output)
             sys.exit(0 if all(r.ok for r in runs) else 1)
         chosen = pick_variant(file_scenario, fix, bug)
         if not shown.start(chosen, file_scenario):
