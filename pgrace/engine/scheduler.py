@@ -261,7 +261,7 @@ class Scheduler:
                     self._still_waiting(active)
                 return False
         if active.outcome is None:
-            self.done.settle(session, active)
+            self.done.collect(session, active)
         if self.held_by_marker(active):
             if not active.waiting_reported:
                 self._report_waiting(active, by_marker=True)
@@ -270,7 +270,7 @@ class Scheduler:
         return True
 
     def report(self, session: Session, active: Active) -> None:
-        """A settled step's end into the timeline, then what arrived since (a loss, notifications)."""
+        """A collected step's end into the timeline, then what arrived since (a loss, notifications)."""
         self.done.finished(session, active, self._last_done)
         self._last_done = active.seq
         if active.lost is not None:
@@ -290,8 +290,8 @@ class Scheduler:
     def is_waiting(self, active: Active) -> bool:
         return active in self._waiting
 
-    def settle(self, session: Session, active: Active) -> None:
-        self.done.settle(session, active)
+    def collect(self, session: Session, active: Active) -> None:
+        self.done.collect(session, active)
 
     def report_unless_held(self, session: Session, active: Active) -> None:
         if not self.held_by_marker(active):

@@ -37,12 +37,12 @@ class Launched(Protocol):
         """Whether ``active`` is a step the scheduler still waits for (launched, not reported)."""
         ...
 
-    def settle(self, session: Session, active: Active) -> None:
+    def collect(self, session: Session, active: Active) -> None:
         """Collect a step's results that are in (it is not reported yet)."""
         ...
 
     def report_unless_held(self, session: Session, active: Active) -> None:
-        """A settled waiting step: reported now, with the locks then, unless a completion marker holds it."""
+        """A collected waiting step: reported now, with the locks then, unless a completion marker holds it."""
         ...
 
     def idle(self) -> None:

@@ -386,7 +386,7 @@ class LocksObserved:
 
 @dataclass(frozen=True)
 class FootprintObserved:
-    """What every session held just after step ``after_seq`` was launched and settled, for explore's reduction.
+    """What every session held once step ``after_seq`` was launched and seen done or blocked, for the reduction.
 
     ``held`` is one ``(session, busy, entries)`` per connected session; an entry is
     ``locktype|database|relation|classid|objid|objsubid|virtualxid|mode|granted|relkind``

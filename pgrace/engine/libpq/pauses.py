@@ -78,7 +78,7 @@ class Pauses:
                 if active is not None and launched.is_waiting(active) and active.outcome is None:
                     session.consume()
                     if not session.pgconn.is_busy():
-                        launched.settle(session, active)
+                        launched.collect(session, active)
                         launched.report_unless_held(session, active)
                 else:
                     self.found_ended_idle(session, launched.last_done)
@@ -108,7 +108,7 @@ class Pauses:
                 if self._ends_within(running, RELEASER_GRACE_S):
                     return  # reported after it, by whoever polls the waiting steps next
                 graced = True
-            launched.settle(session, other)
+            launched.collect(session, other)
             if other.lost is not None:
                 continue  # collected now, told after the running step (which polls the waiting steps)
             launched.report_unless_held(session, other)
