@@ -1,4 +1,4 @@
-"""What the schedule does besides sending SQL: a deliberate sleep, a crash, and a session the server ended.
+"""The libpq transport's own steps (a deliberate sleep, a crash) and the sessions the server ended meanwhile.
 
 A sleep is what lets ``lock_timeout``, ``statement_timeout``, the deadlock detector and
 ``idle_in_transaction_session_timeout`` fire at a chosen point, while the other sessions
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from pgrace.engine.transport import Launched
 
 
-class Pauses:
-    """Sleeps, crashes and ended sessions, for one set of libpq sessions."""
+class OwnSteps:
+    """The steps that send no SQL (sleeps, crashes) and the sessions the server ended, for one set of libpq sessions."""
 
     def __init__(
         self,
