@@ -58,7 +58,7 @@ def test_no_module_but_the_scheduler_writes_its_state() -> None:
 
 
 def test_the_writes_test_sees_a_write() -> None:
-    assert _writes_to_the_scheduler(ast.parse("self.scheduler.last_done = 1\nscheduler.waiting.remove(a)\n")) == [1, 2]
+    assert _writes_to_the_scheduler(ast.parse("self.scheduler.last_done = 1\nscheduler._pending.remove(a)\n")) == [1, 2]
 
 
 def test_the_engine_asks_no_scenario_its_dialect_and_its_shared_modules_import_no_transport() -> None:

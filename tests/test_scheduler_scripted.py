@@ -263,7 +263,7 @@ class OwnSteps(Plain):
 
     def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
         self.own.append(active.step.name)
-        assert launched.is_waiting(active) is False  # being launched: not yet among the steps waited for
+        assert launched.is_pending(active) is False  # being launched: not yet among the steps waited for
         return Outcome()
 
     def step_reported(self, last_done: int) -> None:

@@ -33,8 +33,8 @@ class Launched(Protocol):
         """The step reported done most recently."""
         ...
 
-    def is_waiting(self, active: Active) -> bool:
-        """Whether ``active`` is a step the scheduler still waits for (launched, not reported)."""
+    def is_pending(self, active: Active) -> bool:
+        """Whether ``active`` is pending: launched, not reported."""
         ...
 
     def collect(self, session: Session, active: Active) -> None:

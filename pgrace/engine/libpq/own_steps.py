@@ -75,7 +75,7 @@ class OwnSteps:
             for fd in readable:
                 session = watched[fd]
                 active = session.active
-                if active is not None and launched.is_waiting(active) and active.outcome is None:
+                if active is not None and launched.is_pending(active) and active.outcome is None:
                     session.consume()
                     if not session.pgconn.is_busy():
                         launched.collect(session, active)
@@ -102,7 +102,7 @@ class OwnSteps:
                 self.found_ended_idle(session, launched.last_done, during=running.seq)
                 continue
             session.consume()
-            if session.pgconn.is_busy() or not launched.is_waiting(other):
+            if session.pgconn.is_busy() or not launched.is_pending(other):
                 continue
             if not graced:  # one grace for all that ended together, not one each
                 if self._ends_within(running, RELEASER_GRACE_S):

@@ -249,7 +249,7 @@ class Runner:
                 launch_ready(self.scheduler, self.sessions, deferred)
         while deferred:  # only held steps are left: wait for a blocked session, as without deferral
             session = self.sessions[self.scenario.step(deferred[0].step).session]
-            oldest = scheduler.oldest_waiting()
+            oldest = scheduler.oldest_pending()
             if not session.busy and oldest is not None:  # held for a capture that a blocked step will make
                 session = self.sessions[oldest.step.session]
             scheduler.wait_for_session(session)

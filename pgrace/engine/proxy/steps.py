@@ -162,7 +162,7 @@ class Tracker:
         self.discarding = discarding
         self._describing: list[wire.Target] = []
         self._executes: list[str] = []
-        self._waiting = 0
+        self._unanswered = 0
         for message in step.messages:
             code = message.code
             if code == b"D":
@@ -170,7 +170,7 @@ class Tracker:
             elif code == b"E":
                 self._executes.append(wire.execute_portal(message.body))
             if code in _EXTENDED:
-                self._waiting += 1
+                self._unanswered += 1
         self._row_columns: tuple[wire.Column, ...] | None = None
         self.copy_in = False
         """The server waits for the client's COPY data: CopyData, CopyDone, CopyFail go upstream at once."""
@@ -181,7 +181,7 @@ class Tracker:
         self._columns: tuple[str, ...] = ()
         self._error: dict[str, str] | None = None
         self._status: bytes | None = None
-        self.complete = self.kind == "flush" and (self._waiting == 0 or discarding)
+        self.complete = self.kind == "flush" and (self._unanswered == 0 or discarding)
 
     def reply(self) -> Reply:
         return Reply(tuple(self._tags), tuple(self._rows), self._columns, self._error, self._status)
@@ -223,8 +223,8 @@ class Tracker:
         return self.complete
 
     def _answered(self) -> None:
-        self._waiting -= 1
-        if self.kind == "flush" and self._waiting <= 0:
+        self._unanswered -= 1
+        if self.kind == "flush" and self._unanswered <= 0:
             self.complete = True
 
     def _executed(self) -> None:
