@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_engine import Bench, after, scenario
 
-from pgrace.engine.session import Session
+from pgrace.engine.session import LiveSession
 from pgrace.engine.steps import Active
 from pgrace.engine.transport import Launched, Plain
 from pgrace.engine.waiting import Waiting
@@ -261,7 +261,7 @@ class OwnSteps(Plain):
         self.own: list[str] = []
         self.reported: list[int] = []
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
         self.own.append(active.step.name)
         assert launched.is_pending(active) is False  # being launched: not yet among the steps waited for
         return Outcome()

@@ -17,7 +17,7 @@ from pgrace.model.timeline import Release
 from pgrace.model.variables import Value
 
 if TYPE_CHECKING:
-    from pgrace.engine.session import Inspector, Session
+    from pgrace.engine.session import Inspector, LiveSession
     from pgrace.engine.steps import Active, StepBook
     from pgrace.engine.transport import Transport
     from pgrace.model.scenario import Scenario
@@ -29,7 +29,7 @@ class Completions:
     def __init__(
         self,
         scenario: Scenario,
-        sessions: Mapping[str, Session],
+        sessions: Mapping[str, LiveSession],
         inspector: Inspector,
         book: StepBook,
         transport: Transport,
@@ -40,7 +40,7 @@ class Completions:
         self.book = book
         self.transport = transport
 
-    def collect(self, session: Session, active: Active) -> None:
+    def collect(self, session: LiveSession, active: Active) -> None:
         """Collect a finished step's results (not yet its report) and note whether it ended its transaction."""
         outcome, deadlock = session.collect(active)
         if deadlock is not None and outcome.error is not None:
@@ -52,7 +52,7 @@ class Completions:
         self._capture(session, active)
         self._note_completion(session, active)
 
-    def _note_completion(self, session: Session, active: Active) -> None:
+    def _note_completion(self, session: LiveSession, active: Active) -> None:
         """Tell the book the step is over (once): did it end its transaction, or its session?"""
         assert active.outcome is not None
         lost, after = session.ended_status(active)
@@ -93,14 +93,14 @@ class Completions:
         )
         return self.transport.release_of(release, active.step.session, last_done)
 
-    def finished(self, session: Session, active: Active, last_done: int) -> None:
+    def finished(self, session: LiveSession, active: Active, last_done: int) -> None:
         """Record a collected step's end in the book, with what released it (``last_done``: the step done before)."""
         assert active.outcome is not None
         self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
         note_attempt(self.scenario, session, active)
         self.book.finished(active.seq, active.outcome, active.waiting_reported, self._release(active, last_done))
 
-    def _capture(self, session: Session, active: Active) -> None:
+    def _capture(self, session: LiveSession, active: Active) -> None:
         step, outcome = active.step, active.outcome
         if not step.capture or outcome is None:
             return

@@ -10,7 +10,7 @@ watched too: a step that ends meanwhile is reported when it ends.
 Completion markers (``(*)``, ``(step)``, ``(step notices N)``) hold back the report of a
 finished step. The events themselves are the :class:`~pgrace.engine.steps.StepBook`'s.
 
-The scheduler is written once over :class:`~pgrace.engine.session.Session`; what differs
+The scheduler is written once over :class:`~pgrace.engine.session.LiveSession`; what differs
 by transport is its :class:`~pgrace.engine.transport.Transport`: how it waits (a
 scenario's libpq sessions are selected on, the application's thread sessions waited for
 on their gates) and the steps it runs itself (a scenario's sleeps and crashes). The
@@ -33,7 +33,7 @@ from pgrace.model.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
     from pgrace.engine.options import RunOptions
-    from pgrace.engine.session import Inspector, Session
+    from pgrace.engine.session import Inspector, LiveSession
     from pgrace.engine.steps import Recorder, StepBook
     from pgrace.engine.transport import Transport
 
@@ -51,7 +51,7 @@ class Scheduler:
         scenario: Scenario,
         run: Run,
         options: RunOptions,
-        sessions: Mapping[str, Session],
+        sessions: Mapping[str, LiveSession],
         inspector: Inspector,
         book: StepBook,
         transport: Transport,
@@ -122,7 +122,7 @@ class Scheduler:
         active.outcome = session.send(text, active)
         return active
 
-    def values(self, session: Session | None, facts: bool = True) -> dict[str, Value]:
+    def values(self, session: LiveSession | None, facts: bool = True) -> dict[str, Value]:
         """What ``:variables`` stand for in a step of ``session`` (None: a final check).
 
         Params, then the session's own captures (which win, as they always did), then
@@ -141,7 +141,7 @@ class Scheduler:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    def wait_for_session(self, session: Session) -> None:
+    def wait_for_session(self, session: LiveSession) -> None:
         """The next step's session still runs an earlier step: wait for it, then the others.
 
         As isolationtester: the earlier step is waited for in blocking mode (no probe)
@@ -167,7 +167,7 @@ class Scheduler:
         if self.last_done != done_before and not self.locks_each_completion:
             self.observe_locks(self.last_done)  # locks after the completions, before the next launch
 
-    def overtaken(self, session: Session) -> bool:
+    def overtaken(self, session: LiveSession) -> bool:
         """Whether the server let another waiter go first: then the session's step is waited for later.
 
         One COMMIT may wake several waiting steps, and the server, not the scenario, decides
@@ -269,7 +269,7 @@ class Scheduler:
         self.report(session, active)
         return True
 
-    def report(self, session: Session, active: Active) -> None:
+    def report(self, session: LiveSession, active: Active) -> None:
         """A collected step's end into the timeline, then what arrived since (a loss, notifications)."""
         self.done.finished(session, active, self._last_done)
         self._last_done = active.seq
@@ -290,10 +290,10 @@ class Scheduler:
     def is_pending(self, active: Active) -> bool:
         return active in self._pending
 
-    def collect(self, session: Session, active: Active) -> None:
+    def collect(self, session: LiveSession, active: Active) -> None:
         self.done.collect(session, active)
 
-    def report_unless_held(self, session: Session, active: Active) -> None:
+    def report_unless_held(self, session: LiveSession, active: Active) -> None:
         if not self.held_by_marker(active):
             self._pending.remove(active)
             self.report(session, active)

@@ -39,7 +39,7 @@ from pgrace.model.timeline import (
 )
 
 if TYPE_CHECKING:
-    from pgrace.engine.session import Inspector, Session
+    from pgrace.engine.session import Inspector, LiveSession
 
 
 Graph = tuple[tuple[str, tuple[str, ...]], ...]  # who waits for whom, by session name
@@ -122,7 +122,7 @@ class StepBook:
     def cut(
         self,
         step: Launched,
-        session: Session,
+        session: LiveSession,
         elapsed: float,
         holders: Callable[[Graph], tuple[Holder, ...]],
         stuck: Callable[[], Exception],

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import psycopg
 
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import LiveSession
     from pgrace.engine.steps import Active
     from pgrace.engine.waiting import Waiting
     from pgrace.model.timeline import Outcome, Release
@@ -37,11 +37,11 @@ class Launched(Protocol):
         """Whether ``active`` is pending: launched, not reported."""
         ...
 
-    def collect(self, session: Session, active: Active) -> None:
+    def collect(self, session: LiveSession, active: Active) -> None:
         """Collect a step's results that are in (it is not reported yet)."""
         ...
 
-    def report_unless_held(self, session: Session, active: Active) -> None:
+    def report_unless_held(self, session: LiveSession, active: Active) -> None:
         """A collected waiting step: reported now, with the locks then, unless a completion marker holds it."""
         ...
 
@@ -56,11 +56,11 @@ class Transport(Protocol):
     @property
     def waiting(self) -> Waiting[Any]: ...
 
-    def quoting(self, session: Session) -> psycopg.Connection[Any] | None:
+    def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         """The connection that quotes the values of a step's ``:variables``; None: steps are sent as written."""
         ...
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
         """Run a step that is the transport's own (a sleep, a crash): its outcome; None when it is SQL to send."""
         ...
 
@@ -83,10 +83,10 @@ class Plain:
     def __init__(self, waiting: Waiting[Any]) -> None:
         self.waiting = waiting
 
-    def quoting(self, session: Session) -> psycopg.Connection[Any] | None:
+    def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         return None
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
         return None
 
     def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:

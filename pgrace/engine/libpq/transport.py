@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from pgrace.engine.libpq.session import LibpqSession
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import LiveSession
     from pgrace.engine.steps import Active, Recorder
     from pgrace.engine.transport import Launched
     from pgrace.errors import PgraceError
@@ -46,10 +46,10 @@ class LibpqTransport:
         """The control connection was opened again (a step had ended it)."""
         self.own.use_control(control)
 
-    def quoting(self, session: Session) -> psycopg.Connection[Any] | None:
+    def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         return self.sessions[session.name].conn
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
         step = active.step
         if step.sleep is not None:
             self.own.sleep(step.sleep, launched)
