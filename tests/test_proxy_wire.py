@@ -28,7 +28,7 @@ def framed(*messages: pg.PGMessage) -> list[wire.Message]:
     return wire.Framer().feed(raw(*messages))
 
 
-def group(*messages: pg.PGMessage, memory: steps.Memory | None = None) -> list[steps.Step]:
+def group(*messages: pg.PGMessage, memory: steps.Memory | None = None) -> list[steps.GroupedStep]:
     grouper = steps.Grouper(memory or steps.Memory())
     found = [grouper.add(message) for message in framed(*messages)]
     return [step for step in found if step is not None]

@@ -68,7 +68,7 @@ class Memory:
 
 
 @dataclass
-class Step:
+class GroupedStep:
     """A step as grouped: its messages, then the Statement the hooks see."""
 
     messages: list[wire.Message]
@@ -91,7 +91,7 @@ class Grouper:
         """Whether messages of an unfinished step are waiting for the rest of it."""
         return bool(self._building)
 
-    def add(self, message: wire.Message) -> Step | None:
+    def add(self, message: wire.Message) -> GroupedStep | None:
         code = message.code
         if code in _EXTENDED:
             self._building.append(message)
@@ -99,7 +99,7 @@ class Grouper:
         if code in (b"S", b"H", b"Q", b"F"):
             self._building.append(message)
             messages, self._building = self._building, []
-            return Step(messages, self._statement(messages))
+            return GroupedStep(messages, self._statement(messages))
         raise wire.ProtocolViolation(f"invalid frontend message type {code!r}")
 
     def _statement(self, messages: list[wire.Message]) -> Statement:
@@ -156,7 +156,7 @@ class Tracker:
     Flush prefix before that Sync gets no answer at all and is complete once sent.
     """
 
-    def __init__(self, step: Step, memory: Memory, *, discarding: bool) -> None:
+    def __init__(self, step: GroupedStep, memory: Memory, *, discarding: bool) -> None:
         self.memory = memory
         self.kind = step.statement.kind
         self.discarding = discarding
