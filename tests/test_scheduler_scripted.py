@@ -4,7 +4,7 @@ The sessions here are :mod:`fake_engine`'s: a tiny script language over named lo
 an inspector that reports the script's "blocked by whom?" as the observer's probe would.
 Each test reads as one rule of :class:`~pgrace.engine.scheduler.Scheduler`, in
 isolationtester's order; what the server itself answers is tested on a real server
-(tests/test_timeline_truth.py, tests/test_schedule.py and the isolation corpus).
+(tests/test_timeline_truth.py, tests/test_orders.py and the isolation corpus).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ class Space:
         return [((*prefix, self.chains[i][at[i]]), below) for i, below, _ in branches]
 
     def __iter__(self) -> Iterator[tuple[str, ...]]:
-        """Every interleaving in number order: a :class:`~pgrace.model.orders.choices.Schedule` of step names."""
+        """Every interleaving in number order: a :class:`~pgrace.model.orders.Orders` of step names."""
         return (self.unrank(i) for i in range(self.size))
 
     def unrank(self, index: int) -> tuple[str, ...]:
