@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from pgrace.drivers.explore import explore
+from pgrace.drivers.searches import Exhaustive
 from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import open_server
@@ -59,7 +60,7 @@ def main() -> None:
                 whole, whole_s, same = "-", "-", "not compared"
                 if space <= max_whole:
                     started = time.perf_counter()
-                    every = explore(scenario, server, reduce=False)
+                    every = explore(scenario, server, search=Exhaustive())
                     whole, whole_s = f"{every.run_count:,}", f"{time.perf_counter() - started:.1f}"
                     equal = sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
                     same = "same" if equal else "DIFFERENT"

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
     from pgrace.drivers.explore import Exploration
+    from pgrace.drivers.searches import Exhaustive, Pct, PreemptionBounded, Reduced, Sample
     from pgrace.engine.options import RunOptions
     from pgrace.errors import (
         CodeError,
@@ -84,6 +85,7 @@ _HOMES = {
     "Step": "pgrace.model.scenario",
     "StepRun": "pgrace.model.timeline",
     "open_server": "pgrace.servers",
+    **dict.fromkeys(("Exhaustive", "Pct", "PreemptionBounded", "Reduced", "Sample"), "pgrace.drivers.searches"),
     **dict.fromkeys(
         (
             "check",
@@ -107,14 +109,19 @@ _HOMES = {
 __all__ = [
     "CheckResult",
     "CodeError",
+    "Exhaustive",
     "Exploration",
     "Interrupted",
     "OptionError",
     "OutcomeClass",
+    "Pct",
     "PgraceError",
+    "PreemptionBounded",
+    "Reduced",
     "Run",
     "RunAborted",
     "RunOptions",
+    "Sample",
     "Scenario",
     "ScenarioError",
     "ServerInfo",

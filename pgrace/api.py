@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
-from pgrace.drivers.bounded import check_bounded_explore
+from pgrace.drivers.bounded import check_bounded_jobs
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.drivers.one_run import teardown_failures as teardown_failures  # what `run` says after a run
+from pgrace.drivers.searches import REDUCED, SearchMode
 from pgrace.engine.options import RunOptions
 from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
@@ -162,8 +163,7 @@ def explore(
     dsn: str | None = None,
     server: ServerInfo | None = None,
     superuser: bool = False,
-    limit: int | None = None,
-    seed: int | None = None,
+    search: SearchMode = REDUCED,
     shard: tuple[int, int] = (1, 1),
     jobs: int = 1,
     step_timeout: float = 10.0,
@@ -171,19 +171,17 @@ def explore(
     merge: Sequence[str | Path] = (),
     monitor: Monitor | None = None,
     on_note: Note | None = None,
-    reduce: bool = True,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
     minimize: bool = False,
 ) -> Explored:
-    """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
+    """Run the interleavings of ``scenario``'s steps that ``search`` chooses and group the outcomes.
 
-    ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
-    fully observed run. ``merge``: the JSON files of shards, merged instead of running.
-    ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
-    ``max_preemptions`` K: every schedule with at most K preemptions instead; ``pct`` D: PCT
-    schedules of depth D (``limit`` of them, 100 by default; ``seed``, 0 by default). The
-    exploration's ``guarantee`` says which of these its classes carry. ``minimize``: the first
+    ``search`` (``pgrace.drivers.searches``): ``Reduced()``, one run of each set of
+    equivalent interleavings (the default); ``Exhaustive()``, every interleaving;
+    ``Sample(size, seed)``; ``PreemptionBounded(K)``, every schedule with at most K
+    preemptions; ``Pct(D, runs, seed)``, PCT schedules of depth D (100 of them unless ``runs``
+    says). The exploration's ``guarantee`` says which of these its classes carry. ``examples``:
+    class numbers (from 1; "all": every class) whose example is replayed as a fully observed
+    run. ``merge``: the JSON files of shards, merged instead of running. ``minimize``: the first
     class that fails (the bug happened, or an error no step declares) has its example shrunk
     to the smallest scenario that fails the same way (``minimized``; see ``minimize``).
     """
@@ -202,13 +200,18 @@ def explore(
         texts = [(str(name), read_input(name)) for name in merge]
         return Explored(scenario, merge_explorations(read_explorations(texts, space), scenario))
     from pgrace.drivers.bounded import check_bounds
+    from pgrace.drivers.searches import Pct, PreemptionBounded, Reduced, Sample, runs_asked
 
-    check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
+    check_bounds(space, search, shard, jobs)  # before a server starts
     watch = monitor or Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
-    preempting = max_preemptions is not None and pct is None  # its runs are learnt as it goes, as reduced ones
-    reduced = preempting or (reduce and pct is None and reduces(scenario, space, limit, shard, jobs))
+    # A preemption-bounded search's runs are learnt as it goes, as a reduced search's.
+    reduced = isinstance(search, PreemptionBounded) or (
+        isinstance(search, Reduced | Sample)
+        and (not isinstance(search, Sample) or search.reduce)
+        and reduces(scenario, space, runs_asked(search), shard, jobs)
+    )
 
     def explored(done: int, total: int) -> None:
         if reduced:  # the runs still to come are learnt as it goes: say the ones known
@@ -220,7 +223,7 @@ def explore(
             return
         if done == 0:
             note_long(watch, label, total, jobs)
-            watch.start(label, total, "runs" if pct is not None else "interleavings")
+            watch.start(label, total, "runs" if isinstance(search, Pct) else "interleavings")
         watch.update(done)
 
     with _serving(server, dsn, superuser, on_note) as opened:
@@ -228,15 +231,11 @@ def explore(
             found = explore_space(
                 scenario,
                 opened,
-                limit=limit,
-                seed=(seed if seed is not None else 0) if limit is not None or pct is not None else None,
+                search=search,
                 shard=shard,
                 jobs=jobs,
                 step_timeout=step_timeout,
                 on_progress=explored,
-                reduce=reduce,
-                max_preemptions=max_preemptions,
-                pct=pct,
             )
         finally:
             watch.close()
@@ -300,12 +299,8 @@ def sweep(
     params: Mapping[str, Sequence[str]],
     *,
     variant: str | None = None,
-    explore: bool = False,
-    limit: int | None = None,
-    seed: int = 0,
+    explore: SearchMode | None = None,
     jobs: int = 1,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
     step_timeout: float = 10.0,
     examples: bool = False,
     output: str | Path | None = None,
@@ -317,8 +312,8 @@ def sweep(
 ) -> Swept:
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
-    With ``explore``, every interleaving of each combination (``limit``: a seeded sample;
-    ``max_preemptions`` K or ``pct`` D: that bounded search of each, as ``pgrace.explore`` runs it).
+    ``explore``: the search each combination is explored with, as ``pgrace.explore`` runs it
+    (None: each runs its file's order once).
     ``examples``: each class's example replayed as a run. ``output``: a file the caller
     will write, refused before anything runs when it is one of the scenario files.
     """
@@ -329,7 +324,7 @@ def sweep(
     )
     from pgrace.drivers.sweep import sweep as sweep_grid
 
-    check_bounded_explore(explore, max_preemptions, pct, jobs)
+    check_bounded_jobs(explore, jobs)
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
     bounds.check_combinations(combinations)
@@ -339,8 +334,8 @@ def sweep(
     # Every combination is read once, up front: invalid input fails before a server starts.
     variant_lists = [variants(ref, grid, variant) for ref in scenarios]
     refuse_overwriting_inputs(output, [scenario.source for chosen in variant_lists for _, scenario in chosen])
-    if explore:
-        note_long(watch, "sweep", sum(interleavings(c, limit) for c in variant_lists), jobs)
+    if explore is not None:
+        note_long(watch, "sweep", sum(interleavings(c, explore) for c in variant_lists), jobs)
     result = Swept([])
     with _serving(server, dsn, superuser, on_note) as opened:
         try:
@@ -360,11 +355,7 @@ def sweep(
                         grid,
                         opened,
                         explore=explore,
-                        limit=limit,
-                        seed=seed if limit is not None or pct is not None else None,
                         jobs=jobs,
-                        max_preemptions=max_preemptions,
-                        pct=pct,
                         step_timeout=step_timeout,
                         on_cell=combination_done,
                         on_interleavings=interleaved,
@@ -406,13 +397,9 @@ def check(
     junit: str | Path | None = None,
     step_timeout: float = 10.0,
     database_name: str | None = None,
-    explore: bool = False,
-    limit: int | None = None,
-    seed: int = 0,
+    explore: SearchMode | None = None,
     jobs: int = 1,
     params: Mapping[str, str] | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
@@ -426,9 +413,9 @@ def check(
     and the others still run; each result goes to ``on_result`` as it is known. ``junit``:
     a file to write every case to as JUnit XML once all ran (refused, before anything runs,
     when it is one of the inputs). Specs share one scratch database per server, reset only
-    when a spec leaves objects. ``params``: every pgrace scenario's parameters. With
-    ``explore``, ``max_preemptions`` K or ``pct`` D bound the search as in ``pgrace.explore``:
-    each result's ``guarantee`` says what it covered.
+    when a spec leaves objects. ``params``: every pgrace scenario's parameters. ``explore``:
+    the search each pgrace scenario is judged over, as in ``pgrace.explore`` (None: its file's
+    order); a bounded one's ``guarantee`` says what it covered.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -438,7 +425,7 @@ def check(
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
-    check_bounded_explore(explore, max_preemptions, pct, jobs)
+    check_bounded_jobs(explore, jobs)
     watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
@@ -459,19 +446,17 @@ def check(
         for server in checked.servers:
             tidy(server, on_note)
             scratch = None
-            if not explore and any(case.spec is not None for case in cases):
+            if explore is None and any(case.spec is not None for case in cases):
                 scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
             for case in cases:
-                if explore:
+                if explore is not None:
 
                     def interleaved(done: int, total: int, name: str = case.name) -> None:
                         if done == 0:
                             note_long(watch, name, total, jobs)
                         watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
 
-                    result = regression.run_explore_case(
-                        case, server, options, limit, seed, jobs, interleaved, max_preemptions, pct
-                    )
+                    result = regression.run_explore_case(case, server, options, explore, jobs, interleaved)
                 else:
                     result = regression.run_case(
                         case, server, options, update=update, database_name=database_name, scratch=scratch

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 import pgrace
 from pgrace.cli import main
 from pgrace.cli.exits import exit_code_of_interrupt
+from pgrace.drivers.searches import Exhaustive, Reduced
 from pgrace.errors import Interrupted, OptionError, ScenarioError, Terminated
 from pgrace.frontends import catalog
 from pgrace.render import formats
@@ -111,11 +112,13 @@ def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server:
 
 def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     scenario = pgrace.read_scenario("lost-update")
-    whole = pgrace.explore(scenario, server=pgrace_server, reduce=False)
+    whole = pgrace.explore(scenario, server=pgrace_server, search=Exhaustive())
     for reduce in (False, True):
         shards = []
         for k in (1, 2):
-            part = pgrace.explore(scenario, server=pgrace_server, shard=(k, 2), reduce=reduce)
+            part = pgrace.explore(
+                scenario, server=pgrace_server, shard=(k, 2), search=Reduced() if reduce else Exhaustive()
+            )
             shards.append(tmp_path / f"{k}.json")
             shards[-1].write_text(formats.render("explore", "json", part), encoding="utf-8")
         merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards).exploration

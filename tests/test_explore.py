@@ -20,6 +20,7 @@ from pgrace.cli import main
 from pgrace.drivers import check as regression
 from pgrace.drivers.explore import explore
 from pgrace.drivers.exploring import choose
+from pgrace.drivers.searches import Exhaustive, Sample
 from pgrace.drivers.shards import merge_explorations
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
@@ -79,7 +80,7 @@ def test_a_sample_is_seeded_and_shards_partition_it() -> None:
 
 def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo) -> None:
     scenario = catalog.read_scenario("lost-update")
-    found = explore(scenario, pgrace_server, reduce=False)
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert (found.space, found.explored, found.seed) == (70, 70, None)
     by_balance = {c.final[0][0][0]: c for c in found.classes}
     assert set(by_balance) == {400, 300}
@@ -94,7 +95,7 @@ def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo)
 
 
 def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_server: ServerInfo) -> None:
-    found = explore(catalog.read_scenario("lost-update").variant_named("fix"), pgrace_server, reduce=False)
+    found = explore(catalog.read_scenario("lost-update").variant_named("fix"), pgrace_server, search=Exhaustive())
     assert len(found.classes) == 1
     only = found.classes[0]
     assert (only.count, only.final, only.ok) == (70, (((300,),),), True)
@@ -103,11 +104,11 @@ def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_ser
 
 def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: ServerInfo) -> None:
     scenario = catalog.read_scenario("skip-locked-fanout").variant_named("bug")
-    first = explore(scenario, pgrace_server, limit=24, seed=5)
-    again = explore(scenario, pgrace_server, limit=24, seed=5)
+    first = explore(scenario, pgrace_server, search=Sample(24, 5))
+    again = explore(scenario, pgrace_server, search=Sample(24, 5))
     assert first.to_dict() == again.to_dict()
     assert (first.space, first.explored, first.seed) == (140, 24, 5)
-    shards = [explore(scenario, pgrace_server, limit=24, seed=5, shard=(k, 3)) for k in (1, 2, 3)]
+    shards = [explore(scenario, pgrace_server, search=Sample(24, 5), shard=(k, 3)) for k in (1, 2, 3)]
     assert [s.explored for s in shards] == [8, 8, 8]
     merged = merge_explorations(shards).to_dict()
     assert merged.pop("shard") == {"n": 3, "held": [1, 2, 3], "missing": []}
@@ -119,13 +120,13 @@ def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: S
 def test_jobs_run_in_separate_processes_with_the_same_result(pgrace_server: ServerInfo) -> None:
     """Every interleaving, in two processes or one (the reduced search split: tests/test_reduce_shards.py)."""
     scenario = catalog.read_scenario("lost-update")
-    every = explore(scenario, pgrace_server, reduce=False).to_dict()
-    assert explore(scenario, pgrace_server, jobs=2, reduce=False).to_dict() == every
+    every = explore(scenario, pgrace_server, search=Exhaustive()).to_dict()
+    assert explore(scenario, pgrace_server, jobs=2, search=Exhaustive()).to_dict() == every
 
 
 def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> None:
     scenario = catalog.read_scenario(str(HERE / "specs" / "row-queue.spec"))
-    found = explore(scenario, pgrace_server, reduce=False)
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert found.space == math.factorial(6) // 8 == 90
     assert sum(c.count for c in found.classes) == 90
     assert [c.errors for c in found.classes] == [()]
@@ -152,7 +153,7 @@ def test_a_blocked_sessions_next_step_is_deferred_not_waited_for(pgrace_server: 
 def test_check_explore_passes_on_the_shipped_scenarios(pgrace_server: ServerInfo) -> None:
     cases = regression.prepare(["scenarios"])
     # a modest seeded sample of each (sleeps make some spaces slow); bench/bench_library.py explores them whole
-    results = [regression.run_explore_case(case, pgrace_server, limit=12, seed=1) for case in cases]
+    results = [regression.run_explore_case(case, pgrace_server, search=Sample(12, 1)) for case in cases]
     assert [(r.case.name, r.problems) for r in results if not r.ok] == []
     assert len(results) == sum(len(catalog.read_scenario(n).variants) for n in catalog.shipped_names())
 
@@ -277,7 +278,7 @@ def test_a_huge_space_is_stated_and_needs_a_sample(pgrace_server: ServerInfo) ->
     assert Space(scenario).size == size
     with pytest.raises(ScenarioError, match=f"{size:,} interleavings are too many"):
         explore(scenario, pgrace_server)
-    sampled = explore(scenario, pgrace_server, limit=3, seed=9)
+    sampled = explore(scenario, pgrace_server, search=Sample(3, 9))
     assert (sampled.space, sampled.explored, sampled.seed) == (size, 3, 9)
 
 
@@ -333,7 +334,7 @@ def test_nothing_of_one_interleaving_reaches_the_next_session_state_included(pgr
     )
     check = FinalCheck("who got the lock", "SELECT string_agg(who, ',') FROM t WHERE got", (("a",),))
     scenario = Scenario(**{**scenario.__dict__, "setup": ("CREATE TABLE t (who text, got bool)",), "checks": (check,)})
-    found = explore(scenario, pgrace_server, reduce=False)
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert sorted((c.final, c.count) for c in found.classes) == [(((("a",),),), 1), (((("b",),),), 1)]
 
 
@@ -367,7 +368,7 @@ def test_sessions_left_in_a_failed_or_open_transaction_start_the_next_interleavi
     )
     lock_free = "SELECT 1 / pg_try_advisory_lock(42)::int; SELECT pg_advisory_unlock(42)"
     scenario = Scenario(**{**scenario.__dict__, "setup": (lock_free,)})
-    found = explore(scenario, pgrace_server, reduce=False)
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert [(c.errors, c.count) for c in found.classes] == [(("22012",), 56)]  # a5's division alone, everywhere
 
 

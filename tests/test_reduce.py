@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from pgrace.cli import main
 from pgrace.drivers.explore import Exploration, _explore_reduced, explore
 from pgrace.drivers.reduce import every_order_differs, nature_of
+from pgrace.drivers.searches import Exhaustive
 from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario, Step
@@ -46,7 +47,7 @@ def test_reduced_classes_are_the_exhaustive_classes_on_shipped_scenarios(
 ) -> None:
     scenario = catalog.read_scenario(name).variant_named(variant)
     reduced = _searched(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all and reduced.run_count <= every.run_count == every.space
     assert sum(c.count for c in reduced.classes) == reduced.run_count
@@ -61,7 +62,7 @@ def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_ser
     path = HERE / "hard" / f"{name}.toml" if name in HARD else HERE / f"{name}.toml"
     scenario = catalog.read_scenario(str(path))
     reduced = _searched(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all
 

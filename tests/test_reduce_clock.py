@@ -21,6 +21,7 @@ import pytest
 from pgrace.drivers.explore import Exploration, _explore_reduced, explore
 from pgrace.drivers.reduce import moves, nature_of
 from pgrace.drivers.reduce.nature import Nature, setup_clock
+from pgrace.drivers.searches import Exhaustive
 from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario, Step
@@ -47,7 +48,7 @@ def test_clock_readings_keep_the_exhaustive_classes(pgrace_server: ServerInfo, n
     for variant in loaded.variants:
         scenario = loaded.variant_named(variant)
         reduced = _searched(scenario, pgrace_server)
-        every = explore(scenario, pgrace_server, reduce=False)
+        every = explore(scenario, pgrace_server, search=Exhaustive())
         assert _classes(reduced) == _classes(every)
         assert reduced.covers_all and reduced.run_count < every.run_count
         if name in MUST_DEPEND:
@@ -80,7 +81,7 @@ def test_a_wrong_clock_rule_loses_a_class(
     """The comparisons above can fail: each wrong rule finds fewer classes than every interleaving does."""
     name, wrong, scenario_name = WRONG[rule]
     scenario = catalog.read_scenario(str(CLOCK / f"{scenario_name}.toml"))
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     monkeypatch.setattr(moves, name, wrong)
     reduced = _searched(scenario, pgrace_server)
     assert len(reduced.classes) < len(every.classes) == 2
@@ -89,7 +90,7 @@ def test_a_wrong_clock_rule_loses_a_class(
 def test_times_in_final_rows_classify_by_their_order(pgrace_server: ServerInfo) -> None:
     """Two explorations of a check that shows now()'s stamps find the same classes: the wall clock moved."""
     scenario = catalog.read_scenario(str(CLOCK / "stamped.toml"))
-    first, again = (explore(scenario, pgrace_server, reduce=False) for _ in range(2))
+    first, again = (explore(scenario, pgrace_server, search=Exhaustive()) for _ in range(2))
     assert _classes(first) == _classes(again)
     finals = sorted(c.final[0] for c in first.classes)
     assert finals == [

@@ -20,6 +20,7 @@ import pytest
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
 from pgrace.drivers.reduce.reads import Shape, effect_of
+from pgrace.drivers.searches import Exhaustive
 from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
@@ -39,7 +40,7 @@ def _classes(found: object) -> list[str]:
 def test_reads_told_apart_keep_the_exhaustive_classes(pgrace_server: ServerInfo, name: str) -> None:
     scenario = catalog.read_scenario(str(READS / f"{name}.toml"))
     reduced = explore(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all
     if name in MUST_DEPEND:  # the order of the two transactions decides the final state

@@ -14,6 +14,7 @@ import pytest
 
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
+from pgrace.drivers.searches import Exhaustive
 from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
@@ -45,7 +46,7 @@ def _classes(found: object) -> list[str]:
 def test_rows_told_apart_keep_the_exhaustive_classes(pgrace_server: ServerInfo, name: str) -> None:
     scenario = catalog.read_scenario(str(ROWS / f"{name}.toml"))
     reduced = explore(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all
     if name in RELATION_RUNS:

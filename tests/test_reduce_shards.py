@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from pgrace.cli import main
 from pgrace.drivers.explore import Exploration, explore, reduces
 from pgrace.drivers.reduce import explore_roots
+from pgrace.drivers.searches import Exhaustive
 from pgrace.drivers.shards import merge_explorations
 from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
@@ -88,7 +89,7 @@ def test_shards_of_the_reduced_search_merge_into_its_classes(pgrace_server: Serv
 @pytest.mark.parametrize("name", SHAPES)
 def test_shards_and_workers_find_the_classes_on_hard_shapes(pgrace_server: ServerInfo, name: str) -> None:
     for scenario in _variants(name):
-        every = explore(scenario, pgrace_server, reduce=False)
+        every = explore(scenario, pgrace_server, search=Exhaustive())
         merged = _sharded(scenario, pgrace_server, 3)
         workers = explore(scenario, pgrace_server, jobs=2)
         assert merged.covers_all and workers.covers_all
@@ -110,8 +111,8 @@ def test_shards_and_workers_find_one_searchs_classes_on_two_skip_locked_queues(p
 def test_workers_see_their_own_databases_advisory_locks_only(pgrace_server: ServerInfo) -> None:
     """advisory-lock's checks read pg_locks, which is the server's: two workers' lock 42 must not meet."""
     for scenario in _variants("advisory-lock"):
-        one = explore(scenario, pgrace_server, reduce=False)
-        workers = explore(scenario, pgrace_server, reduce=False, jobs=2)
+        one = explore(scenario, pgrace_server, search=Exhaustive())
+        workers = explore(scenario, pgrace_server, search=Exhaustive(), jobs=2)
         assert _keys(workers) == _keys(one), scenario.variant
         # The bug's one outcome, split by where its 55P03 fell (a step that declares it, or one that does not)
         assert len(one.classes) == {"bug": 2, "fix": 1}[scenario.variant], scenario.variant

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from pgrace import api
 from pgrace.cli import main
 from pgrace.drivers.explore import explore, replay
+from pgrace.drivers.searches import Exhaustive, Sample
 from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
 from pgrace.frontends.scenario_toml import parse_toml_scenario, read_toml_scenario
@@ -161,7 +162,7 @@ RETRY_ONCE = Path(__file__).resolve().parent / "explore" / "retry-once.toml"
 
 
 def test_explore_counts_the_attempts_and_a_repeat_once(pgrace_server: ServerInfo) -> None:
-    found = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False)
+    found = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Exhaustive())
     # the worker's chain is claim, claim#2-rollback, claim#2: 4 places for the producer's step. With
     # ready first nothing is retried, and the orders that put it before or after claim's unsent
     # attempt are one run: counted once.
@@ -228,8 +229,8 @@ def test_a_sweep_says_which_cells_classes_retried(pgrace_server: ServerInfo, tmp
 
 
 def test_shards_add_their_retries_up(pgrace_server: ServerInfo) -> None:
-    one = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False)
-    shards = [explore(read_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False, shard=(k, 2)) for k in (1, 2)]
+    one = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Exhaustive())
+    shards = [explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Exhaustive(), shard=(k, 2)) for k in (1, 2)]
     merged = merge_explorations(shards)
     assert [(c.retries, c.retried_on) for c in merged.classes] == [(c.retries, c.retried_on) for c in one.classes]
     assert [c.retries for c in one.classes] == [1, 1]  # ready after the first claim failed; claim failed twice
@@ -237,9 +238,9 @@ def test_shards_add_their_retries_up(pgrace_server: ServerInfo) -> None:
 
 def test_a_sample_counts_a_repeat_only_when_what_it_repeats_is_in_the_sample(pgrace_server: ServerInfo) -> None:
     # interleaving 2 (claim, ready, claim#2-rollback, claim#2) runs as 1 does: the ROLLBACK is not sent
-    alone = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, limit=2, seed=5)  # picks 2 and 3
+    alone = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Sample(2, 5))  # picks 2 and 3
     assert (alone.explored, alone.repeats, sum(c.count for c in alone.classes)) == (2, 0, 2)
-    both = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, limit=2, seed=1)  # picks 1 and 2
+    both = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Sample(2, 1))  # picks 1 and 2
     assert (both.explored, both.repeats, sum(c.count for c in both.classes)) == (2, 1, 1)
 
 

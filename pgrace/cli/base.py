@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pgrace.cli.terminal.progress import Progress
+    from pgrace.drivers.searches import SearchMode
     from pgrace.model.scenario import Scenario
     from pgrace.render.text import Style
     from pgrace.servers import ServerInfo
@@ -312,6 +313,51 @@ def parse_params(values: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
         params[name] = value
     return params
+
+
+def search_of(
+    limit: int | None, seed: int | None, max_preemptions: int | None, pct: int | None, reduce: bool = True
+) -> SearchMode:
+    """The one search ``--max``, ``--seed``, ``--max-preemptions``, ``--pct`` and ``--no-reduce`` ask for."""
+    from pgrace.drivers.searches import Exhaustive, Pct, PreemptionBounded, Reduced, Sample
+
+    if max_preemptions is not None and pct is not None:
+        raise click.BadParameter("--max-preemptions and --pct are two searches: choose one", param_hint="--pct")
+    if max_preemptions is not None:
+        return PreemptionBounded(max_preemptions, limit)
+    if pct is not None:
+        return Pct(pct, limit, seed or 0)
+    if limit is not None:
+        return Sample(limit, seed or 0, reduce)
+    return Reduced() if reduce else Exhaustive()
+
+
+def bounded_flag(search: SearchMode) -> str | None:
+    """The option that asked for a bounded search (None: not a bounded one)."""
+    from pgrace.drivers.searches import Pct, PreemptionBounded
+
+    return (
+        "--max-preemptions" if isinstance(search, PreemptionBounded) else "--pct" if isinstance(search, Pct) else None
+    )
+
+
+def search_to_explore(
+    explore: bool, limit: int | None, seed: int, max_preemptions: int | None, pct: int | None, jobs: int
+) -> SearchMode | None:
+    """check's and sweep's ``--explore`` and its search, refused in one line where the flags cannot mean it."""
+    search = search_of(limit, seed, max_preemptions, pct)
+    option = bounded_flag(search)
+    if option is None:
+        return search if explore else None
+    if not explore:
+        raise click.BadParameter(f"{option} bounds an exploration: add --explore", param_hint=option)
+    if jobs != 1:
+        raise click.BadParameter(f"{option} runs in one process: -j cannot split it", param_hint=option)
+    if max_preemptions is not None and max_preemptions < 0:
+        raise click.BadParameter(f"--max-preemptions {max_preemptions}: K is 0 or more", param_hint=option)
+    if pct is not None and pct < 1:
+        raise click.BadParameter(f"--pct {pct}: the depth D is 1 or more", param_hint=option)
+    return search
 
 
 def pick_variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:

@@ -11,6 +11,7 @@ import click
 
 from pgrace.cli.base import (
     EXIT_CODES_HELP,
+    bounded_flag,
     bug_option,
     database_name_option,
     draw,
@@ -30,6 +31,8 @@ from pgrace.cli.base import (
     progress_line,
     say,
     scenario_argument,
+    search_of,
+    search_to_explore,
     seed_option,
     server_option,
     step_timeout_option,
@@ -37,7 +40,7 @@ from pgrace.cli.base import (
     writable,
 )
 from pgrace.cli.types import CommaList
-from pgrace.errors import EXIT_INVALID
+from pgrace.errors import EXIT_INVALID, OptionError, ScenarioError
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
 
@@ -148,13 +151,9 @@ def check(
             junit=junit,
             step_timeout=step_timeout,
             database_name=database_name,
-            explore=explore_all,
-            limit=limit,
-            seed=seed,
+            explore=search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs),
             jobs=jobs,
             params=parse_params(params),
-            max_preemptions=max_preemptions,
-            pct=pct,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
@@ -274,25 +273,33 @@ def explore(
             on_note=say,
         )
     else:
+        search = search_of(limit, seed, max_preemptions, pct, reduce=not no_reduce)
+        shards = parse_shard(shard)
+        if (option := bounded_flag(search)) is not None:
+            if no_reduce:
+                raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
+            if shards != (1, 1) or jobs != 1:
+                raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
         with progress_line() as progress:
-            found = api.explore(
-                chosen,
-                dsn=server_target or dsn,
-                superuser=superuser,
-                limit=limit,
-                seed=seed,
-                shard=parse_shard(shard),
-                jobs=jobs,
-                step_timeout=step_timeout,
-                examples=examples,
-                merge=merge_files,
-                monitor=progress,
-                on_note=say,
-                reduce=not no_reduce,
-                max_preemptions=max_preemptions,
-                pct=pct,
-                minimize=minimize_first,
-            )
+            try:
+                found = api.explore(
+                    chosen,
+                    dsn=server_target or dsn,
+                    superuser=superuser,
+                    search=search,
+                    shard=shards,
+                    jobs=jobs,
+                    step_timeout=step_timeout,
+                    examples=examples,
+                    merge=merge_files,
+                    monitor=progress,
+                    on_note=say,
+                    minimize=minimize_first,
+                )
+            except OptionError as exc:
+                if exc.parameter != "search" or option is None:
+                    raise
+                raise ScenarioError(f"{option} {exc.message}") from None
     verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
         echo(draw("explore", fmt if fmt in drawn else "text", found), output)
@@ -431,12 +438,8 @@ def sweep(
             scenarios,
             sweep_params(params),
             variant="fix" if fix else "bug" if bug else None,
-            explore=explore_cells,
-            limit=limit,
-            seed=seed,
+            explore=search_to_explore(explore_cells, limit, seed, max_preemptions, pct, jobs),
             jobs=jobs,
-            max_preemptions=max_preemptions,
-            pct=pct,
             step_timeout=step_timeout,
             examples=fmt == "html",
             output=output,

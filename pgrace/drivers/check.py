@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
+from pgrace.drivers.searches import REDUCED, SearchMode, fitted
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
 from pgrace.frontends import catalog
@@ -140,12 +141,9 @@ def run_explore_case(
     case: Case,
     server: ServerInfo,
     options: RunOptions | None = None,
-    limit: int | None = None,
-    seed: int | None = None,
+    search: SearchMode = REDUCED,
     jobs: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
 ) -> CaseResult:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
 
@@ -154,11 +152,11 @@ def run_explore_case(
     interleaving reproduces it with no error the scenario does not declare; anything else
     when no interleaving shows the bug (a failed invariant, a held signature) or raises
     such an error. A failure names the class and its example. Specs run as without
-    --explore. ``on_progress(done, total)`` follows the interleavings.
+    exploring. ``on_progress(done, total)`` follows the interleavings.
 
-    ``max_preemptions`` K or ``pct`` D: a bounded search instead (K and D at most what the
-    case's steps allow, where they mean every schedule); the result's ``guarantee`` then
-    says what it covered, and a pass is never a proof over every interleaving.
+    A bounded ``search`` (K and D at most what the case's steps allow, where they mean every
+    schedule): the result's ``guarantee`` then says what it covered, and a pass is never a
+    proof over every interleaving.
     """
     if case.spec is not None:
         return run_case(case, server, options)
@@ -167,17 +165,13 @@ def run_explore_case(
 
     started = time.perf_counter()
     step_timeout = (options or RunOptions()).step_timeout
-    steps = len(case.scenario.steps)
     found = explore(
         case.scenario,
         server,
-        limit=limit,
-        seed=seed,
+        search=fitted(search, len(case.scenario.steps)),
         jobs=jobs,
         step_timeout=step_timeout,
         on_progress=on_progress,
-        max_preemptions=None if max_preemptions is None else min(max_preemptions, max(steps - 1, 0)),
-        pct=None if pct is None else min(pct, max(steps, 1)),
     )
     explored = f"{found.explored} of {found.space}" if found.explored < found.space else f"{found.space}"
     if found.reduced:  # a class counts runs, one per set of equivalent interleavings

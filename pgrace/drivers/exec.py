@@ -40,12 +40,12 @@ def parse_exec(values: Sequence[str]) -> list[Command]:
         name, sep, line = value.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier() or not line.strip():
-            raise OptionError(f"--exec takes NAME=COMMAND (NAME a word), not {value!r}", "--exec")
+            raise OptionError(f"NAME=COMMAND (NAME a word), not {value!r}", "commands")
         if any(c.name == name for c in commands):
-            raise OptionError(f"--exec names {name!r} twice", "--exec")
+            raise OptionError(f"{name!r} named twice", "commands")
         commands.append(Command(name, line))
     if not commands:
-        raise OptionError("at least one --exec NAME=COMMAND", "--exec")
+        raise OptionError("at least one NAME=COMMAND", "commands")
     return commands
 
 

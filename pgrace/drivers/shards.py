@@ -72,7 +72,7 @@ def merge_explorations(parts: Sequence[Exploration], scenario: Scenario | None =
         raise ScenarioError("nothing to merge")
     first = parts[0]
     if any(p.bound is not None for p in parts):
-        raise ScenarioError("cannot merge bounded explorations (--max-preemptions, --pct): they are not shards")
+        raise ScenarioError("cannot merge bounded explorations (preemption-bounded, PCT): they are not shards")
     holder: dict[int, Exploration] = {}
     for part in parts:
         _check_same_search(first, part, scenario)

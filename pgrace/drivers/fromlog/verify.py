@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from pgrace.drivers.fromlog.incidents import Incident
 from pgrace.drivers.fromlog.writer import OTHERS_TIMEOUT, VICTIM_TIMEOUT, Written, write_scenario
+from pgrace.drivers.searches import Sample
 
 if TYPE_CHECKING:
     from pgrace.model.timeline import Run
@@ -153,7 +154,9 @@ def verify(
             raise _OutOfTime
 
     try:
-        found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time, step_timeout=step_timeout)
+        found = explore(
+            scenario, server, search=Sample(EXPLORE_LIMIT, 0), on_progress=in_time, step_timeout=step_timeout
+        )
     except _OutOfTime:
         return Verified(False, failures, explored=explored, run=run, out_of_time=VERIFY_SECONDS), written
     for cls in found.classes:  # simplest first: the fewest session switches
