@@ -20,7 +20,7 @@ from click.shell_completion import CompletionItem
 
 from pgrace import __version__, bounds
 from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
-from pgrace.cli.types import Duration
+from pgrace.cli.types import Duration, Setting
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -247,7 +247,13 @@ scenario_argument = click.argument("scenario", metavar="SCENARIO", shell_complet
 fix_option = click.option("--fix", is_flag=True, help="Run the variant with the cure applied.")
 bug_option = click.option("--bug", is_flag=True, help="Run the variant that shows the bug.")
 param_option = click.option(
-    "--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="Set a scenario parameter, e.g. -p workers=5."
+    "--param",
+    "-p",
+    "params",
+    type=Setting(),
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set a scenario parameter, e.g. -p workers=5.",
 )
 server_option = click.option("--server", "server_target", metavar="SERVER", help=SERVER_HELP)
 dsn_option = click.option(
@@ -303,16 +309,6 @@ def format_option(kind: str, help_text: str = "Output format.") -> Callable[[Cal
 
 
 # -- what the commands share --------------------------------------------------------------------
-
-
-def parse_params(values: tuple[str, ...]) -> dict[str, str]:
-    params: dict[str, str] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
-        params[name] = value
-    return params
 
 
 def search_of(

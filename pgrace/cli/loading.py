@@ -21,7 +21,6 @@ from pgrace.cli.base import (
     main,
     output_option,
     param_option,
-    parse_params,
     pick_variant,
     progress_line,
     say,
@@ -103,7 +102,7 @@ def load(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     compare: bool,
     clients: tuple[int, ...],
     duration: float | None,
@@ -125,7 +124,7 @@ def load(
     from pgrace import api
     from pgrace.frontends import catalog
 
-    loaded = catalog.read_scenario(scenario, parse_params(params))
+    loaded = catalog.read_scenario(scenario, dict(params))
     refuse_overwriting_inputs(output, [loaded.source])
     if compare and (fix or bug):
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")

@@ -26,7 +26,6 @@ from pgrace.cli.base import (
     max_option,
     output_option,
     param_option,
-    parse_params,
     pick_variant,
     progress_line,
     say,
@@ -39,7 +38,7 @@ from pgrace.cli.base import (
     superuser_option,
     writable,
 )
-from pgrace.cli.types import CommaList
+from pgrace.cli.types import CommaList, Setting, Shard
 from pgrace.errors import EXIT_INVALID, OptionError, ScenarioError
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
@@ -117,7 +116,7 @@ def check(
     limit: int | None,
     seed: int,
     jobs: int,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     max_preemptions: int | None,
     pct: int | None,
     superuser: bool,
@@ -153,7 +152,7 @@ def check(
             database_name=database_name,
             explore=search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs),
             jobs=jobs,
-            params=parse_params(params),
+            params=dict(params),
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
@@ -183,7 +182,9 @@ def check(
     metavar="D",
     help="Run PCT schedules of depth D (100 unless --max says), stating the chance a depth-D bug was missed.",
 )
-@click.option("--shard", metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge).")
+@click.option(
+    "--shard", type=Shard(), metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge)."
+)
 @jobs_option("Processes at once")
 @click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
 @click.option(
@@ -216,12 +217,12 @@ def explore(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     limit: int | None,
     seed: int | None,
     max_preemptions: int | None,
     pct: int | None,
-    shard: str | None,
+    shard: tuple[int, int] | None,
     jobs: int,
     show: int | None,
     no_reduce: bool,
@@ -248,7 +249,7 @@ def explore(
     from pgrace.cli.terminal.playback import style_of
     from pgrace.frontends import catalog
 
-    chosen = pick_variant(catalog.read_scenario(scenario, parse_params(params)), fix, bug)
+    chosen = pick_variant(catalog.read_scenario(scenario, dict(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])
     drawn = formats.names("explore")
     if show is None and fmt not in drawn:
@@ -274,7 +275,7 @@ def explore(
         )
     else:
         search = search_of(limit, seed, max_preemptions, pct, reduce=not no_reduce)
-        shards = parse_shard(shard)
+        shards = shard or (1, 1)
         if (option := bounded_flag(search)) is not None:
             if no_reduce:
                 raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
@@ -318,7 +319,7 @@ def refuse_exec_explore(
     limit: int | None,
     max_preemptions: int | None,
     pct: int | None,
-    shard: str | None,
+    shard: tuple[int, int] | None,
     jobs: int,
     merge_files: tuple[str, ...],
     minimize_first: bool,
@@ -367,20 +368,6 @@ def matrix(
 SWEPT_VALUES = CommaList(click.STRING, "values", "read-committed,serializable")
 
 
-def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
-    """``-p NAME=V1,V2``: each name with the values to try."""
-    params: dict[str, list[str]] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name:
-                raise click.BadParameter("no NAME=")
-            params[name] = list(SWEPT_VALUES.convert(value, None, None))
-        except click.BadParameter:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param") from None
-    return params
-
-
 @main.command(epilog=EXIT_CODES_HELP)
 @click.argument("scenarios", metavar="SCENARIO...", nargs=-1, required=True)
 @fix_option
@@ -390,6 +377,7 @@ def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
     "-p",
     "params",
     multiple=True,
+    type=Setting(SWEPT_VALUES),
     metavar="NAME=V1,V2",
     help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
 )
@@ -409,7 +397,7 @@ def sweep(
     scenarios: tuple[str, ...],
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, tuple[str, ...]], ...],
     explore_cells: bool,
     limit: int | None,
     seed: int,
@@ -436,7 +424,7 @@ def sweep(
     with progress_line() as progress:
         swept = api.sweep(
             scenarios,
-            sweep_params(params),
+            {name: list(values) for name, values in params},
             variant="fix" if fix else "bug" if bug else None,
             explore=search_to_explore(explore_cells, limit, seed, max_preemptions, pct, jobs),
             jobs=jobs,
@@ -449,16 +437,6 @@ def sweep(
             on_note=say,
         )
     echo(draw("sweep", fmt, swept), output)
-
-
-def parse_shard(value: str | None) -> tuple[int, int]:
-    """``--shard K/N``; none given: the one shard there is."""
-    if value is None:
-        return (1, 1)
-    k, sep, n = value.partition("/")
-    if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
-        raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
-    return int(k), int(n)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -512,7 +490,7 @@ def minimize(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     cls: int | None,
     order: tuple[str, ...] | None,
     output: str | None,
@@ -537,7 +515,7 @@ def minimize(
     from pgrace import api
     from pgrace.frontends import catalog
 
-    file_scenario = catalog.read_scenario(scenario, parse_params(params))
+    file_scenario = catalog.read_scenario(scenario, dict(params))
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
     wanted = "fix" if fix else "bug" if bug or "bug" in file_scenario.variants else None

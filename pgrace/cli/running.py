@@ -22,7 +22,6 @@ from pgrace.cli.base import (
     main,
     output_option,
     param_option,
-    parse_params,
     pick_variant,
     say,
     scenario_argument,
@@ -54,14 +53,14 @@ def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
 @fix_option
 @bug_option
 @param_option
-def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
+def show(scenario: str, fix: bool, bug: bool, params: tuple[tuple[str, str], ...]) -> None:
     """Show a scenario's story and steps without running it."""
     from pgrace import api
     from pgrace.render.listing import render_show
 
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    echo(render_show(api.show(scenario, parse_params(params), "fix" if fix else "bug" if bug else None)), None)
+    echo(render_show(api.show(scenario, dict(params), "fix" if fix else "bug" if bug else None)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -99,7 +98,7 @@ def run(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     fmt: str,
     dsn: str | None,
     server_target: str | None,
@@ -128,7 +127,7 @@ def run(
     with booting_server(server_target or dsn, superuser) as server_ready:
         from pgrace.frontends import catalog
 
-        file_scenario = catalog.read_scenario(scenario, parse_params(params))
+        file_scenario = catalog.read_scenario(scenario, dict(params))
         from pgrace import api
         from pgrace.cli.terminal.playback import Playback
 

@@ -71,3 +71,40 @@ class CommaList(click.ParamType):  # type: ignore[type-arg]  # generic only in n
             return tuple(self.item.convert(part, param, ctx) for part in parts)
         except click.BadParameter:
             self.fail(f"{value!r} is not a list of {self.what}, like {self.example}", param, ctx)
+
+
+class Shard(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """``K/N``, shard K of N (1 ≤ K ≤ N), as ``(K, N)``."""
+
+    name = "shard"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        k, sep, n = str(value).partition("/")
+        if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
+            self.fail(f"{value!r} is not K/N with 1 ≤ K ≤ N", param, ctx)
+        return int(k), int(n)
+
+
+class Setting(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """``NAME=VALUE`` as ``(NAME, VALUE)``; with ``values``, ``NAME=V1,V2`` as ``(NAME, (V1, V2))``."""
+
+    name = "setting"
+
+    def __init__(self, values: CommaList | None = None) -> None:
+        self.values = values
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, Any]:
+        if isinstance(value, tuple):
+            return value
+        name, sep, text = str(value).partition("=")
+        shape = "NAME=VALUE" if self.values is None else "NAME=VALUE[,VALUE...]"
+        if not sep or not name:
+            self.fail(f"{value!r} is not {shape}", param, ctx)
+        if self.values is None:
+            return name, text
+        try:
+            return name, self.values.convert(text, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not {shape}", param, ctx)
