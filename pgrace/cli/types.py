@@ -1,4 +1,5 @@
-"""The option types the commands share: a duration (``5``, ``1.5s``, ``200ms``) and a list (``1,2,4,8``).
+"""The option types the commands share: a duration (``5``, ``1.5s``, ``200ms``), a list (``1,2,4,8``),
+a shard (``2/3``) and a setting (``workers=5``, or ``level=a,b`` for a sweep).
 
 click turns a value these refuse into one line naming the option, exit 2; the library gets
 numbers and tuples, never the text typed.
