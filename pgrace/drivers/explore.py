@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgrace.bounds import check_jobs, check_sample
 from pgrace.drivers.exploring import EXPLORE_SCHEMA, choose, explore_options, prepared
-from pgrace.drivers.identity import Search
+from pgrace.drivers.identity import SearchIdentity
 from pgrace.drivers.searches import REDUCED, Pct, PreemptionBounded, Reduced, Sample, SearchMode, runs_asked
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
@@ -85,7 +85,7 @@ class Exploration:
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
     claim: Claim = "no bug"  # what the classes must show (pgrace.model.outcomes.claim_of)
-    search: Search | None = None  # which search this is a shard of (None: code's, never split)
+    search: SearchIdentity | None = None  # which search this is a shard of (None: code's, never split)
     held: tuple[int, ...] | None = None  # the shards of N a merge holds (None: ``shard``'s K alone)
     origin: str | None = field(default=None, compare=False)  # the file it was read from
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
@@ -303,7 +303,7 @@ def _explore(
     reduce = search.reduce if isinstance(search, Sample) else isinstance(search, Reduced)
     reduced = reduce and reduces(scenario, space, limit, shard, jobs)
     sample = limit is not None and limit < space.size
-    identity = Search.of(scenario, reduced, limit if sample else None, seed if sample else None, step_timeout)
+    identity = SearchIdentity.of(scenario, reduced, limit if sample else None, seed if sample else None, step_timeout)
     found = _explore_space(scenario, server, space, limit, seed, shard, jobs, step_timeout, on_progress, reduced)
     return dataclasses.replace(found, search=identity)
 
