@@ -18,7 +18,7 @@ from fake_engine import Bench, after, scenario
 
 from pgrace.engine.session import LiveSession
 from pgrace.engine.steps import Active
-from pgrace.engine.transport import Launched, Plain
+from pgrace.engine.transport import LaunchedSteps, Plain
 from pgrace.engine.waiting import Waiting
 from pgrace.errors import ScenarioError, StepsStuck
 from pgrace.model.timeline import Outcome, StepCancelled
@@ -261,7 +261,7 @@ class OwnSteps(Plain):
         self.own: list[str] = []
         self.reported: list[int] = []
 
-    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         self.own.append(active.step.name)
         assert launched.is_pending(active) is False  # being launched: not yet among the steps waited for
         return Outcome()

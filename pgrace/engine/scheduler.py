@@ -15,7 +15,7 @@ by transport is its :class:`~pgrace.engine.transport.Transport`: how it waits (a
 scenario's libpq sessions are selected on, the application's thread sessions waited for
 on their gates) and the steps it runs itself (a scenario's sleeps and crashes). The
 scheduler alone writes its state; a transport's hook hands steps back through
-:class:`~pgrace.engine.transport.Launched`.
+:class:`~pgrace.engine.transport.LaunchedSteps`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ libpq sessions fill them in (sleeps, crashes, sessions the server ended, the soc
 watch: :class:`pgrace.engine.libpq.transport.LibpqTransport`); a transport with nothing of
 its own to add is a :class:`Plain` one (the application's threads).
 
-While a hook works it may hand steps back to the scheduler, through :class:`Launched`: it
+While a hook works it may hand steps back to the scheduler, through :class:`LaunchedSteps`: it
 reads the scheduler's state there and never writes it.
 """
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pgrace.model.timeline import Outcome, Release
 
 
-class Launched(Protocol):
+class LaunchedSteps(Protocol):
     """The scheduler's launched steps, as a transport's hook may see and end them."""
 
     @property
@@ -60,11 +60,11 @@ class Transport(Protocol):
         """The connection that quotes the values of a step's ``:variables``; None: steps are sent as written."""
         ...
 
-    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         """Run a step that is the transport's own (a sleep, a crash): its outcome; None when it is SQL to send."""
         ...
 
-    def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:
+    def others_ended(self, running: Active, others: list[Any], launched: LaunchedSteps) -> bool:
         """Other sessions spoke while ``running`` runs: True when told here, False when the scheduler decides."""
         ...
 
@@ -86,10 +86,10 @@ class Plain:
     def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         return None
 
-    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         return None
 
-    def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:
+    def others_ended(self, running: Active, others: list[Any], launched: LaunchedSteps) -> bool:
         return False
 
     def step_reported(self, last_done: int) -> None:

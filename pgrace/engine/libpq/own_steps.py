@@ -5,7 +5,7 @@ A sleep is what lets ``lock_timeout``, ``statement_timeout``, the deadlock detec
 are still watched; a crash kills a session as a dying worker would; and a session the
 server ends while it runs nothing is noted when found, with the server's reason.
 
-The scheduler's steps are given to each call (:class:`~pgrace.engine.transport.Launched`):
+The scheduler's steps are given to each call (:class:`~pgrace.engine.transport.LaunchedSteps`):
 a waiting step that ends meanwhile is handed back to it, never reported from here.
 """
 
@@ -32,7 +32,7 @@ RELEASER_GRACE_S = 0.05
 
 if TYPE_CHECKING:
     from pgrace.engine.steps import Recorder
-    from pgrace.engine.transport import Launched
+    from pgrace.engine.transport import LaunchedSteps
 
 
 class OwnSteps:
@@ -57,7 +57,7 @@ class OwnSteps:
         """The control connection was opened again (a step had ended it)."""
         self.control = control
 
-    def sleep(self, seconds: float, launched: Launched) -> None:
+    def sleep(self, seconds: float, launched: LaunchedSteps) -> None:
         """A deliberate pause: the schedule stands still while the other sessions are still watched.
 
         A waiting step that ends meanwhile is reported as it ends (its time, who released it,
@@ -84,7 +84,7 @@ class OwnSteps:
                     self.found_ended_idle(session, launched.last_done)
             launched.idle()
 
-    def others_ended(self, running: Active, sessions: list[LibpqSession], launched: Launched) -> None:
+    def others_ended(self, running: Active, sessions: list[LibpqSession], launched: LaunchedSteps) -> None:
         """While ``running`` runs on, other steps ended (a lock_timeout, a release) or the server ended a session.
 
         Each is reported as it ends, with the locks then, as during a sleep. When

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pgrace.engine.libpq.session import LibpqSession
     from pgrace.engine.session import LiveSession
     from pgrace.engine.steps import Active, Recorder
-    from pgrace.engine.transport import Launched
+    from pgrace.engine.transport import LaunchedSteps
     from pgrace.errors import PgraceError
     from pgrace.model.timeline import Release
 
@@ -49,7 +49,7 @@ class LibpqTransport:
     def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         return self.sessions[session.name].conn
 
-    def run_own(self, session: LiveSession, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         step = active.step
         if step.sleep is not None:
             self.own.sleep(step.sleep, launched)
@@ -59,7 +59,7 @@ class LibpqTransport:
             return self.own.crash(self.sessions[session.name], active, launched.idle)
         return None
 
-    def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:
+    def others_ended(self, running: Active, others: list[Any], launched: LaunchedSteps) -> bool:
         self.own.others_ended(running, others, launched)
         return True
 
