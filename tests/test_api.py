@@ -49,7 +49,7 @@ def cli(*args: str) -> str:
     return result.stdout
 
 
-def test_the_commands_and_load_scenario_are_the_packages_functions() -> None:
+def test_the_commands_and_read_scenario_are_the_packages_functions() -> None:
     assert set(COMMANDS) | {"read_scenario"} <= set(pgrace.__all__)
     for name in [*COMMANDS, "read_scenario"]:
         function = getattr(pgrace, name)
