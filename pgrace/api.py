@@ -202,7 +202,8 @@ def explore(
     from pgrace.drivers.bounded import check_bounds
     from pgrace.drivers.searches import Pct, PreemptionBounded, Reduced, Sample, runs_asked
 
-    check_bounds(space, search, shard, jobs)  # before a server starts
+    bounds.check_sample(runs_asked(search), "search")  # before a server starts
+    check_bounds(space, search, shard, jobs)
     watch = monitor or Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 

@@ -63,6 +63,9 @@ def test_explore_refuses_a_search_by_its_parameter_before_a_server_starts() -> N
     with pytest.raises(OptionError) as split:
         pgrace.explore(scenario, dsn=nowhere, search=pgrace.Pct(2), jobs=2)
     assert split.value.parameter == "jobs"
+    with pytest.raises(OptionError) as sampled:
+        pgrace.explore(scenario, dsn=nowhere, search=pgrace.Sample(10**9))
+    assert sampled.value.parameter == "search"
 
 
 # Pairs still to be told apart by name; a new one fails the test below.

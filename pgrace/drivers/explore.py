@@ -291,7 +291,7 @@ def _explore(
     from pgrace.drivers.bounded import check_bounds
 
     check_jobs(jobs)
-    check_sample(runs_asked(search))
+    check_sample(runs_asked(search), "search")
     space = Space(scenario)
     k, n = shard
     if not 1 <= k <= n:

@@ -150,7 +150,7 @@ def sweep(
     from pgrace.drivers.one_run import run_in_scratch
 
     check_jobs(jobs)
-    check_sample(None if explore is None else runs_asked(explore))
+    check_sample(None if explore is None else runs_asked(explore), "explore")
     cells: list[GridPoint] = []
     for done, (combination, scenario) in enumerate(chosen):
         guarantee: dict[str, Any] | None = None
