@@ -274,6 +274,8 @@ def explore(
             on_note=say,
         )
     else:
+        if max_preemptions is not None and pct is not None:
+            raise ScenarioError("--max-preemptions and --pct are two searches: choose one")
         search = search_of(limit, seed, max_preemptions, pct, reduce=not no_reduce)
         shards = shard or (1, 1)
         if (option := bounded_flag(search)) is not None:
