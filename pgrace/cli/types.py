@@ -8,7 +8,7 @@ numbers and tuples, never the text typed.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -84,7 +84,7 @@ class Shard(click.ParamType):  # type: ignore[type-arg]  # generic only in newer
             return value
         k, sep, n = str(value).partition("/")
         if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
-            self.fail(f"{value!r} is not K/N with 1 ≤ K ≤ N", param, ctx)
+            _refuse(f"{value!r} is not K/N with 1 ≤ K ≤ N", param, ctx)
         return int(k), int(n)
 
 
@@ -102,10 +102,16 @@ class Setting(click.ParamType):  # type: ignore[type-arg]  # generic only in new
         name, sep, text = str(value).partition("=")
         shape = "NAME=VALUE" if self.values is None else "NAME=VALUE[,VALUE...]"
         if not sep or not name:
-            self.fail(f"{value!r} is not {shape}", param, ctx)
+            _refuse(f"{value!r} is not {shape}", param, ctx)
         if self.values is None:
             return name, text
         try:
             return name, self.values.convert(text, param, ctx)
         except click.BadParameter:
-            self.fail(f"{value!r} is not {shape}", param, ctx)
+            _refuse(f"{value!r} is not {shape}", param, ctx)
+
+
+def _refuse(message: str, param: click.Parameter | None, ctx: click.Context | None) -> NoReturn:
+    """Refused as the option's long name says it (``--shard``), as these options always were."""
+    hint = max(param.opts, key=len) if param is not None and param.opts else None
+    raise click.BadParameter(message, ctx, param_hint=hint)
