@@ -10,6 +10,12 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
+import pgrace
+from pgrace.drivers.exec import parse_exec
+from pgrace.errors import OptionError
+
 PACKAGE = Path(__file__).resolve().parents[1] / "pgrace"
 LIBRARY = [PACKAGE / "drivers", PACKAGE / "engine", PACKAGE / "proxy.py", PACKAGE / "api.py"]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z-]*|-[jTpfo])\b")
@@ -47,11 +53,6 @@ def test_the_flag_test_sees_a_flag() -> None:
 
 
 def test_explore_refuses_a_search_by_its_parameter_before_a_server_starts() -> None:
-    import pytest
-
-    import pgrace
-    from pgrace.errors import OptionError
-
     scenario = pgrace.read_scenario("lost-update")
     nowhere = "postgresql://nowhere.invalid/x"
     with pytest.raises(OptionError) as refused:
@@ -82,3 +83,10 @@ def test_a_class_name_means_one_class() -> None:
     shared = {name: where for name, where in homes.items() if len(where) > 1}
     assert {name: where for name, where in shared.items() if name not in SHARED_NAMES} == {}
     assert set(shared) == SHARED_NAMES  # one told apart: take it off the list
+
+
+def test_an_exec_command_is_refused_by_the_parameter_commands() -> None:
+    for given, says in [(["1bad"], "'1bad' is not NAME=COMMAND (NAME a word)"), (["a=x", "a=y"], "'a' named twice")]:
+        with pytest.raises(OptionError) as refused:
+            parse_exec(given)
+        assert (refused.value.parameter, refused.value.message) == ("commands", says)

@@ -40,7 +40,7 @@ def parse_exec(values: Sequence[str]) -> list[Command]:
         name, sep, line = value.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier() or not line.strip():
-            raise OptionError(f"NAME=COMMAND (NAME a word), not {value!r}", "commands")
+            raise OptionError(f"{value!r} is not NAME=COMMAND (NAME a word)", "commands")
         if any(c.name == name for c in commands):
             raise OptionError(f"{name!r} named twice", "commands")
         commands.append(Command(name, line))
