@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.minimize import Failure, Minimized, Shape, failure_of, minimize
+from pgrace.drivers.minimize import Failure, Kept, Minimized, failure_of, minimize
 from pgrace.drivers.minimize.export import ExportError, isolationtester, verified_spec
 from pgrace.drivers.minimize.statements import split_block
 from pgrace.frontends import catalog
@@ -117,7 +117,7 @@ def test_setup_statements_and_rows_split() -> None:
     assert second.without_row(0).text == "INSERT INTO a VALUES (2, f(1, 2)) ON CONFLICT DO NOTHING"
     é = split_block(1, "INSERT INTO a VALUES ('é', 1), ('ü', 2)")[0]  # the scanner counts characters, not bytes
     assert é.rows == ("('é', 1)", "('ü', 2)")
-    assert Shape(("s",), ("x",), (first, second)).rows == 2
+    assert Kept(("s",), ("x",), (first, second)).rows == 2
 
 
 def test_the_exports_are_written_verified(pgrace_server: ServerInfo, tmp_path: Path) -> None:
