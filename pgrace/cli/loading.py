@@ -124,8 +124,8 @@ def load(
     from pgrace import api
     from pgrace.frontends import catalog
 
-    loaded = catalog.read_scenario(scenario, dict(params))
-    refuse_overwriting_inputs(output, [loaded.source])
+    file_scenario = catalog.read_scenario(scenario, dict(params))
+    refuse_overwriting_inputs(output, [file_scenario.source])
     if compare and (fix or bug):
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
     if duration is not None and transactions is not None:
@@ -133,7 +133,7 @@ def load(
     progress = progress_line()  # on a terminal: each client count's figures, and the counts done so far
     try:
         done = api.load(
-            loaded if compare else pick_variant(loaded, fix, bug),
+            file_scenario if compare else pick_variant(file_scenario, fix, bug),
             compare=compare,
             clients=clients,
             duration=duration,

@@ -101,6 +101,7 @@ BOUNDED_HELP = " a pass then says so, never as every interleaving"
 @preemptions_option("With --explore: every schedule with at most K preemptions;" + BOUNDED_HELP)
 @pct_option("With --explore: PCT schedules of depth D;" + BOUNDED_HELP)
 @superuser_option
+@exec_option
 def check(
     paths: tuple[str, ...],
     servers: tuple[str, ...],
@@ -120,6 +121,7 @@ def check(
     max_preemptions: int | None,
     pct: int | None,
     superuser: bool,
+    commands: tuple[str, ...],
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
 
@@ -130,14 +132,19 @@ def check(
     bug of a bug and a fix (or a scenario whose checks are all kind = "bug") passes when
     some interleaving reproduces it without an error no step declares, and anything else
     when no interleaving shows the bug or raises such an error; with --max-preemptions or
-    --pct, over those schedules only, and its line says which. Exit code 1: a case
-    failed; 2: a file could not be read (it is reported, the others still run).
+    --pct, over those schedules only, and its line says which. With --exec, the commands
+    are each scenario case's sessions instead of its steps (with --explore, every order of
+    their statements). Exit code 1: a case failed; 2: a file could not be read, or a
+    command connected around pgrace's proxy (it is reported, the others still run).
     """
     from pgrace import api
     from pgrace.cli.terminal.stream import CheckStream
     from pgrace.render.check import render_summary
 
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
+    explore = search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs)
+    if commands:
+        refuse_with_commands(limit, max_preemptions, pct, jobs, database_name)
     with progress_line() as progress:
         stream = CheckStream(lambda text: echo(text, None), progress, quiet, with_server=len(targets) > 1)
         checked = api.check(
@@ -150,9 +157,10 @@ def check(
             junit=junit,
             step_timeout=step_timeout,
             database_name=database_name,
-            explore=search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs),
+            explore=explore,
             jobs=jobs,
             params=dict(params),
+            commands=commands,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
@@ -160,6 +168,28 @@ def check(
         )
     echo(render_summary(checked, update), None)
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
+
+
+def refuse_with_commands(
+    limit: int | None, max_preemptions: int | None, pct: int | None, jobs: int, database_name: str | None
+) -> None:
+    """What check does not do with ``--exec``: samples, bounded searches, -j processes, a named database."""
+    given = [
+        option
+        for option, value in (
+            ("--max", limit is not None),
+            ("--max-preemptions", max_preemptions is not None),
+            ("--pct", pct is not None),
+            ("--jobs", jobs != 1),
+            ("--database-name", database_name is not None),
+        )
+        if value
+    ]
+    if given:
+        raise click.BadParameter(
+            "not with commands (--exec, a file's [exec]), which explore every order in a scratch database of their own",
+            param_hint=given[0],
+        )
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -259,7 +289,7 @@ def explore(
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
-    if commands:
+    if commands or chosen.commands:
         refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
@@ -317,6 +347,23 @@ def explore(
     sys.exit(verdict)
 
 
+EXEC_SEARCH = (
+    "the search over commands is one sequence of runs, each chosen from what the runs before it showed: it does not"
+    " split"
+)
+EXEC_REFUSED = {
+    "--max": "commands are explored in every order (reduced, or --no-reduce), not in a sample",
+    "--max-preemptions": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--pct": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--shard": f"{EXEC_SEARCH} into shards",
+    "--merge": f"{EXEC_SEARCH} into shards, so there are none to merge",
+    "-j": f"{EXEC_SEARCH} across processes",
+    "--minimize": "minimizing removes statements, and a command's statements are its code: put the failing class's"
+    " statements (--show N) in a scenario's steps and minimize that",
+}
+"""Why exploring commands takes none of these options."""
+
+
 def refuse_exec_explore(
     limit: int | None,
     max_preemptions: int | None,
@@ -326,7 +373,8 @@ def refuse_exec_explore(
     merge_files: tuple[str, ...],
     minimize_first: bool,
 ) -> None:
-    """What ``explore --exec`` does not do yet: samples, bounded searches, shards, -j processes, merges, minimizing."""
+    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: samples, bounded searches, shards,
+    -j processes, merges, minimizing; each refused in one line that says why."""
     given = [
         name
         for name, value in (
@@ -341,7 +389,7 @@ def refuse_exec_explore(
         if value
     ]
     if given:
-        raise click.UsageError(f"--exec explores every order (reduced, or --no-reduce); leave out {given[0]}")
+        raise click.UsageError(f"{given[0]} with commands (--exec, [exec]): {EXEC_REFUSED[given[0]]}")
 
 
 @main.command(epilog=EXIT_CODES_HELP)
