@@ -24,7 +24,7 @@ from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
 from pgrace.engine.proxy.peers import connected_ports, in_transit, peer_pid
-from pgrace.engine.proxy.steps import Grouper, Memory, Reply, Statement, Step, Tracker, is_copy
+from pgrace.engine.proxy.steps import GroupedStep, Grouper, Memory, Reply, Statement, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
 
@@ -249,9 +249,9 @@ class _Relay:
         self.grouper = Grouper(self.memory)
         self.framer = wire.Framer(proxy.max_message)
         self.reader = wire.BackendReader()
-        self.steps: deque[Step] = deque()
+        self.steps: deque[GroupedStep] = deque()
         self.queued = 0
-        self.running: tuple[Step, Tracker] | None = None
+        self.running: tuple[GroupedStep, Tracker] | None = None
         self.discarding = False
         self.to_client = bytearray()
         self.to_server = bytearray()

@@ -80,7 +80,7 @@ class ExecOrder:
             with self.cond:
                 ready = sorted(n for n, s in self.sessions.items() if s.gate.state == "ready")
             if not ready:
-                if self.scheduler.oldest_waiting() is not None:
+                if self.scheduler.oldest_pending() is not None:
                     self.scheduler.wait_for_oldest()
                     self.settle()
                     continue
@@ -157,8 +157,8 @@ class ExecOrder:
         while True:
             self._adopt()
             self._report_exits()
-            if self.scheduler.oldest_waiting() is not None:
-                self.scheduler.poll_waiting(blocking=False)
+            if self.scheduler.oldest_pending() is not None:
+                self.scheduler.poll_pending(blocking=False)
             why = self._unsettled()
             if why is None:
                 self._adopt()
@@ -183,9 +183,9 @@ class ExecOrder:
         between = self.runner.proxy.in_between()
         if between is not None:
             return between
-        waiting = self.scheduler.waiting_sessions()
+        pending = self.scheduler.pending_sessions()
         for name, (state, owner, relay_tid) in states.items():
-            if state == "running" and name not in waiting:
+            if state == "running" and name not in pending:
                 return f"session {name}'s statement runs"
             if state == "python":
                 if owner is None:
