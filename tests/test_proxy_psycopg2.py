@@ -20,8 +20,9 @@ import pytest
 
 from pgrace.api import load_scenario
 from pgrace.drivers.exec import explore_exec, run_exec
-from pgrace.engine.proxy.processes import Command, Started
+from pgrace.engine.proxy.processes import Started
 from pgrace.formats import catalog
+from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
 CLIENTS = Path(__file__).parent / "clients"
