@@ -101,6 +101,7 @@ def _finals(explored: object) -> set[tuple[tuple[object, ...], ...]]:
     return {c.final[0] for c in getattr(explored, "classes", ())}
 
 
+@pytest.mark.slow
 def test_skip_locked_claim_double_claim_found_and_cure_proved(pgrace_server: ServerInfo) -> None:
     """Two psycopg2 workers, two pending jobs. Read-then-update claims job 1 twice in some order (job 2 left);
     with ``FOR UPDATE SKIP LOCKED`` every order claims each job once. Both searches complete, with their runs."""
