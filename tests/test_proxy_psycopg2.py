@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from pgrace.api import load_scenario
+from pgrace.api import read_scenario
 from pgrace.drivers.exec import explore_exec, run_exec
 from pgrace.engine.proxy.processes import Started
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
@@ -33,7 +33,7 @@ CLAIM_FILE = CLIENTS / "claim.toml"
 
 def _firsts(server: ServerInfo, alice: str, runs: int) -> list[str]:
     """Whose statement goes first in ``runs`` runs that ask for alice's first, with bob's ready before hers."""
-    scenario = catalog.load("lost-update", {})
+    scenario = catalog.read_scenario("lost-update", {})
     commands = [Command("alice", alice), Command("bob", WITHDRAW)]
     return [run_exec(scenario, commands, server, order=["alice#1"]).scenario.steps[0].session for _ in range(runs)]
 
@@ -88,7 +88,7 @@ def test_explorations_with_a_late_client_under_busy_cores_are_complete(
 
     Before the readings were ordered, most runs that asked for alice first let bob go.
     """
-    scenario = catalog.load("lost-update", {}).other
+    scenario = catalog.read_scenario("lost-update", {}).other
     assert scenario is not None
     cured = f"{WITHDRAW} --for-update"
     commands = [Command("alice", f"{cured} --late 0.2"), Command("bob", cured)]
@@ -105,7 +105,7 @@ def _finals(explored: object) -> set[tuple[tuple[object, ...], ...]]:
 def test_skip_locked_claim_double_claim_found_and_cure_proved(pgrace_server: ServerInfo) -> None:
     """Two psycopg2 workers, two pending jobs. Read-then-update claims job 1 twice in some order (job 2 left);
     with ``FOR UPDATE SKIP LOCKED`` every order claims each job once. Both searches complete, with their runs."""
-    bug = load_scenario(str(CLAIM_FILE))
+    bug = read_scenario(str(CLAIM_FILE))
     assert bug.other is not None
     found = explore_exec(bug, [Command("w1", CLAIM), Command("w2", CLAIM)], pgrace_server)
     assert found.complete, found.incomplete
