@@ -1,6 +1,6 @@
 """The cost of one run of an exploration: every interleaving of three shipped scenarios, none reduced away.
 
-For each scenario, REPEAT exhaustive explores (``reduce=False``) on one embedded server, after a
+For each scenario, REPEAT exhaustive explores (``search=Exhaustive()``) on one embedded server, after a
 warm-up: the median runs per second (wall), and per run the CPU time of pgrace (this process)
 and of the server (the postmaster and the backends it reaped). The machine is shared: the CPU
 figures say more than the wall ones when other work loads it.
@@ -16,7 +16,8 @@ import sys
 import time
 
 from pgrace.drivers.explore import explore
-from pgrace.formats import catalog
+from pgrace.drivers.searches import Exhaustive
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import open_server
 
@@ -49,12 +50,12 @@ def main() -> None:
     repeat = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     with open_server("embedded") as server:
         for name in SCENARIOS:
-            scenario = catalog.load(name)
-            explore(scenario, server, reduce=False)  # warm up: caches, the first scratch database
+            scenario = catalog.read_scenario(name)
+            explore(scenario, server, search=Exhaustive())  # warm up: caches, the first scratch database
             rates, ours, theirs = [], [], []
             for _ in range(repeat):
                 wall, cpu, served = time.perf_counter(), time.process_time(), server_cpu()
-                found = explore(scenario, server, reduce=False)
+                found = explore(scenario, server, search=Exhaustive())
                 runs = found.run_count
                 rates.append(runs / (time.perf_counter() - wall))
                 ours.append((time.process_time() - cpu) / runs)
