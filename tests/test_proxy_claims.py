@@ -27,7 +27,7 @@ from pgrace import proxy
 from pgrace.api import load_scenario
 from pgrace.drivers.exec import explore_exec
 from pgrace.drivers.explore import Exploration
-from pgrace.engine.proxy.processes import Command
+from pgrace.model.scenario import Command
 from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
 
