@@ -24,7 +24,7 @@ from claiming import (
 )
 
 from pgrace import proxy
-from pgrace.api import load_scenario
+from pgrace.api import read_scenario
 from pgrace.drivers.exec import explore_exec
 from pgrace.drivers.explore import Exploration
 from pgrace.model.scenario import Command
@@ -125,7 +125,7 @@ def test_exec_claim_found_and_cure_proved(
     pgrace_server: ServerInfo, client: str, found_runs: int, proved_runs: int
 ) -> None:
     """Each worker a process of its own, connected with the PG* variables pgrace sets."""
-    bug = load_scenario(str(CLAIM_FILE))
+    bug = read_scenario(str(CLAIM_FILE))
     assert bug.other is not None
     worker = f"{sys.executable} {CLIENTS / client}"
     found = explore_exec(bug, [Command("w1", worker), Command("w2", worker)], pgrace_server)
