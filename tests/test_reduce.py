@@ -57,7 +57,7 @@ def test_every_shipped_variant_is_compared() -> None:
     assert {name for name, _ in SHIPPED_VARIANTS} == set(SHIPPED) and len(SHIPPED_VARIANTS) > len(SHIPPED)
 
 
-@pytest.mark.parametrize("name", [*HARD, "half-cure"])
+@pytest.mark.parametrize("name", [*HARD, "half-cure", "write-and-commit"])
 def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_server: ServerInfo, name: str) -> None:
     path = HERE / "hard" / f"{name}.toml" if name in HARD else HERE / f"{name}.toml"
     scenario = catalog.read_scenario(str(path))
