@@ -1,7 +1,7 @@
 """What ``pgrace explore`` found: the outcome classes of a variant's interleavings, and what the search covered.
 
 The search itself is :mod:`pgrace.drivers.explore`; a bounded one's guarantee is a :class:`Bound`,
-and which search a shard is part of, a :class:`Search`.
+and which search a shard is part of, a :class:`SearchIdentity`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pgrace.model.values import to_json_value
 if TYPE_CHECKING:
     from pgrace.model.minimized import Minimized
 
-__all__ = ["Bound", "Exploration", "Search", "scenario_digest"]
+__all__ = ["Bound", "Exploration", "SearchIdentity", "scenario_digest"]
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Exploration:
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
     claim: Claim = "no bug"  # what the classes must show (pgrace.model.outcomes.claim_of)
-    search: Search | None = None  # which search this is a shard of (None: code's, never split)
+    search: SearchIdentity | None = None  # which search this is a shard of (None: code's, never split)
     held: tuple[int, ...] | None = None  # the shards of N a merge holds (None: ``shard``'s K alone)
     origin: str | None = field(default=None, compare=False)  # the file it was read from
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
@@ -227,7 +227,7 @@ def _percent(p: float) -> str:
 
 
 @dataclass(frozen=True)
-class Search:
+class SearchIdentity:
     """What makes shards parts of one search: the same scenario text and parameters, the same settings.
 
     ``steps`` is a digest of the variant's setup, steps, teardown and final checks: a file
@@ -243,7 +243,9 @@ class Search:
     step_timeout: float
 
     @classmethod
-    def of(cls, scenario: Scenario, reduced: bool, limit: int | None, seed: int | None, step_timeout: float) -> Search:
+    def of(
+        cls, scenario: Scenario, reduced: bool, limit: int | None, seed: int | None, step_timeout: float
+    ) -> SearchIdentity:
         return cls(scenario.params, scenario_digest(scenario), reduced, limit, seed, step_timeout)
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,7 +259,7 @@ class Search:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Search:
+    def from_dict(cls, data: dict[str, Any]) -> SearchIdentity:
         limit, seed, timeout = data["max"], data["seed"], data["step_timeout"]
         if not isinstance(data["params"], dict) or not isinstance(data["steps"], str):
             raise TypeError("params is an object and steps a string")
@@ -272,7 +274,7 @@ class Search:
             float(timeout),
         )
 
-    def differences(self, other: Search) -> list[str]:
+    def differences(self, other: SearchIdentity) -> list[str]:
         """What ``other`` set otherwise, in the reader's words (empty: the same search)."""
         said = []
         mine, theirs = self.to_dict(), other.to_dict()

@@ -14,11 +14,11 @@ if TYPE_CHECKING:
     from pgrace.model.minimized import Minimized
     from pgrace.model.timeline import Run
 
-__all__ = ["FromLog", "Incident", "Listed", "Planned", "Step", "Verified", "Wait", "Written"]
+__all__ = ["FromLog", "Incident", "Listed", "LoggedStatement", "LoggedWait", "Planned", "Verified", "Written"]
 
 
 @dataclass
-class Step:
+class LoggedStatement:
     """One statement of the reproduction: logged (``line``) or inferred from the report (``why``)."""
 
     pid: int
@@ -30,7 +30,7 @@ class Step:
 
 
 @dataclass
-class Wait:
+class LoggedWait:
     """One process waiting for others: what it wanted, where (table, tuple), in which statement."""
 
     waiter: int
@@ -55,9 +55,9 @@ class Incident:
     database: str | None
     pids: list[int]
     names: dict[int, str]
-    waits: list[Wait]
+    waits: list[LoggedWait]
     victim: int | None = None
-    steps: list[Step] = field(default_factory=list)
+    steps: list[LoggedStatement] = field(default_factory=list)
     logged: bool = False
     unsaid: list[str] = field(default_factory=list)
     open_before: set[int] = field(default_factory=set)  # in a transaction that had written before the log began

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pgrace.drivers.fromlog.writer import OTHERS_TIMEOUT, VICTIM_TIMEOUT, write_scenario
+from pgrace.drivers.searches import Sample
 from pgrace.model.fromlog import Incident, Verified, Written
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _run(written: Written, source: str, server: ServerInfo, step_timeout: float)
     from pgrace.drivers.one_run import run_in_scratch
     from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
     from pgrace.model.timeline import Run
 
     scenario = parse_toml_scenario(written.text, source)
@@ -123,7 +124,7 @@ def verify(
         return Verified(False, failures, run=run), written
     from pgrace.drivers.explore import explore
     from pgrace.drivers.exploring import prepared
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     # Which orders deadlock does not depend on who is chosen: every session checks soon, so
     # no interleaving waits out the others' long pins.
@@ -140,7 +141,9 @@ def verify(
             raise _OutOfTime
 
     try:
-        found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time, step_timeout=step_timeout)
+        found = explore(
+            scenario, server, search=Sample(EXPLORE_LIMIT, 0), on_progress=in_time, step_timeout=step_timeout
+        )
     except _OutOfTime:
         return Verified(False, failures, explored=explored, run=run, out_of_time=VERIFY_SECONDS), written
     for cls in found.classes:  # simplest first: the fewest session switches

@@ -6,7 +6,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from pgrace.drivers.minimize.statements import Statement, join_block
+from pgrace.drivers.minimize.statements import SetupStatement, join_block
 from pgrace.model.minimized import Failure
 from pgrace.model.outcomes import classify
 from pgrace.model.scenario import PermutationStep, Scenario, Step
@@ -40,12 +40,12 @@ def failure_of(run: Run) -> Failure:
 
 
 @dataclass(frozen=True)
-class Shape:
+class Kept:
     """What a candidate keeps of the original: sessions, steps (in the failing order) and setup statements."""
 
     sessions: tuple[str, ...]
     order: tuple[str, ...]
-    setup: tuple[Statement, ...]
+    setup: tuple[SetupStatement, ...]
     sql: tuple[tuple[str, str], ...] = ()  # (step, its simpler text) for each step whose SQL was simplified
 
     def scenario(self, original: Scenario) -> Scenario:
@@ -71,7 +71,7 @@ class Shape:
         return sum(len(s.rows) for s in self.setup)
 
 
-def sizes(scenario: Scenario, shape: Shape) -> dict[str, int]:
+def sizes(scenario: Scenario, shape: Kept) -> dict[str, int]:
     return {
         "sessions": len(shape.sessions),
         "steps": len(shape.order),
