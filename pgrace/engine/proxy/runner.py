@@ -199,7 +199,9 @@ class ExecOrder:
             if started.exit_code() is not None:
                 continue
             mine = any(s.owner is started for s in held)
-            moving = started.moving(proxied, mine)
+            # A thread asleep past two step timeouts cannot wake before pgrace looks again: a step and a settle
+            # each end within one.
+            moving = started.moving(proxied, mine, 2 * self.step_timeout)
             if moving is not None:
                 return f"{started.name} ({moving}) runs"
         return None
