@@ -18,9 +18,13 @@ from typing import Any
 
 import jvm
 import pytest
+from claiming import CLAIM_FILE, cure_proved, double_claim_found
 
+from pgrace.api import load_scenario
+from pgrace.drivers.exec import explore_exec, run_exec
 from pgrace.engine.proxy.peers import peer_pid
-from pgrace.engine.proxy.processes import jvm_of, quiet
+from pgrace.engine.proxy.processes import Command, jvm_of, quiet
+from pgrace.formats import catalog
 from pgrace.servers import ServerInfo
 
 
@@ -114,3 +118,78 @@ def cli(*args: str) -> Any:
     from pgrace.cli import main
 
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.mark.slow
+def test_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo, classes: Path) -> None:
+    """pgjdbc sends BEGIN with the first statement, in one cycle: three steps a withdrawal, 14 orders the reduced
+    search cannot merge where psycopg's four steps leave 6."""
+    withdraw = jvm.command(classes, "Withdraw")
+    dsn = ("--dsn", pgrace_server.dsn)
+    found = cli("explore", "lost-update", "--exec", f"alice={withdraw}", "--exec", f"bob={withdraw}", *dsn)
+    assert found.exit_code == 0, found.output
+    assert "all 14 interleavings, 15 runs: 2 outcome classes" in found.output, found.output
+    assert "verdict: ✔ class 1 shows the bug" in found.output
+    cured = f"{withdraw} --for-update"
+    proved = cli("explore", "lost-update", "--fix", "--exec", f"alice={cured}", "--exec", f"bob={cured}", *dsn)
+    assert proved.exit_code == 0, proved.output
+    assert "all 6 interleavings, 7 runs: 1 outcome class" in proved.output, proved.output
+    assert "verdict: ✔ no class shows the bug" in proved.output
+
+
+def test_the_wait_is_what_pg_locks_shows(
+    pgrace_server: ServerInfo, classes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob's FOR UPDATE waits for Alice's: the timeline names the row, holder and modes pg_locks shows then."""
+    from pgrace.engine.steps import StepBook
+    from pgrace.model.timeline import StepWaiting
+
+    seen: list[tuple[Any, ...]] = []
+    names: dict[int, str] = {}
+    original = StepBook.waiting
+
+    def waiting(self: StepBook, *args: Any, **kwargs: Any) -> None:
+        # The test's own reading of pg_locks and pgrowlocks at the moment pgrace reports the wait.
+        seen.extend(
+            self.inspector.observer.execute(
+                "SELECT w.pid, h.pid, (SELECT id FROM accounts WHERE ctid = format('(%s,%s)', t.page, t.tuple)::tid),"
+                " (SELECT modes FROM pgrowlocks('accounts'))"
+                " FROM pg_locks w JOIN pg_locks h ON h.transactionid = w.transactionid AND h.granted"
+                " JOIN pg_locks t ON t.pid = w.pid AND t.locktype = 'tuple' AND t.granted"
+                " WHERE w.locktype = 'transactionid' AND NOT w.granted"
+            ).fetchall()
+        )
+        names.update(self.inspector.sessions)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepBook, "waiting", waiting)
+    scenario = catalog.load("lost-update", {}).other
+    assert scenario is not None
+    cured = jvm.command(classes, "Withdraw", "--for-update")
+    run = run_exec(
+        scenario, [Command("alice", cured), Command("bob", cured)], pgrace_server, order=["alice#1", "bob#1"]
+    )
+    [(waiter, holder, row_id, modes)] = seen
+    [event] = [e for e in run.events if isinstance(e, StepWaiting)]
+    [wait] = event.waits
+    assert (names[waiter], names[holder], row_id, modes) == ("bob#1", "alice#1", 1, ["For Update"])
+    assert (wait.holder, wait.table, wait.mode, wait.holder_mode) == ("alice#1", "accounts", "FOR UPDATE", "FOR UPDATE")
+    assert wait.row is not None and wait.row.key_dict() == {"id": 1}
+    assert [(s.session, s.sql) for s in run.scenario.steps][:2] == [
+        ("alice#1", "BEGIN; SELECT balance FROM accounts WHERE id = 1 FOR UPDATE"),
+        ("bob#1", "BEGIN; SELECT balance FROM accounts WHERE id = 1 FOR UPDATE"),
+    ]
+    assert run.ok
+
+
+@pytest.mark.slow
+def test_skip_locked_claim_double_claim_found_and_cure_proved(pgrace_server: ServerInfo, classes: Path) -> None:
+    """Two Java workers: reading the first pending job claims job 1 twice in some order; FOR UPDATE SKIP LOCKED
+    claims each job once in every order, the search complete."""
+    bug = load_scenario(str(CLAIM_FILE))
+    assert bug.other is not None
+    worker = jvm.command(classes, "Claim")
+    found = explore_exec(bug, [Command("w1", worker), Command("w2", worker)], pgrace_server)
+    cured = f"{worker} --skip-locked"
+    proved = explore_exec(bug.other, [Command("w1", cured), Command("w2", cured)], pgrace_server)
+    assert (double_claim_found(found), cure_proved(proved)) == (15, 15)

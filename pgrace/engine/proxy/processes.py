@@ -138,7 +138,13 @@ def thread_wait(pid: int, tid: int) -> Wait:
             return Wait(True)
         if args[1] & ~_FUTEX_FLAGS != _FUTEX_WAIT_BITSET:
             return Wait(False, ())  # a relative timeout: when it started is not known
-        return Wait(False, (), _left(pid, args[3], realtime=bool(args[1] & _FUTEX_CLOCK_REALTIME)))
+        left = _left(pid, args[3], realtime=bool(args[1] & _FUTEX_CLOCK_REALTIME))
+        try:  # the same wait still, so the deadline read is this wait's, not the next one's
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                again = f.read().split()
+        except OSError:
+            again = []
+        return Wait(False, (), left if again == fields else None)
     if nr == _FUTEX_WAITV:
         return Wait(True) if args[3] == 0 else Wait(False, ())
     if nr == _RT_SIGTIMEDWAIT:
