@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,21 @@ def test_a_dual_stack_client_is_found_in_the_ipv6_table() -> None:
             accepted, _ = listener.accept()
             with accepted:
                 assert peer_pid(accepted) == os.getpid()
+
+
+SPAWNER = "import threading\nwhile True:\n    t = threading.Thread(target=int)\n    t.start()\n    t.join()\n"
+
+
+def test_a_process_that_keeps_starting_threads_is_never_read_quiet() -> None:
+    """The JVM's launcher starts the main thread and joins it: a look that listed the threads before the start
+    reads the launcher asleep in its join, and the new thread, running, is not in the list. Such a look is void."""
+    proc = subprocess.Popen([sys.executable, "-c", SPAWNER])
+    try:
+        looks = [quiet(proc.pid, set(), False, 20.0) for _ in range(3000)]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert looks.count(None) == 0
 
 
 @pytest.fixture(scope="module")

@@ -265,15 +265,44 @@ def quiet(root: int, proxied: set[int], held: bool, horizon: float) -> str | Non
     ``proxied``: the inodes of sockets connected to the proxy; ``held``: a statement of the process is pgrace's;
     ``horizon``: a timed wait whose deadline is further away than this many seconds is quiet.
     """
-    for pid in descendants(root):
-        try:
-            tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        moving = threads_quiet(pid, tids, proxied, held, horizon)
+    seen = _threads(root)
+    ran = {(pid, tid): _ran(pid, tid) for pid, tids in seen.items() for tid in tids}
+    for pid, tids in seen.items():
+        moving = threads_quiet(pid, list(tids), proxied, held, horizon)
         if moving is not None:
             return moving
+    # A look reads one thread after another: one read asleep may have run since (woken by a thread read later,
+    # or by one started meanwhile and not in the look, as a launcher that joins the thread it has just started).
+    # The look holds only if the same threads are there after it and none of them has run in between.
+    if _threads(root) != seen or any(_ran(pid, tid) != before for (pid, tid), before in ran.items()):
+        return f"process {root}'s threads, which ran while pgrace looked"
     return None
+
+
+def _ran(pid: int, tid: int) -> str | None:
+    """What a thread has run so far (the scheduler's count of its time on a CPU and of its turns): it changes
+    whenever the thread runs. None: the thread is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return f.read()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:  # a kernel without scheduler statistics: the context switches, counted in its status
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            return "".join(line for line in f if "ctxt_switches" in line)
+    except OSError:
+        return None
+
+
+def _threads(root: int) -> dict[int, frozenset[int]]:
+    """Every process of ``root``'s tree and its threads."""
+    found: dict[int, frozenset[int]] = {}
+    for pid in descendants(root):
+        with contextlib.suppress(OSError):
+            found[pid] = frozenset(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+    return found
 
 
 def threads_quiet(
