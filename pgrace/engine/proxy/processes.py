@@ -7,6 +7,10 @@ every process of the command's group is asleep in a system call that waits for i
 for another thread (``read``, ``recv*``, ``accept``, ``poll``, ``select``, ``epoll_wait``,
 ``futex``, ``wait4``, ``pause``...) with no timeout. A thread that is runnable, in a sleep
 (``nanosleep``), writing, or in any other call may still act on its own, so it is not quiet.
+A look reads the threads one after another; it holds only if, once every thread is read, the
+same threads are there and none has run since the look began (``/proc/PID/task/TID/schedstat``,
+the scheduler's count of each thread's time on a CPU): a parent read asleep in the join of a
+thread it has just started, not yet listed, is no proof.
 
 A *timed* wait (``poll`` with a timeout, a timed ``futex``) is quiet only while the process waits
 for pgrace: one of its connections has a statement that pgrace holds or runs, and every
