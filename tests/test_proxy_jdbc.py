@@ -143,8 +143,8 @@ def cli(*args: str) -> Any:
 
 @pytest.mark.slow
 def test_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo, classes: Path) -> None:
-    """pgjdbc sends BEGIN with the first statement, in one cycle: three steps a withdrawal, 14 orders the reduced
-    search cannot merge where psycopg's four steps leave 6."""
+    """pgjdbc sends BEGIN with the first statement, in one cycle: three steps a withdrawal, of which the reduced
+    search runs 14 orders (of psycopg's four steps, 6)."""
     withdraw = jvm.command(classes, "Withdraw")
     dsn = ("--dsn", pgrace_server.dsn)
     found = cli("explore", "lost-update", "--exec", f"alice={withdraw}", "--exec", f"bob={withdraw}", *dsn)
