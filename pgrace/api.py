@@ -21,10 +21,10 @@ from pgrace.drivers.bounded import check_bounded_explore
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.drivers.one_run import teardown_failures as teardown_failures  # what `run` says after a run
 from pgrace.engine.options import RunOptions
-from pgrace.errors import Interrupted, OptionError, PgraceError, ScenarioError
+from pgrace.errors import ExecError, Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.formats import catalog
-from pgrace.model.monitor import Monitor, Note, Unwatched, note_long
+from pgrace.model.monitor import Monitor, Note, Unwatched, following, note_long
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
@@ -72,7 +72,7 @@ def run(
 # -- what the commands do, for a Python caller too ---------------------------------------------
 
 
-def _ignore(line: str) -> None:
+def _ignore(*_: object) -> None:
     pass
 
 
@@ -413,6 +413,7 @@ def check(
     params: Mapping[str, str] | None = None,
     max_preemptions: int | None = None,
     pct: int | None = None,
+    commands: Sequence[str] = (),
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
@@ -428,7 +429,8 @@ def check(
     when it is one of the inputs). Specs share one scratch database per server, reset only
     when a spec leaves objects. ``params``: every pgrace scenario's parameters. With
     ``explore``, ``max_preemptions`` K or ``pct`` D bound the search as in ``pgrace.explore``:
-    each result's ``guarantee`` says what it covered.
+    each result's ``guarantee`` says what it covered. ``commands`` (``NAME=COMMAND``): each case's sessions
+    instead of its steps (docs/guide/any-language.md); a case they leave unproved goes to ``on_invalid``.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -439,18 +441,19 @@ def check(
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
     check_bounded_explore(explore, max_preemptions, pct, jobs)
+    regression.check_exec_options(commands, (), limit, max_preemptions, pct, jobs, database_name)
     watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
         cases = regression.prepare(
-            names, golden=golden or update, expected=expected, invalid=checked.invalid, params=dict(params or {})
+            names, golden or update, expected, checked.invalid, dict(params or {}), bool(commands)
         )
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "junit")
+        regression.check_exec_options(commands, cases, limit, max_preemptions, pct, jobs, database_name)
         for error in checked.invalid:  # reported at once; the valid files still run
-            if on_invalid is not None:
-                on_invalid(error)
+            (on_invalid or _ignore)(error)
         if checked.invalid and not cases:  # nothing to run: no server is needed to say so
             raise ScenarioError(f"no valid scenario files under {', '.join(names)}")
         checked.servers = [ready() for ready in booting]
@@ -462,23 +465,20 @@ def check(
             if not explore and any(case.spec is not None for case in cases):
                 scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
             for case in cases:
-                if explore:
-
-                    def interleaved(done: int, total: int, name: str = case.name) -> None:
-                        if done == 0:
-                            note_long(watch, name, total, jobs)
-                        watch.update(len(checked.results), f"{name}: {done:,}/{total:,} interleavings")
-
-                    result = regression.run_explore_case(
-                        case, server, options, limit, seed, jobs, interleaved, max_preemptions, pct
-                    )
+                try:
+                    if explore:
+                        progress = following(watch, case.name, checked.results, jobs)
+                        result = regression.run_explore_case(
+                            case, server, options, limit, seed, jobs, progress, max_preemptions, pct, commands
+                        )
+                    else:
+                        result = regression.run_case(case, server, options, update, database_name, scratch, commands)
+                except ExecError as error:  # no proof from this case: reported as invalid input, the others go on
+                    checked.invalid.append(error)
+                    (on_invalid or _ignore)(error)
                 else:
-                    result = regression.run_case(
-                        case, server, options, update=update, database_name=database_name, scratch=scratch
-                    )
-                checked.results.append(result)
-                if on_result is not None:
-                    on_result(result)
+                    checked.results.append(result)
+                    (on_result or _ignore)(result)
                 watch.update(len(checked.results))
         watch.close()
     if junit is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from documentation import ROOT, page
 
 from pgrace.formats import load_toml, scenario_toml
-from pgrace.formats.scenario_toml import builder, expect, params, retry, steps, variants
+from pgrace.formats.scenario_toml import builder, commands, expect, params, retry, steps, variants
 
 #: Each table of a scenario file: its path on the page, and the keys the parser accepts there.
 TABLES: dict[str, tuple[Collection[str], ...]] = {
@@ -38,6 +38,7 @@ TABLES: dict[str, tuple[Collection[str], ...]] = {
     "fix": (variants.VARIANT_KEYS,),  # [bug] has the same keys, which the page says once
     "fix.step.NAME": (variants.OVERRIDE_KEYS,),
     "fix.insert": (variants.ANCHORS,),  # besides a step's keys, which the page says once, under [[step]]
+    "exec.NAME": (commands.EXEC_KEYS,),
     "load": (load_toml.LOAD_KEYS,),
     "load.transaction": (load_toml.COMMAND_KEYS,),
     "load.check": (load_toml.CHECK_KEYS,),

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from pgrace.drivers.exec import explore_exec, run_exec
-from pgrace.engine.proxy.processes import Command
 from pgrace.formats import catalog
+from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
 CLIENTS = Path(__file__).parent / "clients"
@@ -282,3 +282,18 @@ def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
             "  AND datname LIKE 'pgrace%')"
         ).fetchone()
     assert left == (0, 0, 0)
+
+
+def test_a_statement_past_the_step_timeout_says_pgrace_cancelled_it(pgrace_server: ServerInfo) -> None:
+    """The proxy's step is cancelled at the step timeout as any step is, and its error says who cancelled it, as a
+    code session's and a setup's do: the application's own cancel would read the same SQLSTATE."""
+    scenario = catalog.load("lost-update", {})
+    sleeper = (
+        f"{sys.executable} -c \"import os, psycopg; psycopg.connect(os.environ['DATABASE_URL'], autocommit=True)"
+        ".execute('SELECT pg_sleep(60)')\""
+    )
+    run = run_exec(scenario, [Command("sleeper", sleeper)], pgrace_server, step_timeout=5)  # room to start Python
+    [step] = [s for s in run.steps if s.sql == "SELECT pg_sleep(60)"]
+    assert step.outcome is not None and step.outcome.error is not None
+    assert step.outcome.error.sqlstate == "57014"
+    assert step.outcome.error.detail == "pgrace cancelled it after the step timeout 5 s"

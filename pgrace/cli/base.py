@@ -368,5 +368,6 @@ exec_option = click.option(
     multiple=True,
     metavar="NAME=COMMAND",
     help="Run COMMAND (a shell command line) once per run instead of the file's steps, its connections through"
-    " pgrace's proxy (DATABASE_URL and the PG* variables point there), each statement a step; repeatable.",
+    " pgrace's proxy (DATABASE_URL and the PG* variables point there), each statement a step; repeatable. It"
+    " replaces the command of that NAME in the file's [exec] table, or adds one.",
 )

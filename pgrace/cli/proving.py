@@ -99,6 +99,7 @@ BOUNDED_HELP = " a pass then says so, never as every interleaving"
 @preemptions_option("With --explore: every schedule with at most K preemptions;" + BOUNDED_HELP)
 @pct_option("With --explore: PCT schedules of depth D;" + BOUNDED_HELP)
 @superuser_option
+@exec_option
 def check(
     paths: tuple[str, ...],
     servers: tuple[str, ...],
@@ -118,6 +119,7 @@ def check(
     max_preemptions: int | None,
     pct: int | None,
     superuser: bool,
+    commands: tuple[str, ...],
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
 
@@ -128,8 +130,10 @@ def check(
     bug of a bug and a fix (or a scenario whose checks are all kind = "bug") passes when
     some interleaving reproduces it without an error no step declares, and anything else
     when no interleaving shows the bug or raises such an error; with --max-preemptions or
-    --pct, over those schedules only, and its line says which. Exit code 1: a case
-    failed; 2: a file could not be read (it is reported, the others still run).
+    --pct, over those schedules only, and its line says which. With --exec, the commands
+    are each scenario case's sessions instead of its steps (with --explore, every order of
+    their statements). Exit code 1: a case failed; 2: a file could not be read, or a
+    command connected around pgrace's proxy (it is reported, the others still run).
     """
     from pgrace import api
     from pgrace.cli.terminal.stream import CheckStream
@@ -155,6 +159,7 @@ def check(
             params=parse_params(params),
             max_preemptions=max_preemptions,
             pct=pct,
+            commands=commands,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
@@ -259,7 +264,7 @@ def explore(
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
-    if commands:
+    if commands or chosen.commands:
         refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
@@ -307,6 +312,23 @@ def explore(
     sys.exit(verdict)
 
 
+EXEC_SEARCH = (
+    "the search over commands is one sequence of runs, each chosen from what the runs before it showed: it does not"
+    " split"
+)
+EXEC_REFUSED = {
+    "--max": "commands are explored in every order (reduced, or --no-reduce), not in a sample",
+    "--max-preemptions": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--pct": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--shard": f"{EXEC_SEARCH} into shards",
+    "--merge": f"{EXEC_SEARCH} into shards, so there are none to merge",
+    "-j": f"{EXEC_SEARCH} across processes",
+    "--minimize": "minimizing removes statements, and a command's statements are its code: put the failing class's"
+    " statements (--show N) in a scenario's steps and minimize that",
+}
+"""Why exploring commands takes none of these options."""
+
+
 def refuse_exec_explore(
     limit: int | None,
     max_preemptions: int | None,
@@ -316,7 +338,8 @@ def refuse_exec_explore(
     merge_files: tuple[str, ...],
     minimize_first: bool,
 ) -> None:
-    """What ``explore --exec`` does not do yet: samples, bounded searches, shards, -j processes, merges, minimizing."""
+    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: samples, bounded searches, shards,
+    -j processes, merges, minimizing; each refused in one line that says why."""
     given = [
         name
         for name, value in (
@@ -331,7 +354,7 @@ def refuse_exec_explore(
         if value
     ]
     if given:
-        raise click.UsageError(f"--exec explores every order (reduced, or --no-reduce); leave out {given[0]}")
+        raise click.UsageError(f"{given[0]} with commands (--exec, [exec]): {EXEC_REFUSED[given[0]]}")
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -134,7 +134,7 @@ def run(
 
         refuse_overwriting_inputs(output, [loaded.source])
         shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)
-        if commands:
+        if commands or pick_variant(loaded, fix, bug).commands:
             refuse_exec(compare, shown.live, fmt)
             from pgrace import proxy
 
@@ -192,13 +192,16 @@ def import_ahead(*modules: str) -> None:
 
 
 def refuse_exec(compare: bool, live: bool, fmt: str) -> None:
-    """What ``run --exec`` cannot do: both variants at once, live playback, isolationtester's output."""
+    """What a run of commands (``--exec``, a file's ``[exec]``) cannot do: both variants at once, live playback,
+    isolationtester's output."""
     if compare:
-        raise click.UsageError("--exec runs one variant; leave out --compare")
+        raise click.UsageError("a run of commands (--exec, [exec]) is one variant; leave out --compare")
     if live:
-        raise click.UsageError("--exec runs cannot be played live (--step, --pace)")
+        raise click.UsageError("a run of commands (--exec, [exec]) cannot be played live (--step, --pace)")
     if fmt == "isolation":
-        raise click.UsageError("--exec runs have no isolationtester output; choose another --format")
+        raise click.UsageError(
+            "a run of commands (--exec, [exec]) has no isolationtester output; choose another --format"
+        )
 
 
 def refuse_compare(picked_variant: bool, live: bool, fmt: str) -> None:

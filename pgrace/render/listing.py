@@ -70,6 +70,9 @@ def render_show(shown: Shown) -> str:
             if step.note:
                 lines.append(f"     {'':<10} » {step.note}")
     lines += [f"check ({'the bug' if c.is_signature else 'must hold'}): {c.description}" for c in chosen.checks]
+    if chosen.commands:  # run, explore and check run these instead of the steps
+        lines.append("\ncommands ([exec]; run, explore and check run them instead of the steps):")
+        lines += [f"  {c.name:<10} {' '.join(c.line.split())}  (in {c.cwd})" for c in chosen.commands]
     if chosen.other:
         flag = "--fix" if chosen.other.variant == "fix" else "--bug"
         lines.append(f"\nother variant: {flag}: {chosen.other.title}")

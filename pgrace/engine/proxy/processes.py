@@ -67,6 +67,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
+from pgrace.errors import ExecError
+from pgrace.model.scenario import Command, set_by_pgrace
 from pgrace.servers.processes import dies_with_parent
 from pgrace.text import visible
 
@@ -442,14 +444,6 @@ class Actor(Protocol):
 
 
 @dataclass
-class Command:
-    """One ``--exec NAME='COMMAND'``: a shell command line, started once per run."""
-
-    name: str
-    line: str
-
-
-@dataclass
 class Started:
     """A command's process in this run, its output drained so that it never blocks writing."""
 
@@ -504,17 +498,25 @@ def _parent(pid: int) -> int | None:
 
 
 def start(command: Command, env: Mapping[str, str], cwd: str | None = None) -> Started:
-    """The command under ``/bin/sh -c``, in a process group of its own that dies with pgrace."""
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", command.line],
-        env=dict(env),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=dies_with_parent(),
-    )
+    """The command under ``/bin/sh -c``, in a process group of its own that dies with pgrace (in its own folder, with
+    its own variables, where it says; pgrace's proxy variables in ``env`` win)."""
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command.line],
+            env={**env, **{k: v for k, v in command.env if not set_by_pgrace(k)}},
+            cwd=command.cwd or cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=dies_with_parent(),
+        )
+    except OSError as exc:  # its folder went away, no /bin/sh: said where the command was given
+        raise ExecError(
+            f"cannot start command {command.name!r} in {command.cwd or cwd or '.'}: {exc.strerror or exc}",
+            command.source or "--exec",
+            command.line_number,
+        ) from None
     started = Started(command, proc)
     for stream in ("stdout", "stderr"):
         pipe = getattr(proc, stream)

@@ -25,7 +25,7 @@ from pgrace import scratch
 from pgrace.engine.connections import RunConnections
 from pgrace.engine.control import ControlSql, setup_failed
 from pgrace.engine.options import RunOptions
-from pgrace.engine.proxy.processes import Actor, Command, proxy_sockets, start
+from pgrace.engine.proxy.processes import Actor, proxy_sockets, start
 from pgrace.engine.proxy.relay import Proxy
 from pgrace.engine.proxy.session import ProxyHooks, ProxySession, relay_asleep
 from pgrace.engine.proxy.tasks import AsyncSession, TaskActor
@@ -37,7 +37,7 @@ from pgrace.engine.threads.waiting import GateWaiting
 from pgrace.engine.transport import Plain
 from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
 from pgrace.errors import ExecError, ScenarioFailed, StepsStuck
-from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
+from pgrace.model.scenario import Command, PermutationStep, Scenario, Session, Step, set_by_pgrace
 from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan, SqlError
 from pgrace.scratch import schema_reset_sql
 from pgrace.servers import ServerInfo
@@ -254,7 +254,7 @@ class ExecRunner:
         self.cond = threading.Condition()
         self.stack = contextlib.ExitStack()
         self.sql = ControlSql(step_timeout, timeout_name="the step timeout")
-        self.hooks = ProxyHooks(self.cond, self._cancel)
+        self.hooks = ProxyHooks(self.cond, self._cancel, step_timeout)
         self.raised: list[str] = []
         self.columns: list[str] = []  # sessions that are a command without a connection (its exit shown there)
         self.has_row_locks = True
@@ -303,7 +303,7 @@ class ExecRunner:
     def environment(self) -> dict[str, str]:
         """The commands' environment: this one's, with every libpq variable pointing at the proxy."""
         params = conninfo_to_dict(self.dsn)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "DATABASE_URL"}
+        env = {k: v for k, v in os.environ.items() if not set_by_pgrace(k)}
         user, password, database = (
             str(params.get("user") or ""),
             str(params.get("password") or ""),

@@ -31,7 +31,7 @@ import psycopg
 from psycopg import pq, sql
 
 from pgrace.engine.results import result_set
-from pgrace.engine.sqlerrors import exception_error
+from pgrace.engine.sqlerrors import cancelled_by_pgrace, exception_error
 from pgrace.engine.threads.frames import caller
 from pgrace.errors import CodeError
 from pgrace.model.timeline import Outcome, SessionLost, SqlError
@@ -477,9 +477,8 @@ class ThreadSession:
         with self.gate.cond:
             assert self.gate.finished is not None
             outcome, _ = self.gate.finished
-        if active.cancelled and outcome.error is not None and outcome.error.sqlstate == "57014":
-            why = f"pgrace cancelled it after the step timeout {self.step_timeout:g} s"
-            outcome = dataclasses.replace(outcome, error=dataclasses.replace(outcome.error, detail=why))
+        if active.cancelled:
+            outcome = cancelled_by_pgrace(outcome, f"the step timeout {self.step_timeout:g} s")
         return outcome, None
 
     def ended_status(self, active: Active) -> tuple[bool, pq.TransactionStatus]:

@@ -17,7 +17,7 @@ from pgrace.formats.scenario_toml.steps import ACTIONS, StepReader
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect", "retry"}
-VARIANT_KEYS = {"title", "narrative", "step", "insert", "drop", "check", "setup", "load"}
+VARIANT_KEYS = {"title", "narrative", "step", "insert", "drop", "check", "setup", "load", "exec"}
 ANCHORS = ("after", "before")  # where an inserted step goes: next to a step of the base list
 
 
