@@ -25,8 +25,9 @@ from claiming import CLAIM_FILE, cure_proved, double_claim_found
 from pgrace.api import load_scenario
 from pgrace.drivers.exec import explore_exec, run_exec
 from pgrace.engine.proxy.peers import peer_pid
-from pgrace.engine.proxy.processes import Command, jvm_of, quiet
+from pgrace.engine.proxy.processes import jvm_of, quiet
 from pgrace.formats import catalog
+from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
 
