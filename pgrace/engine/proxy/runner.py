@@ -85,6 +85,7 @@ class ExecOrder:
                     self.settle()
                     continue
                 if self._all_ended():
+                    self._report_exits()  # a command that ended since the last settle is an outcome too
                     return met
                 self._await_news()
                 continue
