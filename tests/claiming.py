@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pgrace.api import load_scenario
+from pgrace.api import read_scenario
 from pgrace.drivers.explore import Exploration
 
 CLAIM_FILE = Path(__file__).parent / "clients" / "claim.toml"
 PENDING = "SELECT id FROM jobs WHERE status = 'pending' ORDER BY id LIMIT 1"
 SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
 
-_BUG = load_scenario(str(CLAIM_FILE))
+_BUG = read_scenario(str(CLAIM_FILE))
 assert _BUG.other is not None
 _FIX = _BUG.other
 SETUP = "".join(_BUG.setup)

@@ -22,11 +22,11 @@ import jvm
 import pytest
 from claiming import CLAIM_FILE, cure_proved, double_claim_found
 
-from pgrace.api import load_scenario
+from pgrace.api import read_scenario
 from pgrace.drivers.exec import explore_exec, run_exec
 from pgrace.engine.proxy.peers import peer_pid
 from pgrace.engine.proxy.processes import jvm_of, quiet
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
@@ -185,7 +185,7 @@ def test_the_wait_is_what_pg_locks_shows(
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(StepBook, "waiting", waiting)
-    scenario = catalog.load("lost-update", {}).other
+    scenario = catalog.read_scenario("lost-update", {}).other
     assert scenario is not None
     cured = jvm.command(classes, "Withdraw", "--for-update")
     run = run_exec(
@@ -208,7 +208,7 @@ def test_the_wait_is_what_pg_locks_shows(
 def test_skip_locked_claim_double_claim_found_and_cure_proved(pgrace_server: ServerInfo, classes: Path) -> None:
     """Two Java workers: reading the first pending job claims job 1 twice in some order; FOR UPDATE SKIP LOCKED
     claims each job once in every order, the search complete."""
-    bug = load_scenario(str(CLAIM_FILE))
+    bug = read_scenario(str(CLAIM_FILE))
     assert bug.other is not None
     worker = jvm.command(classes, "Claim")
     found = explore_exec(bug, [Command("w1", worker), Command("w2", worker)], pgrace_server)

@@ -39,12 +39,12 @@ def parse_exec(values: Sequence[str]) -> list[Command]:
         name, sep, line = value.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier() or not line.strip():
-            raise OptionError(f"--exec takes NAME=COMMAND (NAME a word), not {value!r}", "--exec")
+            raise OptionError(f"{value!r} is not NAME=COMMAND (NAME a word)", "commands")
         if any(c.name == name for c in commands):
-            raise OptionError(f"--exec names {name!r} twice", "--exec")
+            raise OptionError(f"{name!r} named twice", "commands")
         commands.append(Command(name, line))
     if not commands:
-        raise OptionError("at least one --exec NAME=COMMAND", "--exec")
+        raise OptionError("at least one NAME=COMMAND", "commands")
     return commands
 
 
@@ -52,7 +52,7 @@ def commands_for(scenario: Scenario, values: Sequence[str]) -> list[Command]:
     """The scenario's ``[exec]`` commands with ``NAME=COMMAND`` options over them: a name given again replaces the
     file's command, a new one is added."""
     if not values and not scenario.commands:
-        raise OptionError("at least one --exec NAME=COMMAND, or an [exec] table in the scenario file", "--exec")
+        raise OptionError("at least one NAME=COMMAND, or an [exec] table in the scenario file", "commands")
     return list(merged_commands(scenario.commands, parse_exec(values) if values else ()))
 
 

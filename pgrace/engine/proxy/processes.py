@@ -110,7 +110,7 @@ def _signed32(value: int) -> int:
 
 
 @dataclass(frozen=True)
-class Wait:
+class ThreadState:
     """What one thread is doing, as far as the scheduler cares."""
 
     quiet: bool  # asleep in a wait that only input or another thread ends
@@ -118,7 +118,7 @@ class Wait:
     left: float | None = None  # a timed futex with an absolute deadline: seconds before it ends by itself
 
 
-def thread_wait(pid: int, tid: int) -> Wait:
+def thread_state(pid: int, tid: int) -> ThreadState:
     """Read one thread's state and system call (a thread that is gone is quiet: it does nothing more)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -126,35 +126,35 @@ def thread_wait(pid: int, tid: int) -> Wait:
         with open(f"/proc/{pid}/task/{tid}/syscall") as f:
             fields = f.read().split()
     except (FileNotFoundError, ProcessLookupError):
-        return Wait(True)
+        return ThreadState(True)
     except (OSError, IndexError):
-        return Wait(False)
+        return ThreadState(False)
     if state in ("Z", "X"):
-        return Wait(True)
+        return ThreadState(True)
     if state != "S" or not fields or fields[0] in ("running", "-1"):
-        return Wait(False)
+        return ThreadState(False)
     nr = int(fields[0])
     args = [int(a, 16) for a in fields[1:7]]
     if nr in _ALWAYS_UNTIMED:
-        return Wait(True)
+        return ThreadState(True)
     if nr == _FUTEX:
         if (args[1] & ~_FUTEX_FLAGS) not in _FUTEX_WAITS:
-            return Wait(False)
+            return ThreadState(False)
         if args[3] == 0:
-            return Wait(True)
+            return ThreadState(True)
         if args[1] & ~_FUTEX_FLAGS != _FUTEX_WAIT_BITSET:
-            return Wait(False, ())  # a relative timeout: when it started is not known
+            return ThreadState(False, ())  # a relative timeout: when it started is not known
         left = _left(pid, args[3], realtime=bool(args[1] & _FUTEX_CLOCK_REALTIME))
         try:  # the same wait still, so the deadline read is this wait's, not the next one's
             with open(f"/proc/{pid}/task/{tid}/syscall") as f:
                 again = f.read().split()
         except OSError:
             again = []
-        return Wait(False, (), left if again == fields else None)
+        return ThreadState(False, (), left if again == fields else None)
     if nr == _FUTEX_WAITV:
-        return Wait(True) if args[3] == 0 else Wait(False, ())
+        return ThreadState(True) if args[3] == 0 else ThreadState(False, ())
     if nr == _RT_SIGTIMEDWAIT:
-        return Wait(True) if args[2] == 0 else Wait(False, ())
+        return ThreadState(True) if args[2] == 0 else ThreadState(False, ())
     untimed = {
         _POLL: _signed32(args[2]) < 0,
         _PPOLL: args[2] == 0,
@@ -165,10 +165,10 @@ def thread_wait(pid: int, tid: int) -> Wait:
         _EPOLL_PWAIT2: args[3] == 0,
     }.get(nr)
     if untimed is None:
-        return Wait(False)
+        return ThreadState(False)
     if untimed:
-        return Wait(True)
-    return Wait(False, _waited_fds(pid, nr, args))
+        return ThreadState(True)
+    return ThreadState(False, _waited_fds(pid, nr, args))
 
 
 def _left(pid: int, timespec: int, realtime: bool) -> float | None:
@@ -318,10 +318,10 @@ def threads_quiet(
     own: set[str] | None = None
     jvm: Jvm | None = None
     for tid in tids:
-        wait = thread_wait(pid, tid)
-        if wait.quiet or (wait.left is not None and wait.left > horizon):
+        state = thread_state(pid, tid)
+        if state.quiet or (state.left is not None and state.left > horizon):
             continue
-        fds = wait.timed_fds
+        fds = state.timed_fds
         if fds == ():  # a timed futex
             jvm = jvm_of(pid) if jvm is None else jvm
             if jvm.hotspot:
@@ -514,7 +514,7 @@ def start(command: Command, env: Mapping[str, str], cwd: str | None = None) -> S
     except OSError as exc:  # its folder went away, no /bin/sh: said where the command was given
         raise ExecError(
             f"cannot start command {command.name!r} in {command.cwd or cwd or '.'}: {exc.strerror or exc}",
-            command.source or "--exec",
+            command.source or "commands",
             command.line_number,
         ) from None
     started = Started(command, proc)
