@@ -109,19 +109,20 @@ def _serving(server: ServerInfo | None, dsn: str | None, superuser: bool, on_not
         yield opened
 
 
-def run_exec(scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any) -> Run:
-    """Run ``commands`` (``NAME=COMMAND``) once over ``scenario``'s setup, their connections through pgrace's proxy
-    one statement at a time, then its checks (docs/guide/any-language.md). ``how``: ``dsn``, ``superuser``,
-    ``on_note`` as ``pgrace.explore``'s; ``order`` (session names, one per statement), ``step_timeout``."""
+def run_exec(scenario: Scenario, commands: Sequence[str] = (), *, server: ServerInfo | None = None, **how: Any) -> Run:
+    """Run ``commands`` (``NAME=COMMAND``, over the file's ``[exec]`` ones) once over ``scenario``'s setup, their
+    connections through pgrace's proxy one statement at a time, then its checks (docs/guide/any-language.md).
+    ``how``: ``dsn``, ``superuser``, ``on_note`` as ``pgrace.explore``'s; ``order`` (session names, one per
+    statement), ``step_timeout``."""
     with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
         return commands_driver.run_commands(scenario, commands, opened, **how)
 
 
 def explore_exec(
-    scenario: Scenario, commands: Sequence[str], *, server: ServerInfo | None = None, **how: Any
+    scenario: Scenario, commands: Sequence[str] = (), *, server: ServerInfo | None = None, **how: Any
 ) -> Explored:
-    """Every order of the statements ``commands`` send, grouped into classes judged by ``scenario``'s checks.
-    ``how``: as ``run_exec``'s, and ``reduce`` (default True), ``examples`` (classes replayed, as
-    ``pgrace.explore``'s)."""
+    """Every order of the statements ``commands`` (over the file's ``[exec]`` ones) send, grouped into classes
+    judged by ``scenario``'s checks. ``how``: as ``run_exec``'s, and ``reduce`` (default True), ``examples``
+    (classes replayed, as ``pgrace.explore``'s)."""
     with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
         return commands_driver.explore_commands(scenario, commands, opened, **how)

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from pgrace.cli import main
 from pgrace.drivers.load import DEFAULT_CONNECTIONS, LoadOptions, connections_for, run_load
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.load import render_load_text
 from pgrace.servers import ServerInfo
 
@@ -131,7 +131,7 @@ def test_every_wait_is_counted_from_the_servers_log_as_a_watcher_of_pg_locks_see
     watcher.start()
     try:
         loaded = run_load(
-            catalog.load("head-of-line-blocking"),
+            catalog.read_scenario("head-of-line-blocking"),
             pgrace_server,
             LoadOptions(clients=(4,), duration=None, transactions=8),
         )
@@ -169,7 +169,9 @@ def test_every_wait_is_counted_from_the_servers_log_as_a_watcher_of_pg_locks_see
 def test_a_users_server_is_sampled_and_its_waits_are_not_counted(pgrace_server: ServerInfo) -> None:
     user_server = dataclasses.replace(pgrace_server, log_path=None, scenario_role=False)
     loaded = run_load(
-        catalog.load("head-of-line-blocking"), user_server, LoadOptions(clients=(3,), duration=None, transactions=3)
+        catalog.read_scenario("head-of-line-blocking"),
+        user_server,
+        LoadOptions(clients=(3,), duration=None, transactions=3),
     )
     (run,) = loaded.runs
     assert run.lock_waits is None and run.lock_waits_by == ()

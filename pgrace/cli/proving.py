@@ -11,12 +11,13 @@ import click
 
 from pgrace.cli.base import (
     EXIT_CODES_HELP,
+    bounded_flag,
     bug_option,
     database_name_option,
     draw,
     dsn_option,
+    echo,
     either,
-    emit,
     exec_option,
     fix_option,
     format_option,
@@ -25,19 +26,20 @@ from pgrace.cli.base import (
     max_option,
     output_option,
     param_option,
-    parse_params,
     pick_variant,
     progress_line,
     say,
     scenario_argument,
+    search_of,
+    search_to_explore,
     seed_option,
     server_option,
     step_timeout_option,
     superuser_option,
     writable,
 )
-from pgrace.cli.types import CommaList
-from pgrace.errors import EXIT_INVALID
+from pgrace.cli.types import CommaList, Setting, Shard
+from pgrace.errors import EXIT_INVALID, OptionError, ScenarioError
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
 
@@ -99,6 +101,7 @@ BOUNDED_HELP = " a pass then says so, never as every interleaving"
 @preemptions_option("With --explore: every schedule with at most K preemptions;" + BOUNDED_HELP)
 @pct_option("With --explore: PCT schedules of depth D;" + BOUNDED_HELP)
 @superuser_option
+@exec_option
 def check(
     paths: tuple[str, ...],
     servers: tuple[str, ...],
@@ -114,10 +117,11 @@ def check(
     limit: int | None,
     seed: int,
     jobs: int,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     max_preemptions: int | None,
     pct: int | None,
     superuser: bool,
+    commands: tuple[str, ...],
 ) -> None:
     """Run scenario files as regression checks: every expectation must hold.
 
@@ -128,16 +132,21 @@ def check(
     bug of a bug and a fix (or a scenario whose checks are all kind = "bug") passes when
     some interleaving reproduces it without an error no step declares, and anything else
     when no interleaving shows the bug or raises such an error; with --max-preemptions or
-    --pct, over those schedules only, and its line says which. Exit code 1: a case
-    failed; 2: a file could not be read (it is reported, the others still run).
+    --pct, over those schedules only, and its line says which. With --exec, the commands
+    are each scenario case's sessions instead of its steps (with --explore, every order of
+    their statements). Exit code 1: a case failed; 2: a file could not be read, or a
+    command connected around pgrace's proxy (it is reported, the others still run).
     """
     from pgrace import api
     from pgrace.cli.terminal.stream import CheckStream
     from pgrace.render.check import render_summary
 
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
+    explore = search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs)
+    if commands:
+        refuse_with_commands(limit, max_preemptions, pct, jobs, database_name)
     with progress_line() as progress:
-        stream = CheckStream(lambda text: emit(text, None), progress, quiet, with_server=len(targets) > 1)
+        stream = CheckStream(lambda text: echo(text, None), progress, quiet, with_server=len(targets) > 1)
         checked = api.check(
             paths,
             servers=targets or [None],
@@ -148,20 +157,39 @@ def check(
             junit=junit,
             step_timeout=step_timeout,
             database_name=database_name,
-            explore=explore_all,
-            limit=limit,
-            seed=seed,
+            explore=explore,
             jobs=jobs,
-            params=parse_params(params),
-            max_preemptions=max_preemptions,
-            pct=pct,
+            params=dict(params),
+            commands=commands,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
             on_note=say,
         )
-    emit(render_summary(checked, update), None)
+    echo(render_summary(checked, update), None)
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
+
+
+def refuse_with_commands(
+    limit: int | None, max_preemptions: int | None, pct: int | None, jobs: int, database_name: str | None
+) -> None:
+    """What check does not do with ``--exec``: samples, bounded searches, -j processes, a named database."""
+    given = [
+        option
+        for option, value in (
+            ("--max", limit is not None),
+            ("--max-preemptions", max_preemptions is not None),
+            ("--pct", pct is not None),
+            ("--jobs", jobs != 1),
+            ("--database-name", database_name is not None),
+        )
+        if value
+    ]
+    if given:
+        raise click.BadParameter(
+            "not with commands (--exec, a file's [exec]), which explore every order in a scratch database of their own",
+            param_hint=given[0],
+        )
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -184,7 +212,9 @@ def check(
     metavar="D",
     help="Run PCT schedules of depth D (100 unless --max says), stating the chance a depth-D bug was missed.",
 )
-@click.option("--shard", metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge).")
+@click.option(
+    "--shard", type=Shard(), metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge)."
+)
 @jobs_option("Processes at once")
 @click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
 @click.option(
@@ -217,12 +247,12 @@ def explore(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     limit: int | None,
     seed: int | None,
     max_preemptions: int | None,
     pct: int | None,
-    shard: str | None,
+    shard: tuple[int, int] | None,
     jobs: int,
     show: int | None,
     no_reduce: bool,
@@ -247,9 +277,9 @@ def explore(
     """
     from pgrace import api
     from pgrace.cli.terminal.playback import style_of
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)
+    chosen = pick_variant(catalog.read_scenario(scenario, dict(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])
     drawn = formats.names("explore")
     if show is None and fmt not in drawn:
@@ -259,7 +289,7 @@ def explore(
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
-    if commands:
+    if commands or chosen.commands:
         refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
@@ -274,28 +304,38 @@ def explore(
             on_note=say,
         )
     else:
+        if max_preemptions is not None and pct is not None:
+            raise ScenarioError("--max-preemptions and --pct are two searches: choose one")
+        search = search_of(limit, seed, max_preemptions, pct, reduce=not no_reduce)
+        shards = shard or (1, 1)
+        if (option := bounded_flag(search)) is not None:
+            if no_reduce:
+                raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
+            if shards != (1, 1) or jobs != 1:
+                raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
         with progress_line() as progress:
-            found = api.explore(
-                chosen,
-                dsn=server_target or dsn,
-                superuser=superuser,
-                limit=limit,
-                seed=seed,
-                shard=parse_shard(shard),
-                jobs=jobs,
-                step_timeout=step_timeout,
-                examples=examples,
-                merge=merge_files,
-                monitor=progress,
-                on_note=say,
-                reduce=not no_reduce,
-                max_preemptions=max_preemptions,
-                pct=pct,
-                minimize=minimize_first,
-            )
+            try:
+                found = api.explore(
+                    chosen,
+                    dsn=server_target or dsn,
+                    superuser=superuser,
+                    search=search,
+                    shard=shards,
+                    jobs=jobs,
+                    step_timeout=step_timeout,
+                    examples=examples,
+                    merge=merge_files,
+                    monitor=progress,
+                    on_note=say,
+                    minimize=minimize_first,
+                )
+            except OptionError as exc:
+                if exc.parameter != "search" or option is None:
+                    raise
+                raise ScenarioError(f"{option} {exc.message}") from None
     verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
-        emit(draw("explore", fmt if fmt in drawn else "text", found), output)
+        echo(draw("explore", fmt if fmt in drawn else "text", found), output)
         sys.exit(verdict)
     if show > len(classes := found.exploration.classes):
         raise click.BadParameter(
@@ -303,20 +343,38 @@ def explore(
         )
     if show in found.replayed_differently:
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
-    emit(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
+    echo(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
     sys.exit(verdict)
+
+
+EXEC_SEARCH = (
+    "the search over commands is one sequence of runs, each chosen from what the runs before it showed: it does not"
+    " split"
+)
+EXEC_REFUSED = {
+    "--max": "commands are explored in every order (reduced, or --no-reduce), not in a sample",
+    "--max-preemptions": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--pct": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
+    "--shard": f"{EXEC_SEARCH} into shards",
+    "--merge": f"{EXEC_SEARCH} into shards, so there are none to merge",
+    "-j": f"{EXEC_SEARCH} across processes",
+    "--minimize": "minimizing removes statements, and a command's statements are its code: put the failing class's"
+    " statements (--show N) in a scenario's steps and minimize that",
+}
+"""Why exploring commands takes none of these options."""
 
 
 def refuse_exec_explore(
     limit: int | None,
     max_preemptions: int | None,
     pct: int | None,
-    shard: str | None,
+    shard: tuple[int, int] | None,
     jobs: int,
     merge_files: tuple[str, ...],
     minimize_first: bool,
 ) -> None:
-    """What ``explore --exec`` does not do yet: samples, bounded searches, shards, -j processes, merges, minimizing."""
+    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: samples, bounded searches, shards,
+    -j processes, merges, minimizing; each refused in one line that says why."""
     given = [
         name
         for name, value in (
@@ -331,7 +389,7 @@ def refuse_exec_explore(
         if value
     ]
     if given:
-        raise click.UsageError(f"--exec explores every order (reduced, or --no-reduce); leave out {given[0]}")
+        raise click.UsageError(f"{given[0]} with commands (--exec, [exec]): {EXEC_REFUSED[given[0]]}")
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -353,25 +411,11 @@ def matrix(
     from pgrace import api
 
     measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=say)
-    emit(draw("matrix", fmt, measured), output)
+    echo(draw("matrix", fmt, measured), output)
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
 
 
 SWEPT_VALUES = CommaList(click.STRING, "values", "read-committed,serializable")
-
-
-def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
-    """``-p NAME=V1,V2``: each name with the values to try."""
-    params: dict[str, list[str]] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name:
-                raise click.BadParameter("no NAME=")
-            params[name] = list(SWEPT_VALUES.convert(value, None, None))
-        except click.BadParameter:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param") from None
-    return params
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -383,6 +427,7 @@ def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
     "-p",
     "params",
     multiple=True,
+    type=Setting(SWEPT_VALUES),
     metavar="NAME=V1,V2",
     help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
 )
@@ -402,7 +447,7 @@ def sweep(
     scenarios: tuple[str, ...],
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, tuple[str, ...]], ...],
     explore_cells: bool,
     limit: int | None,
     seed: int,
@@ -429,14 +474,10 @@ def sweep(
     with progress_line() as progress:
         swept = api.sweep(
             scenarios,
-            sweep_params(params),
+            {name: list(values) for name, values in params},
             variant="fix" if fix else "bug" if bug else None,
-            explore=explore_cells,
-            limit=limit,
-            seed=seed,
+            explore=search_to_explore(explore_cells, limit, seed, max_preemptions, pct, jobs),
             jobs=jobs,
-            max_preemptions=max_preemptions,
-            pct=pct,
             step_timeout=step_timeout,
             examples=fmt == "html",
             output=output,
@@ -445,17 +486,7 @@ def sweep(
             monitor=progress,
             on_note=say,
         )
-    emit(draw("sweep", fmt, swept), output)
-
-
-def parse_shard(value: str | None) -> tuple[int, int]:
-    """``--shard K/N``; none given: the one shard there is."""
-    if value is None:
-        return (1, 1)
-    k, sep, n = value.partition("/")
-    if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
-        raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
-    return int(k), int(n)
+    echo(draw("sweep", fmt, swept), output)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -509,7 +540,7 @@ def minimize(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     cls: int | None,
     order: tuple[str, ...] | None,
     output: str | None,
@@ -532,13 +563,13 @@ def minimize(
     the scenario, a spec and a pytest test, each verified first. The bug variant by default.
     """
     from pgrace import api
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    loaded = catalog.load(scenario, parse_params(params))
+    file_scenario = catalog.read_scenario(scenario, dict(params))
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    wanted = "fix" if fix else "bug" if bug or "bug" in loaded.variants else None
-    chosen = pick_variant(loaded, False, False) if wanted is None else catalog.variant(loaded, wanted)
+    wanted = "fix" if fix else "bug" if bug or "bug" in file_scenario.variants else None
+    chosen = pick_variant(file_scenario, False, False) if wanted is None else catalog.variant(file_scenario, wanted)
     if cls is not None and order is not None:
         raise click.UsageError("--class and --order exclude each other")
     for path, parameter in ((output, "output"), (spec, "spec"), (pytest, "pytest")):
@@ -556,4 +587,4 @@ def minimize(
         repeats=repeat,
         on_note=say,
     )
-    emit(draw("minimize", fmt, found), None)
+    echo(draw("minimize", fmt, found), None)

@@ -13,12 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
+from pgrace.drivers.searches import REDUCED, Pct, PreemptionBounded, Sample, SearchMode, fitted
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.cases import Case as Case
 from pgrace.model.cases import CaseResult as CaseResult
 from pgrace.model.cases import differs_across_servers as differs_across_servers
@@ -26,7 +28,38 @@ from pgrace.render.text import Style, render_text
 from pgrace.scratch import ReusableScratch
 from pgrace.servers import ServerInfo
 
+if TYPE_CHECKING:
+    from pgrace.drivers.explore import Exploration
+
 GOLDEN_STYLE = Style(colour=False, width=120, show_server=False, until_server_chose=True)
+
+
+def check_exec_options(
+    commands: Sequence[str], cases: Sequence[Case], explore: SearchMode | None, jobs: int, database_name: str | None
+) -> None:
+    """What ``check`` does not do with commands (``commands``, or a case's ``[exec]``): samples, bounded searches,
+    ``jobs`` processes, a named database."""
+    if not commands and not any(case.scenario.commands for case in cases):
+        return
+    from pgrace.drivers.exec import parse_exec
+
+    if commands:
+        parse_exec(commands)
+    given = [
+        name
+        for name, value in (
+            ("explore", isinstance(explore, Sample | PreemptionBounded | Pct)),
+            ("jobs", jobs != 1),
+            ("database_name", database_name is not None),
+        )
+        if value
+    ]
+    if given:
+        raise OptionError(
+            "not with commands (given, or a file's [exec]), which explore every order in a scratch database of"
+            " their own",
+            given[0],
+        )
 
 
 def golden_path(path: Path, variant: str) -> Path:
@@ -39,8 +72,10 @@ def prepare(
     expected: Path | None = None,
     invalid: list[ScenarioError] | None = None,
     params: dict[str, str] | None = None,
+    exec_commands: bool = False,
 ) -> list[Case]:
-    """Every case under ``paths``, before anything runs (``params``: each pgrace scenario's, as ``-p`` sets them).
+    """Every case under ``paths``, before anything runs (``params``: each pgrace scenario's, as ``-p`` sets them;
+    ``exec_commands``: the cases' sessions are commands, which an isolation spec cannot take).
 
     An invalid file raises its ScenarioError; with ``invalid`` given, it is added there
     instead and the other files' cases are still returned (one bad file in a directory of
@@ -54,6 +89,8 @@ def prepare(
     cases: list[Case] = []
     for path in files:
         try:
+            if exec_commands and path.suffix == ".spec":
+                raise ScenarioError("an isolation spec runs its own steps; commands run a scenario (.toml)", str(path))
             cases.extend(_cases_of(path, golden, expected, params))
         except ScenarioError as exc:
             if invalid is None:
@@ -66,7 +103,7 @@ def _cases_of(path: Path, golden: bool, expected: Path | None, params: dict[str,
     if path.suffix == ".spec":
         prepared = speccheck.prepare_check(path, expected)
         return [Case(path, prepared.scenario, spec=prepared)]
-    scenario = catalog.load(str(path), params)
+    scenario = catalog.read_scenario(str(path), params)
     return [
         Case(
             path,
@@ -85,10 +122,13 @@ def run_case(
     update: bool = False,
     database_name: str | None = None,
     scratch: ReusableScratch | None = None,
+    commands: Sequence[str] = (),
 ) -> CaseResult:
     """Run one case on one server and judge it (``database_name``: the scratch database's exact name).
 
     Specs run in ``scratch`` when given: one database for all of them, as pg_regress does.
+    With ``commands`` (``NAME=COMMAND``), they are the case's sessions, through pgrace's proxy,
+    and the variant's final checks judge what they did.
     """
     started = time.perf_counter()
     try:
@@ -99,8 +139,14 @@ def run_case(
             return CaseResult(
                 case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
             )
-        named = database_name if scratch is None else None  # the specs' shared database holds that name
-        run = run_in_scratch(case.scenario, server, options, database_name=named)
+        if commands or case.scenario.commands:
+            from pgrace.drivers.exec import run_commands
+
+            step_timeout = (options or RunOptions()).step_timeout
+            run = run_commands(case.scenario, commands, server, step_timeout=step_timeout)
+        else:
+            named = database_name if scratch is None else None  # the specs' shared database holds that name
+            run = run_in_scratch(case.scenario, server, options, database_name=named)
     except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
         return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
     result = CaseResult(case, server, run.ok, 0.0, run=run)
@@ -140,12 +186,10 @@ def run_explore_case(
     case: Case,
     server: ServerInfo,
     options: RunOptions | None = None,
-    limit: int | None = None,
-    seed: int | None = None,
+    search: SearchMode = REDUCED,
     jobs: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
+    commands: Sequence[str] = (),
 ) -> CaseResult:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
 
@@ -154,36 +198,51 @@ def run_explore_case(
     interleaving reproduces it with no error the scenario does not declare; anything else
     when no interleaving shows the bug (a failed invariant, a held signature) or raises
     such an error. A failure names the class and its example. Specs run as without
-    --explore. ``on_progress(done, total)`` follows the interleavings.
+    exploring. ``on_progress(done, total)`` follows the interleavings.
 
-    ``max_preemptions`` K or ``pct`` D: a bounded search instead (K and D at most what the
-    case's steps allow, where they mean every schedule); the result's ``guarantee`` then
-    says what it covered, and a pass is never a proof over every interleaving.
+    A bounded ``search`` (K and D at most what the case's steps allow, where they mean every
+    schedule): the result's ``guarantee`` then says what it covered, and a pass is never a
+    proof over every interleaving.
+
+    With ``commands``, the orders searched are those of the statements the commands send
+    (:func:`pgrace.drivers.exec.explore_exec`); a search that could not cover them all proves
+    no cure, so a claim of no bug then fails with the reason.
     """
     if case.spec is not None:
         return run_case(case, server, options)
     from pgrace.drivers.explore import explore
-    from pgrace.render.outcomes import example_text
 
     started = time.perf_counter()
     step_timeout = (options or RunOptions()).step_timeout
-    steps = len(case.scenario.steps)
+    if commands or case.scenario.commands:
+        from pgrace.drivers.exec import commands_for, explore_exec
+
+        searched = explore_exec(case.scenario, commands_for(case.scenario, commands), server, step_timeout=step_timeout)
+        problems = judged(case, searched)
+        if searched.claim != "bug" and not searched.covers_all:
+            problems.append(f"the search did not cover every order ({searched.incomplete}): no proof it holds in all")
+        return CaseResult(case, server, not problems, time.perf_counter() - started, problems)
     found = explore(
         case.scenario,
         server,
-        limit=limit,
-        seed=seed,
+        search=fitted(search, len(case.scenario.steps)),
         jobs=jobs,
         step_timeout=step_timeout,
         on_progress=on_progress,
-        max_preemptions=None if max_preemptions is None else min(max_preemptions, max(steps - 1, 0)),
-        pct=None if pct is None else min(pct, max(steps, 1)),
     )
+    guarantee = "" if found.bound is None else found.bound.words(found.space)
+    problems = judged(case, found)
+    return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
+
+
+def judged(case: Case, found: Exploration) -> list[str]:
+    """What fails the case's claim over the exploration's classes, each with its class and example."""
+    from pgrace.render.outcomes import example_text
+
     explored = f"{found.explored} of {found.space}" if found.explored < found.space else f"{found.space}"
     if found.reduced:  # a class counts runs, one per set of equivalent interleavings
         explored = f"{found.run_count} runs over all {found.space}" if found.covers_all else f"{found.run_count} runs"
-    guarantee = "" if found.bound is None else found.bound.words(found.space)
-    if guarantee:  # the bound's words go on the case's line
+    if found.bound is not None:  # the bound's words go on the case's line
         explored = f"{found.run_count} runs of {found.space}"
     problems = []
     classes = found.classes
@@ -204,4 +263,4 @@ def run_explore_case(
                     f"class {number} of {len(classes)} ({cls.count} of {explored} interleavings): {cls.summary}; "
                     f"example: {example_text(case.scenario, cls.example)}"
                 )
-    return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
+    return problems

@@ -18,14 +18,13 @@ from typing import Literal
 
 from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
 from pgrace.drivers.explore import Exploration
-from pgrace.engine.proxy.processes import Command
 from pgrace.engine.proxy.runner import EXEC_SCHEMA, ExecRunner
 from pgrace.engine.proxy.tasks import AsyncSession
 from pgrace.errors import OptionError
 from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
 from pgrace.model.outcomes import OutcomeClass, add_observed, claim_of, ordered
 from pgrace.model.results import Explored
-from pgrace.model.scenario import Scenario
+from pgrace.model.scenario import Command, Scenario, merged_commands
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
 from pgrace.servers import ServerInfo
@@ -34,19 +33,27 @@ EXPLORE_LIMIT = 10_000
 
 
 def parse_exec(values: Sequence[str]) -> list[Command]:
-    """``NAME=COMMAND`` options, in order; a name once."""
+    """``NAME=COMMAND`` options, in order; a name once (at least one)."""
     commands: list[Command] = []
     for value in values:
         name, sep, line = value.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier() or not line.strip():
-            raise OptionError(f"--exec takes NAME=COMMAND (NAME a word), not {value!r}", "--exec")
+            raise OptionError(f"{value!r} is not NAME=COMMAND (NAME a word)", "commands")
         if any(c.name == name for c in commands):
-            raise OptionError(f"--exec names {name!r} twice", "--exec")
+            raise OptionError(f"{name!r} named twice", "commands")
         commands.append(Command(name, line))
     if not commands:
-        raise OptionError("at least one --exec NAME=COMMAND", "--exec")
+        raise OptionError("at least one NAME=COMMAND", "commands")
     return commands
+
+
+def commands_for(scenario: Scenario, values: Sequence[str]) -> list[Command]:
+    """The scenario's ``[exec]`` commands with ``NAME=COMMAND`` options over them: a name given again replaces the
+    file's command, a new one is added."""
+    if not values and not scenario.commands:
+        raise OptionError("at least one NAME=COMMAND, or an [exec] table in the scenario file", "commands")
+    return list(merged_commands(scenario.commands, parse_exec(values) if values else ()))
 
 
 @contextlib.contextmanager
@@ -152,8 +159,8 @@ def run_commands(
     order: Sequence[str] | None = None,
     step_timeout: float = 10.0,
 ) -> Run:
-    """:func:`run_exec` of ``NAME=COMMAND`` options."""
-    return run_exec(scenario, parse_exec(commands), server, order=order, step_timeout=step_timeout)
+    """:func:`run_exec` of the scenario's ``[exec]`` commands and ``NAME=COMMAND`` options (:func:`commands_for`)."""
+    return run_exec(scenario, commands_for(scenario, commands), server, order=order, step_timeout=step_timeout)
 
 
 def explore_commands(
@@ -165,8 +172,9 @@ def explore_commands(
     reduce: bool = True,
     examples: Iterable[int] | Literal["all"] = (),
 ) -> Explored:
-    """:func:`explore_exec` of ``NAME=COMMAND`` options; ``examples``: classes whose example is replayed observed."""
-    found = explore_exec(scenario, parse_exec(commands), server, step_timeout=step_timeout, reduce=reduce)
+    """:func:`explore_exec` of the scenario's ``[exec]`` commands and ``NAME=COMMAND`` options (:func:`commands_for`);
+    ``examples``: classes whose example is replayed observed."""
+    found = explore_exec(scenario, commands_for(scenario, commands), server, step_timeout=step_timeout, reduce=reduce)
     result = Explored(scenario, found)
     wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
     for n in wanted:

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import pq
 
 from pgrace.engine.results import result_set
-from pgrace.engine.sqlerrors import first_line, result_error
+from pgrace.engine.sqlerrors import cancelled_by_pgrace, first_line, result_error
 from pgrace.errors import RunAborted, ScenarioError, SetupFailed, StepsStuck
 from pgrace.model.timeline import Outcome
 
@@ -79,15 +79,8 @@ class ControlSql:
     def outcome(self, res: pq.abc.PGresult, cancelled: bool) -> Outcome:
         """A raw result as an Outcome; an error pgrace cancelled at the timeout says so."""
         if res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
-            error = result_error(res)
-            if cancelled and error.sqlstate == "57014":
-                why = f"pgrace cancelled it after {self.timeout_name} {self.step_timeout:g} s"
-                error = dataclasses.replace(
-                    error,
-                    detail=f"{why}; {error.detail}" if error.detail else why,
-                    text=f"{error.text}DETAIL:  {why}\n",
-                )
-            return Outcome(error=error)
+            failed = Outcome(error=result_error(res))
+            return cancelled_by_pgrace(failed, f"{self.timeout_name} {self.step_timeout:g} s") if cancelled else failed
         if res.status == pq.ExecStatus.TUPLES_OK:
             return Outcome((result_set(res),))
         return Outcome(commands=((res.command_status or b"").decode(),))

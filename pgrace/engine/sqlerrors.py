@@ -8,10 +8,14 @@ transport that ran its steps.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from psycopg import pq
 from psycopg.errors import Diagnostic, Error
 
-from pgrace.model.timeline import SqlError
+from pgrace.model.timeline import Outcome, SqlError
+
+QUERY_CANCELED = "57014"
 
 
 def sql_error(diag: Diagnostic, fallback: str, text: str = "") -> SqlError:
@@ -28,6 +32,22 @@ def sql_error(diag: Diagnostic, fallback: str, text: str = "") -> SqlError:
 def result_error(res: pq.abc.PGresult) -> SqlError:
     """A failed result's error, with libpq's whole message as ``text`` (isolationtester prints it)."""
     return sql_error(Diagnostic(res), first_line(res.get_error_message()), raw_message(res.error_message))
+
+
+def cancelled_by_pgrace(outcome: Outcome, after: str) -> Outcome:
+    """The outcome of a statement pgrace cancelled ``after`` a timeout (``"the step timeout 10 s"``): its
+    cancellation error says so in its DETAIL, and in libpq's whole message where it carries one, so that a
+    timeline tells pgrace's cancel from the application's own."""
+    error = outcome.error
+    if error is None or error.sqlstate != QUERY_CANCELED:
+        return outcome
+    why = f"pgrace cancelled it after {after}"
+    said = replace(
+        error,
+        detail=f"{why}; {error.detail}" if error.detail else why,
+        text=f"{error.text}DETAIL:  {why}\n" if error.text else "",
+    )
+    return replace(outcome, error=said)
 
 
 def exception_error(exc: Error) -> SqlError:

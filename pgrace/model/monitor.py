@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Protocol
 
 from pgrace import bounds
@@ -55,3 +55,14 @@ def note_long(monitor: Monitor, label: str, total: int, jobs: int) -> None:
     if total > bounds.LONG_INTERLEAVINGS:
         processes = f" in {jobs} processes" if jobs > 1 else ""
         monitor.note(f"pgrace: {label}: {total:,} interleavings to run{processes}")
+
+
+def following(monitor: Monitor, label: str, done: Sized, jobs: int) -> Callable[[int, int], None]:
+    """A job's progress over its interleavings on ``monitor``, after the ``done`` items counted when it is told."""
+
+    def interleaved(ran: int, total: int) -> None:
+        if ran == 0:
+            note_long(monitor, label, total, jobs)
+        monitor.update(len(done), f"{label}: {ran:,}/{total:,} interleavings")
+
+    return interleaved

@@ -14,11 +14,12 @@ Vocabulary, shared with PostgreSQL's isolationtester:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
 
-Format = Literal["pgrace", "spec"]
+Dialect = Literal["pgrace", "spec"]
 CheckKind = Literal["invariant", "bug"]  # a final check's polarity (see FinalCheck)
 CrashMode = Literal["terminate", "disconnect"]  # backend terminated by the server, or the client's socket closed
 
@@ -353,6 +354,33 @@ class Load:
 
 
 @dataclass(frozen=True)
+class Command:
+    """A command whose connections are sessions (``--exec NAME='COMMAND'``, or an ``[exec]`` entry of a file):
+    a shell command line, started once per run."""
+
+    name: str
+    line: str
+    cwd: str | None = None
+    """Its working folder (None: pgrace's); a file's commands run in the file's folder unless they say."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Variables set for it, besides the ones pgrace points at its proxy."""
+    source: str | None = None
+    """The file that gave it, and its ``line`` there, for messages (None: the command line)."""
+    line_number: int | None = None
+
+
+def set_by_pgrace(variable: str) -> bool:
+    """Whether pgrace sets this variable for a command, to point it at its proxy (libpq's ``PG*``, ``DATABASE_URL``)."""
+    return variable == "DATABASE_URL" or variable.startswith("PG")
+
+
+def merged_commands(base: Sequence[Command], more: Sequence[Command]) -> tuple[Command, ...]:
+    """``base`` with ``more`` over it: a command of the same name replaces it in place, a new name is added."""
+    given = {c.name: c for c in more}
+    return (*(given.pop(c.name, c) for c in base), *given.values())
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A complete, validated scenario for one variant ("bug" or "fix") of one file."""
 
@@ -362,7 +390,7 @@ class Scenario:
     """One line that says what the story is."""
     source: str
     """The file it was read from, as messages name it."""
-    format: Format = "pgrace"
+    dialect: Dialect = "pgrace"
     """The front end that read it: ``"pgrace"`` (TOML) or ``"spec"`` (an isolation spec)."""
     narrative: str = ""
     """The story, told under the title."""
@@ -396,6 +424,8 @@ class Scenario:
     """Words to find it by (``pgrace list --tag skip-locked``)."""
     changes: tuple[str, ...] = ()
     """What this variant changes in the file's first one, for ``pgrace show``."""
+    commands: tuple[Command, ...] = ()
+    """The ``[exec]`` commands: run, explore and check run them as the sessions, instead of the steps."""
 
     @property
     def session_names(self) -> list[str]:
@@ -416,12 +446,12 @@ class Scenario:
     @property
     def isolationtester(self) -> bool:
         """Whether it runs with isolationtester's semantics (a spec): its waits and session options, no variables."""
-        return self.format == "spec"
+        return self.dialect == "spec"
 
     @property
     def application_name_prefix(self) -> str:
         """isolationtester's harness names sessions ``isolation/<test>/<s>``; specs rely on it."""
-        return "isolation" if self.format == "spec" else "pgrace"
+        return "isolation" if self.dialect == "spec" else "pgrace"
 
     @property
     def variants(self) -> tuple[str, ...]:

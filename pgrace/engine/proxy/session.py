@@ -26,6 +26,7 @@ from psycopg import pq
 
 from pgrace.engine.proxy.processes import SELECTOR_WAITS, Actor
 from pgrace.engine.proxy.relay import Refused
+from pgrace.engine.sqlerrors import cancelled_by_pgrace
 from pgrace.engine.threads.session import Gate, Request
 from pgrace.model.timeline import Outcome, ResultSet, SessionLost, SqlError
 from pgrace.text import visible
@@ -38,16 +39,28 @@ if TYPE_CHECKING:
 
 _STATUS = {b"I": pq.TransactionStatus.IDLE, b"T": pq.TransactionStatus.INTRANS, b"E": pq.TransactionStatus.INERROR}
 SHOWN_PARAMS = 20  # bound parameters shown after a statement's text
+#: A Sync or a Flush sent alone (psycopg's pipeline sends both as it ends) runs no SQL: its text is an SQL comment
+#: that names it, so the reduction reads it as a step with no statement, not as one it cannot read.
+ALONE = {b"S\x00\x00\x00\x04": "-- Sync", b"H\x00\x00\x00\x04": "-- Flush"}
 
 
 class ProxySession:
-    """One client connection as the scheduler sees it (:class:`~pgrace.engine.session.Session`)."""
+    """One client connection as the scheduler sees it (:class:`~pgrace.engine.session.LiveSession`)."""
 
     lost: SessionLost | None = None  # a client connection is the client's: pgrace never loses it
     ended: SessionLost | None = None
 
-    def __init__(self, name: str, client: Client, gate: Gate, owner: Actor | None, cancel: Callable[[int], None]):
+    def __init__(
+        self,
+        name: str,
+        client: Client,
+        gate: Gate,
+        owner: Actor | None,
+        cancel: Callable[[int], None],
+        step_timeout: float,
+    ) -> None:
         self.name = name
+        self.step_timeout = step_timeout
         self.client = client
         self.pid = client.backend_pid
         self.gate = gate
@@ -74,9 +87,12 @@ class ProxySession:
         return None
 
     def collect(self, active: Active) -> tuple[Outcome, str | None]:
+        """The statement's outcome as the relay saw it; pgrace's cancel says so."""
         with self.gate.cond:
             assert self.gate.finished is not None
             outcome, self.status = self.gate.finished
+        if active.cancelled:
+            outcome = cancelled_by_pgrace(outcome, f"the step timeout {self.step_timeout:g} s")
         return outcome, None
 
     def ended_status(self, active: Active) -> tuple[bool, pq.TransactionStatus]:
@@ -97,7 +113,7 @@ class ProxySession:
 
 def shown(statement: Statement) -> str:
     """A step's text: the SQL as sent, then its bound parameters as the client sent them."""
-    text = statement.sql.strip() or f"({statement.kind})"
+    text = statement.sql.strip() or ALONE.get(statement.data) or f"({statement.kind})"
     if statement.params:
         values = ", ".join("NULL" if p is None else repr(p) for p in statement.params[:SHOWN_PARAMS])
         more = ", …" if len(statement.params) > SHOWN_PARAMS else ""
@@ -127,9 +143,10 @@ class ProxyHooks:
     started ``--exec`` processes; a connection from one of their process trees is theirs.
     """
 
-    def __init__(self, cond: threading.Condition, cancel: Callable[[int], None]) -> None:
+    def __init__(self, cond: threading.Condition, cancel: Callable[[int], None], step_timeout: float) -> None:
         self.cond = cond
         self.cancel = cancel
+        self.step_timeout = step_timeout
         self.commands: list[Actor] = []
         self.sessions: dict[str, ProxySession] = {}  # this run's, by name, in the order they opened
         self.by_number: dict[int, ProxySession] = {}
@@ -156,7 +173,7 @@ class ProxyHooks:
         with self.cond:
             owner = next((a for a in self.commands if a.owns(client.peer_pid, client.application_name)), None)
             name = self._name(client, owner)
-            session = ProxySession(name, client, Gate(name, self.cond), owner, self.cancel)
+            session = ProxySession(name, client, Gate(name, self.cond), owner, self.cancel, self.step_timeout)
             session.relay_tid = threading.get_native_id()
             session.gate.since = time.perf_counter()
             if self.stopping:

@@ -31,7 +31,7 @@ import psycopg
 from psycopg import pq, sql
 
 from pgrace.engine.results import result_set
-from pgrace.engine.sqlerrors import exception_error
+from pgrace.engine.sqlerrors import cancelled_by_pgrace, exception_error
 from pgrace.engine.threads.frames import caller
 from pgrace.errors import CodeError
 from pgrace.model.timeline import Outcome, SessionLost, SqlError
@@ -438,7 +438,7 @@ def connections_guarded(database: str) -> Iterator[list[str]]:
 
 
 class ThreadSession:
-    """A code session as the scheduler sees it (:class:`~pgrace.engine.session.Session`): its connection and gate."""
+    """The application's session as a :class:`~pgrace.engine.session.LiveSession`: its connection and gate."""
 
     lost: SessionLost | None = None  # pgrace never loses a code session's connection on purpose
     ended: SessionLost | None = None
@@ -477,9 +477,8 @@ class ThreadSession:
         with self.gate.cond:
             assert self.gate.finished is not None
             outcome, _ = self.gate.finished
-        if active.cancelled and outcome.error is not None and outcome.error.sqlstate == "57014":
-            why = f"pgrace cancelled it after the step timeout {self.step_timeout:g} s"
-            outcome = dataclasses.replace(outcome, error=dataclasses.replace(outcome.error, detail=why))
+        if active.cancelled:
+            outcome = cancelled_by_pgrace(outcome, f"the step timeout {self.step_timeout:g} s")
         return outcome, None
 
     def ended_status(self, active: Active) -> tuple[bool, pq.TransactionStatus]:
