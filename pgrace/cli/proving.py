@@ -265,7 +265,7 @@ def explore(
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
     if commands or chosen.commands:
-        refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
+        refuse_exec_explore(shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
         found = proxy.explore_exec(
@@ -277,6 +277,10 @@ def explore(
             reduce=not no_reduce,
             examples=examples,
             on_note=say,
+            sample=limit,
+            seed=seed,
+            max_preemptions=max_preemptions,
+            pct=pct,
         )
     else:
         with progress_line() as progress:
@@ -312,40 +316,26 @@ def explore(
     sys.exit(verdict)
 
 
-EXEC_SEARCH = (
-    "the search over commands is one sequence of runs, each chosen from what the runs before it showed: it does not"
-    " split"
+EXEC_SPLIT = (
+    "each run of commands starts them again through one proxy, over one scratch database: the search's runs are"
+    " not yet split"
 )
 EXEC_REFUSED = {
-    "--max": "commands are explored in every order (reduced, or --no-reduce), not in a sample",
-    "--max-preemptions": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
-    "--pct": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
-    "--shard": f"{EXEC_SEARCH} into shards",
-    "--merge": f"{EXEC_SEARCH} into shards, so there are none to merge",
-    "-j": f"{EXEC_SEARCH} across processes",
+    "--shard": f"{EXEC_SPLIT} into shards",
+    "--merge": f"{EXEC_SPLIT} into shards, so there are none to merge",
+    "-j": f"{EXEC_SPLIT} across processes (each would need its own proxy and scratch database)",
     "--minimize": "minimizing removes statements, and a command's statements are its code: put the failing class's"
     " statements (--show N) in a scenario's steps and minimize that",
 }
 """Why exploring commands takes none of these options."""
 
 
-def refuse_exec_explore(
-    limit: int | None,
-    max_preemptions: int | None,
-    pct: int | None,
-    shard: str | None,
-    jobs: int,
-    merge_files: tuple[str, ...],
-    minimize_first: bool,
-) -> None:
-    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: samples, bounded searches, shards,
-    -j processes, merges, minimizing; each refused in one line that says why."""
+def refuse_exec_explore(shard: str | None, jobs: int, merge_files: tuple[str, ...], minimize_first: bool) -> None:
+    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: shards, -j processes, merges,
+    minimizing; each refused in one line that says why."""
     given = [
         name
         for name, value in (
-            ("--max", limit is not None),
-            ("--max-preemptions", max_preemptions is not None),
-            ("--pct", pct is not None),
             ("--shard", shard is not None),
             ("-j", jobs != 1),
             ("--merge", bool(merge_files)),

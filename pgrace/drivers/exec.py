@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
+from pgrace.drivers.bounded import PCT_RUNS, PREEMPTION_RUNS, Bound, Schedule, pct_order, preemption_search
 from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
 from pgrace.drivers.explore import Exploration
+from pgrace.drivers.exploring import choose
 from pgrace.engine.proxy.runner import EXEC_SCHEMA, ExecRunner
 from pgrace.engine.proxy.tasks import AsyncSession
+from pgrace.engine.threads.order import Chooser
 from pgrace.errors import OptionError
-from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
+from pgrace.model.orders.choices import Choices, ChoiceTree, Follow, NamedOrder
+from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import OutcomeClass, add_observed, claim_of, ordered
 from pgrace.model.results import Explored
-from pgrace.model.scenario import Command, Scenario, merged_commands
+from pgrace.model.scenario import Command, PermutationStep, Scenario, merged_commands
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
 from pgrace.servers import ServerInfo
@@ -99,8 +104,13 @@ def explore_exec(
     step_timeout: float = 10.0,
     limit: int = EXPLORE_LIMIT,
     reduce: bool = True,
+    sample: int | None = None,
+    seed: int | None = None,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
 ) -> Exploration:
-    """Every order of the commands' statements (reduced: one of each set that only swaps commuting ones)."""
+    """Every order of the commands' statements (reduced: one of each set that only swaps commuting ones); or,
+    given ``sample`` N, ``max_preemptions`` K or ``pct`` D, a bounded search (:func:`_explore_bounded`)."""
     classes: dict[str, OutcomeClass] = {}
     expected = bool(scenario.checks)
 
@@ -114,8 +124,12 @@ def explore_exec(
         if found.example is not previous:
             found.statements, found.choices = pairs, tuple(taken)
 
+    bounded = sample is not None or max_preemptions is not None or pct is not None
+    check_exec_bounds(reduce, sample, max_preemptions, pct)
     with _runner(scenario, commands, server, step_timeout) as runner:
-        if reduce:
+        if bounded:
+            found = _explore_bounded(runner, count, sample, seed, max_preemptions, pct)
+        elif reduce:
             # The sessions are the connections the commands open: a first run names them.
             seen, _ = runner.run_once(NamedOrder(None, []), observe=False)
             first = sorted(s.name for s in seen.scenario.sessions)[:1] or [commands[0].name]
@@ -135,6 +149,9 @@ def explore_exec(
     shown = ordered(classes.values())
     if not expected:
         shown = [dataclasses.replace(c, summary=c.summary.replace(" · checks hold", "")) for c in shown]
+    if bounded:
+        found.classes, found.replayer, found.claim = shown, replay, claim_of(scenario)
+        return found
     found = Exploration(
         scenario.name,
         scenario.variant,
@@ -149,6 +166,148 @@ def explore_exec(
     )
     found.claim = claim_of(scenario)
     return found
+
+
+def check_exec_bounds(reduce: bool, sample: int | None, max_preemptions: int | None, pct: int | None) -> None:
+    """What a bounded search over commands cannot mean, refused before any command starts."""
+    if max_preemptions is not None and pct is not None:
+        raise OptionError("--max-preemptions and --pct are two searches: choose one", "--pct")
+    option = "--max-preemptions" if max_preemptions is not None else "--pct" if pct is not None else "--max"
+    if not reduce:
+        raise OptionError(f"{option} runs its own schedules: --no-reduce has no meaning with it", option)
+    if sample is not None and sample < 1:
+        raise OptionError(f"--max {sample}: at least one run", "--max")
+    if max_preemptions is not None and max_preemptions < 0:
+        raise OptionError(f"--max-preemptions {max_preemptions}: K is 0 or more", "--max-preemptions")
+    if pct is not None and pct < 1:
+        raise OptionError(f"--pct {pct}: the depth D is 1 or more", "--pct")
+
+
+class Recorded:
+    """A chooser that records what it chose among which ready sessions: a replay's choices, a bounded search's
+    schedule."""
+
+    def __init__(self, inner: Chooser) -> None:
+        self.inner = inner
+        self.taken: list[int] = []
+        self.launched: list[str] = []
+        self.enabled: list[frozenset[str]] = []
+
+    def __call__(self, ready: list[str]) -> str:
+        name = self.inner(ready)
+        self.taken.append(ready.index(name))
+        self.launched.append(name)
+        self.enabled.append(frozenset(ready))
+        return name
+
+    @property
+    def schedule(self) -> Schedule:
+        return Schedule(tuple(self.launched), tuple(self.enabled))
+
+
+def statements_space(run: Run, raised: Sequence[str]) -> Space:
+    """The interleavings of the statements one run sent (each connection's in its order), numbered as a scenario
+    file's steps are: what a sample and PCT draw from, since an application's statements are known only by
+    running it."""
+    counts: dict[str, int] = {}
+    steps = []
+    for step in run.scenario.steps:
+        if step.name not in raised:
+            counts[step.session] = counts.get(step.session, 0) + 1
+            steps.append(dataclasses.replace(step, name=f"{step.session}.{counts[step.session]}", capture=()))
+    moved = dataclasses.replace(
+        run.scenario, steps=tuple(steps), permutations=(tuple(PermutationStep(s.name) for s in steps),)
+    )
+    return Space(moved)
+
+
+def _explore_bounded(
+    runner: ExecRunner,
+    count: Callable[[Run, Sequence[int], int], None],
+    sample: int | None,
+    seed: int | None,
+    max_preemptions: int | None,
+    pct: int | None,
+) -> Exploration:
+    """A sample, the preemption-bounded search or PCT over the commands' statements, by the scenario files' own
+    searches (:mod:`pgrace.drivers.bounded`, :func:`~pgrace.drivers.exploring.choose`).
+
+    A first run (its sessions in the order they become ready) shows the statements: the
+    sample and PCT draw orders of those (that run is counted beside the draws); a run that
+    then sends other statements (the application decided otherwise) is counted and said, and
+    PCT then claims no probability.
+    The preemption search needs no count ahead: each run says which sessions could go.
+    """
+    runs = 0
+
+    seen: list[Run] = []
+
+    def execute(chooser: Chooser) -> tuple[Run, Recorded]:
+        nonlocal runs
+        recorded = Recorded(chooser)
+        run, _ = runner.run_once(recorded, observe=False)
+        runs += 1
+        count(run, recorded.taken, runs)
+        seen[:] = seen or [run]
+        return run, recorded
+
+    name, variant = runner.scenario.name, runner.scenario.variant
+    if max_preemptions is not None:  # its first run is the first ready session's, as the others' first run
+
+        def follow(prefix: tuple[str, ...]) -> Schedule:
+            return execute(Follow(prefix))[1].schedule
+
+        ran, diverged, cut = preemption_search(follow, max_preemptions, sample or PREEMPTION_RUNS)
+        space = statements_space(seen[0], runner.raised)
+        bound = Bound(
+            "preemptions", max_preemptions, len(space.chains), len(space.where), ran, diverged=diverged, cut=cut
+        )
+        return Exploration(name, variant, space.size, ran, None, runs=ran, complete=False, bound=bound)
+    first, _ = execute(NamedOrder(None, []))
+    space = statements_space(first, runner.raised)
+    if pct is not None and not 1 <= pct <= len(space.where):
+        raise OptionError(f"--pct {pct}: the depth D is between 1 and the {len(space.where)} statements sent", "--pct")
+    session_of = {name: space.scenario.step(name).session for name in space.where}
+    shape = sorted(len(chain) for chain in space.chains)
+
+    def sessions(order: Sequence[str]) -> list[str]:
+        return [session_of[step] for step in order]
+
+    def other_statements(run: Run) -> bool:
+        return sorted(len(c) for c in statements_space(run, runner.raised).chains) != shape
+
+    if pct is not None:
+        seeded = seed if seed is not None else 0
+        draws = sample or PCT_RUNS
+        rng = random.Random(seeded)
+        ran_orders: set[tuple[str, ...]] = set()
+        other = 0
+        for _ in range(draws):
+            order = tuple(sessions(pct_order(space, rng, pct)))
+            if order not in ran_orders:
+                ran_orders.add(order)
+                other += other_statements(execute(NamedOrder(order, list(order)))[0])
+        bound = Bound("pct", pct, len(space.chains), len(space.where), len(ran_orders), draws, seeded, diverged=other)
+        return Exploration(name, variant, space.size, draws, seeded, runs=runs, complete=False, bound=bound)
+    assert sample is not None
+    picked = choose(space.size, sample, seed)
+    other = 0
+    for number in picked:
+        named = sessions(space.unrank(number))
+        other += other_statements(execute(NamedOrder(named, named))[0])
+    why = None
+    if other:
+        why = f"{other} sent other statements than the first run, whose orders the sample drew"
+    return Exploration(
+        name,
+        variant,
+        space.size,
+        len(picked),
+        seed if seed is not None else 0,
+        runs=runs,
+        complete=False,
+        incomplete=why,
+    )
 
 
 def run_commands(
@@ -171,10 +330,24 @@ def explore_commands(
     step_timeout: float = 10.0,
     reduce: bool = True,
     examples: Iterable[int] | Literal["all"] = (),
+    sample: int | None = None,
+    seed: int | None = None,
+    max_preemptions: int | None = None,
+    pct: int | None = None,
 ) -> Explored:
     """:func:`explore_exec` of the scenario's ``[exec]`` commands and ``NAME=COMMAND`` options (:func:`commands_for`);
     ``examples``: classes whose example is replayed observed."""
-    found = explore_exec(scenario, commands_for(scenario, commands), server, step_timeout=step_timeout, reduce=reduce)
+    found = explore_exec(
+        scenario,
+        commands_for(scenario, commands),
+        server,
+        step_timeout=step_timeout,
+        reduce=reduce,
+        sample=sample,
+        seed=seed,
+        max_preemptions=max_preemptions,
+        pct=pct,
+    )
     result = Explored(scenario, found)
     wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
     for n in wanted:
