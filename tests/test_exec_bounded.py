@@ -105,3 +105,14 @@ def test_bounded_options_over_commands_refused_before_any_server() -> None:
         assert result.exit_code == 2, result.output
         [line] = result.stderr.splitlines()
         assert said in line, line
+
+
+def test_check_over_commands_under_a_preemption_bound(pgrace_server: ServerInfo) -> None:
+    """check --explore --max-preemptions over commands: the withdrawals without a lock show the bug variant's lost
+    update and fail the fix variant's claim of no bug; each case's line says the bound, not every order."""
+    shipped = Path(__file__).parents[1] / "pgrace" / "scenarios" / "lost-update.toml"
+    found = _cli("check", "--explore", "--max-preemptions", "1", str(shipped), *EXEC, "--dsn", pgrace_server.dsn)
+    print(found.output)
+    assert found.exit_code == 1, found.output
+    assert found.output.count("every schedule with at most 1 preemption") == 2, found.output
+    assert "1 failed" in found.output and "1 passed" in found.output

@@ -42,8 +42,8 @@ def check_exec_options(
     jobs: int,
     database_name: str | None,
 ) -> None:
-    """What ``check`` does not do with commands (``--exec``, or a case's ``[exec]``): samples, bounded searches, -j
-    processes, a named database."""
+    """What ``check`` does not do with commands (``--exec``, or a case's ``[exec]``): -j processes, a named
+    database."""
     if not commands and not any(case.scenario.commands for case in cases):
         return
     from pgrace.drivers.exec import parse_exec
@@ -53,9 +53,6 @@ def check_exec_options(
     given = [
         name
         for name, value in (
-            ("limit", limit is not None),
-            ("max_preemptions", max_preemptions is not None),
-            ("pct", pct is not None),
             ("jobs", jobs != 1),
             ("database_name", database_name is not None),
         )
@@ -63,7 +60,8 @@ def check_exec_options(
     ]
     if given:
         raise OptionError(
-            "not with commands (--exec, a file's [exec]), which explore every order in a scratch database of their own",
+            "not with commands (--exec, a file's [exec]), whose runs go through one proxy over a scratch database of"
+            " their own",
             given[0],
         )
 
@@ -214,8 +212,8 @@ def run_explore_case(
     says what it covered, and a pass is never a proof over every interleaving.
 
     With ``commands``, the orders searched are those of the statements the commands send
-    (:func:`pgrace.drivers.exec.explore_exec`); a search that could not cover them all proves
-    no cure, so a claim of no bug then fails with the reason.
+    (:func:`pgrace.drivers.exec.explore_exec`, bounded as asked); a search that could not cover
+    them all, or a bound not met, proves no cure, so a claim of no bug then fails with the reason.
     """
     if case.spec is not None:
         return run_case(case, server, options)
@@ -226,11 +224,28 @@ def run_explore_case(
     if commands or case.scenario.commands:
         from pgrace.drivers.exec import commands_for, explore_exec
 
-        searched = explore_exec(case.scenario, commands_for(case.scenario, commands), server, step_timeout=step_timeout)
+        searched = explore_exec(
+            case.scenario,
+            commands_for(case.scenario, commands),
+            server,
+            step_timeout=step_timeout,
+            sample=limit,
+            seed=seed,
+            max_preemptions=max_preemptions,
+            pct=pct,
+        )
         problems = judged(case, searched)
-        if searched.claim != "bug" and not searched.covers_all:
+        bound = searched.bound
+        if searched.claim == "bug":
+            pass
+        elif bound is not None and not bound.met:
+            problems.append(f"the search did not meet its bound ({bound.words(searched.space)}): no claim")
+        elif bound is None and limit is None and not searched.covers_all:
             problems.append(f"the search did not cover every order ({searched.incomplete}): no proof it holds in all")
-        return CaseResult(case, server, not problems, time.perf_counter() - started, problems)
+        elif searched.incomplete is not None:
+            problems.append(f"the sample is not of the orders its runs sent ({searched.incomplete}): no claim")
+        guarantee = "" if bound is None else bound.words(searched.space)
+        return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
     steps = len(case.scenario.steps)
     found = explore(
         case.scenario,

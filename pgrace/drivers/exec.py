@@ -265,8 +265,8 @@ def _explore_bounded(
         return Exploration(name, variant, space.size, ran, None, runs=ran, complete=False, bound=bound)
     first, _ = execute(NamedOrder(None, []))
     space = statements_space(first, runner.raised)
-    if pct is not None and not 1 <= pct <= len(space.where):
-        raise OptionError(f"--pct {pct}: the depth D is between 1 and the {len(space.where)} statements sent", "--pct")
+    if pct is not None:  # a depth beyond the statements sent means every change point: the words say which
+        pct = min(pct, max(len(space.where), 1))
     session_of = {name: space.scenario.step(name).session for name in space.where}
     shape = sorted(len(chain) for chain in space.chains)
 
