@@ -249,6 +249,10 @@ def explore(
     code 1 when the verdict fails: the bug of a bug and a fix (or a scenario of bug
     signatures) shown in no class without an undeclared error; otherwise, a class that
     shows the bug or raises an error no step declares.
+
+    With commands (--exec, a file's [exec]) the steps are the statements they send: the
+    whole search, a sample (--max) or a bounded search (--max-preemptions, --pct) runs in
+    one process; shards, -j, merges and --minimize are refused.
     """
     from pgrace import api
     from pgrace.cli.terminal.playback import style_of
