@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from pgrace.drivers.explore import Exploration, explore
-from pgrace.formats import catalog
+from pgrace.drivers.searches import REDUCED, Pct, PreemptionBounded, SearchMode
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo, open_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,10 +29,10 @@ SHAPES = [
 ]
 
 
-def timed(server: ServerInfo, name: str, **bound: int) -> tuple[Exploration, float]:
-    scenario = catalog.load(name).variant_named(catalog.load(name).variants[0])
+def timed(server: ServerInfo, name: str, search: SearchMode = REDUCED) -> tuple[Exploration, float]:
+    scenario = catalog.read_scenario(name).variant_named(catalog.read_scenario(name).variants[0])
     started = time.perf_counter()
-    found = explore(scenario, server, **bound)  # type: ignore[arg-type]
+    found = explore(scenario, server, search=search)
     return found, time.perf_counter() - started
 
 
@@ -49,15 +50,17 @@ def main() -> None:
                 f" {len(keys)} | complete: {whole.covers_all} |",
                 flush=True,
             )
-            searches = [("--max-preemptions", {"max_preemptions": k}) for k in range(max_k + 1)]
-            searches += [("--pct", {"pct": d}) for d in range(1, 4)]
-            for option, bound in searches:
-                found, seconds = timed(server, name, **bound)
+            searches: list[tuple[str, int, SearchMode]] = [
+                ("--max-preemptions", k, PreemptionBounded(k)) for k in range(max_k + 1)
+            ]
+            searches += [("--pct", d, Pct(d)) for d in range(1, 4)]
+            for option, value, search in searches:
+                found, seconds = timed(server, name, search)
                 got = {c.key for c in found.classes}
                 assert found.bound is not None
                 said = found.bound.words(found.space).split(":")[0]
                 print(
-                    f"| {label} | {found.space:,} | {option} {next(iter(bound.values()))} | {found.run_count:,} |"
+                    f"| {label} | {found.space:,} | {option} {value} | {found.run_count:,} |"
                     f" {seconds:.1f} | {len(got & keys)} of {len(keys)}{'' if got <= keys else ' (+ others!)'} |"
                     f" {said} |",
                     flush=True,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pgrace.drivers.code import explore_code
 from pgrace.drivers.explore import explore
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 HERE = Path(__file__).resolve().parent
@@ -34,7 +34,7 @@ def main() -> int:
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    scenario = catalog.load(str(HERE / "code" / "two-withdrawals.toml"))
+    scenario = catalog.read_scenario(str(HERE / "code" / "two-withdrawals.toml"))
     sessions = {"alice": example.withdraw, "bob": example.withdraw}
     with open_server("embedded") as server:
         explore(scenario, server)  # warm up both

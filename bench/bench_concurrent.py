@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgrace.drivers.speccheck import compare_output, expected_files
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo, open_server
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "pg-isolation" / "specs"

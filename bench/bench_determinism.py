@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 from pgrace import api
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.text import render_text
 from pgrace.servers import open_server
 
@@ -36,7 +36,7 @@ def main() -> None:
     failures = 0
     with open_server() as server:
         for name in catalog.shipped_names():
-            scenario = catalog.load(name)
+            scenario = catalog.read_scenario(name)
             for variant in scenario.variants:
                 chosen = scenario.variant_named(variant)
                 texts: Counter[str] = Counter()

@@ -83,7 +83,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgrace import api
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.scratch import is_scratch_name, lock_key, scratch_name
 from pgrace.servers import ServerInfo, open_server
 
@@ -291,7 +291,7 @@ def learn(server: ServerInfo) -> list[Variant]:
     """Run every shipped variant once: how many steps, which ones block and what frees them."""
     variants = []
     for name in catalog.shipped_names():
-        loaded = catalog.load(name)
+        loaded = catalog.read_scenario(name)
         for variant in loaded.variants:
             run = api.run(loaded.variant_named(variant), server=server)
             steps = run.step_runs()

@@ -27,14 +27,14 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgrace.drivers.load import LoadOptions, emit, find_pgbench, run_load, setup_sql, threads_for
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Scenario
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, open_server
 
 
 def scaling(server: ServerInfo, seconds: int) -> bool:
-    scenario = catalog.load("head-of-line-blocking")
+    scenario = catalog.read_scenario("head-of-line-blocking")
     tps: dict[tuple[str, int], float] = {}
     for variant in (scenario, scenario.other):
         assert variant is not None
@@ -68,7 +68,7 @@ def bare_pgbench(server: ServerInfo, scenario: Scenario, script: Path, clients: 
 
 
 def overhead(server: ServerInfo, name: str, fix: bool, clients: int, seconds: int, rounds: int) -> float:
-    loaded = catalog.load(name)
+    loaded = catalog.read_scenario(name)
     scenario = loaded.variant_named("fix" if fix else "bug")
     with tempfile.TemporaryDirectory() as work:
         script = emit(scenario, Path(work))[0]

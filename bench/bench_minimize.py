@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pgrace.drivers.minimize import Minimized, minimize
 from pgrace.drivers.minimize.export import ExportError, verified_spec
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, open_server
 
@@ -77,7 +77,7 @@ def _row(name: str, label: str, scenario: Scenario, server: ServerInfo, specs: l
 def _incident(name: str) -> None:
     """From a real log to a minimized scenario, on the server that logged it (the incident's database is not used)."""
     from pgrace.drivers.fromlog import from_log
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     with real.logging_server("18") as logging, tempfile.TemporaryDirectory() as where:
         INCIDENTS[name](logging)
@@ -98,7 +98,7 @@ def main() -> None:
         else [
             n
             for n in catalog.shipped_names()
-            if "bug" in catalog.load(n).variants and catalog.load(n).variant_named("bug").checks
+            if "bug" in catalog.read_scenario(n).variants and catalog.read_scenario(n).variant_named("bug").checks
         ]
     )
     incidents = [n for n in wanted if n in INCIDENTS] if wanted else list(INCIDENTS)
@@ -110,7 +110,7 @@ def main() -> None:
             if os.path.exists(os.path.join(PG15, "postgres")):
                 specs.append(("15", stack.enter_context(open_server(PG15))))
             for name in names:
-                shipped = catalog.load(name).variant_named("bug")
+                shipped = catalog.read_scenario(name).variant_named("bug")
                 for label, scenario in (("shipped", shipped), ("padded", padded(shipped))):
                     _row(name, label, scenario, server, specs if label == "padded" else [])
     for name in incidents:

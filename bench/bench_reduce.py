@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from pgrace.drivers.explore import explore
-from pgrace.formats import catalog
+from pgrace.drivers.searches import Exhaustive
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import open_server
 
@@ -49,7 +50,7 @@ def main() -> None:
     failed = False
     with open_server("embedded") as server:
         for path in files:
-            loaded = catalog.load(str(path))
+            loaded = catalog.read_scenario(str(path))
             for variant in loaded.variants:
                 scenario = loaded.variant_named(variant)
                 space = Space(scenario).size
@@ -59,7 +60,7 @@ def main() -> None:
                 whole, whole_s, same = "-", "-", "not compared"
                 if space <= max_whole:
                     started = time.perf_counter()
-                    every = explore(scenario, server, reduce=False)
+                    every = explore(scenario, server, search=Exhaustive())
                     whole, whole_s = f"{every.run_count:,}", f"{time.perf_counter() - started:.1f}"
                     equal = sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
                     same = "same" if equal else "DIFFERENT"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pgrace.drivers.explore import explore
 from pgrace.drivers.shards import merge_explorations
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def main() -> None:
     print("|---|---|---:|---:|---|---|")
     with open_server("embedded") as server:
         for path in files:
-            scenario = catalog.load(path).variant_named(None)
+            scenario = catalog.read_scenario(path).variant_named(None)
             started = time.perf_counter()
             one = explore(scenario, server)
             seconds = time.perf_counter() - started

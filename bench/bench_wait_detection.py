@@ -15,7 +15,7 @@ import time
 
 from pgrace import api
 from pgrace.engine.options import RunOptions
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.servers import open_server
 
 ROUND = """

@@ -55,7 +55,7 @@ from pgrace.drivers.speccheck import unified_diff
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
 from pgrace.errors import PgraceError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.isolation import render_isolation
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo, open_server
@@ -169,7 +169,7 @@ def run_pgrace(server: ServerInfo, spec: Path) -> tuple[str, float]:
     """pgrace's isolation output for the spec, in a fresh database of the same name."""
     started = time.perf_counter()
     try:
-        scenario = catalog.load(str(spec))
+        scenario = catalog.read_scenario(str(spec))
         options = RunOptions(step_timeout=STEP_WAIT_S, track_row_locks=False)
         with scratch_database(server, scenario.name, database_name=DATABASE) as db:
             run = run_scenario(scenario, db.dsn, server_version=server.version, options=options)

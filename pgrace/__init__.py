@@ -7,7 +7,7 @@ sessions' steps in a fixed interleaving against a real PostgreSQL and records a
 The commands are functions of the same names (:mod:`pgrace.api`): ``run``, ``compare``,
 ``check``, ``explore``, ``minimize``, ``sweep``, ``matrix``, ``load`` (pgbench), ``from_log``,
 ``list_scenarios``, ``show`` and ``clean``, each returning what the command's formats draw;
-``load_scenario`` reads a scenario file.
+``read_scenario`` reads a scenario file.
 
 The public names are imported on first use (PEP 562), so that importing a submodule,
 such as the console entry point, does not pay for psycopg (and cannot be caught by
@@ -33,15 +33,16 @@ if TYPE_CHECKING:
         from_log,
         list_scenarios,
         load,
-        load_scenario,
         matrix,
         minimize,
+        read_scenario,
         run,
         show,
         sweep,
     )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
     from pgrace.drivers.explore import Exploration
+    from pgrace.drivers.searches import Exhaustive, Pct, PreemptionBounded, Reduced, Sample
     from pgrace.engine.options import RunOptions
     from pgrace.errors import (
         CodeError,
@@ -84,6 +85,7 @@ _HOMES = {
     "Step": "pgrace.model.scenario",
     "StepRun": "pgrace.model.timeline",
     "open_server": "pgrace.servers",
+    **dict.fromkeys(("Exhaustive", "Pct", "PreemptionBounded", "Reduced", "Sample"), "pgrace.drivers.searches"),
     **dict.fromkeys(
         (
             "check",
@@ -93,7 +95,7 @@ _HOMES = {
             "from_log",
             "list_scenarios",
             "load",
-            "load_scenario",
+            "read_scenario",
             "matrix",
             "minimize",
             "run",
@@ -107,14 +109,19 @@ _HOMES = {
 __all__ = [
     "CheckResult",
     "CodeError",
+    "Exhaustive",
     "Exploration",
     "Interrupted",
     "OptionError",
     "OutcomeClass",
+    "Pct",
     "PgraceError",
+    "PreemptionBounded",
+    "Reduced",
     "Run",
     "RunAborted",
     "RunOptions",
+    "Sample",
     "Scenario",
     "ScenarioError",
     "ServerInfo",
@@ -133,10 +140,10 @@ __all__ = [
     "from_log",
     "list_scenarios",
     "load",
-    "load_scenario",
     "matrix",
     "minimize",
     "open_server",
+    "read_scenario",
     "run",
     "run_code",
     "run_exec",

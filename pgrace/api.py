@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Literal
 
 import pgrace.servers  # its open_server looked up at each call: a test may stand in for it
 from pgrace import bounds
-from pgrace.drivers.bounded import check_bounded_explore
+from pgrace.drivers.bounded import check_bounded_jobs
 from pgrace.drivers.one_run import run_in_scratch
 from pgrace.drivers.one_run import teardown_failures as teardown_failures  # what `run` says after a run
+from pgrace.drivers.searches import REDUCED, SearchMode
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ExecError, Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.monitor import Monitor, Note, Unwatched, following, note_long
 from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
 from pgrace.model.scenario import Scenario
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from pgrace.drivers.load import ClientRun, LoadResult
     from pgrace.drivers.matrix import Matrix
     from pgrace.drivers.minimize import Minimized
-    from pgrace.formats.catalog import Entry
+    from pgrace.frontends.catalog import Entry
 
 
 def run(
@@ -76,13 +77,13 @@ def _ignore(*_: object) -> None:
     pass
 
 
-def load_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
+def read_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
     """A shipped scenario's name, or a path to a ``.toml`` scenario or an isolation ``.spec`` file, read.
 
     ``params`` set the file's parameters. The file's first variant is returned; ``.other``
     (and ``Scenario.variant_named``) hold the other one.
     """
-    return catalog.load(ref, params)
+    return catalog.read_scenario(ref, params)
 
 
 def list_scenarios(tags: Sequence[str] = (), topic: str | None = None) -> list[Entry]:
@@ -94,11 +95,11 @@ def list_scenarios(tags: Sequence[str] = (), topic: str | None = None) -> list[E
 
 
 def show(ref: str, params: dict[str, str] | None = None, variant: str | None = None) -> Shown:
-    """``ref`` read (as ``load_scenario`` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
+    """``ref`` read (as ``read_scenario`` reads it), and its ``variant`` ("bug", "fix"; None: the file's first).
 
     What ``pgrace show`` tells without running it: the story, the sessions, the steps, the checks.
     """
-    scenario = catalog.load(ref, params)
+    scenario = catalog.read_scenario(ref, params)
     return Shown(scenario, catalog.variant(scenario, variant))
 
 
@@ -149,7 +150,7 @@ def compare(
 ) -> list[Run]:
     """Run the bug, then the fix, on one server: the runs side by side.
 
-    ``scenario`` is as ``load_scenario`` reads it: its first variant, holding the other.
+    ``scenario`` is as ``read_scenario`` reads it: its first variant, holding the other.
     """
     variants = catalog.both_variants(scenario)
     with _serving(server, dsn, superuser, on_note) as opened:
@@ -162,8 +163,7 @@ def explore(
     dsn: str | None = None,
     server: ServerInfo | None = None,
     superuser: bool = False,
-    limit: int | None = None,
-    seed: int | None = None,
+    search: SearchMode = REDUCED,
     shard: tuple[int, int] = (1, 1),
     jobs: int = 1,
     step_timeout: float = 10.0,
@@ -171,26 +171,24 @@ def explore(
     merge: Sequence[str | Path] = (),
     monitor: Monitor | None = None,
     on_note: Note | None = None,
-    reduce: bool = True,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
     minimize: bool = False,
 ) -> Explored:
-    """Run every interleaving of ``scenario``'s steps (or a seeded sample of ``limit``) and group the outcomes.
+    """Run the interleavings of ``scenario``'s steps that ``search`` chooses and group the outcomes.
 
-    ``examples``: class numbers (from 1; "all": every class) whose example is replayed as a
-    fully observed run. ``merge``: the JSON files of shards, merged instead of running.
-    ``reduce``: one run of each set of equivalent interleavings (the whole space: no sample).
-    ``max_preemptions`` K: every schedule with at most K preemptions instead; ``pct`` D: PCT
-    schedules of depth D (``limit`` of them, 100 by default; ``seed``, 0 by default). The
-    exploration's ``guarantee`` says which of these its classes carry. ``minimize``: the first
+    ``search`` (``pgrace.drivers.searches``): ``Reduced()``, one run of each set of
+    equivalent interleavings (the default); ``Exhaustive()``, every interleaving;
+    ``Sample(size, seed)``; ``PreemptionBounded(K)``, every schedule with at most K
+    preemptions; ``Pct(D, runs, seed)``, PCT schedules of depth D (100 of them unless ``runs``
+    says). The exploration's ``guarantee`` says which of these its classes carry. ``examples``:
+    class numbers (from 1; "all": every class) whose example is replayed as a fully observed
+    run. ``merge``: the JSON files of shards, merged instead of running. ``minimize``: the first
     class that fails (the bug happened, or an error no step declares) has its example shrunk
     to the smallest scenario that fails the same way (``minimized``; see ``minimize``).
     """
     # Names from the module: the package's own ``pgrace.drivers.explore`` is this function.
     from pgrace.drivers.explore import explore as explore_space
     from pgrace.drivers.explore import reduces, replay, same_class
-    from pgrace.drivers.shards import load_explorations, merge_explorations
+    from pgrace.drivers.shards import merge_explorations, read_explorations
     from pgrace.model.orders.space import Space
 
     space = Space(scenario)
@@ -200,15 +198,21 @@ def explore(
         )
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
-        return Explored(scenario, merge_explorations(load_explorations(texts, space), scenario))
+        return Explored(scenario, merge_explorations(read_explorations(texts, space), scenario))
     from pgrace.drivers.bounded import check_bounds
+    from pgrace.drivers.searches import Pct, PreemptionBounded, Reduced, Sample, runs_asked
 
-    check_bounds(space, max_preemptions, pct, reduce, shard, jobs)  # before a server starts
+    bounds.check_sample(runs_asked(search), "search")  # before a server starts
+    check_bounds(space, search, shard, jobs)
     watch = monitor or Unwatched()
     label = f"{scenario.name} ({scenario.variant})"
 
-    preempting = max_preemptions is not None and pct is None  # its runs are learnt as it goes, as reduced ones
-    reduced = preempting or (reduce and pct is None and reduces(scenario, space, limit, shard, jobs))
+    # A preemption-bounded search's runs are learnt as it goes, as a reduced search's.
+    reduced = isinstance(search, PreemptionBounded) or (
+        isinstance(search, Reduced | Sample)
+        and (not isinstance(search, Sample) or search.reduce)
+        and reduces(scenario, space, runs_asked(search), shard, jobs)
+    )
 
     def explored(done: int, total: int) -> None:
         if reduced:  # the runs still to come are learnt as it goes: say the ones known
@@ -220,7 +224,7 @@ def explore(
             return
         if done == 0:
             note_long(watch, label, total, jobs)
-            watch.start(label, total, "runs" if pct is not None else "interleavings")
+            watch.start(label, total, "runs" if isinstance(search, Pct) else "interleavings")
         watch.update(done)
 
     with _serving(server, dsn, superuser, on_note) as opened:
@@ -228,15 +232,11 @@ def explore(
             found = explore_space(
                 scenario,
                 opened,
-                limit=limit,
-                seed=(seed if seed is not None else 0) if limit is not None or pct is not None else None,
+                search=search,
                 shard=shard,
                 jobs=jobs,
                 step_timeout=step_timeout,
                 on_progress=explored,
-                reduce=reduce,
-                max_preemptions=max_preemptions,
-                pct=pct,
             )
         finally:
             watch.close()
@@ -300,12 +300,8 @@ def sweep(
     params: Mapping[str, Sequence[str]],
     *,
     variant: str | None = None,
-    explore: bool = False,
-    limit: int | None = None,
-    seed: int = 0,
+    explore: SearchMode | None = None,
     jobs: int = 1,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
     step_timeout: float = 10.0,
     examples: bool = False,
     output: str | Path | None = None,
@@ -317,8 +313,8 @@ def sweep(
 ) -> Swept:
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
-    With ``explore``, every interleaving of each combination (``limit``: a seeded sample;
-    ``max_preemptions`` K or ``pct`` D: that bounded search of each, as ``pgrace.explore`` runs it).
+    ``explore``: the search each combination is explored with, as ``pgrace.explore`` runs it
+    (None: each runs its file's order once).
     ``examples``: each class's example replayed as a run. ``output``: a file the caller
     will write, refused before anything runs when it is one of the scenario files.
     """
@@ -329,24 +325,24 @@ def sweep(
     )
     from pgrace.drivers.sweep import sweep as sweep_grid
 
-    check_bounded_explore(explore, max_preemptions, pct, jobs)
+    check_bounded_jobs(explore, jobs)
     grid = {name: list(values) for name, values in params.items()}
     combinations = math.prod(len(values) for values in grid.values()) * len(scenarios)
     bounds.check_combinations(combinations)
     watch = monitor or Unwatched()
     if combinations > bounds.LONG_COMBINATIONS:
         watch.note(f"pgrace: {combinations:,} combinations to run")
-    # Every combination is loaded once, up front: invalid input fails before a server starts.
-    loaded = [variants(ref, grid, variant) for ref in scenarios]
-    refuse_overwriting_inputs(output, [scenario.source for chosen in loaded for _, scenario in chosen])
-    if explore:
-        note_long(watch, "sweep", sum(interleavings(c, limit) for c in loaded), jobs)
+    # Every combination is read once, up front: invalid input fails before a server starts.
+    variant_lists = [variants(ref, grid, variant) for ref in scenarios]
+    refuse_overwriting_inputs(output, [scenario.source for chosen in variant_lists for _, scenario in chosen])
+    if explore is not None:
+        note_long(watch, "sweep", sum(interleavings(c, explore) for c in variant_lists), jobs)
     result = Swept([])
     with _serving(server, dsn, superuser, on_note) as opened:
         try:
             watch.start("sweep", combinations, "combinations")
-            for chosen in loaded:
-                before = sum(len(c) for c in loaded[: len(result.sweeps)])
+            for chosen in variant_lists:
+                before = sum(len(c) for c in variant_lists[: len(result.sweeps)])
 
                 def combination_done(done: int, total: int, before: int = before) -> None:
                     watch.update(before + done)
@@ -360,11 +356,7 @@ def sweep(
                         grid,
                         opened,
                         explore=explore,
-                        limit=limit,
-                        seed=seed if limit is not None or pct is not None else None,
                         jobs=jobs,
-                        max_preemptions=max_preemptions,
-                        pct=pct,
                         step_timeout=step_timeout,
                         on_cell=combination_done,
                         on_interleavings=interleaved,
@@ -373,7 +365,7 @@ def sweep(
         finally:
             watch.close()
         if examples:
-            for i, (chosen, swept) in enumerate(zip(loaded, result.sweeps, strict=True)):
+            for i, (chosen, swept) in enumerate(zip(variant_lists, result.sweeps, strict=True)):
                 for j, ((_, scenario), cell) in enumerate(zip(chosen, swept.cells, strict=True)):
                     for k, cls in enumerate(cell.classes):
                         result.examples[(i, j, k)] = replay(scenario, opened, cls, step_timeout)
@@ -406,13 +398,9 @@ def check(
     junit: str | Path | None = None,
     step_timeout: float = 10.0,
     database_name: str | None = None,
-    explore: bool = False,
-    limit: int | None = None,
-    seed: int = 0,
+    explore: SearchMode | None = None,
     jobs: int = 1,
     params: Mapping[str, str] | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
     commands: Sequence[str] = (),
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
@@ -427,10 +415,11 @@ def check(
     and the others still run; each result goes to ``on_result`` as it is known. ``junit``:
     a file to write every case to as JUnit XML once all ran (refused, before anything runs,
     when it is one of the inputs). Specs share one scratch database per server, reset only
-    when a spec leaves objects. ``params``: every pgrace scenario's parameters. With
-    ``explore``, ``max_preemptions`` K or ``pct`` D bound the search as in ``pgrace.explore``:
-    each result's ``guarantee`` says what it covered. ``commands`` (``NAME=COMMAND``): each case's sessions
-    instead of its steps (docs/guide/any-language.md); a case they leave unproved goes to ``on_invalid``.
+    when a spec leaves objects. ``params``: every pgrace scenario's parameters. ``explore``:
+    the search each pgrace scenario is judged over, as in ``pgrace.explore`` (None: its file's
+    order); a bounded one's ``guarantee`` says what it covered. ``commands`` (``NAME=COMMAND``): each
+    case's sessions instead of its steps (docs/guide/any-language.md); a case they leave unproved goes
+    to ``on_invalid``.
     """
     from pgrace.drivers import check as regression
     from pgrace.scratch import reusable_scratch_database
@@ -440,8 +429,8 @@ def check(
         paths = ("scenarios",) if Path("scenarios").is_dir() else (str(catalog.shipped_dir()),)
     names = [str(path) for path in paths]
     options = RunOptions(step_timeout=step_timeout)
-    check_bounded_explore(explore, max_preemptions, pct, jobs)
-    regression.check_exec_options(commands, (), limit, max_preemptions, pct, jobs, database_name)
+    check_bounded_jobs(explore, jobs)
+    regression.check_exec_options(commands, (), explore, jobs, database_name)
     watch = monitor or Unwatched()
     checked = Checked([], [], [])
     with ExitStack() as stack:
@@ -451,7 +440,7 @@ def check(
             names, golden or update, expected, checked.invalid, dict(params or {}), bool(commands)
         )
         refuse_overwriting_inputs(junit, [case.path for case in cases] + ([expected] if expected else []), "junit")
-        regression.check_exec_options(commands, cases, limit, max_preemptions, pct, jobs, database_name)
+        regression.check_exec_options(commands, cases, explore, jobs, database_name)
         for error in checked.invalid:  # reported at once; the valid files still run
             (on_invalid or _ignore)(error)
         if checked.invalid and not cases:  # nothing to run: no server is needed to say so
@@ -462,15 +451,13 @@ def check(
         for server in checked.servers:
             tidy(server, on_note)
             scratch = None
-            if not explore and any(case.spec is not None for case in cases):
+            if explore is None and any(case.spec is not None for case in cases):
                 scratch = stack.enter_context(reusable_scratch_database(server, "check", database_name))
             for case in cases:
                 try:
-                    if explore:
+                    if explore is not None:
                         progress = following(watch, case.name, checked.results, jobs)
-                        result = regression.run_explore_case(
-                            case, server, options, limit, seed, jobs, progress, max_preemptions, pct, commands
-                        )
+                        result = regression.run_explore_case(case, server, options, explore, jobs, progress, commands)
                     else:
                         result = regression.run_case(case, server, options, update, database_name, scratch, commands)
                 except ExecError as error:  # no proof from this case: reported as invalid input, the others go on

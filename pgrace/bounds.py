@@ -49,10 +49,11 @@ def check_jobs(jobs: int) -> None:
         )
 
 
-def check_sample(limit: int | None) -> None:
+def check_sample(limit: int | None, parameter: str = "limit") -> None:
+    """``limit`` runs at most, as the library's ``parameter`` asks for them."""
     if limit is not None and not 1 <= limit <= MAX_SAMPLE:
         raise OptionError(
-            f"{limit:,}: a sample is at most {MAX_SAMPLE:,} interleavings (about 90 minutes in one process)", "limit"
+            f"{limit:,}: a sample is at most {MAX_SAMPLE:,} interleavings (about 90 minutes in one process)", parameter
         )
 
 

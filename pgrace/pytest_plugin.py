@@ -65,7 +65,7 @@ def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
     """Run a scenario in a scratch database of ``pgrace_server`` and return its record."""
     from pgrace import api
     from pgrace.engine.options import RunOptions
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
     from pgrace.model.scenario import Scenario
 
     def run(
@@ -75,10 +75,10 @@ def pgrace_run(pgrace_server: ServerInfo) -> RunScenario:
         options: RunOptions | None = None,
         **option_fields: Any,
     ) -> Run:
-        loaded = scenario if isinstance(scenario, Scenario) else catalog.load(str(scenario), params)
+        file_scenario = scenario if isinstance(scenario, Scenario) else catalog.read_scenario(str(scenario), params)
         if option_fields:
             options = RunOptions(**option_fields)
-        return api.run(loaded.variant_named(variant), server=pgrace_server, options=options)
+        return api.run(file_scenario.variant_named(variant), server=pgrace_server, options=options)
 
     return run
 

@@ -355,7 +355,7 @@ class Bench:
                 launch_ready(scheduler, self.sessions, deferred)
         while deferred:
             session = self.sessions[self.scenario.step(deferred[0].step).session]
-            oldest = scheduler.oldest_waiting()
+            oldest = scheduler.oldest_pending()
             if not session.busy and oldest is not None:
                 session = self.sessions[oldest.step.session]
             scheduler.wait_for_session(session)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.model.timeline import Run, StepFinished, StepLaunched, StepRun
 from pgrace.render.text import Style, render_text

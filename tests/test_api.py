@@ -18,8 +18,9 @@ from click.testing import CliRunner
 import pgrace
 from pgrace.cli import main
 from pgrace.cli.exits import exit_code_of_interrupt
+from pgrace.drivers.searches import Exhaustive, Reduced
 from pgrace.errors import Interrupted, OptionError, ScenarioError, Terminated
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render import formats
 from pgrace.render.text import Style
 from pgrace.render.views import View
@@ -48,9 +49,9 @@ def cli(*args: str) -> str:
     return result.stdout
 
 
-def test_the_commands_and_load_scenario_are_the_packages_functions() -> None:
-    assert set(COMMANDS) | {"load_scenario"} <= set(pgrace.__all__)
-    for name in [*COMMANDS, "load_scenario"]:
+def test_the_commands_and_read_scenario_are_the_packages_functions() -> None:
+    assert set(COMMANDS) | {"read_scenario"} <= set(pgrace.__all__)
+    for name in [*COMMANDS, "read_scenario"]:
         function = getattr(pgrace, name)
         assert callable(function) and function.__doc__, name
         assert function.__module__ == "pgrace.api", name
@@ -66,7 +67,7 @@ def test_the_drivers_modules_live_apart_from_the_functions_of_their_names() -> N
 
 
 def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:
-    scenario = pgrace.load_scenario("lost-update")
+    scenario = pgrace.read_scenario("lost-update")
     assert (scenario.name, scenario.variants) == ("lost-update", ("bug", "fix"))
     done = pgrace.load(scenario, compare=True, emit=tmp_path)  # nothing runs, no server
     assert done.results == [] and {"lost-update.bug.pgbench.sql", "lost-update.fix.pgbench.sql"} <= {
@@ -75,7 +76,7 @@ def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:
 
 
 def test_load_checks_its_options_as_the_command_does() -> None:
-    scenario = pgrace.load_scenario("lost-update")
+    scenario = pgrace.read_scenario("lost-update")
     with pytest.raises(OptionError, match="client counts are whole numbers from 1 to 1000") as caught:
         pgrace.load(scenario, clients=[0, 2])
     assert caught.value.parameter == "clients" and str(caught.value).startswith("clients: ")
@@ -87,7 +88,7 @@ def test_load_checks_its_options_as_the_command_does() -> None:
 
 
 def test_compare_returns_the_bug_then_the_fix_as_run_compare_draws_them(pgrace_server: ServerInfo) -> None:
-    runs = pgrace.compare(pgrace.load_scenario("lost-update"), dsn=pgrace_server.dsn)  # the server as --dsn names it
+    runs = pgrace.compare(pgrace.read_scenario("lost-update"), dsn=pgrace_server.dsn)  # the server as --dsn names it
     assert [r.scenario.variant for r in runs] == ["bug", "fix"]
     drawn = formats.render("compare", "text", runs, View(Style(colour=False, width=120)))
     assert drawn == cli("run", "lost-update", "--compare", "--width", "120", "--dsn", pgrace_server.dsn)
@@ -95,11 +96,11 @@ def test_compare_returns_the_bug_then_the_fix_as_run_compare_draws_them(pgrace_s
 
 def test_compare_of_a_scenario_with_one_variant_is_invalid_input() -> None:
     with pytest.raises(ScenarioError, match="one variant only"):
-        pgrace.compare(pgrace.load_scenario("crash-mid-transaction"), dsn="host=/nowhere")
+        pgrace.compare(pgrace.read_scenario("crash-mid-transaction"), dsn="host=/nowhere")
 
 
 def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server: ServerInfo) -> None:
-    scenario = pgrace.load_scenario("lost-update")
+    scenario = pgrace.read_scenario("lost-update")
     found = pgrace.explore(scenario, dsn=pgrace_server.dsn, examples=[1])
     assert found.exploration.explored == found.exploration.space and list(found.examples) == [1]
     assert formats.render("explore", "json", found) == cli(
@@ -110,12 +111,14 @@ def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server:
 
 
 def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_path: Path) -> None:
-    scenario = pgrace.load_scenario("lost-update")
-    whole = pgrace.explore(scenario, server=pgrace_server, reduce=False)
+    scenario = pgrace.read_scenario("lost-update")
+    whole = pgrace.explore(scenario, server=pgrace_server, search=Exhaustive())
     for reduce in (False, True):
         shards = []
         for k in (1, 2):
-            part = pgrace.explore(scenario, server=pgrace_server, shard=(k, 2), reduce=reduce)
+            part = pgrace.explore(
+                scenario, server=pgrace_server, shard=(k, 2), search=Reduced() if reduce else Exhaustive()
+            )
             shards.append(tmp_path / f"{k}.json")
             shards[-1].write_text(formats.render("explore", "json", part), encoding="utf-8")
         merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards).exploration
@@ -238,7 +241,7 @@ def test_an_interrupted_load_declares_what_it_measured(
 
     with pytest.raises(Interrupted) as caught:
         pgrace.load(
-            pgrace.load_scenario("lost-update"),
+            pgrace.read_scenario("lost-update"),
             clients=[1, 2],
             transactions=1,
             server=pgrace_server,

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from pgrace import api
 from pgrace.cli import main
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.servers import ServerInfo
 from pgrace.servers.embedded.binaries import _cache_path
 from pgrace.servers.embedded.rundirs import _remove_stale_runs

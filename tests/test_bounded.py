@@ -20,7 +20,8 @@ from pgrace.cli import main
 from pgrace.drivers.bounded import Bound, explore_preemptions, pct_order
 from pgrace.drivers.explore import Exploration, explore
 from pgrace.drivers.reduce import Trace, executor
-from pgrace.formats import catalog
+from pgrace.drivers.searches import Pct, PreemptionBounded
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed, switches
 from pgrace.render.outcomes import render_exploration_html, render_exploration_markdown, render_exploration_text
@@ -38,8 +39,8 @@ def reproduced(found: Exploration) -> bool:
 def test_serial_schedules_miss_the_bug_one_preemption_finds_it_and_two_still_do(
     pgrace_server: ServerInfo, name: str
 ) -> None:
-    scenario = catalog.load(name).variant_named("bug")
-    serial, one, two = (explore(scenario, pgrace_server, max_preemptions=k) for k in (0, 1, 2))
+    scenario = catalog.read_scenario(name).variant_named("bug")
+    serial, one, two = (explore(scenario, pgrace_server, search=PreemptionBounded(k)) for k in (0, 1, 2))
     assert serial.run_count == 2  # K = 0: each session runs to its end, in both orders
     assert not reproduced(serial)
     assert reproduced(one) and reproduced(two)
@@ -48,11 +49,13 @@ def test_serial_schedules_miss_the_bug_one_preemption_finds_it_and_two_still_do(
 
 def test_the_deadlock_needs_one_preemption_and_is_found_within_two(pgrace_server: ServerInfo) -> None:
     """Bob's debit comes between Alice's two updates (one preemption); his credit then waits, a free switch."""
-    scenario = catalog.load("deadlock-transfer").variant_named("bug")
-    serial = explore(scenario, pgrace_server, max_preemptions=0)
+    scenario = catalog.read_scenario("deadlock-transfer").variant_named("bug")
+    serial = explore(scenario, pgrace_server, search=PreemptionBounded(0))
     assert not any("40P01" in c.errors for c in serial.classes)
     for k in (1, 2):
-        deadlocked = [c for c in explore(scenario, pgrace_server, max_preemptions=k).classes if "40P01" in c.errors]
+        deadlocked = [
+            c for c in explore(scenario, pgrace_server, search=PreemptionBounded(k)).classes if "40P01" in c.errors
+        ]
         assert deadlocked and deadlocked[0].ok, k  # the bug variant's checks describe the deadlock's aftermath
 
 
@@ -61,7 +64,7 @@ def test_every_launch_order_within_the_bound_is_run(pgrace_server: ServerInfo, n
     """Soundness: each launch order that running every interleaving produced, with at most K
     preemptions (counted on what the server let go: a waiting session is not preempted), is one
     of the bounded search's runs."""
-    scenario = catalog.load(name).variant_named("bug")
+    scenario = catalog.read_scenario(name).variant_named("bug")
     session = {step.name: step.session for step in scenario.steps}
 
     def preemptions(trace: Trace) -> int:
@@ -80,13 +83,13 @@ def test_every_launch_order_within_the_bound_is_run(pgrace_server: ServerInfo, n
 
 
 def test_a_bounded_result_says_its_guarantee_and_is_never_complete(pgrace_server: ServerInfo) -> None:
-    found = explore(catalog.load("lost-update"), pgrace_server, max_preemptions=2)
+    found = explore(catalog.read_scenario("lost-update"), pgrace_server, search=PreemptionBounded(2))
     data = found.to_dict()
     assert data["guarantee"] == {"kind": "preemptions", "bound": 2, "met": True, "diverged": 0}
     assert data["complete"] is False and data["space"] == 70
     assert data["explored"] == data["runs"] == sum(c["count"] for c in data["classes"])
     header = f"every schedule with at most 2 preemptions, {found.run_count} runs (of 70 interleavings)"
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     assert header in render_exploration_text(found, scenario).splitlines()[0]
     assert header in render_exploration_markdown(found, scenario).splitlines()[0]
     assert header in render_exploration_html(found, scenario, {})
@@ -106,18 +109,18 @@ def test_a_bound_cut_at_max_runs_says_it_was_not_met(pgrace_server: ServerInfo) 
 
 def test_one_preemption_loses_one_pairs_withdrawal_never_both(pgrace_server: ServerInfo) -> None:
     """Two independent lost updates (63,063,000 interleavings): losing both needs a preemption in each pair."""
-    scenario = catalog.load(str(TWO_PAIRS))
-    serial = explore(scenario, pgrace_server, max_preemptions=0)
-    one = explore(scenario, pgrace_server, max_preemptions=1)
+    scenario = catalog.read_scenario(str(TWO_PAIRS))
+    serial = explore(scenario, pgrace_server, search=PreemptionBounded(0))
+    one = explore(scenario, pgrace_server, search=PreemptionBounded(1))
     assert serial.run_count == 24  # the 4! orders of whole sessions
     assert {c.final[0][0] for c in serial.classes} == {(300, 300)}
     assert {c.final[0][0] for c in one.classes} == {(300, 300), (300, 400), (400, 300)}
 
 
 def test_pct_is_seeded_and_states_its_probability(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update")
-    first = explore(scenario, pgrace_server, pct=2, seed=7)
-    again = explore(scenario, pgrace_server, pct=2, seed=7)
+    scenario = catalog.read_scenario("lost-update")
+    first = explore(scenario, pgrace_server, search=Pct(2, seed=7))
+    again = explore(scenario, pgrace_server, search=Pct(2, seed=7))
     assert first.to_dict() == again.to_dict()
     guarantee = first.to_dict()["guarantee"]
     p = 1 / (2 * 8)  # 2 sessions, 8 steps, depth 2: 1/(n·k^(D-1))
@@ -126,14 +129,16 @@ def test_pct_is_seeded_and_states_its_probability(pgrace_server: ServerInfo) -> 
     assert guarantee["per_run"] == p and guarantee["missed"] == pytest.approx((1 - p) ** 100)
     assert first.run_count == sum(c.count for c in first.classes) <= 100  # a repeated order runs once
     assert reproduced(first)
-    assert not reproduced(explore(scenario, pgrace_server, pct=1, seed=7))  # depth 1: whole sessions, one by one
+    assert not reproduced(
+        explore(scenario, pgrace_server, search=Pct(1, seed=7))
+    )  # depth 1: whole sessions, one by one
     text = render_exploration_text(first, scenario).splitlines()[0]
     assert "pct depth 2, seed 7, 100 runs" in text
     assert "missed with probability at most 0.2% (each run finds it with probability at least 6.2%)" in text
 
 
 def test_pct_orders_switch_sessions_at_most_depth_minus_one_times_before_a_session_ends() -> None:
-    space = Space(catalog.load(str(TWO_PAIRS)))
+    space = Space(catalog.read_scenario(str(TWO_PAIRS)))
     rng = random.Random(0)
     for depth in (1, 2, 3):
         for _ in range(200):

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 
 STORY = """
 title = "two sessions"

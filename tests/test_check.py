@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from fix_servers import PG15, needs_pg15
 
 from pgrace.cli import main
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -31,7 +31,7 @@ def scenarios(tmp_path: Path) -> Path:
 def test_the_shipped_scenarios_pass_with_their_golden_timelines(pgrace_server: ServerInfo) -> None:
     result = check(pgrace_server, "--golden", str(SCENARIOS))
     assert result.exit_code == 0, result.output
-    cases = sum(len(catalog.load(n).variants) for n in catalog.shipped_names())
+    cases = sum(len(catalog.read_scenario(n).variants) for n in catalog.shipped_names())
     assert result.output.count("PASS  ") == cases
     assert result.output.endswith(f"{cases} checks: {cases} passed, 0 failed\n")
 
@@ -86,7 +86,7 @@ def test_junit_has_one_case_per_scenario_variant(pgrace_server: ServerInfo, tmp_
     root = ET.parse(report).getroot()
     cases = root.findall("./testsuite/testcase")
     names = sorted(c.get("name") or "" for c in cases)
-    expected = sorted(f"{n} ({v})" for n in catalog.shipped_names() for v in catalog.load(n).variants)
+    expected = sorted(f"{n} ({v})" for n in catalog.shipped_names() for v in catalog.read_scenario(n).variants)
     assert names == expected
     failures = [c for c in cases if c.find("failure") is not None]
     assert [c.get("name") for c in failures] == ["offset-overlock (bug)"]

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 
@@ -152,7 +152,7 @@ def test_pace_plays_the_scenario_live(cli: CliRunner, pgrace_server: ServerInfo)
 
 
 def test_step_mode_waits_for_enter_before_each_step(cli: CliRunner, pgrace_server: ServerInfo) -> None:
-    steps = len(catalog.load("nowait").steps)
+    steps = len(catalog.read_scenario("nowait").steps)
     result = cli.invoke(main, ["run", "nowait", "--step", "--dsn", pgrace_server.dsn], input="\n" * steps)
     assert result.exit_code == 0, result.output
     assert result.output.count("▶ next:") == steps

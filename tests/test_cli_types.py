@@ -66,3 +66,28 @@ def test_the_commands_hand_the_library_numbers_and_tuples_not_text() -> None:
     assert parsed("load", "lost-update")["clients"] == (1, 2, 4, 8)  # the default, parsed as any value
     assert parsed("run", "lost-update", "--step-timeout", "200ms", "--pace", "1.5s")["step_timeout"] == 0.2
     assert parsed("minimize", "lost-update", "--order", "a1, b1")["order"] == ("a1", "b1")
+
+
+def test_a_shard_and_a_setting_are_parsed_by_click_into_tuples() -> None:
+    assert parsed("explore", "lost-update", "--shard", "2/3")["shard"] == (2, 3)
+    assert parsed("run", "lost-update", "-p", "workers=5", "-p", "level=")["params"] == (
+        ("workers", "5"),
+        ("level", ""),
+    )
+    swept = parsed("sweep", "lost-update", "-p", "level=read-committed, serializable")["params"]
+    assert swept == (("level", ("read-committed", "serializable")),)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["explore", "lost-update", "--shard", "3/2"], "'3/2' is not K/N with 1 ≤ K ≤ N"),
+        (["explore", "lost-update", "--shard", "x"], "'x' is not K/N with 1 ≤ K ≤ N"),
+        (["run", "lost-update", "-p", "workers"], "'workers' is not NAME=VALUE"),
+        (["run", "lost-update", "-p", "=5"], "'=5' is not NAME=VALUE"),
+        (["sweep", "lost-update", "-p", "level=a,,b"], "'level=a,,b' is not NAME=VALUE[,VALUE...]"),
+    ],
+)
+def test_a_bad_shard_or_setting_is_refused_by_its_option(args: list[str], says: str) -> None:
+    with pytest.raises(click.BadParameter, match=re.escape(says)):
+        parsed(*args)

@@ -80,9 +80,9 @@ def test_select_for_update_makes_every_interleaving_end_at_300(pgrace_server: Se
 def test_the_same_classes_as_pgrace_explore_of_the_scenario_file(pgrace_server: ServerInfo) -> None:
     """explore_code's outcome keys are pgrace explore's (the shipped lost-update scenario, same SQL)."""
     from pgrace.drivers.explore import explore
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     from_file = {tuple(tuple(r) for r in c.final[0]) for c in explore(scenario, pgrace_server).classes}
     setup = "CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance int NOT NULL);"
     setup += " INSERT INTO accounts VALUES (1, 'shared', 500)"

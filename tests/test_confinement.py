@@ -17,7 +17,7 @@ from documentation import page
 
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.scratch.confinement import confine_scenario, refusal
 from pgrace.servers import ServerInfo
 
@@ -139,7 +139,7 @@ def test_sql_confined_to_the_scratch_schema_is_allowed(text: str) -> None:
 
 def test_every_shipped_scenario_is_confinable() -> None:
     for name in catalog.shipped_names():
-        loaded = catalog.load(name)
+        loaded = catalog.read_scenario(name)
         for variant in loaded.variants:
             confine_scenario(loaded.variant_named(variant))
 
@@ -147,7 +147,7 @@ def test_every_shipped_scenario_is_confinable() -> None:
 @needs_corpus
 def test_every_corpus_spec_is_confinable() -> None:
     for spec in SPECS:
-        confine_scenario(catalog.load(str(spec)))
+        confine_scenario(catalog.read_scenario(str(spec)))
 
 
 HOSTILE = """
@@ -206,6 +206,6 @@ def test_variables_are_checked_as_they_will_be_filled_in(tmp_path: Path) -> None
     path = tmp_path / "v.toml"
     path.write_text(captured)
     with pytest.raises(ScenarioError, match=r"pgrace_variable\.t"):
-        confine_scenario(catalog.load(str(path)))
+        confine_scenario(catalog.read_scenario(str(path)))
     path.write_text(base + '[[step]]\nsession = "a"\nsql = "SELECT :n"\n[params]\nn = 1\n')
-    confine_scenario(catalog.load(str(path)))
+    confine_scenario(catalog.read_scenario(str(path)))

@@ -23,7 +23,7 @@ import pytest
 
 from pgrace import api
 from pgrace.errors import ServerUnavailable
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 needs_docker = pytest.mark.docker
@@ -92,7 +92,7 @@ def test_a_scenario_runs_on_a_docker_server(no_container_left: None) -> None:
     with open_server(f"docker:{IMAGE}") as server:
         assert server.label.startswith(f"docker:{IMAGE} PostgreSQL ")
         assert containers(PGRACE_LABEL) != set()
-        assert api.run(catalog.load("nowait"), server=server).ok
+        assert api.run(catalog.read_scenario("nowait"), server=server).ok
 
 
 #: A scenario whose one session says who it runs as, and tries what only a superuser may.
@@ -122,7 +122,7 @@ def test_the_server_is_the_run_s_alone(no_container_left: None) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     with open_server(f"docker:{IMAGE}") as server:
         client = docker.from_env()

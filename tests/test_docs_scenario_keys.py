@@ -21,8 +21,8 @@ from typing import Any
 
 from documentation import ROOT, page
 
-from pgrace.formats import load_toml, scenario_toml
-from pgrace.formats.scenario_toml import builder, commands, expect, params, retry, steps, variants
+from pgrace.frontends import load_toml, scenario_toml
+from pgrace.frontends.scenario_toml import builder, commands, expect, params, retry, steps, variants
 
 #: Each table of a scenario file: its path on the page, and the keys the parser accepts there.
 TABLES: dict[str, tuple[Collection[str], ...]] = {
@@ -101,11 +101,11 @@ def used(data: dict[str, Any], prefix: str = "") -> Iterator[str]:
 
 def test_every_key_on_the_page_is_one_a_file_the_parser_reads_can_hold() -> None:
     """Not only the sets: the keys at their paths, in files the parser reads without an error."""
-    from pgrace.formats.scenario_toml import load_toml_scenario
+    from pgrace.frontends.scenario_toml import read_toml_scenario
 
     held: set[str] = set()
     for path in EVERY_KEY:
-        scenario = load_toml_scenario(Path(path))
+        scenario = read_toml_scenario(Path(path))
         assert scenario.other is not None, f"{path.name} has no other variant"
         held |= set(used(tomllib.loads(path.read_text(encoding="utf-8"))))
     assert not set(documented()) - held, f"no example file holds: {sorted(set(documented()) - held)}"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 from helpers import by_name, finished_at
 
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.pytest_plugin import RunScenario

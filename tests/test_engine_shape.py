@@ -14,7 +14,7 @@ import pytest
 
 from pgrace import api
 from pgrace.engine.options import RunOptions
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.servers import ServerInfo
 
 ENGINE = Path(__file__).parent.parent / "pgrace" / "engine"
@@ -58,19 +58,19 @@ def test_no_module_but_the_scheduler_writes_its_state() -> None:
 
 
 def test_the_writes_test_sees_a_write() -> None:
-    assert _writes_to_the_scheduler(ast.parse("self.scheduler.last_done = 1\nscheduler.waiting.remove(a)\n")) == [1, 2]
+    assert _writes_to_the_scheduler(ast.parse("self.scheduler.last_done = 1\nscheduler._pending.remove(a)\n")) == [1, 2]
 
 
-def test_the_engine_asks_no_scenario_its_format_and_its_shared_modules_import_no_transport() -> None:
-    formats, transports = [], []
+def test_the_engine_asks_no_scenario_its_dialect_and_its_shared_modules_import_no_transport() -> None:
+    dialects, transports = [], []
     for path in sorted(ENGINE.rglob("*.py")):
         shared = path.parent == ENGINE
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "format":
-                formats.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "dialect":
+                dialects.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
             if shared and isinstance(node, ast.ImportFrom) and (node.module or "").startswith(TRANSPORTS):
                 transports.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
-    assert formats == [] and transports == []
+    assert dialects == [] and transports == []
 
 
 TIMEZONE = """name = "zone"

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from pgrace import proxy
+from pgrace.drivers.searches import PreemptionBounded
 from pgrace.servers import ServerInfo
 
 WITHDRAW = f"{sys.executable} {Path(__file__).parents[1] / 'examples' / 'any-language' / 'withdraw.py'}"
@@ -88,7 +89,7 @@ def test_async_sessions_under_a_preemption_bound(pgrace_server: ServerInfo) -> N
         final="SELECT balance FROM accounts WHERE id = 1",
         expect=[[300]],
         server=pgrace_server,
-        max_preemptions=1,
+        search=PreemptionBounded(1),
     )
     finals = {str(c.final) for c in found.classes}
     assert any("400" in f for f in finals) and any("300" in f for f in finals), finals

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pgrace.errors import ExecError, ScenarioError
-from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario, read_toml_scenario
 from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
@@ -84,7 +84,7 @@ alice = "{PYTHON} withdraw.py --for-update"
 carol = "true"
 """,
     )
-    scenario = load_toml_scenario(path)
+    scenario = read_toml_scenario(path)
     folder = str(app.resolve())
     source = str(path)
     assert scenario.commands == (
@@ -119,7 +119,7 @@ carol = "true"
 def test_a_bad_entry_is_one_line_at_its_file_and_line(tmp_path: Path, tail: str, line: int, said: str) -> None:
     path = _write(tmp_path, "\n" + tail)
     with pytest.raises(ScenarioError) as raised:
-        load_toml_scenario(path)
+        read_toml_scenario(path)
     assert str(raised.value).startswith(f"{path}:{line}: "), str(raised.value)
     assert said in str(raised.value)
     result = _cli("explore", str(path))  # the CLI: the same line, exit 2, before any server
@@ -130,7 +130,7 @@ def test_a_bad_entry_is_one_line_at_its_file_and_line(tmp_path: Path, tail: str,
 def test_no_commands_at_all_is_refused_where_commands_are_needed() -> None:
     from pgrace.drivers.exec import commands_for
 
-    with pytest.raises(ScenarioError, match=r"at least one --exec NAME=COMMAND, or an \[exec\] table"):
+    with pytest.raises(ScenarioError, match=r"at least one NAME=COMMAND, or an \[exec\] table"):
         commands_for(parse_toml_scenario(STORY, "s.toml"), [])
 
 
@@ -189,7 +189,7 @@ def test_a_command_that_cannot_start_names_its_file_and_line(pgrace_server: Serv
     from pgrace.drivers.exec import run_commands
 
     path = _write(app, '\n[exec]\nalice = "true"\n')
-    scenario = load_toml_scenario(path)
+    scenario = read_toml_scenario(path)
     shutil.rmtree(app)  # its folder went away after the file was read
     with pytest.raises(ExecError) as raised:
         run_commands(scenario, [], pgrace_server)
@@ -242,5 +242,5 @@ def test_the_python_api_runs_a_files_commands_with_none_given(pgrace_server: Ser
     from pgrace import proxy
 
     path = _write(app, f'\n[exec]\nalice = "{PYTHON} withdraw.py"\n')
-    run = proxy.run_exec(load_toml_scenario(path), server=pgrace_server)
+    run = proxy.run_exec(read_toml_scenario(path), server=pgrace_server)
     assert [s.session for s in run.scenario.steps] == ["alice#1"] * 4

@@ -261,17 +261,17 @@ def test_from_log_3() -> None:
 
 # For each command, a function it calls and arguments that reach it.
 REACHED: dict[str, tuple[str, list[str]]] = {
-    "list": ("pgrace.formats.catalog.shipped_names", ["list"]),
-    "show": ("pgrace.formats.catalog.load", ["show", "nowait"]),
-    "run": ("pgrace.formats.catalog.load", ["run", "nowait"]),
-    "check": ("pgrace.formats.catalog.find_files", ["check", "scenarios"]),
+    "list": ("pgrace.frontends.catalog.shipped_names", ["list"]),
+    "show": ("pgrace.frontends.catalog.read_scenario", ["show", "nowait"]),
+    "run": ("pgrace.frontends.catalog.read_scenario", ["run", "nowait"]),
+    "check": ("pgrace.frontends.catalog.find_files", ["check", "scenarios"]),
     "clean": ("pgrace.servers.existing.existing_server", ["clean", "--dsn", "host=/nowhere"]),
-    "explore": ("pgrace.formats.catalog.load", ["explore", "nowait"]),
-    "sweep": ("pgrace.formats.catalog.load", ["sweep", "nowait", "-p", "x=1,2"]),
+    "explore": ("pgrace.frontends.catalog.read_scenario", ["explore", "nowait"]),
+    "sweep": ("pgrace.frontends.catalog.read_scenario", ["sweep", "nowait", "-p", "x=1,2"]),
     "matrix": ("pgrace.servers.open_server", ["matrix"]),  # the CLI imports it when the command runs
-    "load": ("pgrace.formats.catalog.load", ["load", "nowait", "-t", "1"]),
+    "load": ("pgrace.frontends.catalog.read_scenario", ["load", "nowait", "-t", "1"]),
     "from-log": ("pgrace.drivers.fromlog.from_log", ["from-log", "examples/from-log/deadlock.log"]),
-    "minimize": ("pgrace.formats.catalog.load", ["minimize", "lost-update"]),
+    "minimize": ("pgrace.frontends.catalog.read_scenario", ["minimize", "lost-update"]),
 }
 
 
@@ -299,7 +299,7 @@ def test_4_an_internal_error_is_one_line(command: str, monkeypatch: pytest.Monke
 
 
 def test_4_shows_the_traceback_with_pgrace_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pgrace.formats.catalog.load", raising(ZeroDivisionError("a bug")))
+    monkeypatch.setattr("pgrace.frontends.catalog.read_scenario", raising(ZeroDivisionError("a bug")))
     result = invoke(["show", "nowait"], env={"PGRACE_DEBUG": "1"})
     assert result.exit_code == 4
     assert "Traceback (most recent call last)" in result.stderr and "ZeroDivisionError: a bug" in result.stderr

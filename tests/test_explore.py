@@ -20,11 +20,12 @@ from pgrace.cli import main
 from pgrace.drivers import check as regression
 from pgrace.drivers.explore import explore
 from pgrace.drivers.exploring import choose
+from pgrace.drivers.searches import Exhaustive, Sample
 from pgrace.drivers.shards import merge_explorations
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import classify, split_run
 from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario
@@ -40,7 +41,7 @@ HALF_CURE = HERE / "explore" / "half-cure.toml"
 
 
 def test_space_of_two_sessions_of_four_steps_is_70_and_numbering_round_trips() -> None:
-    space = Space(catalog.load("lost-update"))
+    space = Space(catalog.read_scenario("lost-update"))
     assert space.size == 70 == math.comb(8, 4)
     orders = [space.unrank(i) for i in range(space.size)]
     assert len(set(orders)) == 70
@@ -51,7 +52,7 @@ def test_space_of_two_sessions_of_four_steps_is_70_and_numbering_round_trips() -
 
 
 def test_space_of_three_sessions_is_the_multinomial() -> None:
-    scenario = catalog.load("skip-locked-fanout")  # three workers of three steps
+    scenario = catalog.read_scenario("skip-locked-fanout")  # three workers of three steps
     assert Space(scenario).size == math.factorial(9) // math.factorial(3) ** 3 == 1680
 
 
@@ -78,8 +79,8 @@ def test_a_sample_is_seeded_and_shards_partition_it() -> None:
 
 
 def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update")
-    found = explore(scenario, pgrace_server, reduce=False)
+    scenario = catalog.read_scenario("lost-update")
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert (found.space, found.explored, found.seed) == (70, 70, None)
     by_balance = {c.final[0][0][0]: c for c in found.classes}
     assert set(by_balance) == {400, 300}
@@ -94,7 +95,7 @@ def test_lost_update_has_two_classes_by_final_balance(pgrace_server: ServerInfo)
 
 
 def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_server: ServerInfo) -> None:
-    found = explore(catalog.load("lost-update").variant_named("fix"), pgrace_server, reduce=False)
+    found = explore(catalog.read_scenario("lost-update").variant_named("fix"), pgrace_server, search=Exhaustive())
     assert len(found.classes) == 1
     only = found.classes[0]
     assert (only.count, only.final, only.ok) == (70, (((300,),),), True)
@@ -102,12 +103,12 @@ def test_lost_update_fix_has_one_class_every_interleaving_ends_at_300(pgrace_ser
 
 
 def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("skip-locked-fanout").variant_named("bug")
-    first = explore(scenario, pgrace_server, limit=24, seed=5)
-    again = explore(scenario, pgrace_server, limit=24, seed=5)
+    scenario = catalog.read_scenario("skip-locked-fanout").variant_named("bug")
+    first = explore(scenario, pgrace_server, search=Sample(24, 5))
+    again = explore(scenario, pgrace_server, search=Sample(24, 5))
     assert first.to_dict() == again.to_dict()
     assert (first.space, first.explored, first.seed) == (140, 24, 5)
-    shards = [explore(scenario, pgrace_server, limit=24, seed=5, shard=(k, 3)) for k in (1, 2, 3)]
+    shards = [explore(scenario, pgrace_server, search=Sample(24, 5), shard=(k, 3)) for k in (1, 2, 3)]
     assert [s.explored for s in shards] == [8, 8, 8]
     merged = merge_explorations(shards).to_dict()
     assert merged.pop("shard") == {"n": 3, "held": [1, 2, 3], "missing": []}
@@ -118,14 +119,14 @@ def test_same_seed_same_classes_and_shards_merge_into_the_whole(pgrace_server: S
 
 def test_jobs_run_in_separate_processes_with_the_same_result(pgrace_server: ServerInfo) -> None:
     """Every interleaving, in two processes or one (the reduced search split: tests/test_reduce_shards.py)."""
-    scenario = catalog.load("lost-update")
-    every = explore(scenario, pgrace_server, reduce=False).to_dict()
-    assert explore(scenario, pgrace_server, jobs=2, reduce=False).to_dict() == every
+    scenario = catalog.read_scenario("lost-update")
+    every = explore(scenario, pgrace_server, search=Exhaustive()).to_dict()
+    assert explore(scenario, pgrace_server, jobs=2, search=Exhaustive()).to_dict() == every
 
 
 def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load(str(HERE / "specs" / "row-queue.spec"))
-    found = explore(scenario, pgrace_server, reduce=False)
+    scenario = catalog.read_scenario(str(HERE / "specs" / "row-queue.spec"))
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert found.space == math.factorial(6) // 8 == 90
     assert sum(c.count for c in found.classes) == 90
     assert [c.errors for c in found.classes] == [()]
@@ -133,7 +134,7 @@ def test_a_spec_with_its_own_teardown_is_explored(pgrace_server: ServerInfo) -> 
 
 def test_a_blocked_sessions_next_step_is_deferred_not_waited_for(pgrace_server: ServerInfo) -> None:
     """bob-read waits for alice; bob-write comes next in the order but must wait for bob to be free."""
-    fix = catalog.load("lost-update").variant_named("fix")
+    fix = catalog.read_scenario("lost-update").variant_named("fix")
     order = ("alice-1", "alice-read", "bob-1", "bob-read", "bob-write", "alice-write", "alice-4", "bob-4")
     one = Scenario(**{**fix.__dict__, "permutations": (tuple(PermutationStep(n) for n in order),), "other": None})
     options = RunOptions(step_timeout=2.0, defer_busy_sessions=True, checks_each_permutation=True)
@@ -152,9 +153,9 @@ def test_a_blocked_sessions_next_step_is_deferred_not_waited_for(pgrace_server: 
 def test_check_explore_passes_on_the_shipped_scenarios(pgrace_server: ServerInfo) -> None:
     cases = regression.prepare(["scenarios"])
     # a modest seeded sample of each (sleeps make some spaces slow); bench/bench_library.py explores them whole
-    results = [regression.run_explore_case(case, pgrace_server, limit=12, seed=1) for case in cases]
+    results = [regression.run_explore_case(case, pgrace_server, search=Sample(12, 1)) for case in cases]
     assert [(r.case.name, r.problems) for r in results if not r.ok] == []
-    assert len(results) == sum(len(catalog.load(n).variants) for n in catalog.shipped_names())
+    assert len(results) == sum(len(catalog.read_scenario(n).variants) for n in catalog.shipped_names())
 
 
 def test_check_explore_fails_a_cure_that_locks_one_read_naming_class_and_example(
@@ -277,7 +278,7 @@ def test_a_huge_space_is_stated_and_needs_a_sample(pgrace_server: ServerInfo) ->
     assert Space(scenario).size == size
     with pytest.raises(ScenarioError, match=f"{size:,} interleavings are too many"):
         explore(scenario, pgrace_server)
-    sampled = explore(scenario, pgrace_server, limit=3, seed=9)
+    sampled = explore(scenario, pgrace_server, search=Sample(3, 9))
     assert (sampled.space, sampled.explored, sampled.seed) == (size, 3, 9)
 
 
@@ -333,7 +334,7 @@ def test_nothing_of_one_interleaving_reaches_the_next_session_state_included(pgr
     )
     check = FinalCheck("who got the lock", "SELECT string_agg(who, ',') FROM t WHERE got", (("a",),))
     scenario = Scenario(**{**scenario.__dict__, "setup": ("CREATE TABLE t (who text, got bool)",), "checks": (check,)})
-    found = explore(scenario, pgrace_server, reduce=False)
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert sorted((c.final, c.count) for c in found.classes) == [(((("a",),),), 1), (((("b",),),), 1)]
 
 
@@ -341,7 +342,7 @@ def test_a_57014_class_is_not_called_a_step_timeout() -> None:
     """57014 is any canceled query: ddl-lock-queue's statement_timeout is not pgrace's --step-timeout."""
     from pgrace.model.outcomes import OutcomeClass, summarize
 
-    scenario = catalog.load("ddl-lock-queue")
+    scenario = catalog.read_scenario("ddl-lock-queue")
     summary = summarize(OutcomeClass(False, 1, ("57014",), (), (), 0, ()), scenario)
     assert "57014 (query canceled" in summary and "step timeout" not in summary
 
@@ -367,7 +368,7 @@ def test_sessions_left_in_a_failed_or_open_transaction_start_the_next_interleavi
     )
     lock_free = "SELECT 1 / pg_try_advisory_lock(42)::int; SELECT pg_advisory_unlock(42)"
     scenario = Scenario(**{**scenario.__dict__, "setup": (lock_free,)})
-    found = explore(scenario, pgrace_server, reduce=False)
+    found = explore(scenario, pgrace_server, search=Exhaustive())
     assert [(c.errors, c.count) for c in found.classes] == [(("22012",), 56)]  # a5's division alone, everywhere
 
 

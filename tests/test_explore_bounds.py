@@ -24,7 +24,7 @@ from pgrace import bounds
 from pgrace.cli import main
 from pgrace.drivers.exploring import choose
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 
@@ -94,10 +94,10 @@ def test_24_sessions_of_3_steps_are_counted_and_numbered_at_once() -> None:
     out = python(
         """
         import time
-        from pgrace.formats import catalog
+        from pgrace.frontends import catalog
         from pgrace.model.orders.space import Space
         started = time.perf_counter()
-        space = Space(catalog.load("skip-locked-fanout", {"workers": "24"}))
+        space = Space(catalog.read_scenario("skip-locked-fanout", {"workers": "24"}))
         last = space.size - 1
         assert space.rank(space.unrank(last)) == last and space.rank(space.unrank(12345)) == 12345
         print(space.size, round(time.perf_counter() - started, 3))
@@ -110,7 +110,7 @@ def test_24_sessions_of_3_steps_are_counted_and_numbered_at_once() -> None:
 
 @pytest.mark.parametrize("name", ["lost-update", "skip-locked-fanout"])
 def test_the_numbering_is_the_one_every_seed_and_shard_was_drawn_from(name: str) -> None:
-    space = Space(catalog.load(name))
+    space = Space(catalog.read_scenario(name))
     reference = Reference(space)
     assert space.size == reference.count(tuple(0 for _ in space.chains))
     orders = [space.unrank(i) for i in range(space.size)]

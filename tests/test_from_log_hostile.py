@@ -22,7 +22,7 @@ from click.testing import CliRunner
 import tools.incidents as real
 from pgrace.cli import main
 from pgrace.drivers.fromlog import from_log
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.text import has_control
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "from-log" / "deadlock.log"

@@ -20,7 +20,7 @@ from hypothesis import currently_in_test_context, event, given
 from hypothesis import strategies as st
 
 from pgrace.cli import FORMATS, main
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 pytestmark = pytest.mark.slow

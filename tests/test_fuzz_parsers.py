@@ -19,9 +19,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pgrace.errors import ScenarioError
-from pgrace.formats import limits
-from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.formats.spec import parse_spec
+from pgrace.frontends import limits
+from pgrace.frontends.scenario_toml import parse_toml_scenario
+from pgrace.frontends.spec import parse_spec
 
 pytestmark = pytest.mark.slow
 

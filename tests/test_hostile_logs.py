@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from pgrace import api
 from pgrace.cli import main
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.scratch import scratch_database
 from pgrace.scratch.roles import watcher_of
 from pgrace.servers import ServerInfo

@@ -26,7 +26,7 @@ from fix_recorded import Recorded
 from pgrace.cli import main
 from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.options import RunOptions
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.timeline import NoticeReceived, NotifyReceived, Run, StepFinished
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.compare import render_text_compare
@@ -64,7 +64,7 @@ def test_the_server_really_sent_hostile_text(pgrace_server: ServerInfo) -> None:
     """The record keeps the server's text as it came; only the outputs change it."""
     from pgrace import api
 
-    run = api.run(catalog.load(str(HOSTILE)), server=pgrace_server)
+    run = api.run(catalog.read_scenario(str(HOSTILE)), server=pgrace_server)
     events = run.events
     errors = [e.outcome.error.message for e in events if isinstance(e, StepFinished) and e.outcome.error]
     assert any("\x1b]0;pwned-error\x07" in m for m in errors)
@@ -138,7 +138,7 @@ def test_markdown_shows_markup_as_text(hostile_runs: tuple[Run, Run]) -> None:
 
 
 def test_the_presenter_draws_only_its_own_escapes(pgrace_run: RunScenario) -> None:
-    loaded = catalog.load(str(HOSTILE))
+    loaded = catalog.read_scenario(str(HOSTILE))
     out = io.StringIO()
     presenter = Presenter(loaded, Style(colour=True, width=100), pace=0.0001, out=out, tty=True)
     with presenter:

@@ -2,7 +2,7 @@
 
 Before these bounds, ``x = [[[…]]]`` 500 deep printed a 3,000-line RecursionError and a
 100,000-part dotted key kept tomllib busy for minutes. The limits are documented in
-:mod:`pgrace.formats.limits` and docs/reference/exit-codes.md.
+:mod:`pgrace.frontends.limits` and docs/reference/exit-codes.md.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from documentation import page
 
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog, limits
-from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.formats.spec import parse_spec
+from pgrace.frontends import catalog, limits
+from pgrace.frontends.scenario_toml import parse_toml_scenario
+from pgrace.frontends.spec import parse_spec
 
 STORY = 'sessions = ["a"]\n[[step]]\nsession = "a"\nsql = "SELECT 1"\n'
 SPEC = "session s1\nstep s1a { SELECT 1; }\n"

@@ -11,8 +11,8 @@ from helpers import by_name, finished_at, launched_at, toml_scenario
 
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats.catalog import shipped_names
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.catalog import shipped_names
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.checks import evaluate
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Release, SessionLost, StepFinished, StepRun
@@ -219,9 +219,9 @@ def test_check_without_a_path_runs_the_shipped_scenarios_when_there_is_no_scenar
 
 
 def parse_scenario(name: str) -> Scenario:
-    from pgrace.formats.catalog import load
+    from pgrace.frontends.catalog import read_scenario
 
-    return load(name)
+    return read_scenario(name)
 
 
 HEAD = """sessions = ["a", "b"]

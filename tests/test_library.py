@@ -12,7 +12,7 @@ import pytest
 
 from pgrace import api
 from pgrace.drivers.explore import explore
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.json import run_to_dict
 from pgrace.servers import ServerInfo
 
@@ -31,7 +31,7 @@ PRODUCTION = [
 
 def run(server: ServerInfo, name: str, variant: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The run's JSON record, and its steps by name; every expectation of the file must hold."""
-    data = run_to_dict(api.run(catalog.load(name).variant_named(variant), server=server))
+    data = run_to_dict(api.run(catalog.read_scenario(name).variant_named(variant), server=server))
     failed = [c["description"] for c in data["checks"] if not c["ok"]]
     assert failed == [], f"{name} ({variant})"
     return data, {s["name"]: s for s in data["steps"]}
@@ -49,7 +49,7 @@ def sqlstates(steps: dict[str, dict[str, Any]]) -> dict[str, str]:
 def test_the_production_races_are_shipped() -> None:
     assert set(PRODUCTION) <= set(catalog.shipped_names())
     for name in PRODUCTION:
-        assert set(catalog.load(name).variants) == {"bug", "fix"}
+        assert set(catalog.read_scenario(name).variants) == {"bug", "fix"}
 
 
 def test_deadlock_transfer_bob_is_the_one_victim_of_a_cycle_of_both(each_server: ServerInfo) -> None:
@@ -203,7 +203,7 @@ def test_phantom_count_fix_serialises_on_the_workshop_row(each_server: ServerInf
 def test_every_interleaving_bug_reproduces_somewhere_and_the_cure_everywhere(
     pgrace_server: ServerInfo, name: str
 ) -> None:
-    scenario = catalog.load(name)
+    scenario = catalog.read_scenario(name)
     bug = explore(scenario.variant_named("bug"), pgrace_server)
     assert bug.passed, f"{name}: no interleaving reproduces the bug"
     assert not all(c.reproduces for c in bug.classes), (

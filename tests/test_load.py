@@ -22,8 +22,8 @@ from procs import wait_gone
 from pgrace.cli import main
 from pgrace.drivers.load import LoadOptions, NoPgbench, pgbench_script, run_load
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.render.load import render_load_json, render_load_svg, render_load_text
 from pgrace.servers import ServerInfo
 
@@ -120,7 +120,9 @@ def test_a_scenario_without_load_is_exit_2() -> None:
 
 def test_no_pgbench_is_exit_3(pgrace_server: ServerInfo, tmp_path: Path) -> None:
     with pytest.raises(NoPgbench):
-        run_load(catalog.load("lost-update"), pgrace_server, LoadOptions(clients=(1,), pgbench=str(tmp_path / "x")))
+        run_load(
+            catalog.read_scenario("lost-update"), pgrace_server, LoadOptions(clients=(1,), pgbench=str(tmp_path / "x"))
+        )
     result = CliRunner().invoke(
         main, ["load", "lost-update", "-t", "1", "--dsn", pgrace_server.dsn, "--pgbench", str(tmp_path / "none")]
     )
@@ -129,7 +131,7 @@ def test_no_pgbench_is_exit_3(pgrace_server: ServerInfo, tmp_path: Path) -> None
 
 
 def test_lost_update_under_load_counts_lost_withdrawals_from_the_ledger(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     bug = run_load(scenario, pgrace_server, LoadOptions(clients=(4,), duration=None, transactions=150))
     (run,) = bug.runs
     assert run.transactions == 600
@@ -147,7 +149,7 @@ def test_lost_update_under_load_counts_lost_withdrawals_from_the_ledger(pgrace_s
 
 
 def test_head_of_line_blocking_clients_queue_on_one_row(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("head-of-line-blocking")
+    scenario = catalog.read_scenario("head-of-line-blocking")
     bug = run_load(scenario, pgrace_server, LoadOptions(clients=(3,), duration=None, transactions=5))
     (run,) = bug.runs
     assert run.lock_waiters_max == 2 and run.lock_waits_on == "a row of jobs"
@@ -181,7 +183,7 @@ def test_head_of_line_blocking_clients_queue_on_one_row(pgrace_server: ServerInf
 
 
 def test_nowait_counts_its_errors(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("nowait")
+    scenario = catalog.read_scenario("nowait")
     bug = run_load(scenario, pgrace_server, LoadOptions(clients=(4,), duration=None, transactions=40))
     (violation,) = bug.runs[0].violations
     assert violation.expected == "160"  # every attempt is logged, one per transaction
@@ -263,7 +265,7 @@ def _cmdline(proc: Path) -> str:
 
 def test_shipped_load_sections_do_not_change_run() -> None:
     for name in ("lost-update", "head-of-line-blocking", "skip-locked-fanout", "nowait"):
-        scenario = catalog.load(name)
+        scenario = catalog.read_scenario(name)
         assert scenario.load is not None and scenario.other is not None and scenario.other.load is not None
         assert pgbench_script(scenario) != pgbench_script(scenario.other)
 
@@ -308,7 +310,7 @@ def test_the_emitted_files_run_with_bare_pgbench(pgrace_server: ServerInfo, tmp_
     from pgrace.drivers.load import emit, find_pgbench
     from pgrace.scratch import scratch_database
 
-    scenario = catalog.load("lost-update").other
+    scenario = catalog.read_scenario("lost-update").other
     assert scenario is not None
     script, setup, check = emit(scenario, tmp_path)
     with scratch_database(pgrace_server, "emitted") as db:

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from pgrace.cli import main
 from pgrace.drivers.load import DEFAULT_CONNECTIONS, LoadOptions, connections_for, run_load
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.load import render_load_text
 from pgrace.servers import ServerInfo
 
@@ -114,7 +114,7 @@ def test_every_wait_is_counted_from_the_servers_log_as_a_1ms_watcher_sees_them(p
     watcher.start()
     try:
         loaded = run_load(
-            catalog.load("head-of-line-blocking"),
+            catalog.read_scenario("head-of-line-blocking"),
             pgrace_server,
             LoadOptions(clients=(4,), duration=None, transactions=8),
         )
@@ -133,7 +133,9 @@ def test_every_wait_is_counted_from_the_servers_log_as_a_1ms_watcher_sees_them(p
 def test_a_users_server_is_sampled_and_its_waits_are_not_counted(pgrace_server: ServerInfo) -> None:
     user_server = dataclasses.replace(pgrace_server, log_path=None, scenario_role=False)
     loaded = run_load(
-        catalog.load("head-of-line-blocking"), user_server, LoadOptions(clients=(3,), duration=None, transactions=3)
+        catalog.read_scenario("head-of-line-blocking"),
+        user_server,
+        LoadOptions(clients=(3,), duration=None, transactions=3),
     )
     (run,) = loaded.runs
     assert run.lock_waits is None and run.lock_waits_by == ()

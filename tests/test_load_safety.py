@@ -28,7 +28,7 @@ from procs import wait_gone
 from pgrace.cli import main
 from pgrace.drivers.load import LoadOptions, emit, pgbench_script, run_load
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.servers import ServerInfo, open_server
 
 SCENARIO = """\
@@ -223,9 +223,9 @@ def _threads(pid: int) -> int:
 
 def test_a_high_client_count_runs_on_as_many_threads_as_cores(pgrace_server: ServerInfo) -> None:
     """40 clients, each holding a row lock for 20 ms: pgbench runs them on the machine's cores."""
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    scenario = catalog.load("head-of-line-blocking")
+    scenario = catalog.read_scenario("head-of-line-blocking")
     seen: list[int] = []
     done = threading.Event()
 

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from helpers import by_name
 
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.scenario import Scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.markdown import render_markdown

@@ -18,7 +18,7 @@ from pgrace.cli import main
 from pgrace.drivers.explore import explore
 from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 
@@ -121,7 +121,7 @@ def test_a_file_that_does_not_say_its_search_is_refused(shards: dict[str, str], 
 
 
 def test_the_library_refuses_a_shard_held_twice(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     first = explore(scenario, pgrace_server, shard=(1, 2))
     with pytest.raises(ScenarioError, match="shard 1/2 again"):
         merge_explorations([first, first])

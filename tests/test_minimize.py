@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.minimize import Failure, Minimized, Shape, failure_of, minimize
+from pgrace.drivers.minimize import Failure, Kept, Minimized, failure_of, minimize
 from pgrace.drivers.minimize.export import ExportError, isolationtester, verified_spec
 from pgrace.drivers.minimize.statements import split_block
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
 from tools.padded import padded
@@ -30,14 +30,14 @@ _MINIMIZED: dict[str, Minimized] = {}
 
 def minimized_padded(name: str, server: ServerInfo) -> Minimized:
     if name not in _MINIMIZED:
-        scenario = padded(catalog.load(name).variant_named("bug"))
+        scenario = padded(catalog.read_scenario(name).variant_named("bug"))
         _MINIMIZED[name] = minimize(scenario, server, tuple(p.step for p in scenario.permutations[0]))
     return _MINIMIZED[name]
 
 
 @pytest.mark.parametrize("name", RACES)
 def test_a_padded_race_shrinks_back_and_fails_the_same_way(name: str, pgrace_server: ServerInfo) -> None:
-    shipped = catalog.load(name).variant_named("bug")
+    shipped = catalog.read_scenario(name).variant_named("bug")
     scenario = padded(shipped)
     found = minimized_padded(name, pgrace_server)
     assert found.locally_minimal
@@ -92,7 +92,7 @@ def test_a_candidate_that_fails_differently_is_never_kept() -> None:
 
 def test_deadlock_keeps_its_seed_rows_and_its_order(pgrace_server: ServerInfo) -> None:
     """Each seed row is tried alone; the deadlock needs both, and the order that makes the cycle."""
-    scenario = catalog.load("deadlock-transfer").variant_named("bug")
+    scenario = catalog.read_scenario("deadlock-transfer").variant_named("bug")
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
     rows = [t for t in found.trials if t.kind == "row"]
     assert len(rows) >= 2 and not any(t.removed for t in rows)
@@ -102,7 +102,7 @@ def test_deadlock_keeps_its_seed_rows_and_its_order(pgrace_server: ServerInfo) -
 
 
 def test_a_capture_goes_with_its_reader(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
     assert any(t.what == "alice-read (with its reader alice-write)" for t in found.trials)
     assert found.order == ("alice-read", "bob-read", "alice-write", "bob-write")  # no BEGIN/COMMIT needed
@@ -117,7 +117,7 @@ def test_setup_statements_and_rows_split() -> None:
     assert second.without_row(0).text == "INSERT INTO a VALUES (2, f(1, 2)) ON CONFLICT DO NOTHING"
     é = split_block(1, "INSERT INTO a VALUES ('é', 1), ('ü', 2)")[0]  # the scanner counts characters, not bytes
     assert é.rows == ("('é', 1)", "('ü', 2)")
-    assert Shape(("s",), ("x",), (first, second)).rows == 2
+    assert Kept(("s",), ("x",), (first, second)).rows == 2
 
 
 def test_the_exports_are_written_verified(pgrace_server: ServerInfo, tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ def test_a_class_of_the_exploration_is_a_starting_point(pgrace_server: ServerInf
     from pgrace import api
     from pgrace.drivers.explore import explore
 
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     classes = explore(scenario, pgrace_server).classes
     bug = next(i for i, c in enumerate(classes, 1) if c.reproduces)  # the class where the bug happened
     found = api.minimize(scenario, server=pgrace_server, cls=bug)

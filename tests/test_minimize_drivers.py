@@ -14,7 +14,7 @@ from pgrace import api
 from pgrace.cli import main
 from pgrace.drivers.fromlog import from_log
 from pgrace.drivers.minimize import failure_of
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 
 CYCLE = {
@@ -91,14 +91,14 @@ def test_explore_minimizes_the_first_failing_class(pgrace_server: ServerInfo) ->
 
 
 def test_explore_says_when_no_class_fails_and_python_gets_the_same(pgrace_server: ServerInfo) -> None:
-    fix = catalog.load("lost-update").variant_named("fix")
+    fix = catalog.read_scenario("lost-update").variant_named("fix")
     found = api.explore(fix, server=pgrace_server, minimize=True)
     assert found.asked_to_minimize and found.minimized is None and found.minimized_class is None
     result = CliRunner().invoke(main, ["explore", "lost-update", "--fix", "--minimize", "--dsn", pgrace_server.dsn])
     assert result.exit_code == 0, result.output
     assert result.stdout.endswith("\nnothing to minimize: no class fails\n")
 
-    bug = api.explore(catalog.load("lost-update").variant_named("bug"), server=pgrace_server, minimize=True)
+    bug = api.explore(catalog.read_scenario("lost-update").variant_named("bug"), server=pgrace_server, minimize=True)
     assert bug.minimized is not None and bug.minimized_class is not None
     assert bug.classes[bug.minimized_class - 1].reproduces
     assert bug.minimized.after["steps"] == 4

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from pgrace.cli import main
 from pgrace.drivers.minimize import failure_of, minimize
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import ServerInfo
 from tools.padded import padded
 
@@ -79,7 +79,7 @@ def test_sql_is_simplified_where_a_smaller_statement_fails_the_same_way(
 ) -> None:
     path = tmp_path / "wordy.toml"
     path.write_text(LOST_UPDATE_WORDY)
-    scenario = catalog.load(str(path))
+    scenario = catalog.read_scenario(str(path))
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
     sql = {s.name: s.sql for s in found.scenario.steps}
     assert sql["alice-read"] == "SELECT balance FROM accounts WHERE owner = 'shared'"  # a column and a term gone
@@ -176,7 +176,7 @@ def test_a_retry_loop_goes_as_one_unit_and_a_spec_refuses_it_naming_the_step(
     """Alice's loop over an unrelated table goes whole; Bob's, which makes the failure, stays whole."""
     path = tmp_path / "double-audit.toml"
     path.write_text(RETRYING)
-    scenario = catalog.load(str(path))
+    scenario = catalog.read_scenario(str(path))
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
 
     loops = [t for t in found.trials if t.kind == "retry loop"]
@@ -199,7 +199,7 @@ def test_a_candidate_that_hangs_waits_a_few_times_the_original_not_the_step_time
     pgrace_server: ServerInfo,
 ) -> None:
     """deadlock-transfer's candidates without a COMMIT leave a step waiting for a session with nothing left to send."""
-    shipped = catalog.load("deadlock-transfer").variant_named("bug")
+    shipped = catalog.read_scenario("deadlock-transfer").variant_named("bug")
     scenario = padded(shipped)
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]), step_timeout=10.0)
     assert found.candidate_timeout < 3.0  # not the 10 s step timeout, which each such candidate waited out
@@ -210,7 +210,7 @@ def test_a_candidate_that_hangs_waits_a_few_times_the_original_not_the_step_time
 @pytest.mark.timing
 def test_a_deadlock_minimizes_in_seconds(pgrace_server: ServerInfo) -> None:
     """Four of its candidates hang until cancelled: 42 s at the 10 s step timeout, about 6 s now."""
-    shipped = catalog.load("deadlock-transfer").variant_named("bug")
+    shipped = catalog.read_scenario("deadlock-transfer").variant_named("bug")
     found = minimize(shipped, pgrace_server, tuple(p.step for p in shipped.permutations[0]), step_timeout=10.0)
     assert found.seconds < 25.0
 
@@ -218,7 +218,7 @@ def test_a_deadlock_minimizes_in_seconds(pgrace_server: ServerInfo) -> None:
 def test_nothing_is_run_twice_for_the_result(pgrace_server: ServerInfo) -> None:
     """Beyond its trials, a shrink runs the original, a serial order (which tells a race) and the order's trace:
     the result's own count of failing runs is the one made when it was kept."""
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     found = minimize(scenario, pgrace_server, tuple(p.step for p in scenario.permutations[0]))
     assert found.race and found.failed_after == found.repeats == 1
     assert found.runs == sum(t.runs for t in found.trials) + 3
@@ -230,6 +230,6 @@ def test_without_checks_or_errors_a_wait_is_the_failure() -> None:
 
     from pgrace.drivers.minimize import Failure
 
-    waits = dataclasses.replace(catalog.load("head-of-line-blocking").variant_named("bug"), checks=())
+    waits = dataclasses.replace(catalog.read_scenario("head-of-line-blocking").variant_named("bug"), checks=())
     assert Failure(False, (), (), ("claim2",)).fails(waits)
     assert not Failure(False, (), (), ()).fails(waits)  # nothing happened: nothing to minimize

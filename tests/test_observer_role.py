@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from pgrace import api
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
 

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pgrace.cli import main
-from pgrace.formats.catalog import shipped_dir
+from pgrace.frontends.catalog import shipped_dir
 from pgrace.servers import ServerInfo
 
 

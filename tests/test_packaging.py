@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import pgrace
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -177,7 +177,7 @@ def test_an_installed_wheel_finds_its_scenarios_away_from_any_checkout(installed
         [
             python,
             "-c",
-            "import pgrace, pgrace.formats.catalog as c; print(pgrace.__file__, pgrace.__version__, c.shipped_dir(), len(c.shipped_names()))",
+            "import pgrace, pgrace.frontends.catalog as c; print(pgrace.__file__, pgrace.__version__, c.shipped_dir(), len(c.shipped_names()))",
         ],
         cwd=tmp_path,
         env=env,

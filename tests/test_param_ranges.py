@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from pgrace import api
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.servers import ServerInfo
 
 
@@ -50,7 +50,7 @@ def test_every_whole_number_param_that_sizes_a_group_is_bounded() -> None:
 def test_both_variants_hold_across_the_range(
     pgrace_server: ServerInfo, scenario: str, param: str, value: int, variant: str
 ) -> None:
-    chosen = catalog.variant(catalog.load(scenario, {param: str(value)}), variant)
+    chosen = catalog.variant(catalog.read_scenario(scenario, {param: str(value)}), variant)
     result = api.run(chosen, server=pgrace_server)
     assert result.ok
 
@@ -81,7 +81,9 @@ def test_every_param_value_a_shipped_scenario_suggests_is_accepted() -> None:
         text = (catalog.shipped_dir() / f"{name}.toml").read_text()
         for param, value in re.findall(r"-p (\w+)=(\w+)", text):
             suggested += 1
-            loaded = catalog.load(name, {param: value})  # builds every variant: one naming a missing session fails
+            loaded = catalog.read_scenario(
+                name, {param: value}
+            )  # builds every variant: one naming a missing session fails
             assert all(dict(catalog.variant(loaded, v).params)[param] == int(value) for v in loaded.variants)
     assert suggested
 

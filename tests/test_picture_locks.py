@@ -15,8 +15,8 @@ import pytest
 from fix_recorded import RECORDED, Recorded
 
 from pgrace import api
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.timeline import Run
 from pgrace.render.common import PALETTE
 from pgrace.render.html import render_html
@@ -35,7 +35,7 @@ def run(recorded: Recorded) -> Run:
 @pytest.fixture(scope="module")
 def live_run(pgrace_server: ServerInfo) -> Run:
     """The same scenario run now: what the runner records of it, not how it is drawn."""
-    return api.run(catalog.load(str(RECORDED / "readers.toml")), server=pgrace_server)
+    return api.run(catalog.read_scenario(str(RECORDED / "readers.toml")), server=pgrace_server)
 
 
 def cells(svg: str) -> list[ET.Element]:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from pgrace.cli import main
 from pgrace.drivers.explore import explore
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.render.json import run_to_dict
 from pgrace.servers import ServerInfo
 from tools.record_runs import load_run
@@ -38,7 +38,7 @@ def declared(tmp_path: Path) -> Path:
 def test_explore_verdict_and_exit_code_fail_a_cure_whose_other_orders_raise_an_undeclared_error(
     pgrace_server: ServerInfo, tmp_path: Path
 ) -> None:
-    cure = catalog.load(str(UNIQUE_CURE))
+    cure = catalog.read_scenario(str(UNIQUE_CURE))
     found = explore(cure, pgrace_server)
     assert [c.ok for c in found.classes] == [True, True]  # the final check holds everywhere ...
     assert [c.unexpected for c in found.classes] == [(), ("23505",)]  # ... but one order raises 23505
@@ -196,7 +196,7 @@ def test_shipped_bug_variants_say_what_their_checks_are() -> None:
     """Every shipped check's polarity is written down: a bug variant's own checks are the bug's signature
     or an invariant it breaks, and a cure's checks are invariants."""
     for name in catalog.shipped_names():
-        scenario = catalog.load(name)
+        scenario = catalog.read_scenario(name)
         for variant in scenario.variants:
             one = scenario.variant_named(variant)
             if variant == "fix":

@@ -21,8 +21,8 @@ import pytest
 
 from pgrace.cli.terminal.presenter import Presenter, bound_values
 from pgrace.engine.options import RunOptions
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.text import Style
 from pgrace.servers import ServerInfo
@@ -49,7 +49,7 @@ def present(
     width: int = 100,
     **kwargs: object,
 ) -> tuple[str, Presenter]:
-    loaded = catalog.load(name)
+    loaded = catalog.read_scenario(name)
     scenario = loaded.variant_named(variant)
     out = io.StringIO()
     presenter = Presenter(
@@ -108,7 +108,7 @@ def test_an_error_is_shown_with_its_sqlstate(pgrace_run: RunScenario) -> None:
 
 def test_status_line_counts_the_wait_on_a_terminal(pgrace_run: RunScenario) -> None:
     clock = FakeClock()
-    scenario = catalog.load("lost-update").variant_named("fix")
+    scenario = catalog.read_scenario("lost-update").variant_named("fix")
     out = io.StringIO()
     presenter = Presenter(scenario, Style(colour=False, width=100), pace=0.0001, out=out, tty=True, clock=clock)
     seen: list[str] = []

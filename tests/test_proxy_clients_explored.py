@@ -1,7 +1,6 @@
 """Real clients' lost update through the proxy: explore finds the bug, and the cure (``FOR UPDATE``) holds in every
-order, each with its run count: Django's ORM as an ``--exec`` command, SQLAlchemy's async engine as
-``pgrace.proxy`` async sessions. (psycopg2's exploration, clients/withdraw_psycopg2.py, is seen "not all covered"
-in some runs, never proved wrongly: its test comes back when that is understood.)"""
+order, each with its run count: psycopg2 and Django's ORM as ``--exec`` commands, SQLAlchemy's async engine as
+``pgrace.proxy`` async sessions."""
 
 from __future__ import annotations
 
@@ -38,6 +37,12 @@ def _found_and_cured(server: ServerInfo, command: str, found_runs: str, cured_ru
     assert f"{cured_runs}: 1 outcome class" in cured, cured
     assert "final (300) · checks hold" in cured and "incomplete" not in cured, cured
     assert "verdict: ✔ no class shows the bug" in cured, cured
+
+
+def test_psycopg2_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo) -> None:
+    """psycopg2 sends its values inside the text (simple queries) and BEGIN before the first."""
+    command = f"{sys.executable} {CLIENTS / 'withdraw_psycopg2.py'}"
+    _found_and_cured(pgrace_server, command, "all 6 interleavings, 7 runs", "all 6 interleavings, 7 runs")
 
 
 def test_django_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo) -> None:

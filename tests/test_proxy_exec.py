@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pgrace.drivers.exec import explore_exec, run_exec
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
@@ -22,7 +22,7 @@ WITHDRAW = f"{sys.executable} {EXAMPLES / 'withdraw.py'}"
 
 
 def test_lost_update_one_run(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update", {})
+    scenario = catalog.read_scenario("lost-update", {})
     commands = [Command("alice", WITHDRAW), Command("bob", WITHDRAW)]
     run = run_exec(scenario, commands, pgrace_server, order=["alice#1", "bob#1", "alice#1", "bob#1"])
     from pgrace.render.text import render_text
@@ -32,7 +32,7 @@ def test_lost_update_one_run(pgrace_server: ServerInfo) -> None:
 
 
 def test_lost_update_explored(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update", {})
+    scenario = catalog.read_scenario("lost-update", {})
     commands = [Command("alice", WITHDRAW), Command("bob", WITHDRAW)]
     found = explore_exec(scenario, commands, pgrace_server)
     for cls in found.classes:
@@ -94,7 +94,7 @@ def test_the_wait_is_what_pg_locks_shows(pgrace_server: ServerInfo, monkeypatch:
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(StepBook, "waiting", waiting)
-    scenario = catalog.load("lost-update", {}).other
+    scenario = catalog.read_scenario("lost-update", {}).other
     assert scenario is not None
     commands = [Command("alice", WITHDRAW + " --for-update"), Command("bob", WITHDRAW + " --for-update")]
     run = run_exec(scenario, commands, pgrace_server, order=["alice#1", "alice#1", "bob#1", "bob#1"])
@@ -125,7 +125,7 @@ def test_a_command_that_connects_around_the_proxy_fails_the_run(
 def test_pooled_connections_are_sessions_of_their_own(pgrace_server: ServerInfo) -> None:
     """An idle connection beside a parked one: the process waits for pgrace, so the run goes on; each connection
     that sends a statement is a session, named by the order the process opened it."""
-    scenario = catalog.load("lost-update", {})
+    scenario = catalog.read_scenario("lost-update", {})
     pooled = f"{sys.executable} {CLIENTS / 'pooled.py'}"
     run = run_exec(scenario, [Command("pool", pooled), Command("bob", WITHDRAW)], pgrace_server)
     sessions = [(s.session, s.sql) for s in run.scenario.steps]
@@ -147,7 +147,7 @@ def test_pooled_connections_are_sessions_of_their_own(pgrace_server: ServerInfo)
 
 def test_a_command_that_fails_is_an_outcome(pgrace_server: ServerInfo) -> None:
     """A non-zero exit is a step of the run with the command's last line of stderr, not a crash."""
-    scenario = catalog.load("lost-update", {})
+    scenario = catalog.read_scenario("lost-update", {})
     failing = f"{sys.executable} -c \"import sys; sys.exit('no more money')\""
     run = run_exec(scenario, [Command("alice", WITHDRAW), Command("broke", failing)], pgrace_server)
     [failed] = [s for s in run.steps if s.outcome is not None and s.outcome.error is not None]
@@ -287,7 +287,7 @@ def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
 def test_a_statement_past_the_step_timeout_says_pgrace_cancelled_it(pgrace_server: ServerInfo) -> None:
     """The proxy's step is cancelled at the step timeout as any step is, and its error says who cancelled it, as a
     code session's and a setup's do: the application's own cancel would read the same SQLSTATE."""
-    scenario = catalog.load("lost-update", {})
+    scenario = catalog.read_scenario("lost-update", {})
     sleeper = (
         f"{sys.executable} -c \"import os, psycopg; psycopg.connect(os.environ['DATABASE_URL'], autocommit=True)"
         ".execute('SELECT pg_sleep(60)')\""

@@ -28,7 +28,7 @@ def framed(*messages: pg.PGMessage) -> list[wire.Message]:
     return wire.Framer().feed(raw(*messages))
 
 
-def group(*messages: pg.PGMessage, memory: steps.Memory | None = None) -> list[steps.Step]:
+def group(*messages: pg.PGMessage, memory: steps.Memory | None = None) -> list[steps.GroupedStep]:
     grouper = steps.Grouper(memory or steps.Memory())
     found = [grouper.add(message) for message in framed(*messages)]
     return [step for step in found if step is not None]
@@ -101,7 +101,9 @@ def test_a_malformed_startup_packet_is_a_protocol_violation(packet: bytes, says:
 # ---------------------------------------------------------------------------------------------- framing
 
 FRONTEND = st.one_of(
-    st.builds(pg.Query, query_string=st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=40)),
+    st.builds(
+        pg.Query, query_string=st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\0"), max_size=40)
+    ),
     st.builds(pg.Parse, statement=st.sampled_from(["", "s1"]), query=st.just("SELECT $1"), param_types=st.just([23])),
     st.builds(pg.Bind, param_formats=st.just([0]), param_values=st.lists(st.one_of(st.none(), st.binary(max_size=9)))),
     st.builds(pg.Execute, max_rows=st.integers(0, 5)),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.pytest_plugin import RunScenario
 
 RACES = sorted((Path(__file__).resolve().parent / "races").glob("*.toml"))
@@ -31,7 +31,7 @@ def test_the_six_races_are_here() -> None:
 
 @pytest.mark.parametrize("path", RACES, ids=lambda p: p.stem)
 def test_every_race_holds_its_expectations(pgrace_run: RunScenario, path: Path) -> None:
-    scenario = catalog.load(str(path))
+    scenario = catalog.read_scenario(str(path))
     run = pgrace_run(scenario)
     failed = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]
     assert failed == []

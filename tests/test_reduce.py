@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from pgrace.cli import main
 from pgrace.drivers.explore import Exploration, _explore_reduced, explore
 from pgrace.drivers.reduce import every_order_differs, nature_of
-from pgrace.formats import catalog
+from pgrace.drivers.searches import Exhaustive
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario, Step
 from pgrace.servers import ServerInfo
@@ -26,7 +27,7 @@ from pgrace.servers import ServerInfo
 HERE = Path(__file__).parent / "explore"
 
 SHIPPED = catalog.shipped_names()  # every one, both variants: the acceptance of the reduction
-SHIPPED_VARIANTS = [(name, variant) for name in SHIPPED for variant in catalog.load(name).variants]
+SHIPPED_VARIANTS = [(name, variant) for name in SHIPPED for variant in catalog.read_scenario(name).variants]
 HARD = ["fk-check", "serializable-three", "advisory-and-ddl"]  # the slower ones are in bench/bench_reduce.py
 
 
@@ -44,9 +45,9 @@ def _searched(scenario: Scenario, server: ServerInfo) -> Exploration:
 def test_reduced_classes_are_the_exhaustive_classes_on_shipped_scenarios(
     pgrace_server: ServerInfo, name: str, variant: str
 ) -> None:
-    scenario = catalog.load(name).variant_named(variant)
+    scenario = catalog.read_scenario(name).variant_named(variant)
     reduced = _searched(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all and reduced.run_count <= every.run_count == every.space
     assert sum(c.count for c in reduced.classes) == reduced.run_count
@@ -59,9 +60,9 @@ def test_every_shipped_variant_is_compared() -> None:
 @pytest.mark.parametrize("name", [*HARD, "half-cure"])
 def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_server: ServerInfo, name: str) -> None:
     path = HERE / "hard" / f"{name}.toml" if name in HARD else HERE / f"{name}.toml"
-    scenario = catalog.load(str(path))
+    scenario = catalog.read_scenario(str(path))
     reduced = _searched(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all
 
@@ -69,7 +70,7 @@ def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_ser
 def test_where_the_text_shows_every_order_to_matter_every_interleaving_is_run(pgrace_server: ServerInfo) -> None:
     """Three SERIALIZABLE transactions past their BEGIN: each pair of steps depends, so no run can stand
     for another; explore runs all 560 without reading footprints, as the search would have run them."""
-    scenario = catalog.load(str(HERE / "hard" / "serializable-three.toml"))
+    scenario = catalog.read_scenario(str(HERE / "hard" / "serializable-three.toml"))
     assert every_order_differs(scenario)
     found = explore(scenario, pgrace_server)
     assert found.covers_all and not found.reduced and found.run_count == found.space == 560
@@ -81,13 +82,13 @@ def test_where_the_text_shows_every_order_to_matter_every_interleaving_is_run(pg
     [("lost-update", False), ("write-skew", False), ("lock-strengths", True), ("crashed-worker", True)],
 )
 def test_which_shipped_scenarios_have_every_order_matter(name: str, differs: bool) -> None:
-    assert every_order_differs(catalog.load(name).variant_named("bug")) is differs
+    assert every_order_differs(catalog.read_scenario(name).variant_named("bug")) is differs
 
 
 @pytest.mark.timing
 def test_two_independent_lost_updates_are_covered_completely_in_few_runs(pgrace_server: ServerInfo) -> None:
     """Four sessions of four steps: 63,063,000 interleavings, no sample; each pair's outcome beside the other's."""
-    scenario = catalog.load(str(HERE / "two-lost-updates.toml"))
+    scenario = catalog.read_scenario(str(HERE / "two-lost-updates.toml"))
     started = time.perf_counter()
     found = explore(scenario, pgrace_server)
     assert time.perf_counter() - started < 120
@@ -98,7 +99,7 @@ def test_two_independent_lost_updates_are_covered_completely_in_few_runs(pgrace_
 
 def test_three_withdrawals_take_a_tenth_of_the_runs(pgrace_server: ServerInfo) -> None:
     """Three sessions of four steps (34,650 interleavings; bench_reduce compares them with every one)."""
-    scenario = catalog.load(str(HERE / "three-withdrawals.toml"))
+    scenario = catalog.read_scenario(str(HERE / "three-withdrawals.toml"))
     found = explore(scenario, pgrace_server)
     assert found.space == 34_650 and found.covers_all
     assert found.run_count <= 3_465
@@ -135,6 +136,6 @@ def test_the_json_says_runs_and_whether_the_space_is_covered(pgrace_server: Serv
     ],
 )
 def test_what_a_steps_text_says_before_it_runs(sql: str, opaque: bool, local: bool) -> None:
-    scenario = catalog.load("lost-update")
+    scenario = catalog.read_scenario("lost-update")
     nature = nature_of(Step("s", "alice", sql), scenario)
     assert (nature.opaque, nature.local) == (opaque, local)

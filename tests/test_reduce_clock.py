@@ -21,7 +21,8 @@ import pytest
 from pgrace.drivers.explore import Exploration, _explore_reduced, explore
 from pgrace.drivers.reduce import moves, nature_of
 from pgrace.drivers.reduce.nature import Nature, setup_clock
-from pgrace.formats import catalog
+from pgrace.drivers.searches import Exhaustive
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario, Step
 from pgrace.servers import ServerInfo
@@ -43,11 +44,11 @@ def _searched(scenario: Scenario, server: ServerInfo) -> Exploration:
 
 @pytest.mark.parametrize("name", [*MUST_DEPEND, "stale-reclaim-two"])
 def test_clock_readings_keep_the_exhaustive_classes(pgrace_server: ServerInfo, name: str) -> None:
-    loaded = catalog.load(str(CLOCK / f"{name}.toml"))
+    loaded = catalog.read_scenario(str(CLOCK / f"{name}.toml"))
     for variant in loaded.variants:
         scenario = loaded.variant_named(variant)
         reduced = _searched(scenario, pgrace_server)
-        every = explore(scenario, pgrace_server, reduce=False)
+        every = explore(scenario, pgrace_server, search=Exhaustive())
         assert _classes(reduced) == _classes(every)
         assert reduced.covers_all and reduced.run_count < every.run_count
         if name in MUST_DEPEND:
@@ -79,8 +80,8 @@ def test_a_wrong_clock_rule_loses_a_class(
 ) -> None:
     """The comparisons above can fail: each wrong rule finds fewer classes than every interleaving does."""
     name, wrong, scenario_name = WRONG[rule]
-    scenario = catalog.load(str(CLOCK / f"{scenario_name}.toml"))
-    every = explore(scenario, pgrace_server, reduce=False)
+    scenario = catalog.read_scenario(str(CLOCK / f"{scenario_name}.toml"))
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     monkeypatch.setattr(moves, name, wrong)
     reduced = _searched(scenario, pgrace_server)
     assert len(reduced.classes) < len(every.classes) == 2
@@ -88,8 +89,8 @@ def test_a_wrong_clock_rule_loses_a_class(
 
 def test_times_in_final_rows_classify_by_their_order(pgrace_server: ServerInfo) -> None:
     """Two explorations of a check that shows now()'s stamps find the same classes: the wall clock moved."""
-    scenario = catalog.load(str(CLOCK / "stamped.toml"))
-    first, again = (explore(scenario, pgrace_server, reduce=False) for _ in range(2))
+    scenario = catalog.read_scenario(str(CLOCK / "stamped.toml"))
+    first, again = (explore(scenario, pgrace_server, search=Exhaustive()) for _ in range(2))
     assert _classes(first) == _classes(again)
     finals = sorted(c.final[0] for c in first.classes)
     assert finals == [
@@ -103,7 +104,7 @@ def test_times_in_final_rows_classify_by_their_order(pgrace_server: ServerInfo) 
 def test_the_stale_reclaim_queue_takes_a_tenth_of_its_space(pgrace_server: ServerInfo, variant: str) -> None:
     """Three workers of four steps (34,650 interleavings) that reclaim by now() and whose check reads it;
     bench_reduce compares every interleaving's classes."""
-    scenario = catalog.load(str(CLOCK / "stale-reclaim-queue.toml")).variant_named(variant)
+    scenario = catalog.read_scenario(str(CLOCK / "stale-reclaim-queue.toml")).variant_named(variant)
     found = explore(scenario, pgrace_server)
     assert found.space == 34_650 and found.covers_all and found.reduced
     assert found.run_count <= 3_465
@@ -127,7 +128,7 @@ def _step(sql: str) -> Step:
     ],
 )
 def test_what_a_step_says_of_the_clock(sql: str, clock: bool, at_start: bool) -> None:
-    scenario = catalog.load(str(CLOCK / "begin-order.toml"))
+    scenario = catalog.read_scenario(str(CLOCK / "begin-order.toml"))
     nature = nature_of(_step(sql), scenario)
     assert not nature.opaque and (nature.clock, nature.clock_at_start) == (clock, at_start)
 
@@ -148,5 +149,5 @@ def test_what_a_step_says_of_the_clock(sql: str, clock: bool, at_start: bool) ->
 def test_what_a_setup_leaves_to_the_clock(setup: str, unseen: tuple[bool, bool]) -> None:
     import dataclasses
 
-    scenario = dataclasses.replace(catalog.load(str(CLOCK / "begin-order.toml")), setup=(setup,))
+    scenario = dataclasses.replace(catalog.read_scenario(str(CLOCK / "begin-order.toml")), setup=(setup,))
     assert setup_clock(scenario) == unseen

@@ -20,7 +20,8 @@ import pytest
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
 from pgrace.drivers.reduce.reads import Shape, effect_of
-from pgrace.formats import catalog
+from pgrace.drivers.searches import Exhaustive
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 
@@ -37,9 +38,9 @@ def _classes(found: object) -> list[str]:
 
 @pytest.mark.parametrize("name", [*MUST_DEPEND, *TABLE_RUNS])
 def test_reads_told_apart_keep_the_exhaustive_classes(pgrace_server: ServerInfo, name: str) -> None:
-    scenario = catalog.load(str(READS / f"{name}.toml"))
+    scenario = catalog.read_scenario(str(READS / f"{name}.toml"))
     reduced = explore(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all
     if name in MUST_DEPEND:  # the order of the two transactions decides the final state
@@ -50,7 +51,7 @@ def test_reads_told_apart_keep_the_exhaustive_classes(pgrace_server: ServerInfo,
 
 def test_a_read_by_key_and_an_insert_say_their_keys(pgrace_server: ServerInfo) -> None:
     """The copier's read is of row (1); the writer's transaction changed (2) and (5) and made (4)."""
-    scenario = catalog.load(str(READS / "reads-apart.toml"))
+    scenario = catalog.read_scenario(str(READS / "reads-apart.toml"))
     with executor(scenario, pgrace_server, 5.0) as execute:
         trace = execute(tuple(name for chain in Space(scenario).chains for name in chain))
     table = ("relation", "pgrace_explore.accounts")
@@ -65,7 +66,7 @@ def test_a_read_by_key_and_an_insert_say_their_keys(pgrace_server: ServerInfo) -
 @pytest.mark.timing
 def test_two_independent_lost_updates_on_one_table_in_few_runs(pgrace_server: ServerInfo) -> None:
     """Four sessions of four steps on two rows of one table: complete, every final state, at most 100 runs."""
-    scenario = catalog.load(str(READS / "two-pairs-one-table.toml"))
+    scenario = catalog.read_scenario(str(READS / "two-pairs-one-table.toml"))
     started = time.perf_counter()
     found = explore(scenario, pgrace_server)
     assert time.perf_counter() - started < 10
@@ -79,7 +80,7 @@ def test_one_reader_two_writers_take_a_tenth_of_the_runs(pgrace_server: ServerIn
 
     The auditor copies the balance it read: before both, between, or after, and each writer's
     withdrawal counts or is lost."""
-    scenario = catalog.load(str(READS / "one-reader-two-writers.toml"))
+    scenario = catalog.read_scenario(str(READS / "one-reader-two-writers.toml"))
     found = explore(scenario, pgrace_server)
     assert found.space == 34_650 and found.covers_all
     assert found.run_count <= 3_465

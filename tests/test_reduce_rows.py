@@ -14,7 +14,8 @@ import pytest
 
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
-from pgrace.formats import catalog
+from pgrace.drivers.searches import Exhaustive
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.servers import ServerInfo
 
@@ -43,9 +44,9 @@ def _classes(found: object) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(RELATION_RUNS.keys() | NOT_FEWER))
 def test_rows_told_apart_keep_the_exhaustive_classes(pgrace_server: ServerInfo, name: str) -> None:
-    scenario = catalog.load(str(ROWS / f"{name}.toml"))
+    scenario = catalog.read_scenario(str(ROWS / f"{name}.toml"))
     reduced = explore(scenario, pgrace_server)
-    every = explore(scenario, pgrace_server, reduce=False)
+    every = explore(scenario, pgrace_server, search=Exhaustive())
     assert _classes(reduced) == _classes(every)
     assert reduced.covers_all
     if name in RELATION_RUNS:
@@ -53,13 +54,13 @@ def test_rows_told_apart_keep_the_exhaustive_classes(pgrace_server: ServerInfo, 
 
 
 def test_the_same_row_still_loses_an_update(pgrace_server: ServerInfo) -> None:
-    found = explore(catalog.load(str(ROWS / "rows-same.toml")), pgrace_server)
+    found = explore(catalog.read_scenario(str(ROWS / "rows-same.toml")), pgrace_server)
     assert sorted(c.final[0][0][0] for c in found.classes) == ["300,500", "400,500"]
 
 
 def test_a_footprint_names_the_rows_by_primary_key(pgrace_server: ServerInfo) -> None:
     """The write locks row (1) by its key; the read before it touches no row; bob's row is (2)."""
-    scenario = catalog.load(str(ROWS / "rows-apart.toml"))
+    scenario = catalog.read_scenario(str(ROWS / "rows-apart.toml"))
     with executor(scenario, pgrace_server, 5.0) as execute:
         trace = execute(tuple(name for chain in Space(scenario).chains for name in chain))
     table = ("relation", "pgrace_explore.accounts")

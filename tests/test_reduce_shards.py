@@ -18,8 +18,9 @@ from click.testing import CliRunner
 from pgrace.cli import main
 from pgrace.drivers.explore import Exploration, explore, reduces
 from pgrace.drivers.reduce import explore_roots
+from pgrace.drivers.searches import Exhaustive
 from pgrace.drivers.shards import merge_explorations
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo
@@ -40,7 +41,7 @@ def _keys(found: Exploration) -> list[str]:
 
 
 def _variants(name: str) -> list[Scenario]:
-    loaded = catalog.load(name if name in catalog.shipped_names() else str(HERE / f"{name}.toml"))
+    loaded = catalog.read_scenario(name if name in catalog.shipped_names() else str(HERE / f"{name}.toml"))
     return [loaded.variant_named(v) for v in loaded.variants]
 
 
@@ -52,7 +53,7 @@ def _sharded(scenario: Scenario, server: ServerInfo, n: int) -> Exploration:
 
 
 def test_the_space_splits_into_prefixes_in_number_order_that_count_it_all() -> None:
-    space = Space(catalog.load("lost-update"))
+    space = Space(catalog.read_scenario("lost-update"))
     assert space.split(1) == [((), 70)]
     assert space.split(2) == [(("alice-1",), 35), (("bob-1",), 35)]
     three = space.split(3)  # no length gives exactly three: the shortest that gives at least
@@ -88,7 +89,7 @@ def test_shards_of_the_reduced_search_merge_into_its_classes(pgrace_server: Serv
 @pytest.mark.parametrize("name", SHAPES)
 def test_shards_and_workers_find_the_classes_on_hard_shapes(pgrace_server: ServerInfo, name: str) -> None:
     for scenario in _variants(name):
-        every = explore(scenario, pgrace_server, reduce=False)
+        every = explore(scenario, pgrace_server, search=Exhaustive())
         merged = _sharded(scenario, pgrace_server, 3)
         workers = explore(scenario, pgrace_server, jobs=2)
         assert merged.covers_all and workers.covers_all
@@ -99,7 +100,7 @@ def test_shards_and_workers_find_the_classes_on_hard_shapes(pgrace_server: Serve
 def test_shards_and_workers_find_one_searchs_classes_on_two_skip_locked_queues(pgrace_server: ServerInfo) -> None:
     """4,200 interleavings; the one search's classes are every interleaving's (bench/bench_reduce.py, and
     tests/test_reduce_rows.py for one SKIP LOCKED queue)."""
-    scenario = catalog.load(str(HERE / "hard" / "skip-locked-two-queues.toml"))
+    scenario = catalog.read_scenario(str(HERE / "hard" / "skip-locked-two-queues.toml"))
     one = explore(scenario, pgrace_server)
     merged = _sharded(scenario, pgrace_server, 3)
     workers = explore(scenario, pgrace_server, jobs=2)
@@ -110,8 +111,8 @@ def test_shards_and_workers_find_one_searchs_classes_on_two_skip_locked_queues(p
 def test_workers_see_their_own_databases_advisory_locks_only(pgrace_server: ServerInfo) -> None:
     """advisory-lock's checks read pg_locks, which is the server's: two workers' lock 42 must not meet."""
     for scenario in _variants("advisory-lock"):
-        one = explore(scenario, pgrace_server, reduce=False)
-        workers = explore(scenario, pgrace_server, reduce=False, jobs=2)
+        one = explore(scenario, pgrace_server, search=Exhaustive())
+        workers = explore(scenario, pgrace_server, search=Exhaustive(), jobs=2)
         assert _keys(workers) == _keys(one), scenario.variant
         # The bug's one outcome, split by where its 55P03 fell (a step that declares it, or one that does not)
         assert len(one.classes) == {"bug": 2, "fix": 1}[scenario.variant], scenario.variant
@@ -135,7 +136,7 @@ def test_workers_of_the_reduced_search_cover_two_lost_updates(pgrace_server: Ser
 
 def test_a_prefix_the_server_cannot_launch_as_it_is_is_covered_by_another(pgrace_server: ServerInfo) -> None:
     """Bob's write waits for Alice's lock: his COMMIT cannot be sent before hers, so no run begins so."""
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     blocked = ("alice-1", "alice-read", "alice-write", "bob-1", "bob-read", "bob-write", "bob-4")
     free = ("alice-1", "alice-read", "alice-write", "bob-1", "bob-read", "alice-4", "bob-write")
     (runs, covered), (_, also) = explore_roots(scenario, pgrace_server, 10.0, [blocked, free], lambda one: None)
@@ -143,7 +144,7 @@ def test_a_prefix_the_server_cannot_launch_as_it_is_is_covered_by_another(pgrace
 
 
 def test_too_few_shards_do_not_claim_the_space(pgrace_server: ServerInfo) -> None:
-    scenario = catalog.load("lost-update").variant_named("bug")
+    scenario = catalog.read_scenario("lost-update").variant_named("bug")
     first, second, third = (explore(scenario, pgrace_server, shard=(k, 3)) for k in (1, 2, 3))
     assert first.complete and first.to_dict()["complete"]  # its own share is covered
     partial = merge_explorations([first, second])

@@ -18,7 +18,7 @@ from fix_recorded import Recorded
 
 from pgrace import api
 from pgrace.cli import main
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.render.common import PALETTE, sql_lines
 from pgrace.render.html import render_html, render_html_compare
 from pgrace.render.markdown import render_markdown, render_markdown_compare
@@ -28,7 +28,7 @@ from pgrace.render.text import Style, render_text
 from pgrace.servers import ServerInfo
 
 SVG = "{http://www.w3.org/2000/svg}"
-VARIANTS = [(name, variant) for name in catalog.shipped_names() for variant in catalog.load(name).variants]
+VARIANTS = [(name, variant) for name in catalog.shipped_names() for variant in catalog.read_scenario(name).variants]
 
 # -- SVG -----------------------------------------------------------------------------------
 
@@ -85,7 +85,9 @@ def test_svg_marks_errors_with_their_sqlstate(recorded: Recorded) -> None:
 
 def test_pictures_are_deterministic(pgrace_server: ServerInfo) -> None:
     """Two runs of one variant, whose timings differ, draw the same pictures."""
-    first, again = (api.run(catalog.load("lost-update").variant_named("fix"), server=pgrace_server) for _ in "12")
+    first, again = (
+        api.run(catalog.read_scenario("lost-update").variant_named("fix"), server=pgrace_server) for _ in "12"
+    )
     assert render_svg(first) == render_svg(again)
     assert render_html(first) == render_html(again)
     assert render_mermaid(first) == render_mermaid(again)

@@ -45,7 +45,7 @@ def scenario(
         name="test",
         title="test",
         source="test.spec",
-        format="spec",
+        dialect="spec",
         sessions=tuple(Session(name=name) for name in sessions),
         steps=steps,
         permutations=tuple(tuple(PermutationStep(step) for step in permutation) for permutation in permutations),

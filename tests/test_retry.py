@@ -19,9 +19,10 @@ from click.testing import CliRunner
 from pgrace import api
 from pgrace.cli import main
 from pgrace.drivers.explore import explore, replay
+from pgrace.drivers.searches import Exhaustive, Sample
 from pgrace.drivers.shards import merge_explorations
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario, read_toml_scenario
 from pgrace.model.timeline import Run
 from pgrace.render.html import render_html
 from pgrace.render.markdown import render_markdown
@@ -105,7 +106,7 @@ def test_attempt_2_runs_after_a_rollback_and_succeeds(pgrace_server: ServerInfo)
 
 
 def test_the_shipped_example_retries_bobs_commit_and_attempt_2_answers_him(pgrace_server: ServerInfo) -> None:
-    fix = load_toml_scenario(EXAMPLE).variant_named("fix")
+    fix = read_toml_scenario(EXAMPLE).variant_named("fix")
     run = api.run(fix, server=pgrace_server)
     assert run.ok, [c for c in run.checks if not c.ok]
     # COMMIT's 40001 ended the transaction: no ROLLBACK is sent; alice never retried: no attempt of hers ran
@@ -130,7 +131,7 @@ def test_the_shipped_example_retries_bobs_commit_and_attempt_2_answers_him(pgrac
 
 
 def test_every_format_tells_the_attempts_apart(pgrace_server: ServerInfo) -> None:
-    run = api.run(load_toml_scenario(EXAMPLE).variant_named("fix"), server=pgrace_server)
+    run = api.run(read_toml_scenario(EXAMPLE).variant_named("fix"), server=pgrace_server)
     for render in (render_text, render_markdown, render_html, render_svg, render_mermaid):
         shown = render(run).replace("\\#", "#").replace("#35;", "#")  # Markdown's and Mermaid's '#'
         assert "attempt 2 (bob-commit#2)" in shown, render.__name__
@@ -149,7 +150,7 @@ def test_max_exhausted_the_last_error_stands_unless_the_last_attempt_expects_it(
 
 
 def test_an_expectation_on_the_loop_is_checked_on_the_last_attempt_only(pgrace_server: ServerInfo) -> None:
-    fix = load_toml_scenario(EXAMPLE).variant_named("fix")
+    fix = read_toml_scenario(EXAMPLE).variant_named("fix")
     # bob-commit expects no error: attempt 1 failed with 40001 and does not count, attempt 2 holds
     assert fix.step("bob-commit").expect.sqlstate == ""
     assert fix.step("bob-commit#2").expect.sqlstate == ""
@@ -161,7 +162,7 @@ RETRY_ONCE = Path(__file__).resolve().parent / "explore" / "retry-once.toml"
 
 
 def test_explore_counts_the_attempts_and_a_repeat_once(pgrace_server: ServerInfo) -> None:
-    found = explore(load_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False)
+    found = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Exhaustive())
     # the worker's chain is claim, claim#2-rollback, claim#2: 4 places for the producer's step. With
     # ready first nothing is retried, and the orders that put it before or after claim's unsent
     # attempt are one run: counted once.
@@ -170,7 +171,7 @@ def test_explore_counts_the_attempts_and_a_repeat_once(pgrace_server: ServerInfo
     assert found.classes[0].example == ("ready", "claim")  # no unsent step is shown as run
     assert found.classes[1].example == ("claim", "claim#2", "ready")  # retried, failed again: max 1
     assert found.to_dict()["repeats"] == 1
-    shards = [explore(load_toml_scenario(RETRY_ONCE), pgrace_server, shard=(k, 2)) for k in (1, 2)]
+    shards = [explore(read_toml_scenario(RETRY_ONCE), pgrace_server, shard=(k, 2)) for k in (1, 2)]
     merged = merge_explorations(shards)
     assert (merged.explored, merged.repeats, [c.count for c in merged.classes]) == (4, 1, [2, 1])
 
@@ -180,7 +181,7 @@ SERIALIZABLE_RETRY = Path(__file__).resolve().parents[1] / "examples" / "seriali
 
 def test_a_class_says_how_many_of_its_runs_went_through_a_retry(pgrace_server: ServerInfo) -> None:
     """Every order of the doctors' fix holds, but some only because a 40001 was retried: the class says so."""
-    fix = load_toml_scenario(SERIALIZABLE_RETRY).variant_named("fix")
+    fix = read_toml_scenario(SERIALIZABLE_RETRY).variant_named("fix")
     found = explore(fix, pgrace_server)
     [only] = found.classes
     assert only.ok and only.errors == ()  # the loop handled every 40001: it does not classify
@@ -228,8 +229,8 @@ def test_a_sweep_says_which_cells_classes_retried(pgrace_server: ServerInfo, tmp
 
 
 def test_shards_add_their_retries_up(pgrace_server: ServerInfo) -> None:
-    one = explore(load_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False)
-    shards = [explore(load_toml_scenario(RETRY_ONCE), pgrace_server, reduce=False, shard=(k, 2)) for k in (1, 2)]
+    one = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Exhaustive())
+    shards = [explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Exhaustive(), shard=(k, 2)) for k in (1, 2)]
     merged = merge_explorations(shards)
     assert [(c.retries, c.retried_on) for c in merged.classes] == [(c.retries, c.retried_on) for c in one.classes]
     assert [c.retries for c in one.classes] == [1, 1]  # ready after the first claim failed; claim failed twice
@@ -237,9 +238,9 @@ def test_shards_add_their_retries_up(pgrace_server: ServerInfo) -> None:
 
 def test_a_sample_counts_a_repeat_only_when_what_it_repeats_is_in_the_sample(pgrace_server: ServerInfo) -> None:
     # interleaving 2 (claim, ready, claim#2-rollback, claim#2) runs as 1 does: the ROLLBACK is not sent
-    alone = explore(load_toml_scenario(RETRY_ONCE), pgrace_server, limit=2, seed=5)  # picks 2 and 3
+    alone = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Sample(2, 5))  # picks 2 and 3
     assert (alone.explored, alone.repeats, sum(c.count for c in alone.classes)) == (2, 0, 2)
-    both = explore(load_toml_scenario(RETRY_ONCE), pgrace_server, limit=2, seed=1)  # picks 1 and 2
+    both = explore(read_toml_scenario(RETRY_ONCE), pgrace_server, search=Sample(2, 1))  # picks 1 and 2
     assert (both.explored, both.repeats, sum(c.count for c in both.classes)) == (2, 1, 1)
 
 

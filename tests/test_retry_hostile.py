@@ -15,7 +15,7 @@ import pytest
 from pgrace import api
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import load_toml_scenario, parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario, read_toml_scenario
 from pgrace.model.timeline import Run, StepLaunched
 from pgrace.servers import ServerInfo
 
@@ -99,7 +99,7 @@ def test_a_fix_that_drops_where_a_loop_starts_is_told_at_its_drop(tmp_path: Path
     line = TRANSFERS.count("\n") + 3
 
     with pytest.raises(ScenarioError) as refused:
-        load_toml_scenario(scenario)
+        read_toml_scenario(scenario)
 
     assert str(refused.value) == (
         f"{scenario}:{line}: fix.drop removes 'w1-begin', where the retry loop of 'w1-b' starts:"

@@ -4,7 +4,7 @@ prepared transaction, or nobody (a finished member of a multixact). No pid reach
 from __future__ import annotations
 
 from pgrace.drivers.check import GOLDEN_STYLE
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.timeline import Run
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.text import render_text

@@ -10,7 +10,7 @@ import pytest
 
 from pgrace import api, scratch
 from pgrace.drivers.code import run_code
-from pgrace.formats.catalog import load
+from pgrace.frontends.catalog import read_scenario
 from pgrace.servers import ServerInfo
 
 
@@ -39,7 +39,7 @@ def _opened_together(monkeypatch: pytest.MonkeyPatch, parties: int) -> list[str]
 def test_a_scenario_run_opens_control_sessions_and_observer_at_once(
     pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scenario = load("lost-update")
+    scenario = read_scenario("lost-update")
     asked = _opened_together(monkeypatch, len(scenario.sessions) + 2)
     run = api.run(scenario, server=pgrace_server)
     assert run.step_runs()

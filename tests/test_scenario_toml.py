@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 
 MINIMAL = """
 title = "two sessions"

@@ -4,7 +4,7 @@ The sessions here are :mod:`fake_engine`'s: a tiny script language over named lo
 an inspector that reports the script's "blocked by whom?" as the observer's probe would.
 Each test reads as one rule of :class:`~pgrace.engine.scheduler.Scheduler`, in
 isolationtester's order; what the server itself answers is tested on a real server
-(tests/test_timeline_truth.py, tests/test_schedule.py and the isolation corpus).
+(tests/test_timeline_truth.py, tests/test_orders.py and the isolation corpus).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from fake_engine import Bench, after, scenario
 
-from pgrace.engine.session import Session
+from pgrace.engine.session import LiveSession
 from pgrace.engine.steps import Active
-from pgrace.engine.transport import Launched, Plain
+from pgrace.engine.transport import LaunchedSteps, Plain
 from pgrace.engine.waiting import Waiting
 from pgrace.errors import ScenarioError, StepsStuck
 from pgrace.model.timeline import Outcome, StepCancelled
@@ -261,9 +261,9 @@ class OwnSteps(Plain):
         self.own: list[str] = []
         self.reported: list[int] = []
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         self.own.append(active.step.name)
-        assert launched.is_waiting(active) is False  # being launched: not yet among the steps waited for
+        assert launched.is_pending(active) is False  # being launched: not yet among the steps waited for
         return Outcome()
 
     def step_reported(self, last_done: int) -> None:

@@ -10,7 +10,7 @@ from fix_servers import PG15, needs_pg15
 
 from pgrace import api
 from pgrace.errors import ServerUnavailable
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.servers import open_server
 
 
@@ -21,7 +21,7 @@ def test_every_shipped_scenario_holds_on_a_local_postgresql_15() -> None:
         assert server.version.startswith("15.")
         assert server.label.startswith("local PostgreSQL 15.")
         for name in catalog.shipped_names():
-            scenario = catalog.load(name)
+            scenario = catalog.read_scenario(name)
             for variant in scenario.variants:
                 run = api.run(scenario.variant_named(variant), server=server)
                 assert run.ok, (name, variant, [c for c in run.checks if not c.ok])

@@ -21,8 +21,8 @@ from pgrace import api
 from pgrace.cli import main
 from pgrace.drivers.check import GOLDEN_STYLE
 from pgrace.engine.options import RunOptions
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.timeline import Run, ServerChose, StepCancelled, StepLaunched
 from pgrace.render.json import render_json
 from pgrace.render.markdown import render_markdown
@@ -107,7 +107,7 @@ def test_a_commit_that_wakes_two_waiters_goes_on_when_the_server_lets_the_other_
 ) -> None:
     """Worker 3 queued first on job 1, so it goes first; the file's next step is worker 2's,
     whose claim now waits for worker 3: held back, not cancelled at the step timeout."""
-    run = api.run(catalog.load(str(QUEUE)), server=pgrace_server, options=FAST)
+    run = api.run(catalog.read_scenario(str(QUEUE)), server=pgrace_server, options=FAST)
     steps = by_name(run)
     assert not any(isinstance(e, StepCancelled) for e in run.events)
     assert run.ok, [c for c in run.checks if not c.ok]

@@ -29,7 +29,7 @@ from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.libpq.runner import Runner
 from pgrace.engine.options import RunOptions
 from pgrace.errors import RunAborted
-from pgrace.formats.spec import parse_spec
+from pgrace.frontends.spec import parse_spec
 from pgrace.model.scenario import Step
 from pgrace.model.timeline import Release, Run, StepCancelled, StepRun
 from pgrace.pytest_plugin import RunScenario

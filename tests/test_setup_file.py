@@ -18,8 +18,9 @@ from click.testing import CliRunner
 
 from pgrace import api
 from pgrace.cli import main
+from pgrace.drivers.searches import Exhaustive
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.servers import ServerInfo
 
 SCHEMA = """
@@ -97,7 +98,7 @@ def test_a_pg_dump_schema_is_the_setup_and_every_interleaving_starts_from_it(
     text = schema.read_text()
     assert "\\restrict" in text and "check_function_bodies = false" in text  # pg_dump 18's own output
     (tmp_path / "dumped.toml").write_text(SCENARIO)
-    explored = api.explore(api.load_scenario(str(tmp_path / "dumped.toml")), server=pgrace_server, reduce=False)
+    explored = api.explore(api.read_scenario(str(tmp_path / "dumped.toml")), server=pgrace_server, search=Exhaustive())
     assert explored.exploration.explored == 6 and explored.exploration.complete
     (only,) = explored.exploration.classes  # nothing a run left behind changed the next one's ids
     assert only.count == 6 and only.ok
@@ -160,7 +161,7 @@ def test_a_setup_that_makes_its_own_schema_needs_no_teardown(pgrace_server: Serv
             'setup = "', 'setup = "' + SCHEMA.replace("\n", " ").replace('"', '\\"').replace("$$", "$$") + " "
         )
     )
-    explored = api.explore(api.load_scenario(str(path)), server=pgrace_server, reduce=False)
+    explored = api.explore(api.read_scenario(str(path)), server=pgrace_server, search=Exhaustive())
     assert explored.exploration.explored == 6
     (only,) = explored.exploration.classes
     assert only.count == 6 and only.ok

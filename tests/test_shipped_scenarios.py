@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pgrace.drivers.check import GOLDEN_STYLE
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.timeline import Run, StepRun
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.json import run_to_dict
@@ -31,7 +31,7 @@ def test_the_five_seed_scenarios_are_shipped() -> None:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_variant_of_every_shipped_scenario_holds(pgrace_run: RunScenario, name: str) -> None:
-    scenario = catalog.load(name)
+    scenario = catalog.read_scenario(name)
     for variant in scenario.variants:
         run = pgrace_run(name, variant)
         failed = [f"{c.description}: expected {c.expected}, got {c.actual}" for c in run.checks if not c.ok]

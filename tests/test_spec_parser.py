@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgrace.errors import ScenarioError
-from pgrace.formats.spec import (
+from pgrace.frontends.spec import (
     MAX_AUTO_PERMUTATIONS,
     interleavings,
     parse_spec,
@@ -83,7 +83,7 @@ def test_corpus_step_sql_is_echoed_exactly(spec_path: Path) -> None:
 def test_corpus_scenario_fields(spec_path: Path) -> None:
     scenario = parse_spec(spec_path.read_text(encoding="utf-8"), str(spec_path))
     assert scenario.name == scenario.title == spec_path.stem
-    assert scenario.format == "spec" and scenario.variant == "bug"
+    assert scenario.dialect == "spec" and scenario.variant == "bug"
     assert scenario.source == str(spec_path)
     assert len(scenario.teardown) <= 1
     assert {s.session for s in scenario.steps} == set(scenario.session_names)

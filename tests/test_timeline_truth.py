@@ -22,9 +22,9 @@ from pgrace.cli import main
 from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError
-from pgrace.formats import catalog
-from pgrace.formats.scenario_toml import parse_toml_scenario
-from pgrace.formats.spec import parse_spec
+from pgrace.frontends import catalog
+from pgrace.frontends.scenario_toml import parse_toml_scenario
+from pgrace.frontends.spec import parse_spec
 from pgrace.model.timeline import LocksObserved, Release, StepLaunched
 from pgrace.pytest_plugin import RunScenario
 from pgrace.render.common import shorten_sql
@@ -177,7 +177,7 @@ def test_a_deadlock_names_the_detector_and_its_victim_in_every_format(pgrace_run
 
 
 def test_the_presenter_tells_the_same_release(pgrace_run: RunScenario) -> None:
-    loaded = catalog.load(str(RACES / "transfer-deadlock.toml"))
+    loaded = catalog.read_scenario(str(RACES / "transfer-deadlock.toml"))
     out = io.StringIO()
     presenter = Presenter(loaded, Style(width=140), pace=0.0001, out=out, tty=False)
     with presenter:

@@ -25,7 +25,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgrace.cli import main
 from pgrace.drivers.speccheck import compare_output, expected_files
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.scenario import Scenario
 from pgrace.scratch.confinement import sql_texts
 from pgrace.servers import ServerInfo
@@ -38,9 +38,9 @@ PASSWORD = "str4nger-pw"
 def everything() -> list[Scenario]:
     scenarios = []
     for name in catalog.shipped_names():
-        loaded = catalog.load(name)
+        loaded = catalog.read_scenario(name)
         scenarios += [loaded.variant_named(v) for v in loaded.variants]
-    return scenarios + [catalog.load(str(spec)) for spec in SPECS]
+    return scenarios + [catalog.read_scenario(str(spec)) for spec in SPECS]
 
 
 def created_names(scenarios: list[Scenario]) -> tuple[set[str], set[str]]:
@@ -170,7 +170,7 @@ def test_every_scenario_and_spec_in_both_modes_leaves_the_users_database_as_it_w
         ("database mode", ["--dsn", owner_dsn]),
     ):
         for scenario in everything():
-            if scenario.format == "spec":
+            if scenario.dialect == "spec":
                 result = cli.invoke(main, ["run", scenario.source, "--format", "isolation", *args])
                 output = result.stdout
                 compared = compare_output(output, expected_files(Path(scenario.source)), actual_name="pgrace")

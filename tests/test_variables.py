@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.checks import evaluate
 from pgrace.model.timeline import StepRun
 from pgrace.model.variables import Value, compose, find, substitute

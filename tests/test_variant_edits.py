@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from pgrace import api
 from pgrace.cli import main
 from pgrace.errors import ScenarioError
-from pgrace.formats.scenario_toml import parse_toml_scenario
+from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.servers import ServerInfo
 
 COUNTER = """name = "counter"

@@ -167,10 +167,10 @@ def _absolute(source: str) -> str:
 
 def scenarios() -> list[tuple[str, Scenario]]:
     """What is recorded, by the name of its recording: each variant of the shipped and the tests' own scenarios."""
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    loaded = [catalog.load(name) for name in catalog.shipped_names()]
-    loaded += [catalog.load(str(path)) for path in [*sorted(RECORDED.glob("*.toml")), HOSTILE]]
+    loaded = [catalog.read_scenario(name) for name in catalog.shipped_names()]
+    loaded += [catalog.read_scenario(str(path)) for path in [*sorted(RECORDED.glob("*.toml")), HOSTILE]]
     return [(f"{s.name}.{variant}", s.variant_named(variant)) for s in loaded for variant in s.variants]
 
 

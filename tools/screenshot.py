@@ -144,12 +144,12 @@ def docs_pages(server: ServerInfo) -> dict[str, str]:
     """File name in docs/ -> the HTML it pictures, from fresh runs (on the embedded server:
     its label is part of the page)."""
     from pgrace import api
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
     from pgrace.render.html import render_html, render_html_compare
 
     pages: dict[str, str] = {}
     for name in catalog.shipped_names():
-        scenario = catalog.load(name)
+        scenario = catalog.read_scenario(name)
         pages[f"{name}.png"] = render_html(api.run(scenario, server=server))
         for extra, variant in DOCS_EXTRA:
             if extra == name:

@@ -20,7 +20,7 @@ from click.shell_completion import CompletionItem
 
 from pgrace import __version__, bounds
 from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
-from pgrace.cli.types import Duration
+from pgrace.cli.types import Duration, Setting
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pgrace.cli.terminal.progress import Progress
+    from pgrace.drivers.searches import SearchMode
     from pgrace.model.scenario import Scenario
     from pgrace.render.text import Style
     from pgrace.servers import ServerInfo
@@ -233,7 +234,7 @@ def main() -> None:
 
 def complete_scenario(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Shell completion of SCENARIO: the shipped names that fit, then files, as the shell lists them."""
-    from pgrace.formats.catalog import shipped_names
+    from pgrace.frontends.catalog import shipped_names
 
     names = [CompletionItem(name) for name in shipped_names() if name.startswith(incomplete)]
     return [*names, CompletionItem(incomplete, type="file")]
@@ -246,7 +247,13 @@ scenario_argument = click.argument("scenario", metavar="SCENARIO", shell_complet
 fix_option = click.option("--fix", is_flag=True, help="Run the variant with the cure applied.")
 bug_option = click.option("--bug", is_flag=True, help="Run the variant that shows the bug.")
 param_option = click.option(
-    "--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="Set a scenario parameter, e.g. -p workers=5."
+    "--param",
+    "-p",
+    "params",
+    type=Setting(),
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set a scenario parameter, e.g. -p workers=5.",
 )
 server_option = click.option("--server", "server_target", metavar="SERVER", help=SERVER_HELP)
 dsn_option = click.option(
@@ -304,20 +311,55 @@ def format_option(kind: str, help_text: str = "Output format.") -> Callable[[Cal
 # -- what the commands share --------------------------------------------------------------------
 
 
-def parse_params(values: tuple[str, ...]) -> dict[str, str]:
-    params: dict[str, str] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
-        params[name] = value
-    return params
+def search_of(
+    limit: int | None, seed: int | None, max_preemptions: int | None, pct: int | None, reduce: bool = True
+) -> SearchMode:
+    """The one search ``--max``, ``--seed``, ``--max-preemptions``, ``--pct`` and ``--no-reduce`` ask for."""
+    from pgrace.drivers.searches import Exhaustive, Pct, PreemptionBounded, Reduced, Sample
+
+    if max_preemptions is not None and pct is not None:
+        raise click.BadParameter("--max-preemptions and --pct are two searches: choose one", param_hint="--pct")
+    if max_preemptions is not None:
+        return PreemptionBounded(max_preemptions, limit)
+    if pct is not None:
+        return Pct(pct, limit, seed or 0)
+    if limit is not None:
+        return Sample(limit, seed or 0, reduce)
+    return Reduced() if reduce else Exhaustive()
+
+
+def bounded_flag(search: SearchMode) -> str | None:
+    """The option that asked for a bounded search (None: not a bounded one)."""
+    from pgrace.drivers.searches import Pct, PreemptionBounded
+
+    return (
+        "--max-preemptions" if isinstance(search, PreemptionBounded) else "--pct" if isinstance(search, Pct) else None
+    )
+
+
+def search_to_explore(
+    explore: bool, limit: int | None, seed: int, max_preemptions: int | None, pct: int | None, jobs: int
+) -> SearchMode | None:
+    """check's and sweep's ``--explore`` and its search, refused in one line where the flags cannot mean it."""
+    search = search_of(limit, seed, max_preemptions, pct)
+    option = bounded_flag(search)
+    if option is None:
+        return search if explore else None
+    if not explore:
+        raise click.BadParameter(f"{option} bounds an exploration: add --explore", param_hint=option)
+    if jobs != 1:
+        raise click.BadParameter(f"{option} runs in one process: -j cannot split it", param_hint=option)
+    if max_preemptions is not None and max_preemptions < 0:
+        raise click.BadParameter(f"--max-preemptions {max_preemptions}: K is 0 or more", param_hint=option)
+    if pct is not None and pct < 1:
+        raise click.BadParameter(f"--pct {pct}: the depth D is 1 or more", param_hint=option)
+    return search
 
 
 def pick_variant(scenario: Scenario, fix: bool, bug: bool) -> Scenario:
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     return catalog.variant(scenario, "fix" if fix else "bug" if bug else None)
 
@@ -349,7 +391,7 @@ def tidied(server: ServerInfo) -> ServerInfo:
     return server
 
 
-def emit(text: str, output: str | None) -> None:
+def echo(text: str, output: str | None) -> None:
     """Write to ``output`` or stdout; a stdout that cannot take it (a full disk) is said as ``-o FILE`` says it."""
     if output is not None:
         write_output(output, text)

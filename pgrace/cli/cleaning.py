@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pgrace.cli.base import EXIT_CODES_HELP, emit, main, say
+from pgrace.cli.base import EXIT_CODES_HELP, echo, main, say
 from pgrace.text import visible
 
 
@@ -18,10 +18,10 @@ def clean(dsn: str) -> None:
 
     cleaned = api.clean(dsn)
     for name in cleaned.removed:
-        emit(f"removed {name}\n", None)
+        echo(f"removed {name}\n", None)
     for path in cleaned.work_dirs:
-        emit(visible(f"removed {path} (a killed pgrace load's work directory)") + "\n", None)
+        echo(visible(f"removed {path} (a killed pgrace load's work directory)") + "\n", None)
     for note in cleaned.skipped:
         say(note)
     removed = len(cleaned.removed)
-    emit(f"{removed} leftover{'s' if removed != 1 else ''} removed from {cleaned.server}\n", None)
+    echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {cleaned.server}\n", None)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from pgrace.cli.base import EXIT_CODES_HELP, emit, main, output_option, step_timeout_option
+from pgrace.cli.base import EXIT_CODES_HELP, echo, main, output_option, step_timeout_option
 from pgrace.files import refuse_overwriting_inputs
 
 
@@ -67,15 +67,15 @@ def from_log_command(
         minimize=minimize,
     )
     if list_only:
-        emit("\n".join(incident_list(result)) + "\n", None)
+        echo("\n".join(incident_list(result)) + "\n", None)
         return
     for line in report_lines(result):
         click.echo(line, err=True)
     assert result.written is not None
     if result.minimized_text is not None:
-        emit(result.minimized_text, output)
+        echo(result.minimized_text, output)
     else:
-        emit(result.written.text + "\n", output)
+        echo(result.written.text + "\n", output)
     if result.not_checked is not None:
         sys.exit(result.not_checked_exit)
     sys.exit(0 if result.verified is None or result.verified.reproduced else 1)

@@ -15,13 +15,12 @@ from pgrace.cli.base import (
     bug_option,
     draw,
     dsn_option,
-    emit,
+    echo,
     fix_option,
     format_option,
     main,
     output_option,
     param_option,
-    parse_params,
     pick_variant,
     progress_line,
     say,
@@ -103,7 +102,7 @@ def load(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     compare: bool,
     clients: tuple[int, ...],
     duration: float | None,
@@ -123,10 +122,10 @@ def load(
     [load] section that did not hold. Each count starts from a fresh scratch database.
     """
     from pgrace import api
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    loaded = catalog.load(scenario, parse_params(params))
-    refuse_overwriting_inputs(output, [loaded.source])
+    file_scenario = catalog.read_scenario(scenario, dict(params))
+    refuse_overwriting_inputs(output, [file_scenario.source])
     if compare and (fix or bug):
         raise click.UsageError("--compare runs both variants; leave out --fix and --bug")
     if duration is not None and transactions is not None:
@@ -134,7 +133,7 @@ def load(
     progress = progress_line()  # on a terminal: each client count's figures, and the counts done so far
     try:
         done = api.load(
-            loaded if compare else pick_variant(loaded, fix, bug),
+            file_scenario if compare else pick_variant(file_scenario, fix, bug),
             compare=compare,
             clients=clients,
             duration=duration,
@@ -151,12 +150,12 @@ def load(
         measured: Loaded = exc.partial
         if measured.results:
             with suppress(Exception):
-                emit(draw("load", fmt, measured.results), output)
+                echo(draw("load", fmt, measured.results), output)
         raise
     for path in done.emitted:
-        emit(f"{path}\n", None)
+        echo(f"{path}\n", None)
     if emit_dir is None:
-        emit(draw("load", fmt, done.results), output)
+        echo(draw("load", fmt, done.results), output)
         sys.exit(0 if done.ok else 1)
 
 

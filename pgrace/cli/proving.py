@@ -11,12 +11,13 @@ import click
 
 from pgrace.cli.base import (
     EXIT_CODES_HELP,
+    bounded_flag,
     bug_option,
     database_name_option,
     draw,
     dsn_option,
+    echo,
     either,
-    emit,
     exec_option,
     fix_option,
     format_option,
@@ -25,19 +26,20 @@ from pgrace.cli.base import (
     max_option,
     output_option,
     param_option,
-    parse_params,
     pick_variant,
     progress_line,
     say,
     scenario_argument,
+    search_of,
+    search_to_explore,
     seed_option,
     server_option,
     step_timeout_option,
     superuser_option,
     writable,
 )
-from pgrace.cli.types import CommaList
-from pgrace.errors import EXIT_INVALID
+from pgrace.cli.types import CommaList, Setting, Shard
+from pgrace.errors import EXIT_INVALID, OptionError, ScenarioError
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
 
@@ -115,7 +117,7 @@ def check(
     limit: int | None,
     seed: int,
     jobs: int,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     max_preemptions: int | None,
     pct: int | None,
     superuser: bool,
@@ -140,8 +142,11 @@ def check(
     from pgrace.render.check import render_summary
 
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
+    explore = search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs)
+    if commands:
+        refuse_with_commands(limit, max_preemptions, pct, jobs, database_name)
     with progress_line() as progress:
-        stream = CheckStream(lambda text: emit(text, None), progress, quiet, with_server=len(targets) > 1)
+        stream = CheckStream(lambda text: echo(text, None), progress, quiet, with_server=len(targets) > 1)
         checked = api.check(
             paths,
             servers=targets or [None],
@@ -152,21 +157,39 @@ def check(
             junit=junit,
             step_timeout=step_timeout,
             database_name=database_name,
-            explore=explore_all,
-            limit=limit,
-            seed=seed,
+            explore=explore,
             jobs=jobs,
-            params=parse_params(params),
-            max_preemptions=max_preemptions,
-            pct=pct,
+            params=dict(params),
             commands=commands,
             monitor=progress,
             on_invalid=stream.invalid,
             on_result=stream.result,
             on_note=say,
         )
-    emit(render_summary(checked, update), None)
+    echo(render_summary(checked, update), None)
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
+
+
+def refuse_with_commands(
+    limit: int | None, max_preemptions: int | None, pct: int | None, jobs: int, database_name: str | None
+) -> None:
+    """What check does not do with ``--exec``: samples, bounded searches, -j processes, a named database."""
+    given = [
+        option
+        for option, value in (
+            ("--max", limit is not None),
+            ("--max-preemptions", max_preemptions is not None),
+            ("--pct", pct is not None),
+            ("--jobs", jobs != 1),
+            ("--database-name", database_name is not None),
+        )
+        if value
+    ]
+    if given:
+        raise click.BadParameter(
+            "not with commands (--exec, a file's [exec]), which explore every order in a scratch database of their own",
+            param_hint=given[0],
+        )
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -189,7 +212,9 @@ def check(
     metavar="D",
     help="Run PCT schedules of depth D (100 unless --max says), stating the chance a depth-D bug was missed.",
 )
-@click.option("--shard", metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge).")
+@click.option(
+    "--shard", type=Shard(), metavar="K/N", help="Run only shard K of N (merge the JSON results with --merge)."
+)
 @jobs_option("Processes at once")
 @click.option("--show", type=click.IntRange(min=1), metavar="N", help="Print class N's example as a timeline.")
 @click.option(
@@ -222,12 +247,12 @@ def explore(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     limit: int | None,
     seed: int | None,
     max_preemptions: int | None,
     pct: int | None,
-    shard: str | None,
+    shard: tuple[int, int] | None,
     jobs: int,
     show: int | None,
     no_reduce: bool,
@@ -256,9 +281,9 @@ def explore(
     """
     from pgrace import api
     from pgrace.cli.terminal.playback import style_of
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    chosen = pick_variant(catalog.load(scenario, parse_params(params)), fix, bug)
+    chosen = pick_variant(catalog.read_scenario(scenario, dict(params)), fix, bug)
     refuse_overwriting_inputs(output, [chosen.source, *merge_files])
     drawn = formats.names("explore")
     if show is None and fmt not in drawn:
@@ -268,6 +293,12 @@ def explore(
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
+    if max_preemptions is not None and pct is not None:
+        raise ScenarioError("--max-preemptions and --pct are two searches: choose one")
+    search = search_of(limit, seed, max_preemptions, pct, reduce=not no_reduce)
+    shards = shard or (1, 1)
+    if (option := bounded_flag(search)) is not None and no_reduce:
+        raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
     if commands or chosen.commands:
         refuse_exec_explore(shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
@@ -278,37 +309,36 @@ def explore(
             dsn=server_target or dsn,
             superuser=superuser,
             step_timeout=step_timeout,
-            reduce=not no_reduce,
+            search=search,
             examples=examples,
             on_note=say,
-            sample=limit,
-            seed=seed,
-            max_preemptions=max_preemptions,
-            pct=pct,
         )
     else:
+        if option is not None and (shards != (1, 1) or jobs != 1):
+            raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
         with progress_line() as progress:
-            found = api.explore(
-                chosen,
-                dsn=server_target or dsn,
-                superuser=superuser,
-                limit=limit,
-                seed=seed,
-                shard=parse_shard(shard),
-                jobs=jobs,
-                step_timeout=step_timeout,
-                examples=examples,
-                merge=merge_files,
-                monitor=progress,
-                on_note=say,
-                reduce=not no_reduce,
-                max_preemptions=max_preemptions,
-                pct=pct,
-                minimize=minimize_first,
-            )
+            try:
+                found = api.explore(
+                    chosen,
+                    dsn=server_target or dsn,
+                    superuser=superuser,
+                    search=search,
+                    shard=shards,
+                    jobs=jobs,
+                    step_timeout=step_timeout,
+                    examples=examples,
+                    merge=merge_files,
+                    monitor=progress,
+                    on_note=say,
+                    minimize=minimize_first,
+                )
+            except OptionError as exc:
+                if exc.parameter != "search" or option is None:
+                    raise
+                raise ScenarioError(f"{option} {exc.message}") from None
     verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
-        emit(draw("explore", fmt if fmt in drawn else "text", found), output)
+        echo(draw("explore", fmt if fmt in drawn else "text", found), output)
         sys.exit(verdict)
     if show > len(classes := found.exploration.classes):
         raise click.BadParameter(
@@ -316,7 +346,7 @@ def explore(
         )
     if show in found.replayed_differently:
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
-    emit(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
+    echo(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
     sys.exit(verdict)
 
 
@@ -334,7 +364,9 @@ EXEC_REFUSED = {
 """Why exploring commands takes none of these options."""
 
 
-def refuse_exec_explore(shard: str | None, jobs: int, merge_files: tuple[str, ...], minimize_first: bool) -> None:
+def refuse_exec_explore(
+    shard: tuple[int, int] | None, jobs: int, merge_files: tuple[str, ...], minimize_first: bool
+) -> None:
     """What exploring commands (``--exec``, a file's ``[exec]``) does not do: shards, -j processes, merges,
     minimizing; each refused in one line that says why."""
     given = [
@@ -370,25 +402,11 @@ def matrix(
     from pgrace import api
 
     measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=say)
-    emit(draw("matrix", fmt, measured), output)
+    echo(draw("matrix", fmt, measured), output)
     sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
 
 
 SWEPT_VALUES = CommaList(click.STRING, "values", "read-committed,serializable")
-
-
-def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
-    """``-p NAME=V1,V2``: each name with the values to try."""
-    params: dict[str, list[str]] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name:
-                raise click.BadParameter("no NAME=")
-            params[name] = list(SWEPT_VALUES.convert(value, None, None))
-        except click.BadParameter:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE[,VALUE...]", param_hint="--param") from None
-    return params
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -400,6 +418,7 @@ def sweep_params(values: tuple[str, ...]) -> dict[str, list[str]]:
     "-p",
     "params",
     multiple=True,
+    type=Setting(SWEPT_VALUES),
     metavar="NAME=V1,V2",
     help="A parameter and the values to try, e.g. -p level=read-committed,serializable (repeat).",
 )
@@ -419,7 +438,7 @@ def sweep(
     scenarios: tuple[str, ...],
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, tuple[str, ...]], ...],
     explore_cells: bool,
     limit: int | None,
     seed: int,
@@ -446,14 +465,10 @@ def sweep(
     with progress_line() as progress:
         swept = api.sweep(
             scenarios,
-            sweep_params(params),
+            {name: list(values) for name, values in params},
             variant="fix" if fix else "bug" if bug else None,
-            explore=explore_cells,
-            limit=limit,
-            seed=seed,
+            explore=search_to_explore(explore_cells, limit, seed, max_preemptions, pct, jobs),
             jobs=jobs,
-            max_preemptions=max_preemptions,
-            pct=pct,
             step_timeout=step_timeout,
             examples=fmt == "html",
             output=output,
@@ -462,17 +477,7 @@ def sweep(
             monitor=progress,
             on_note=say,
         )
-    emit(draw("sweep", fmt, swept), output)
-
-
-def parse_shard(value: str | None) -> tuple[int, int]:
-    """``--shard K/N``; none given: the one shard there is."""
-    if value is None:
-        return (1, 1)
-    k, sep, n = value.partition("/")
-    if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
-        raise click.BadParameter(f"{value!r} is not K/N with 1 ≤ K ≤ N", param_hint="--shard")
-    return int(k), int(n)
+    echo(draw("sweep", fmt, swept), output)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -526,7 +531,7 @@ def minimize(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     cls: int | None,
     order: tuple[str, ...] | None,
     output: str | None,
@@ -549,13 +554,13 @@ def minimize(
     the scenario, a spec and a pytest test, each verified first. The bug variant by default.
     """
     from pgrace import api
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    loaded = catalog.load(scenario, parse_params(params))
+    file_scenario = catalog.read_scenario(scenario, dict(params))
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    wanted = "fix" if fix else "bug" if bug or "bug" in loaded.variants else None
-    chosen = pick_variant(loaded, False, False) if wanted is None else catalog.variant(loaded, wanted)
+    wanted = "fix" if fix else "bug" if bug or "bug" in file_scenario.variants else None
+    chosen = pick_variant(file_scenario, False, False) if wanted is None else catalog.variant(file_scenario, wanted)
     if cls is not None and order is not None:
         raise click.UsageError("--class and --order exclude each other")
     for path, parameter in ((output, "output"), (spec, "spec"), (pytest, "pytest")):
@@ -573,4 +578,4 @@ def minimize(
         repeats=repeat,
         on_note=say,
     )
-    emit(draw("minimize", fmt, found), None)
+    echo(draw("minimize", fmt, found), None)

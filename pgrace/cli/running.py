@@ -15,14 +15,13 @@ from pgrace.cli.base import (
     database_name_option,
     draw,
     dsn_option,
-    emit,
+    echo,
     exec_option,
     fix_option,
     format_option,
     main,
     output_option,
     param_option,
-    parse_params,
     pick_variant,
     say,
     scenario_argument,
@@ -46,7 +45,7 @@ def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
     """List the shipped scenarios by topic, one line each, and the tags to filter them by."""
     from pgrace import api
 
-    emit(draw("list", fmt, api.list_scenarios(tags, topic)), None)
+    echo(draw("list", fmt, api.list_scenarios(tags, topic)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -54,14 +53,14 @@ def list_command(tags: tuple[str, ...], topic: str | None, fmt: str) -> None:
 @fix_option
 @bug_option
 @param_option
-def show(scenario: str, fix: bool, bug: bool, params: tuple[str, ...]) -> None:
+def show(scenario: str, fix: bool, bug: bool, params: tuple[tuple[str, str], ...]) -> None:
     """Show a scenario's story and steps without running it."""
     from pgrace import api
     from pgrace.render.listing import render_show
 
     if fix and bug:
         raise click.UsageError("--fix and --bug exclude each other")
-    emit(render_show(api.show(scenario, parse_params(params), "fix" if fix else "bug" if bug else None)), None)
+    echo(render_show(api.show(scenario, dict(params), "fix" if fix else "bug" if bug else None)), None)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -99,7 +98,7 @@ def run(
     scenario: str,
     fix: bool,
     bug: bool,
-    params: tuple[str, ...],
+    params: tuple[tuple[str, str], ...],
     fmt: str,
     dsn: str | None,
     server_target: str | None,
@@ -124,37 +123,36 @@ def run(
     """
     from pgrace.servers import booting_server
 
-    # pgrace's own server boots in other processes while the scenario loads and the driver is imported.
+    # pgrace's own server boots in other processes while the scenario is read and the driver is imported.
     with booting_server(server_target or dsn, superuser) as server_ready:
-        from pgrace.formats import catalog
+        from pgrace.frontends import catalog
 
-        loaded = catalog.load(scenario, parse_params(params))
+        file_scenario = catalog.read_scenario(scenario, dict(params))
         from pgrace import api
         from pgrace.cli.terminal.playback import Playback
 
-        refuse_overwriting_inputs(output, [loaded.source])
-        shown = Playback(fmt, lambda text: emit(text, output), output, color, width, lock_kinds, pace, step_by_step)
-        if commands or pick_variant(loaded, fix, bug).commands:
+        refuse_overwriting_inputs(output, [file_scenario.source])
+        shown = Playback(fmt, lambda text: echo(text, output), output, color, width, lock_kinds, pace, step_by_step)
+        if commands or pick_variant(file_scenario, fix, bug).commands:
             refuse_exec(compare, shown.live, fmt)
             from pgrace import proxy
 
-            result = proxy.run_exec(
-                pick_variant(loaded, fix, bug), commands, server=tidied(server_ready()), step_timeout=step_timeout
-            )
-            emit(draw("run", fmt, result, shown.style()), output)
+            chosen = pick_variant(file_scenario, fix, bug)
+            result = proxy.run_exec(chosen, commands, server=tidied(server_ready()), step_timeout=step_timeout)
+            echo(draw("run", fmt, result, shown.style()), output)
             sys.exit(0 if result.ok else 1)
         if compare:
             refuse_compare(fix or bug, shown.live, fmt)
             runs = api.compare(
-                loaded,
+                file_scenario,
                 server=tidied(server_ready()),
                 options=shown.options(step_timeout),
                 allow_scratch_schema=allow_scratch_schema,
             )
-            emit(draw("compare", fmt, runs, shown.style()), output)
+            echo(draw("compare", fmt, runs, shown.style()), output)
             sys.exit(0 if all(r.ok for r in runs) else 1)
-        chosen = pick_variant(loaded, fix, bug)
-        if not shown.start(chosen, loaded):
+        chosen = pick_variant(file_scenario, fix, bug)
+        if not shown.start(chosen, file_scenario):
             # The engine and the renderer are imported while the run waits for its server and database.
             import_ahead("pgrace.engine.libpq.runner", "pgrace.render.views", f"pgrace.render.{fmt}")
         server = tidied(server_ready())

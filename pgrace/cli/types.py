@@ -1,4 +1,5 @@
-"""The option types the commands share: a duration (``5``, ``1.5s``, ``200ms``) and a list (``1,2,4,8``).
+"""The option types the commands share: a duration (``5``, ``1.5s``, ``200ms``), a list (``1,2,4,8``),
+a shard (``2/3``) and a setting (``workers=5``, or ``level=a,b`` for a sweep).
 
 click turns a value these refuse into one line naming the option, exit 2; the library gets
 numbers and tuples, never the text typed.
@@ -7,7 +8,7 @@ numbers and tuples, never the text typed.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -71,3 +72,46 @@ class CommaList(click.ParamType):  # type: ignore[type-arg]  # generic only in n
             return tuple(self.item.convert(part, param, ctx) for part in parts)
         except click.BadParameter:
             self.fail(f"{value!r} is not a list of {self.what}, like {self.example}", param, ctx)
+
+
+class Shard(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """``K/N``, shard K of N (1 ≤ K ≤ N), as ``(K, N)``."""
+
+    name = "shard"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        k, sep, n = str(value).partition("/")
+        if not sep or not k.isdigit() or not n.isdigit() or not 1 <= int(k) <= int(n):
+            _refuse(f"{value!r} is not K/N with 1 ≤ K ≤ N", param, ctx)
+        return int(k), int(n)
+
+
+class Setting(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    """``NAME=VALUE`` as ``(NAME, VALUE)``; with ``values``, ``NAME=V1,V2`` as ``(NAME, (V1, V2))``."""
+
+    name = "setting"
+
+    def __init__(self, values: CommaList | None = None) -> None:
+        self.values = values
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, Any]:
+        if isinstance(value, tuple):
+            return value
+        name, sep, text = str(value).partition("=")
+        shape = "NAME=VALUE" if self.values is None else "NAME=VALUE[,VALUE...]"
+        if not sep or not name:
+            _refuse(f"{value!r} is not {shape}", param, ctx)
+        if self.values is None:
+            return name, text
+        try:
+            return name, self.values.convert(text, param, ctx)
+        except click.BadParameter:
+            _refuse(f"{value!r} is not {shape}", param, ctx)
+
+
+def _refuse(message: str, param: click.Parameter | None, ctx: click.Context | None) -> NoReturn:
+    """Refused as the option's long name says it (``--shard``), as these options always were."""
+    hint = max(param.opts, key=len) if param is not None and param.opts else None
+    raise click.BadParameter(message, ctx, param_hint=hint)

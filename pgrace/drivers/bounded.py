@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pgrace.errors import OptionError, ScenarioError
+from pgrace.drivers.searches import Pct, PreemptionBounded, SearchMode
+from pgrace.errors import OptionError
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed
 from pgrace.model.scenario import Scenario
@@ -43,6 +44,7 @@ __all__ = [
     "PCT_RUNS",
     "Bound",
     "Schedule",
+    "check_bounded_jobs",
     "check_bounds",
     "explore_pct",
     "explore_preemptions",
@@ -156,27 +158,23 @@ def _percent(p: float) -> str:
     return f"{p:.1e}"
 
 
-def check_bounds(
-    space: Space, preemptions: int | None, depth: int | None, reduce: bool, shard: tuple[int, int], jobs: int
-) -> None:
+def check_bounds(space: Space, search: SearchMode, shard: tuple[int, int], jobs: int) -> None:
     """Refuse (exit 2) what a bounded search cannot do or mean."""
-    if preemptions is None and depth is None:
+    if not isinstance(search, PreemptionBounded | Pct):
         return
-    if preemptions is not None and depth is not None:
-        raise ScenarioError("--max-preemptions and --pct are two searches: choose one")
-    option = "--max-preemptions" if preemptions is not None else "--pct"
-    if not reduce:
-        raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
-    if shard != (1, 1) or jobs != 1:
-        raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
+    if shard != (1, 1):
+        raise OptionError("a bounded search runs in one process: no shard of it", "shard")
+    if jobs != 1:
+        raise OptionError("a bounded search runs in one process: jobs cannot split it", "jobs")
     steps = len(space.where)
-    if preemptions is not None and not 0 <= preemptions < max(steps, 1):
-        raise ScenarioError(
-            f"--max-preemptions {preemptions}: K is 0 or more and below the {steps} steps"
-            " (a schedule of N steps has at most N-1 preemptions)"
+    if isinstance(search, PreemptionBounded) and not 0 <= search.bound < max(steps, 1):
+        raise OptionError(
+            f"{search.bound}: K is 0 or more and below the {steps} steps"
+            " (a schedule of N steps has at most N-1 preemptions)",
+            "search",
         )
-    if depth is not None and not 1 <= depth <= steps:
-        raise ScenarioError(f"--pct {depth}: the depth D is between 1 and the {steps} steps")
+    if isinstance(search, Pct) and not 1 <= search.depth <= steps:
+        raise OptionError(f"{search.depth}: the depth D is between 1 and the {steps} steps", "search")
 
 
 def _continuation(space: Space, prefix: tuple[str, ...]) -> tuple[str, ...]:
@@ -330,18 +328,11 @@ def explore_pct(
     return Bound("pct", depth, len(space.chains), len(space.where), len(ran), draws, seed)
 
 
-def check_bounded_explore(explore: bool, max_preemptions: int | None, pct: int | None, jobs: int) -> None:
-    """A bounded search is a way to explore, in one process: refused before a server starts otherwise."""
-    if max_preemptions is None and pct is None:
-        return
-    if max_preemptions is not None and pct is not None:
-        raise OptionError("--max-preemptions and --pct are two searches: choose one", "--pct")
-    option = "--max-preemptions" if max_preemptions is not None else "--pct"
-    if not explore:
-        raise OptionError(f"{option} bounds an exploration: add --explore", option)
-    if jobs != 1:
-        raise OptionError(f"{option} runs in one process: -j cannot split it", option)
-    if max_preemptions is not None and max_preemptions < 0:
-        raise OptionError(f"--max-preemptions {max_preemptions}: K is 0 or more", option)
-    if pct is not None and pct < 1:
-        raise OptionError(f"--pct {pct}: the depth D is 1 or more", option)
+def check_bounded_jobs(search: SearchMode | None, jobs: int) -> None:
+    """A bounded search runs in one process: ``jobs`` refused before a server starts otherwise."""
+    if isinstance(search, PreemptionBounded | Pct) and jobs != 1:
+        raise OptionError("a bounded search runs in one process: jobs cannot split it", "jobs")
+    if isinstance(search, PreemptionBounded) and search.bound < 0:
+        raise OptionError(f"{search.bound}: K is 0 or more", "explore")
+    if isinstance(search, Pct) and search.depth < 1:
+        raise OptionError(f"{search.depth}: the depth D is 1 or more", "explore")

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
+from pgrace.drivers.searches import REDUCED, Sample, SearchMode, fitted
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.cases import Case as Case
 from pgrace.model.cases import CaseResult as CaseResult
 from pgrace.model.cases import differs_across_servers as differs_across_servers
@@ -34,15 +35,9 @@ GOLDEN_STYLE = Style(colour=False, width=120, show_server=False, until_server_ch
 
 
 def check_exec_options(
-    commands: Sequence[str],
-    cases: Sequence[Case],
-    limit: int | None,
-    max_preemptions: int | None,
-    pct: int | None,
-    jobs: int,
-    database_name: str | None,
+    commands: Sequence[str], cases: Sequence[Case], explore: SearchMode | None, jobs: int, database_name: str | None
 ) -> None:
-    """What ``check`` does not do with commands (``--exec``, or a case's ``[exec]``): -j processes, a named
+    """What ``check`` does not do with commands (``commands``, or a case's ``[exec]``): ``jobs`` processes, a named
     database."""
     if not commands and not any(case.scenario.commands for case in cases):
         return
@@ -60,7 +55,7 @@ def check_exec_options(
     ]
     if given:
         raise OptionError(
-            "not with commands (--exec, a file's [exec]), whose runs go through one proxy over a scratch database of"
+            "not with commands (given, or a file's [exec]), whose runs go through one proxy over a scratch database of"
             " their own",
             given[0],
         )
@@ -94,7 +89,7 @@ def prepare(
     for path in files:
         try:
             if exec_commands and path.suffix == ".spec":
-                raise ScenarioError("an isolation spec runs its own steps; --exec takes scenarios (.toml)", str(path))
+                raise ScenarioError("an isolation spec runs its own steps; commands run a scenario (.toml)", str(path))
             cases.extend(_cases_of(path, golden, expected, params))
         except ScenarioError as exc:
             if invalid is None:
@@ -107,7 +102,7 @@ def _cases_of(path: Path, golden: bool, expected: Path | None, params: dict[str,
     if path.suffix == ".spec":
         prepared = speccheck.prepare_check(path, expected)
         return [Case(path, prepared.scenario, spec=prepared)]
-    scenario = catalog.load(str(path), params)
+    scenario = catalog.read_scenario(str(path), params)
     return [
         Case(
             path,
@@ -190,12 +185,9 @@ def run_explore_case(
     case: Case,
     server: ServerInfo,
     options: RunOptions | None = None,
-    limit: int | None = None,
-    seed: int | None = None,
+    search: SearchMode = REDUCED,
     jobs: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
     commands: Sequence[str] = (),
 ) -> CaseResult:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
@@ -205,11 +197,11 @@ def run_explore_case(
     interleaving reproduces it with no error the scenario does not declare; anything else
     when no interleaving shows the bug (a failed invariant, a held signature) or raises
     such an error. A failure names the class and its example. Specs run as without
-    --explore. ``on_progress(done, total)`` follows the interleavings.
+    exploring. ``on_progress(done, total)`` follows the interleavings.
 
-    ``max_preemptions`` K or ``pct`` D: a bounded search instead (K and D at most what the
-    case's steps allow, where they mean every schedule); the result's ``guarantee`` then
-    says what it covered, and a pass is never a proof over every interleaving.
+    A bounded ``search`` (K and D at most what the case's steps allow, where they mean every
+    schedule): the result's ``guarantee`` then says what it covered, and a pass is never a
+    proof over every interleaving.
 
     With ``commands``, the orders searched are those of the statements the commands send
     (:func:`pgrace.drivers.exec.explore_exec`, bounded as asked); a search that could not cover
@@ -229,10 +221,7 @@ def run_explore_case(
             commands_for(case.scenario, commands),
             server,
             step_timeout=step_timeout,
-            sample=limit,
-            seed=seed,
-            max_preemptions=max_preemptions,
-            pct=pct,
+            search=search,
         )
         problems = judged(case, searched)
         bound = searched.bound
@@ -240,23 +229,19 @@ def run_explore_case(
             pass
         elif bound is not None and not bound.met:
             problems.append(f"the search did not meet its bound ({bound.words(searched.space)}): no claim")
-        elif bound is None and limit is None and not searched.covers_all:
+        elif not isinstance(search, Sample) and bound is None and not searched.covers_all:
             problems.append(f"the search did not cover every order ({searched.incomplete}): no proof it holds in all")
         elif searched.incomplete is not None:
             problems.append(f"the sample is not of the orders its runs sent ({searched.incomplete}): no claim")
         guarantee = "" if bound is None else bound.words(searched.space)
         return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
-    steps = len(case.scenario.steps)
     found = explore(
         case.scenario,
         server,
-        limit=limit,
-        seed=seed,
+        search=fitted(search, len(case.scenario.steps)),
         jobs=jobs,
         step_timeout=step_timeout,
         on_progress=on_progress,
-        max_preemptions=None if max_preemptions is None else min(max_preemptions, max(steps - 1, 0)),
-        pct=None if pct is None else min(pct, max(steps, 1)),
     )
     guarantee = "" if found.bound is None else found.bound.words(found.space)
     problems = judged(case, found)

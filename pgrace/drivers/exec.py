@@ -21,6 +21,7 @@ from pgrace.drivers.bounded import PCT_RUNS, PREEMPTION_RUNS, Bound, Schedule, p
 from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
 from pgrace.drivers.explore import Exploration
 from pgrace.drivers.exploring import choose
+from pgrace.drivers.searches import REDUCED, Exhaustive, Pct, PreemptionBounded, Sample, SearchMode
 from pgrace.engine.proxy.runner import EXEC_SCHEMA, ExecRunner
 from pgrace.engine.proxy.tasks import AsyncSession
 from pgrace.engine.threads.order import Chooser
@@ -44,12 +45,12 @@ def parse_exec(values: Sequence[str]) -> list[Command]:
         name, sep, line = value.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier() or not line.strip():
-            raise OptionError(f"--exec takes NAME=COMMAND (NAME a word), not {value!r}", "--exec")
+            raise OptionError(f"{value!r} is not NAME=COMMAND (NAME a word)", "commands")
         if any(c.name == name for c in commands):
-            raise OptionError(f"--exec names {name!r} twice", "--exec")
+            raise OptionError(f"{name!r} named twice", "commands")
         commands.append(Command(name, line))
     if not commands:
-        raise OptionError("at least one --exec NAME=COMMAND", "--exec")
+        raise OptionError("at least one NAME=COMMAND", "commands")
     return commands
 
 
@@ -57,7 +58,7 @@ def commands_for(scenario: Scenario, values: Sequence[str]) -> list[Command]:
     """The scenario's ``[exec]`` commands with ``NAME=COMMAND`` options over them: a name given again replaces the
     file's command, a new one is added."""
     if not values and not scenario.commands:
-        raise OptionError("at least one --exec NAME=COMMAND, or an [exec] table in the scenario file", "--exec")
+        raise OptionError("at least one NAME=COMMAND, or an [exec] table in the scenario file", "commands")
     return list(merged_commands(scenario.commands, parse_exec(values) if values else ()))
 
 
@@ -103,14 +104,10 @@ def explore_exec(
     *,
     step_timeout: float = 10.0,
     limit: int = EXPLORE_LIMIT,
-    reduce: bool = True,
-    sample: int | None = None,
-    seed: int | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
+    search: SearchMode = REDUCED,
 ) -> Exploration:
-    """Every order of the commands' statements (reduced: one of each set that only swaps commuting ones); or,
-    given ``sample`` N, ``max_preemptions`` K or ``pct`` D, a bounded search (:func:`_explore_bounded`)."""
+    """Every order of the commands' statements (``Reduced``: one of each set that only swaps commuting ones;
+    ``Exhaustive``: each); or a ``Sample``, ``PreemptionBounded`` or ``Pct`` search (:func:`_explore_bounded`)."""
     classes: dict[str, OutcomeClass] = {}
     expected = bool(scenario.checks)
 
@@ -124,11 +121,11 @@ def explore_exec(
         if found.example is not previous:
             found.statements, found.choices = pairs, tuple(taken)
 
-    bounded = sample is not None or max_preemptions is not None or pct is not None
-    check_exec_bounds(reduce, sample, max_preemptions, pct)
+    check_exec_bounds(search)
+    reduce = not isinstance(search, Exhaustive)
     with _runner(scenario, commands, server, step_timeout) as runner:
-        if bounded:
-            found = _explore_bounded(runner, count, sample, seed, max_preemptions, pct)
+        if isinstance(search, Sample | PreemptionBounded | Pct):
+            found = _explore_bounded(runner, count, search)
         elif reduce:
             # The sessions are the connections the commands open: a first run names them.
             seen, _ = runner.run_once(NamedOrder(None, []), observe=False)
@@ -149,7 +146,7 @@ def explore_exec(
     shown = ordered(classes.values())
     if not expected:
         shown = [dataclasses.replace(c, summary=c.summary.replace(" · checks hold", "")) for c in shown]
-    if bounded:
+    if isinstance(search, Sample | PreemptionBounded | Pct):
         found.classes, found.replayer, found.claim = shown, replay, claim_of(scenario)
         return found
     found = Exploration(
@@ -168,19 +165,14 @@ def explore_exec(
     return found
 
 
-def check_exec_bounds(reduce: bool, sample: int | None, max_preemptions: int | None, pct: int | None) -> None:
-    """What a bounded search over commands cannot mean, refused before any command starts."""
-    if max_preemptions is not None and pct is not None:
-        raise OptionError("--max-preemptions and --pct are two searches: choose one", "--pct")
-    option = "--max-preemptions" if max_preemptions is not None else "--pct" if pct is not None else "--max"
-    if not reduce:
-        raise OptionError(f"{option} runs its own schedules: --no-reduce has no meaning with it", option)
-    if sample is not None and sample < 1:
-        raise OptionError(f"--max {sample}: at least one run", "--max")
-    if max_preemptions is not None and max_preemptions < 0:
-        raise OptionError(f"--max-preemptions {max_preemptions}: K is 0 or more", "--max-preemptions")
-    if pct is not None and pct < 1:
-        raise OptionError(f"--pct {pct}: the depth D is 1 or more", "--pct")
+def check_exec_bounds(search: SearchMode) -> None:
+    """What a search over commands cannot mean, refused before any command starts."""
+    if isinstance(search, Sample) and search.size < 1:
+        raise OptionError(f"--max {search.size}: at least one run", "--max")
+    if isinstance(search, PreemptionBounded) and search.bound < 0:
+        raise OptionError(f"--max-preemptions {search.bound}: K is 0 or more", "--max-preemptions")
+    if isinstance(search, Pct) and search.depth < 1:
+        raise OptionError(f"--pct {search.depth}: the depth D is 1 or more", "--pct")
 
 
 class Recorded:
@@ -224,10 +216,7 @@ def statements_space(run: Run, raised: Sequence[str]) -> Space:
 def _explore_bounded(
     runner: ExecRunner,
     count: Callable[[Run, Sequence[int], int], None],
-    sample: int | None,
-    seed: int | None,
-    max_preemptions: int | None,
-    pct: int | None,
+    search: Sample | PreemptionBounded | Pct,
 ) -> Exploration:
     """A sample, the preemption-bounded search or PCT over the commands' statements, by the scenario files' own
     searches (:mod:`pgrace.drivers.bounded`, :func:`~pgrace.drivers.exploring.choose`).
@@ -239,6 +228,7 @@ def _explore_bounded(
     The preemption search needs no count ahead: each run says which sessions could go.
     """
     runs = 0
+    runs_asked = search.runs if isinstance(search, PreemptionBounded | Pct) else None
 
     seen: list[Run] = []
 
@@ -252,21 +242,17 @@ def _explore_bounded(
         return run, recorded
 
     name, variant = runner.scenario.name, runner.scenario.variant
-    if max_preemptions is not None:  # its first run is the first ready session's, as the others' first run
+    if isinstance(search, PreemptionBounded):  # its first run is the first ready session's, as the others' first run
 
         def follow(prefix: tuple[str, ...]) -> Schedule:
             return execute(Follow(prefix))[1].schedule
 
-        ran, diverged, cut = preemption_search(follow, max_preemptions, sample or PREEMPTION_RUNS)
+        ran, diverged, cut = preemption_search(follow, search.bound, runs_asked or PREEMPTION_RUNS)
         space = statements_space(seen[0], runner.raised)
-        bound = Bound(
-            "preemptions", max_preemptions, len(space.chains), len(space.where), ran, diverged=diverged, cut=cut
-        )
+        bound = Bound("preemptions", search.bound, len(space.chains), len(space.where), ran, diverged=diverged, cut=cut)
         return Exploration(name, variant, space.size, ran, None, runs=ran, complete=False, bound=bound)
     first, _ = execute(NamedOrder(None, []))
     space = statements_space(first, runner.raised)
-    if pct is not None:  # a depth beyond the statements sent means every change point: the words say which
-        pct = min(pct, max(len(space.where), 1))
     session_of = {name: space.scenario.step(name).session for name in space.where}
     shape = sorted(len(chain) for chain in space.chains)
 
@@ -276,9 +262,11 @@ def _explore_bounded(
     def other_statements(run: Run) -> bool:
         return sorted(len(c) for c in statements_space(run, runner.raised).chains) != shape
 
-    if pct is not None:
-        seeded = seed if seed is not None else 0
-        draws = sample or PCT_RUNS
+    if isinstance(search, Pct):
+        # a depth beyond the statements sent means every change point: the words say which
+        pct = min(search.depth, max(len(space.where), 1))
+        seeded = search.seed
+        draws = runs_asked or PCT_RUNS
         rng = random.Random(seeded)
         ran_orders: set[tuple[str, ...]] = set()
         other = 0
@@ -289,8 +277,7 @@ def _explore_bounded(
                 other += other_statements(execute(NamedOrder(order, list(order)))[0])
         bound = Bound("pct", pct, len(space.chains), len(space.where), len(ran_orders), draws, seeded, diverged=other)
         return Exploration(name, variant, space.size, draws, seeded, runs=runs, complete=False, bound=bound)
-    assert sample is not None
-    picked = choose(space.size, sample, seed)
+    picked = choose(space.size, search.size, search.seed)
     other = 0
     for number in picked:
         named = sessions(space.unrank(number))
@@ -303,7 +290,7 @@ def _explore_bounded(
         variant,
         space.size,
         len(picked),
-        seed if seed is not None else 0,
+        search.seed,
         runs=runs,
         complete=False,
         incomplete=why,
@@ -328,12 +315,8 @@ def explore_commands(
     server: ServerInfo,
     *,
     step_timeout: float = 10.0,
-    reduce: bool = True,
     examples: Iterable[int] | Literal["all"] = (),
-    sample: int | None = None,
-    seed: int | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
+    search: SearchMode = REDUCED,
 ) -> Explored:
     """:func:`explore_exec` of the scenario's ``[exec]`` commands and ``NAME=COMMAND`` options (:func:`commands_for`);
     ``examples``: classes whose example is replayed observed."""
@@ -342,11 +325,7 @@ def explore_commands(
         commands_for(scenario, commands),
         server,
         step_timeout=step_timeout,
-        reduce=reduce,
-        sample=sample,
-        seed=seed,
-        max_preemptions=max_preemptions,
-        pct=pct,
+        search=search,
     )
     result = Explored(scenario, found)
     wanted = range(1, len(found.classes) + 1) if examples == "all" else examples

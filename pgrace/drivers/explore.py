@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from pgrace.bounds import check_jobs, check_sample
 from pgrace.drivers.exploring import EXPLORE_SCHEMA, choose, explore_options, prepared
-from pgrace.drivers.identity import Search
+from pgrace.drivers.identity import SearchIdentity
+from pgrace.drivers.searches import REDUCED, Pct, PreemptionBounded, Reduced, Sample, SearchMode, runs_asked
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, PgraceError, ScenarioError
@@ -84,7 +85,7 @@ class Exploration:
     repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
     bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
     claim: Claim = "no bug"  # what the classes must show (pgrace.model.outcomes.claim_of)
-    search: Search | None = None  # which search this is a shard of (None: code's, never split)
+    search: SearchIdentity | None = None  # which search this is a shard of (None: code's, never split)
     held: tuple[int, ...] | None = None  # the shards of N a merge holds (None: ``shard``'s K alone)
     origin: str | None = field(default=None, compare=False)  # the file it was read from
     replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
@@ -253,34 +254,27 @@ def explore(
     scenario: Scenario,
     server: ServerInfo,
     *,
-    limit: int | None = None,
-    seed: int | None = None,
+    search: SearchMode = REDUCED,
     shard: tuple[int, int] = (1, 1),
     jobs: int = 1,
     step_timeout: float = 10.0,
     on_progress: Callable[[int, int], None] | None = None,
-    reduce: bool = True,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
 ) -> Exploration:
-    """Run the chosen interleavings of one variant and group them into outcome classes.
+    """Run the interleavings ``search`` chooses of one variant and group them into outcome classes.
 
     ``on_progress(done, total)`` is called before the first interleaving and as they finish
     (per batch in one process; per round of ``jobs`` parts with ``-j``). The interleavings
     are numbered up front and turned into orders a part at a time, and their outcomes are
     counted into classes as each part ends: memory stays bounded by a part, not the sample.
 
-    ``reduce`` (the whole space: no sample): run one interleaving of each set of equivalent
-    ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and ``on_progress``
-    gets the runs so far and those known to be left (:func:`reduces` says when it applies).
-
-    ``max_preemptions`` K or ``pct`` D: a bounded search instead (see
-    :mod:`pgrace.drivers.bounded`); ``limit`` caps its runs (PCT: the schedules drawn, 100
-    by default), ``seed`` seeds PCT (0 by default).
+    :class:`~pgrace.drivers.searches.Reduced` (the whole space): run one interleaving of each
+    set of equivalent ones (see :mod:`pgrace.drivers.reduce`); a class then counts runs, and
+    ``on_progress`` gets the runs so far and those known to be left (:func:`reduces` says when
+    it applies). :class:`~pgrace.drivers.searches.PreemptionBounded` and
+    :class:`~pgrace.drivers.searches.Pct`: a bounded search (see :mod:`pgrace.drivers.bounded`),
+    in one process.
     """
-    found = _explore(
-        scenario, server, limit, seed, shard, jobs, step_timeout, on_progress, reduce, max_preemptions, pct
-    )
+    found = _explore(scenario, server, search, shard, jobs, step_timeout, on_progress)
     found.claim = claim_of(scenario)
     return found
 
@@ -288,32 +282,30 @@ def explore(
 def _explore(
     scenario: Scenario,
     server: ServerInfo,
-    limit: int | None,
-    seed: int | None,
+    search: SearchMode,
     shard: tuple[int, int],
     jobs: int,
     step_timeout: float,
     on_progress: Callable[[int, int], None] | None,
-    reduce: bool,
-    max_preemptions: int | None,
-    pct: int | None,
 ) -> Exploration:
     from pgrace.drivers.bounded import check_bounds
 
     check_jobs(jobs)
-    check_sample(limit)
+    check_sample(runs_asked(search), "search")
     space = Space(scenario)
     k, n = shard
     if not 1 <= k <= n:
         raise OptionError(f"{k}/{n}: K must be between 1 and N", "shard")
-    check_bounds(space, max_preemptions, pct, reduce, shard, jobs)
-    if max_preemptions is not None or pct is not None:
-        return _explore_bounded(scenario, server, space, step_timeout, on_progress, max_preemptions, pct, limit, seed)
+    check_bounds(space, search, shard, jobs)
+    if isinstance(search, PreemptionBounded | Pct):
+        return _explore_bounded(scenario, server, space, step_timeout, on_progress, search)
+    limit, seed = (search.size, search.seed) if isinstance(search, Sample) else (None, None)
+    reduce = search.reduce if isinstance(search, Sample) else isinstance(search, Reduced)
     reduced = reduce and reduces(scenario, space, limit, shard, jobs)
     sample = limit is not None and limit < space.size
-    search = Search.of(scenario, reduced, limit if sample else None, seed if sample else None, step_timeout)
+    identity = SearchIdentity.of(scenario, reduced, limit if sample else None, seed if sample else None, step_timeout)
     found = _explore_space(scenario, server, space, limit, seed, shard, jobs, step_timeout, on_progress, reduced)
-    return dataclasses.replace(found, search=search)
+    return dataclasses.replace(found, search=identity)
 
 
 def _explore_space(
@@ -335,14 +327,14 @@ def _explore_space(
         if space.size > WHOLE_SPACE_LIMIT and (least := opaque_orders(scenario)) > WHOLE_SPACE_LIMIT:
             raise ScenarioError(
                 f"{space.size:,} interleavings are too many to run them all, even reduced (at least {least:,} runs:"
-                " steps outside a transaction, or that read the clock, touch every other); explore a sample with"
-                " --max N [--seed S]",
+                " steps outside a transaction, or that read the clock, touch every other); explore a sample of"
+                " them",
                 scenario.source,
             )
         return _explore_reduced(scenario, server, space, step_timeout, on_progress, shard, jobs)
     if limit is None and space.size > WHOLE_SPACE_LIMIT:
         raise ScenarioError(
-            f"{space.size:,} interleavings are too many to run them all; explore a sample with --max N [--seed S]",
+            f"{space.size:,} interleavings are too many to run them all; explore a sample of them",
             scenario.source,
         )
     indices = choose(space.size, limit, seed, shard)
@@ -501,10 +493,7 @@ def _explore_bounded(
     space: Space,
     step_timeout: float,
     on_progress: Callable[[int, int], None] | None,
-    max_preemptions: int | None,
-    pct: int | None,
-    limit: int | None,
-    seed: int | None,
+    search: PreemptionBounded | Pct,
 ) -> Exploration:
     """A bounded search; ``explored`` counts its runs (PCT: the schedules drawn, a repeated one run once)."""
     from pgrace.drivers.bounded import PCT_RUNS, explore_pct, explore_preemptions
@@ -514,14 +503,15 @@ def _explore_bounded(
     def count(one: Observed) -> None:
         add_observed(classes, one, space.preference(one.launched), scenario)
 
-    if on_progress is not None:
-        on_progress(0, 1 if pct is None else limit or PCT_RUNS)
-    if max_preemptions is not None:
-        bound = explore_preemptions(scenario, server, step_timeout, max_preemptions, count, on_progress, limit)
+    if isinstance(search, PreemptionBounded):
+        if on_progress is not None:
+            on_progress(0, 1)
+        bound = explore_preemptions(scenario, server, step_timeout, search.bound, count, on_progress, search.runs)
     else:
-        assert pct is not None
-        draws, seeded = limit or PCT_RUNS, seed if seed is not None else 0
-        bound = explore_pct(scenario, server, step_timeout, pct, draws, seeded, count, on_progress)
+        draws = search.runs or PCT_RUNS
+        if on_progress is not None:
+            on_progress(0, draws)
+        bound = explore_pct(scenario, server, step_timeout, search.depth, draws, search.seed, count, on_progress)
     return Exploration(
         scenario.name,
         scenario.variant,

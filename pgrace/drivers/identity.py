@@ -11,11 +11,11 @@ from pgrace.model.outcomes import whole_number
 from pgrace.model.scenario import Scenario
 from pgrace.model.values import to_json_value
 
-__all__ = ["Search", "scenario_digest"]
+__all__ = ["SearchIdentity", "scenario_digest"]
 
 
 @dataclass(frozen=True)
-class Search:
+class SearchIdentity:
     """What makes shards parts of one search: the same scenario text and parameters, the same settings.
 
     ``steps`` is a digest of the variant's setup, steps, teardown and final checks: a file
@@ -31,7 +31,9 @@ class Search:
     step_timeout: float
 
     @classmethod
-    def of(cls, scenario: Scenario, reduced: bool, limit: int | None, seed: int | None, step_timeout: float) -> Search:
+    def of(
+        cls, scenario: Scenario, reduced: bool, limit: int | None, seed: int | None, step_timeout: float
+    ) -> SearchIdentity:
         return cls(scenario.params, scenario_digest(scenario), reduced, limit, seed, step_timeout)
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,7 +47,7 @@ class Search:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Search:
+    def from_dict(cls, data: dict[str, Any]) -> SearchIdentity:
         limit, seed, timeout = data["max"], data["seed"], data["step_timeout"]
         if not isinstance(data["params"], dict) or not isinstance(data["steps"], str):
             raise TypeError("params is an object and steps a string")
@@ -60,7 +62,7 @@ class Search:
             float(timeout),
         )
 
-    def differences(self, other: Search) -> list[str]:
+    def differences(self, other: SearchIdentity) -> list[str]:
         """What ``other`` set otherwise, in the reader's words (empty: the same search)."""
         said = []
         mine, theirs = self.to_dict(), other.to_dict()

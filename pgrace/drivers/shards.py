@@ -1,6 +1,6 @@
 """Shards of one search read back from JSON and merged: complete only when each of the N is there once.
 
-A shard's JSON says which search it is a shard of (:class:`~pgrace.drivers.identity.Search`)
+A shard's JSON says which search it is a shard of (:class:`~pgrace.drivers.identity.SearchIdentity`)
 and which of N shards it holds; :func:`merge_explorations` refuses a part of another search
 or a shard held twice (exit 2, naming the file), and a merge missing shards is a part.
 """
@@ -13,13 +13,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pgrace.drivers.explore import Exploration
-from pgrace.drivers.identity import Search, scenario_digest
+from pgrace.drivers.identity import SearchIdentity, scenario_digest
 from pgrace.errors import ScenarioError
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Claim, OutcomeClass, merge_classes, whole_number
 from pgrace.model.scenario import Scenario
 
-__all__ = ["exploration_from_dict", "load_explorations", "merge_explorations"]
+__all__ = ["exploration_from_dict", "merge_explorations", "read_explorations"]
 
 
 def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None = None) -> Exploration:
@@ -52,7 +52,7 @@ def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None
             complete=bool(data.get("complete", True)),
             repeats=whole_number(data.get("repeats", 0), "repeats"),
             bound=Bound.from_dict(guarantee, whole_number(data["runs"], "runs")) if bounded else None,
-            search=None if data["search"] is None else Search.from_dict(data["search"]),
+            search=None if data["search"] is None else SearchIdentity.from_dict(data["search"]),
             held=held,
             origin=origin,
             claim=claim,
@@ -72,7 +72,7 @@ def merge_explorations(parts: Sequence[Exploration], scenario: Scenario | None =
         raise ScenarioError("nothing to merge")
     first = parts[0]
     if any(p.bound is not None for p in parts):
-        raise ScenarioError("cannot merge bounded explorations (--max-preemptions, --pct): they are not shards")
+        raise ScenarioError("cannot merge bounded explorations (preemption-bounded, PCT): they are not shards")
     holder: dict[int, Exploration] = {}
     for part in parts:
         _check_same_search(first, part, scenario)
@@ -130,7 +130,7 @@ def _check_same_search(first: Exploration, part: Exploration, scenario: Scenario
         raise ScenarioError(f"another search than {_named(first)}'s: {'; '.join(said)}", part.origin)
 
 
-def load_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
+def read_explorations(texts: Iterable[tuple[str, str]], space: Space) -> list[Exploration]:
     """Parse the JSON of shards (``(name, text)`` pairs) for :func:`merge_explorations`."""
     parts = []
     for name, text in texts:

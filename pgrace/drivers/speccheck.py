@@ -178,10 +178,10 @@ class CheckedFile:
 
 
 def _prepare_spec(path: Path, expected: Path | None) -> PreparedCheck:
-    from pgrace.formats.catalog import load
+    from pgrace.frontends.catalog import read_scenario
     from pgrace.render.isolation import render_isolation
 
-    scenario = load(str(path))
+    scenario = read_scenario(str(path))
     return PreparedCheck(path, scenario, expected_files(path, expected), render_isolation)
 
 

@@ -1,6 +1,6 @@
 """``pgrace sweep``: one scenario under every combination of parameter values, as a grid of outcomes.
 
-Each combination is loaded afresh (``catalog.load(name, params)``: the scenario file
+Each combination is loaded afresh (``catalog.read_scenario(name, params)``: the scenario file
 decides what a parameter means) and run in the file's order, or, with ``explore``, in
 every interleaving. A cell holds the outcome classes (:mod:`pgrace.model.outcomes`), and a
 verdict for a reader, in the words of the checks' polarity: where they are the anomaly's
@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.bounds import check_combinations, check_jobs, check_sample
+from pgrace.drivers.searches import Pct, PreemptionBounded, Sample, SearchMode, fitted, runs_asked
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError
-from pgrace.formats import catalog
+from pgrace.frontends import catalog
 from pgrace.model.outcomes import OutcomeClass, add_observed, classify
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo
@@ -113,14 +114,16 @@ def variants(
     if not params:
         raise OptionError("a sweep needs at least one parameter and its values", "params")
     return [
-        (combination, catalog.variant(catalog.load(ref, combination), variant)) for combination in combinations(params)
+        (combination, catalog.variant(catalog.read_scenario(ref, combination), variant))
+        for combination in combinations(params)
     ]
 
 
-def interleavings(chosen: Sequence[tuple[dict[str, str], Scenario]], limit: int | None) -> int:
+def interleavings(chosen: Sequence[tuple[dict[str, str], Scenario]], search: SearchMode) -> int:
     """How many interleavings an explored sweep runs: each combination's whole space, or its sample."""
     from pgrace.model.orders.space import Space
 
+    limit = search.size if isinstance(search, Sample) else None
     sizes = (Space(scenario).size for _, scenario in chosen)
     return sum(size if limit is None else min(size, limit) for size in sizes)
 
@@ -130,44 +133,37 @@ def sweep(
     params: dict[str, list[str]],
     server: ServerInfo,
     *,
-    explore: bool = False,
-    limit: int | None = None,
-    seed: int | None = None,
+    explore: SearchMode | None = None,
     jobs: int = 1,
     step_timeout: float = 10.0,
     on_cell: Callable[[int, int], None] | None = None,
     on_interleavings: Callable[[int, int], None] | None = None,
-    max_preemptions: int | None = None,
-    pct: int | None = None,
 ) -> Sweep:
     """Run each loaded combination (see :func:`variants`) on ``server``: a grid of outcome classes.
 
     ``on_cell(done, total)`` follows the combinations, ``on_interleavings(done, total)`` an
-    explored combination's interleavings. ``max_preemptions`` K or ``pct`` D: explore each
-    with that bounded search (K and D at most what its steps allow, where they mean every schedule).
+    explored combination's interleavings. ``explore``: the search each combination is explored
+    with (a bounded one's K and D at most what its steps allow, where they mean every schedule);
+    None: each runs its file's order once.
     """
     from pgrace.drivers.explore import explore as explore_variant
     from pgrace.drivers.one_run import run_in_scratch
 
     check_jobs(jobs)
-    check_sample(limit)
+    check_sample(None if explore is None else runs_asked(explore), "explore")
     cells: list[GridPoint] = []
     for done, (combination, scenario) in enumerate(chosen):
-        steps = len(scenario.steps)
         guarantee: dict[str, Any] | None = None
         if on_cell is not None:
             on_cell(done, len(chosen))
-        if explore:
+        if explore is not None:
             found = explore_variant(
                 scenario,
                 server,
-                limit=limit,
-                seed=seed,
+                search=fitted(explore, len(scenario.steps)),
                 jobs=jobs,
                 step_timeout=step_timeout,
                 on_progress=on_interleavings,
-                max_preemptions=None if max_preemptions is None else min(max_preemptions, max(steps - 1, 0)),
-                pct=None if pct is None else min(pct, max(steps, 1)),
             )
             classes = found.classes
             guarantee = found.guarantee if found.bound is not None else None
@@ -181,15 +177,15 @@ def sweep(
     if on_cell is not None:
         on_cell(len(chosen), len(chosen))
     first = chosen[0][1]
-    return Sweep(first.name, first.variant, params, cells, explore, bound_words(max_preemptions, pct, seed, limit))
+    return Sweep(first.name, first.variant, params, cells, explore is not None, bound_words(explore))
 
 
-def bound_words(max_preemptions: int | None, pct: int | None, seed: int | None, limit: int | None) -> str:
+def bound_words(search: SearchMode | None) -> str:
     """A bounded search, in the words that say what it covers (empty: none)."""
-    if max_preemptions is not None:
-        return f"every schedule with at most {max_preemptions} preemption{'s' if max_preemptions != 1 else ''}"
-    if pct is not None:
+    if isinstance(search, PreemptionBounded):
+        return f"every schedule with at most {search.bound} preemption{'s' if search.bound != 1 else ''}"
+    if isinstance(search, Pct):
         from pgrace.drivers.bounded import PCT_RUNS
 
-        return f"pct depth {pct}, seed {seed or 0}, {limit or PCT_RUNS} schedules"
+        return f"pct depth {search.depth}, seed {search.seed}, {search.runs or PCT_RUNS} schedules"
     return ""

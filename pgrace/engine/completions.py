@@ -1,6 +1,6 @@
 """A scenario step's end: its results collected, its captures kept, what released it, its report.
 
-A finished step is first *settled* (its results read, the release tracker told whether it
+A finished step is first *collected* (its results read, the release tracker told whether it
 ended its transaction) and later *reported* (its StepFinished, with the release, then what
 arrived since: a loss, notifications), because a completion marker may hold the report back.
 """
@@ -17,19 +17,19 @@ from pgrace.model.timeline import Release
 from pgrace.model.variables import Value
 
 if TYPE_CHECKING:
-    from pgrace.engine.session import Inspector, Session
+    from pgrace.engine.session import Inspector, LiveSession
     from pgrace.engine.steps import Active, StepBook
     from pgrace.engine.transport import Transport
     from pgrace.model.scenario import Scenario
 
 
 class Completions:
-    """Settles a finished step and records its end, for the scheduler of these sessions."""
+    """Collects a finished step and records its end, for the scheduler of these sessions."""
 
     def __init__(
         self,
         scenario: Scenario,
-        sessions: Mapping[str, Session],
+        sessions: Mapping[str, LiveSession],
         inspector: Inspector,
         book: StepBook,
         transport: Transport,
@@ -40,7 +40,7 @@ class Completions:
         self.book = book
         self.transport = transport
 
-    def settle(self, session: Session, active: Active) -> None:
+    def collect(self, session: LiveSession, active: Active) -> None:
         """Collect a finished step's results (not yet its report) and note whether it ended its transaction."""
         outcome, deadlock = session.collect(active)
         if deadlock is not None and outcome.error is not None:
@@ -52,13 +52,13 @@ class Completions:
         self._capture(session, active)
         self._note_completion(session, active)
 
-    def _note_completion(self, session: Session, active: Active) -> None:
+    def _note_completion(self, session: LiveSession, active: Active) -> None:
         """Tell the book the step is over (once): did it end its transaction, or its session?"""
         assert active.outcome is not None
         lost, after = session.ended_status(active)
         self.book.releases.completed(active.seq, active.tx_before, after, active.outcome.error, lost)
 
-    def _settle_finished(self, names: Iterable[str]) -> None:
+    def _collect_finished(self, names: Iterable[str]) -> None:
         """Collect the results that already arrived for these sessions' running steps (a deadlock victim's)."""
         sessions = self.sessions
         pending = [
@@ -71,7 +71,7 @@ class Completions:
         ]
         for session in self.transport.waiting.answered(pending):
             assert session.active is not None
-            self.settle(session, session.active)
+            self.collect(session, session.active)
 
     def _gone(self, names: Iterable[str]) -> set[str]:
         """Sessions whose backend no longer exists (terminated, crashed)."""
@@ -88,19 +88,19 @@ class Completions:
             active,
             active.outcome.error,
             lost=active.lost is not None,
-            settle=self._settle_finished,
+            collect=self._collect_finished,
             gone=self._gone,
         )
         return self.transport.release_of(release, active.step.session, last_done)
 
-    def finished(self, session: Session, active: Active, last_done: int) -> None:
-        """Record a settled step's end in the book, with what released it (``last_done``: the step done before)."""
+    def finished(self, session: LiveSession, active: Active, last_done: int) -> None:
+        """Record a collected step's end in the book, with what released it (``last_done``: the step done before)."""
         assert active.outcome is not None
         self._note_completion(session, active)  # outcomes set at launch (a crash, a sleep) are noted here
         note_attempt(self.scenario, session, active)
         self.book.finished(active.seq, active.outcome, active.waiting_reported, self._release(active, last_done))
 
-    def _capture(self, session: Session, active: Active) -> None:
+    def _capture(self, session: LiveSession, active: Active) -> None:
         step, outcome = active.step, active.outcome
         if not step.capture or outcome is None:
             return

@@ -1,4 +1,4 @@
-"""A result as pgrace keeps it: the server's exact text and the column types; values are loaded later, if compared."""
+"""A result as pgrace keeps it: the server's exact text and the column types; values converted later, if compared."""
 
 from __future__ import annotations
 

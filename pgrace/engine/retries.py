@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 from psycopg import pq
 
 if TYPE_CHECKING:
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import LiveSession
     from pgrace.engine.steps import Active
     from pgrace.model.scenario import Scenario, Step
 
 
-def attempted(step: Step, session: Session) -> bool:
+def attempted(step: Step, session: LiveSession) -> bool:
     """Whether to send ``step`` now that its session's earlier steps are done: retry loops decide.
 
     A loop's attempt K is sent only when attempt K-1 failed with one of the loop's
@@ -33,7 +33,7 @@ def attempted(step: Step, session: Session) -> bool:
     return not step.rollback or session.transaction_status() != pq.TransactionStatus.IDLE
 
 
-def note_attempt(scenario: Scenario, session: Session, active: Active) -> None:
+def note_attempt(scenario: Scenario, session: LiveSession, active: Active) -> None:
     """A step of a retry loop that failed with one of its SQLSTATEs calls the next attempt, if one is left."""
     step, outcome = active.step, active.outcome
     retry = scenario.retry_of(step)

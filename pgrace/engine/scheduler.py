@@ -10,12 +10,12 @@ watched too: a step that ends meanwhile is reported when it ends.
 Completion markers (``(*)``, ``(step)``, ``(step notices N)``) hold back the report of a
 finished step. The events themselves are the :class:`~pgrace.engine.steps.StepBook`'s.
 
-The scheduler is written once over :class:`~pgrace.engine.session.Session`; what differs
+The scheduler is written once over :class:`~pgrace.engine.session.LiveSession`; what differs
 by transport is its :class:`~pgrace.engine.transport.Transport`: how it waits (a
 scenario's libpq sessions are selected on, the application's thread sessions waited for
 on their gates) and the steps it runs itself (a scenario's sleeps and crashes). The
 scheduler alone writes its state; a transport's hook hands steps back through
-:class:`~pgrace.engine.transport.Launched`.
+:class:`~pgrace.engine.transport.LaunchedSteps`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pgrace.model.variables import FACTS, Value, find, param_values, substitute
 
 if TYPE_CHECKING:
     from pgrace.engine.options import RunOptions
-    from pgrace.engine.session import Inspector, Session
+    from pgrace.engine.session import Inspector, LiveSession
     from pgrace.engine.steps import Recorder, StepBook
     from pgrace.engine.transport import Transport
 
@@ -51,7 +51,7 @@ class Scheduler:
         scenario: Scenario,
         run: Run,
         options: RunOptions,
-        sessions: Mapping[str, Session],
+        sessions: Mapping[str, LiveSession],
         inspector: Inspector,
         book: StepBook,
         transport: Transport,
@@ -68,7 +68,7 @@ class Scheduler:
         self.book = book
         self.recorder: Recorder = book.recorder
         self.transport = transport
-        self._waiting: list[Active] = []  # launched, not reported yet, oldest first
+        self._pending: list[Active] = []  # launched, not reported yet, oldest first: the pending steps
         self._last_done = 0  # the step reported done most recently (locks are observed after it)
         self.idle_at = 0.0  # when on_idle last ran
         self.permutation: tuple[PermutationStep, ...] = ()
@@ -88,9 +88,9 @@ class Scheduler:
             self.options.before_step(step)
         active = self._launch(step, entry)
         done = self.try_complete(active, blocking=False)
-        self.poll_waiting(blocking=False)
+        self.poll_pending(blocking=False)
         if not done:
-            self._waiting.append(active)
+            self._pending.append(active)
         if not self.locks_each_completion:
             self.observe_locks(active.seq)
 
@@ -122,7 +122,7 @@ class Scheduler:
         active.outcome = session.send(text, active)
         return active
 
-    def values(self, session: Session | None, facts: bool = True) -> dict[str, Value]:
+    def values(self, session: LiveSession | None, facts: bool = True) -> dict[str, Value]:
         """What ``:variables`` stand for in a step of ``session`` (None: a final check).
 
         Params, then the session's own captures (which win, as they always did), then
@@ -141,11 +141,11 @@ class Scheduler:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    def wait_for_session(self, session: Session) -> None:
+    def wait_for_session(self, session: LiveSession) -> None:
         """The next step's session still runs an earlier step: wait for it, then the others.
 
         As isolationtester: the earlier step is waited for in blocking mode (no probe)
-        and reported first; only then are the other waiting steps polled. When one
+        and reported first; only then are the other pending steps polled. When one
         event frees several steps, the busy session's step thus comes before older ones.
         """
         deadline = time.perf_counter() + 2 * self.options.step_timeout
@@ -153,21 +153,21 @@ class Scheduler:
         while session.active is not None:
             earlier = session.active
             if self.try_complete(earlier, blocking=True, retry=True):
-                self._waiting.remove(earlier)
-            elif self._waiting == [earlier]:  # held by a marker that nothing left can clear
+                self._pending.remove(earlier)
+            elif self._pending == [earlier]:  # held by a marker that nothing left can clear
                 raise self.stuck(f"failed to complete permutation due to mutually-blocking steps: {earlier.step.name}")
             elif time.perf_counter() > deadline:  # held by a marker that nothing clears in time
-                names = ", ".join(a.step.name for a in self._waiting)
+                names = ", ".join(a.step.name for a in self._pending)
                 raise self.stuck(f"step {earlier.step.name} timed out; active steps are: {names}")
-            if self._waiting:
-                self.poll_waiting(blocking=False)
+            if self._pending:
+                self.poll_pending(blocking=False)
         self._observe_after(done_before)
 
     def _observe_after(self, done_before: int) -> None:
         if self.last_done != done_before and not self.locks_each_completion:
             self.observe_locks(self.last_done)  # locks after the completions, before the next launch
 
-    def overtaken(self, session: Session) -> bool:
+    def overtaken(self, session: LiveSession) -> bool:
         """Whether the server let another waiter go first: then the session's step is waited for later.
 
         One COMMIT may wake several waiting steps, and the server, not the scenario, decides
@@ -184,8 +184,8 @@ class Scheduler:
             return False
         done_before = self.last_done
         if self.try_complete(active, blocking=False, retry=True):  # not blocked (any more): reported as ever
-            self._waiting.remove(active)
-            self.poll_waiting(blocking=False)
+            self._pending.remove(active)
+            self.poll_pending(blocking=False)
             self._observe_after(done_before)
             return False
         if self.held_by_marker(active):
@@ -196,28 +196,28 @@ class Scheduler:
         """Steps that can never finish: the scenario's outcome (isolationtester exits 1), not the server's fault."""
         return StepsStuck(message, self.scenario.source)
 
-    def poll_waiting(self, blocking: bool) -> None:
-        """Try every waiting step in launch order; repeat while markers may have cleared."""
+    def poll_pending(self, blocking: bool) -> None:
+        """Try every pending step (launched, not reported) in launch order; repeat while markers may have cleared."""
         while True:
             progressed = False
             notices_before = self._notice_count()
-            for active in list(self._waiting):
-                if active not in self._waiting:  # reported meanwhile, while another step ran
+            for active in list(self._pending):
+                if active not in self._pending:  # reported meanwhile, while another step ran
                     continue
                 if self.try_complete(active, blocking=blocking, retry=True):
-                    self._waiting.remove(active)
+                    self._pending.remove(active)
                     progressed = True
-            has_markers = any(a.entry.blockers for a in self._waiting)
+            has_markers = any(a.entry.blockers for a in self._pending)
             if not (has_markers and (progressed or self._notice_count() != notices_before)):
                 return
 
     def finish_permutation(self) -> None:
         """Wait for every pending step; finished steps held by markers must get free."""
-        while self._waiting:
-            pending = len(self._waiting)
-            self.poll_waiting(blocking=True)
-            if len(self._waiting) == pending:
-                names = ", ".join(a.step.name for a in self._waiting)
+        while self._pending:
+            pending = len(self._pending)
+            self.poll_pending(blocking=True)
+            if len(self._pending) == pending:
+                names = ", ".join(a.step.name for a in self._pending)
                 raise self.stuck(f"failed to complete permutation due to mutually-blocking steps: {names}")
             if not self.locks_each_completion:
                 self.observe_locks(self.last_done)  # a resolution (commit, deadlock, timeout) changes who holds what
@@ -247,7 +247,7 @@ class Scheduler:
         slice_s = waiting.first_slice
         called = time.perf_counter()
         while active.outcome is None and waiting.running(session):
-            spoke, others = waiting.wait(session, slice_s, self._waiting)
+            spoke, others = waiting.wait(session, slice_s, self._pending)
             slice_s = waiting.next_slice(slice_s)
             self.idle()
             if others and not self.transport.others_ended(active, others, self) and blocking:
@@ -261,7 +261,7 @@ class Scheduler:
                     self._still_waiting(active)
                 return False
         if active.outcome is None:
-            self.done.settle(session, active)
+            self.done.collect(session, active)
         if self.held_by_marker(active):
             if not active.waiting_reported:
                 self._report_waiting(active, by_marker=True)
@@ -269,8 +269,8 @@ class Scheduler:
         self.report(session, active)
         return True
 
-    def report(self, session: Session, active: Active) -> None:
-        """A settled step's end into the timeline, then what arrived since (a loss, notifications)."""
+    def report(self, session: LiveSession, active: Active) -> None:
+        """A collected step's end into the timeline, then what arrived since (a loss, notifications)."""
         self.done.finished(session, active, self._last_done)
         self._last_done = active.seq
         if active.lost is not None:
@@ -287,31 +287,31 @@ class Scheduler:
     def last_done(self) -> int:
         return self._last_done
 
-    def is_waiting(self, active: Active) -> bool:
-        return active in self._waiting
+    def is_pending(self, active: Active) -> bool:
+        return active in self._pending
 
-    def settle(self, session: Session, active: Active) -> None:
-        self.done.settle(session, active)
+    def collect(self, session: LiveSession, active: Active) -> None:
+        self.done.collect(session, active)
 
-    def report_unless_held(self, session: Session, active: Active) -> None:
+    def report_unless_held(self, session: LiveSession, active: Active) -> None:
         if not self.held_by_marker(active):
-            self._waiting.remove(active)
+            self._pending.remove(active)
             self.report(session, active)
             self.observe_locks(active.seq)
 
-    def oldest_waiting(self) -> Active | None:
-        """The step waited for longest, if any."""
-        return self._waiting[0] if self._waiting else None
+    def oldest_pending(self) -> Active | None:
+        """The pending step launched first, if any."""
+        return self._pending[0] if self._pending else None
 
-    def waiting_sessions(self) -> frozenset[str]:
-        """The sessions whose step waits for a lock now."""
-        return frozenset(a.step.session for a in self._waiting)
+    def pending_sessions(self) -> frozenset[str]:
+        """The sessions with a pending step (launched, not reported: running, or waiting for a lock)."""
+        return frozenset(a.step.session for a in self._pending)
 
     def wait_for_oldest(self) -> None:
         """Every session left waits for a lock: wait for the oldest step until it ends (or the step timeout)."""
-        oldest = self._waiting[0]
+        oldest = self._pending[0]
         if self.try_complete(oldest, blocking=True, retry=True):
-            self._waiting.remove(oldest)
+            self._pending.remove(oldest)
 
     def start_permutation(self, permutation: tuple[PermutationStep, ...]) -> None:
         """The order the next steps come from (a hang's diagnosis names each session's next step in it)."""

@@ -1,4 +1,4 @@
-"""What the scheduler needs of a session, whatever carries its statements.
+"""What the scheduler needs of a session at run time (a :class:`LiveSession`), whatever carries its statements.
 
 As psycopg keeps its protocol (``psycopg/generators.py``) apart from how it waits
 (``psycopg/waiting.py``), the one :class:`~pgrace.engine.scheduler.Scheduler` is written
@@ -57,7 +57,7 @@ class Inspector(Protocol):
     def other_locks(self) -> tuple[HeldLock, ...]: ...
 
 
-class Session(Protocol):
+class LiveSession(Protocol):
     """One session of a run: its step, its backend, a way to send, collect and cancel a statement."""
 
     name: str

@@ -39,7 +39,7 @@ from pgrace.model.timeline import (
 )
 
 if TYPE_CHECKING:
-    from pgrace.engine.session import Inspector, Session
+    from pgrace.engine.session import Inspector, LiveSession
 
 
 Graph = tuple[tuple[str, tuple[str, ...]], ...]  # who waits for whom, by session name
@@ -122,7 +122,7 @@ class StepBook:
     def cut(
         self,
         step: Launched,
-        session: Session,
+        session: LiveSession,
         elapsed: float,
         holders: Callable[[Graph], tuple[Holder, ...]],
         stuck: Callable[[], Exception],
@@ -149,12 +149,12 @@ class StepBook:
         error: SqlError | None,
         *,
         lost: bool,
-        settle: Callable[[Iterable[str]], None],
+        collect: Callable[[Iterable[str]], None],
         gone: Callable[[Iterable[str]], set[str]],
     ) -> Release:
         """What ended a step's wait (see :class:`~pgrace.engine.observe.releases.ReleaseTracker`)."""
         return self.releases.attribute(
-            step.seq, error, cancelled_by_pgrace=step.cancelled, lost=lost, settle=settle, gone=gone
+            step.seq, error, cancelled_by_pgrace=step.cancelled, lost=lost, collect=collect, gone=gone
         )
 
     def finished(self, seq: int, outcome: Outcome, after_wait: bool = False, release: Release | None = None) -> None:

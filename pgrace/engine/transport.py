@@ -8,7 +8,7 @@ libpq sessions fill them in (sleeps, crashes, sessions the server ended, the soc
 watch: :class:`pgrace.engine.libpq.transport.LibpqTransport`); a transport with nothing of
 its own to add is a :class:`Plain` one (the application's threads).
 
-While a hook works it may hand steps back to the scheduler, through :class:`Launched`: it
+While a hook works it may hand steps back to the scheduler, through :class:`LaunchedSteps`: it
 reads the scheduler's state there and never writes it.
 """
 
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import psycopg
 
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import LiveSession
     from pgrace.engine.steps import Active
     from pgrace.engine.waiting import Waiting
     from pgrace.model.timeline import Outcome, Release
 
 
-class Launched(Protocol):
+class LaunchedSteps(Protocol):
     """The scheduler's launched steps, as a transport's hook may see and end them."""
 
     @property
@@ -33,16 +33,16 @@ class Launched(Protocol):
         """The step reported done most recently."""
         ...
 
-    def is_waiting(self, active: Active) -> bool:
-        """Whether ``active`` is a step the scheduler still waits for (launched, not reported)."""
+    def is_pending(self, active: Active) -> bool:
+        """Whether ``active`` is pending: launched, not reported."""
         ...
 
-    def settle(self, session: Session, active: Active) -> None:
+    def collect(self, session: LiveSession, active: Active) -> None:
         """Collect a step's results that are in (it is not reported yet)."""
         ...
 
-    def report_unless_held(self, session: Session, active: Active) -> None:
-        """A settled waiting step: reported now, with the locks then, unless a completion marker holds it."""
+    def report_unless_held(self, session: LiveSession, active: Active) -> None:
+        """A collected waiting step: reported now, with the locks then, unless a completion marker holds it."""
         ...
 
     def idle(self) -> None:
@@ -56,15 +56,15 @@ class Transport(Protocol):
     @property
     def waiting(self) -> Waiting[Any]: ...
 
-    def quoting(self, session: Session) -> psycopg.Connection[Any] | None:
+    def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         """The connection that quotes the values of a step's ``:variables``; None: steps are sent as written."""
         ...
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         """Run a step that is the transport's own (a sleep, a crash): its outcome; None when it is SQL to send."""
         ...
 
-    def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:
+    def others_ended(self, running: Active, others: list[Any], launched: LaunchedSteps) -> bool:
         """Other sessions spoke while ``running`` runs: True when told here, False when the scheduler decides."""
         ...
 
@@ -83,13 +83,13 @@ class Plain:
     def __init__(self, waiting: Waiting[Any]) -> None:
         self.waiting = waiting
 
-    def quoting(self, session: Session) -> psycopg.Connection[Any] | None:
+    def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         return None
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         return None
 
-    def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:
+    def others_ended(self, running: Active, others: list[Any], launched: LaunchedSteps) -> bool:
         return False
 
     def step_reported(self, last_done: int) -> None:

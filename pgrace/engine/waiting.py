@@ -51,5 +51,5 @@ class Waiting(Protocol[S]):
     def first_slice(self) -> float: ...
 
     def answered(self, sessions: Iterable[S]) -> list[S]:
-        """Of sessions whose step has not been settled, those whose answer is in (or on the wire: then waited for)."""
+        """Of sessions whose step has not been collected, those whose answer is in (or on the wire: then waited for)."""
         ...

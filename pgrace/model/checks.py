@@ -27,7 +27,7 @@ def evaluate(run: Run) -> list[CheckResult]:
             continue
         if not step.expect.is_empty():
             results.extend(_step_checks(step_run, step.expect, step.line, run.row_locks_available))
-        if scenario.format == "pgrace":  # a spec's errors are output to compare, as isolationtester's
+        if scenario.dialect == "pgrace":  # a spec's errors are output to compare, as isolationtester's
             results.extend(_unexpected_error(step_run, step.expect, step.line))
     outcomes = run.check_outcomes()
     for index, check in enumerate(scenario.checks):

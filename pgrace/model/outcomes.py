@@ -279,7 +279,7 @@ def _undeclared(scenario: Scenario, step: StepRun) -> str | None:
     as isolationtester's, and declared by its expected file.
     """
     error = step.outcome.error if step.outcome is not None else None
-    if error is None or step.retried or error.sqlstate == "08003" or scenario.format != "pgrace":
+    if error is None or step.retried or error.sqlstate == "08003" or scenario.dialect != "pgrace":
         return None
     return None if scenario.step(step.step).expect.allows_error(error.sqlstate) else error.sqlstate
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
 
-Format = Literal["pgrace", "spec"]
+Dialect = Literal["pgrace", "spec"]
 CheckKind = Literal["invariant", "bug"]  # a final check's polarity (see FinalCheck)
 CrashMode = Literal["terminate", "disconnect"]  # backend terminated by the server, or the client's socket closed
 
@@ -390,7 +390,7 @@ class Scenario:
     """One line that says what the story is."""
     source: str
     """The file it was read from, as messages name it."""
-    format: Format = "pgrace"
+    dialect: Dialect = "pgrace"
     """The front end that read it: ``"pgrace"`` (TOML) or ``"spec"`` (an isolation spec)."""
     narrative: str = ""
     """The story, told under the title."""
@@ -446,12 +446,12 @@ class Scenario:
     @property
     def isolationtester(self) -> bool:
         """Whether it runs with isolationtester's semantics (a spec): its waits and session options, no variables."""
-        return self.format == "spec"
+        return self.dialect == "spec"
 
     @property
     def application_name_prefix(self) -> str:
         """isolationtester's harness names sessions ``isolation/<test>/<s>``; specs rely on it."""
-        return "isolation" if self.format == "spec" else "pgrace"
+        return "isolation" if self.dialect == "spec" else "pgrace"
 
     @property
     def variants(self) -> tuple[str, ...]:

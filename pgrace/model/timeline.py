@@ -54,11 +54,11 @@ class ResultSet:
     @cached_property
     def rows(self) -> tuple[tuple[Any, ...], ...]:
         """The cells as Python values where psycopg can load them, else as the server's text."""
-        from pgrace.model.values import load_cell  # psycopg's loaders: only when a value is compared
+        from pgrace.model.values import cell_value  # psycopg's loaders: only when a value is compared
 
         types = self.types or (0,) * len(self.columns)
         return tuple(
-            tuple(load_cell(text, oid) for text, oid in zip(row, types, strict=True)) for row in self.text_rows
+            tuple(cell_value(text, oid) for text, oid in zip(row, types, strict=True)) for row in self.text_rows
         )
 
 
@@ -386,7 +386,7 @@ class LocksObserved:
 
 @dataclass(frozen=True)
 class FootprintObserved:
-    """What every session held just after step ``after_seq`` was launched and settled, for explore's reduction.
+    """What every session held once step ``after_seq`` was launched and seen done or blocked, for the reduction.
 
     ``held`` is one ``(session, busy, entries)`` per connected session; an entry is
     ``locktype|database|relation|classid|objid|objsubid|virtualxid|mode|granted|relkind``

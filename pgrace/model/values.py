@@ -1,7 +1,7 @@
 """Cell values: the server's text is the truth; Python values only where one compares.
 
 A result is kept as the server's text (what every renderer prints), with each column's
-type OID. :func:`load_cell` turns one cell into a Python value with psycopg's loaders
+type OID. :func:`cell_value` turns one cell into a Python value with psycopg's loaders
 when an expectation compares it or a capture binds it, and keeps the text when psycopg
 cannot (a date under ``DateStyle = Postgres, MDY``, an unknown type): a value never
 crashes a run. :func:`display_cell` is how a cell is shown: its text, quoted when the
@@ -27,7 +27,7 @@ STRING_TYPES = frozenset({25, 1043, 1042, 19, 18, 705})
 _transformer = Transformer()
 
 
-def load_cell(text: str | None, oid: int) -> Any:
+def cell_value(text: str | None, oid: int) -> Any:
     """The Python value of one cell, or its text when psycopg cannot load it."""
     if text is None:
         return None

@@ -8,7 +8,7 @@ are included too, where ``pg_isolation_regress`` would merge them into the resul
 
 from __future__ import annotations
 
-from pgrace.formats.spec import unused_steps
+from pgrace.frontends.spec import unused_steps
 from pgrace.model.timeline import (
     Event,
     NoticeReceived,

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 from pgrace.text import visible, without_controls
 
 if TYPE_CHECKING:
-    from pgrace.formats.catalog import Entry
+    from pgrace.frontends.catalog import Entry
     from pgrace.model.results import Shown
     from pgrace.render.views import View
 
 
 def list_text(chosen: list[Entry], view: View | None = None) -> str:
     """By topic, one line a scenario, then the tags to filter them by."""
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
     lines = []
     for number, (group, members) in enumerate(catalog.by_topic(chosen)):
@@ -43,9 +43,9 @@ def list_json(chosen: list[Entry], view: View | None = None) -> str:
 
 def render_show(shown: Shown) -> str:
     """A variant of a file told without running it: its story, sessions, steps and checks."""
-    from pgrace.formats import catalog
+    from pgrace.frontends import catalog
 
-    loaded, chosen = shown.scenario, without_controls(shown.variant)
+    file_scenario, chosen = shown.scenario, without_controls(shown.variant)
     lines = [f"{chosen.name} ({chosen.variant}): {chosen.title}", f"source: {chosen.source}"]
     if chosen.topic or chosen.tags:
         lines.append(
@@ -56,7 +56,7 @@ def render_show(shown: Shown) -> str:
         lines += ["", chosen.narrative]
     lines.append("")
     if chosen.changes:  # only the variant built over the file's first one has any
-        lines.append(f"what the {chosen.variant} changes in the {loaded.variant}:")
+        lines.append(f"what the {chosen.variant} changes in the {file_scenario.variant}:")
         lines += [f"  {change}" for change in chosen.changes]
         lines.append("")
     lines.append(f"sessions: {', '.join(chosen.session_names)}")

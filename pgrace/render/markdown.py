@@ -12,7 +12,7 @@ from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import CheckQueried, Run
 from pgrace.render.columns import StepSummary, same_sessions, step_summaries
 from pgrace.render.common import one_line, session_colours
-from pgrace.render.sections import Entry, timeline_sections
+from pgrace.render.sections import LaneEntry, timeline_sections
 from pgrace.render.story import story_facts, variant_flag, verdict_line
 from pgrace.render.wording import describe_wait, lock_label, locks_heading, outcome_lines
 from pgrace.text import without_controls
@@ -34,7 +34,7 @@ def code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def _cell_lines(entry: Entry) -> list[str]:
+def _cell_lines(entry: LaneEntry) -> list[str]:
     lines: list[str] = []
     if entry.kind == "step":
         lines.append(code(one_line(entry.sql)))

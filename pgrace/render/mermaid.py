@@ -17,7 +17,7 @@ import textwrap
 
 from pgrace.model.timeline import Run
 from pgrace.render.common import one_line, session_colours, shorten
-from pgrace.render.sections import Entry, timeline_sections
+from pgrace.render.sections import LaneEntry, timeline_sections
 from pgrace.render.story import verdict_line
 from pgrace.render.wording import wait_phrase, wait_points_at
 from pgrace.text import without_controls
@@ -70,7 +70,7 @@ def render_mermaid(run: Run) -> str:
     return "\n".join(out) + "\n"
 
 
-def _entry_lines(entry: Entry, ids: dict[str, str], active: set[str]) -> list[str]:
+def _entry_lines(entry: LaneEntry, ids: dict[str, str], active: set[str]) -> list[str]:
     who = ids.get(entry.session)
     if who is None:
         return []

@@ -41,7 +41,7 @@ EntryKind = Literal["step", "resume", "cancel", "chosen", "notice", "lost"]
 
 
 @dataclass
-class Entry:
+class LaneEntry:
     """One row of a picture: something that happened in one session's lane."""
 
     kind: EntryKind
@@ -91,7 +91,7 @@ class Section:
     """One permutation: its heading (only when there are several) and its rows."""
 
     heading: str
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[LaneEntry] = field(default_factory=list)
     spans: list[WaitSpan] = field(default_factory=list)
 
     def locked_rows(self) -> list[str]:
@@ -112,11 +112,11 @@ def timeline_sections(run: Run) -> list[Section]:
     locks: tuple[HeldLock, ...] | None = ()
     predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen, for a 40001
     open_spans: dict[int, WaitSpan] = {}
-    paused: dict[int, Entry] = {}  # sleep steps, shown when they start; a long step, when others act during it
+    paused: dict[int, LaneEntry] = {}  # sleep steps, shown when they start; a long step, when others act during it
     unshown: dict[int, StepLaunched] = {}  # launched, no row yet (it has neither waited nor finished)
     many = len(run.scenario.permutations) > 1
 
-    def add(entry: Entry) -> int:
+    def add(entry: LaneEntry) -> int:
         entry.locks = locks
         section.entries.append(entry)
         return len(section.entries) - 1
@@ -127,9 +127,9 @@ def timeline_sections(run: Run) -> list[Section]:
         by_marker: bool = False,
         outcome: Outcome | None = None,
         sireads: tuple[HeldLock, ...] | None = None,
-    ) -> Entry:
+    ) -> LaneEntry:
         """A launched step's own row: its SQL, with the scenario's note on the step."""
-        return Entry(
+        return LaneEntry(
             "step",
             step.session,
             step.seq,
@@ -186,7 +186,7 @@ def timeline_sections(run: Run) -> list[Section]:
             sireads = predicate if is_serialization_failure(event.outcome) else None
             if event.after_wait:
                 index = add(
-                    Entry(
+                    LaneEntry(
                         "resume",
                         step.session,
                         event.seq,
@@ -209,23 +209,27 @@ def timeline_sections(run: Run) -> list[Section]:
             show_running(besides=event.seq)
             step = launched[event.seq]
             text = f"cancelled after {event.after_s:g} s ({cancel_text(event)})"
-            index = add(Entry("cancel", step.session, event.seq, step.step, text=text))
+            index = add(LaneEntry("cancel", step.session, event.seq, step.step, text=text))
             cancelled = open_spans.get(event.seq)
             if cancelled is not None and cancelled.end is None:
                 cancelled.end = index
         elif isinstance(event, ServerChose):
             step = launched[event.seq]
             text = chosen_text(event, launched)
-            add(Entry("chosen", step.session, event.seq, step.step, waits=event.waits, text=text))
+            add(LaneEntry("chosen", step.session, event.seq, step.step, waits=event.waits, text=text))
         elif isinstance(event, SessionLost):
             show_running(session=event.session)
-            add(Entry("lost", event.session, event.during_seq, text=lost_text(event)))
+            add(LaneEntry("lost", event.session, event.during_seq, text=lost_text(event)))
         elif isinstance(event, NoticeReceived):
             show_running(session=event.session)
-            add(Entry("notice", event.session, text=f"{event.severity}: {event.message}"))
+            add(LaneEntry("notice", event.session, text=f"{event.severity}: {event.message}"))
         elif isinstance(event, NotifyReceived):
             show_running(session=event.session)
-            add(Entry("notice", event.session, text=f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}'))
+            add(
+                LaneEntry(
+                    "notice", event.session, text=f'NOTIFY "{event.channel}" "{event.payload}" from {event.sender}'
+                )
+            )
         elif isinstance(event, LocksObserved):
             locks = shown_locks(run, event)
             predicate = tuple(lock for lock in event.other_locks if lock.kind == "predicate")

@@ -65,10 +65,10 @@ class Playback:
         """The text timeline's style; no other format has one (nor imports the text renderer)."""
         return style_of(self.color, self.width, self.to_terminal) if self.fmt == "text" else None
 
-    def start(self, chosen: Scenario, loaded: Scenario) -> bool:
-        """Get ready to show ``chosen`` (a variant of ``loaded``); True when the presenter will play it live."""
+    def start(self, chosen: Scenario, file_scenario: Scenario) -> bool:
+        """Get ready to show ``chosen`` (a variant of ``file_scenario``); True when the presenter will play it live."""
         self.chosen = chosen
-        self.counterpart = loaded.other if chosen is loaded else loaded
+        self.counterpart = file_scenario.other if chosen is file_scenario else file_scenario
         if self.live and (self.fmt == "text" or self.output is not None):
             from pgrace.cli.terminal.presenter import Presenter
 

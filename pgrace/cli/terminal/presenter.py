@@ -26,7 +26,7 @@ from typing import TextIO
 
 import click
 
-from pgrace.cli.terminal.screen import TICK, Keys, Screen
+from pgrace.cli.terminal.screen import TICK, Keyboard, Screen
 from pgrace.model.scenario import Scenario, Step
 from pgrace.model.timeline import (
     CheckQueried,
@@ -109,7 +109,7 @@ class Presenter:
         self.last_locks: object = ()
         self.predicate: tuple[HeldLock, ...] = ()  # SIRead locks last seen, shown with a 40001
         self.screen = Screen(self.out, tty=self.tty, colour=self.colour, width=self.width, status=self.status_text)
-        self.keyboard = Keys(self.keys, cbreak=step_by_step)
+        self.keyboard = Keyboard(self.keys, cbreak=step_by_step)
 
     # -- terminal ----------------------------------------------------------------------
 

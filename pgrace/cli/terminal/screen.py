@@ -1,7 +1,7 @@
 """The terminal a presenter draws on, and the keyboard it listens to.
 
 :class:`Screen` writes plain lines and keeps one status line at the bottom that redraws in
-place (plain ANSI, no curses: it works over ssh and inside tmux). :class:`Keys` reads Enter,
+place (plain ANSI, no curses: it works over ssh and inside tmux). :class:`Keyboard` reads Enter,
 space or ``q``: in cbreak mode on a terminal (no echo, no line editing; restored on exit),
 line by line otherwise.
 """
@@ -75,7 +75,7 @@ class Screen:
             self.status_shown = False
 
 
-class Keys:
+class Keyboard:
     """The audience's keyboard: a context manager that puts a terminal in cbreak mode when ``cbreak``."""
 
     def __init__(self, stream: TextIO, cbreak: bool) -> None:
@@ -84,7 +84,7 @@ class Keys:
         self.fd: int | None = None
         self.saved_mode: list[Any] | None = None
 
-    def __enter__(self) -> Keys:
+    def __enter__(self) -> Keyboard:
         try:
             fd = self.stream.fileno()
         except (AttributeError, OSError, ValueError):

@@ -171,7 +171,7 @@ def _minimize(result: FromLog, source: str, server: ServerInfo, step_timeout: fl
 
     from pgrace.drivers.minimize import minimize
     from pgrace.drivers.minimize.export import verified_toml
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     assert result.written is not None
     if result.verified is None or not result.verified.reproduced:
@@ -219,8 +219,8 @@ def _located(said: str) -> tuple[str, int | None, str]:
 
 def _check_parses(written: Written, incident: Incident) -> None:
     """The file written must read back as a scenario; if the log's text broke it, say so, exit 2, write nothing."""
-    from pgrace.formats.limits import MAX_FILE_BYTES
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.limits import MAX_FILE_BYTES
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     size = len(written.text.encode())
     if size > MAX_FILE_BYTES:

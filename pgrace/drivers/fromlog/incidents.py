@@ -20,7 +20,7 @@ from pgrace.drivers.fromlog.stream import Group, around, groups
 from pgrace.errors import ScenarioError
 from pgrace.model.timeline import RELEASE_CAUSES
 
-__all__ = ["Incident", "Listed", "Step", "Wait", "find_incidents", "reread"]
+__all__ = ["Incident", "Listed", "LoggedStatement", "LoggedWait", "find_incidents", "reread"]
 
 _WAITING = re.compile(r"process (\d+) still waiting for (.+?) after ([\d.]+) ms")
 _HOLDERS = re.compile(r"Process(?:es)? holding the lock: ([\d, ]+)\. Wait queue: ([\d, ]*)\.")
@@ -45,7 +45,7 @@ MAX_STEPS = 1_000  # statements of one incident
 
 
 @dataclass
-class Step:
+class LoggedStatement:
     """One statement of the reproduction: logged (``line``) or inferred from the report (``why``)."""
 
     pid: int
@@ -57,7 +57,7 @@ class Step:
 
 
 @dataclass
-class Wait:
+class LoggedWait:
     """One process waiting for others: what it wanted, where (table, tuple), in which statement."""
 
     waiter: int
@@ -82,9 +82,9 @@ class Incident:
     database: str | None
     pids: list[int]
     names: dict[int, str]
-    waits: list[Wait]
+    waits: list[LoggedWait]
     victim: int | None = None
-    steps: list[Step] = field(default_factory=list)
+    steps: list[LoggedStatement] = field(default_factory=list)
     logged: bool = False
     unsaid: list[str] = field(default_factory=list)
     open_before: set[int] = field(default_factory=set)  # in a transaction that had written before the log began
@@ -291,8 +291,8 @@ def _incident(path: str, fmt: LogFormat, stretch: _Stretch, index: int, whole: b
     return None
 
 
-def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> Wait:
-    wait = Wait(waiter, holders, lock, sql=record.statement, line=record.line)
+def _wait_from(record: Record, waiter: int, lock: str, holders: list[int]) -> LoggedWait:
+    wait = LoggedWait(waiter, holders, lock, sql=record.statement, line=record.line)
     if t := _TUPLE.search(record.context):
         wait.ctid = f"({t.group(2)},{t.group(3)})"
         if t.group(1) == "inserting index":  # the relation is the unique index, not a table
@@ -327,7 +327,7 @@ def _deadlock(path: str, fmt: LogFormat, stretch: _Stretch, index: int, whole: b
     pids = [e[0] for e in edges]
     waits = []
     for waiter, lock, holder in edges:
-        wait = Wait(waiter, [holder], lock, sql=statements.get(waiter, ""))
+        wait = LoggedWait(waiter, [holder], lock, sql=statements.get(waiter, ""))
         if waiter == victim:
             wait = _wait_from(record, waiter, lock, [holder])
             wait.sql = wait.sql or statements.get(waiter, "")
@@ -384,7 +384,7 @@ def _put(sql: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), sql)
 
 
-def _began_anew(record: Record, before: list[Step]) -> bool:
+def _began_anew(record: Record, before: list[LoggedStatement]) -> bool:
     """With ``%x`` and no ``%v``: no xid yet, though this process's previous statement wrote, is a new transaction.
 
     ``log_statement = 'mod'`` logs no BEGIN and no COMMIT: a write gives its transaction an
@@ -420,8 +420,8 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int, 
     _name(incident, apps)
     if not whole:
         return
-    per_pid: dict[int, list[Step]] = {p: [] for p in pids}
-    logged: list[tuple[int, Step]] = []
+    per_pid: dict[int, list[LoggedStatement]] = {p: [] for p in pids}
+    logged: list[tuple[int, LoggedStatement]] = []
     waiting = {w.waiter: w for w in incident.waits}
     unsaid = incident.unsaid
     closed: set[int] = set()
@@ -453,11 +453,11 @@ def _recover(incident: Incident, fmt: LogFormat, stretch: _Stretch, index: int, 
         if not ours:
             if after:
                 if word in _ENDS and per_pid[r.pid]:  # the aborted victim's ROLLBACK has a vxid of its own
-                    per_pid[r.pid].append(Step(r.pid, sql, r.line, logged_as=as_logged))
+                    per_pid[r.pid].append(LoggedStatement(r.pid, sql, r.line, logged_as=as_logged))
                     logged.append((r.pid, per_pid[r.pid][-1]))
                 closed.add(r.pid)
             continue
-        step = Step(r.pid, sql, r.line, xid=r.xid, logged_as=as_logged)
+        step = LoggedStatement(r.pid, sql, r.line, xid=r.xid, logged_as=as_logged)
         per_pid[r.pid].append(step)
         logged.append((r.pid, step))
         if after and word in _ENDS:

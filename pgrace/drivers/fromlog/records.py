@@ -183,7 +183,7 @@ def open_log(path: str, given_prefix: str | None) -> LogFormat:
     if detected is None:
         raise ScenarioError(
             "not a PostgreSQL log pgrace can read: its lines match no common log_line_prefix "
-            "(give it with --prefix, or use csvlog or jsonlog)",
+            "(give it as the prefix, or use csvlog or jsonlog)",
             path,
             1,
         )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from pgrace.drivers.fromlog.incidents import Incident
 from pgrace.drivers.fromlog.writer import OTHERS_TIMEOUT, VICTIM_TIMEOUT, Written, write_scenario
+from pgrace.drivers.searches import Sample
 
 if TYPE_CHECKING:
     from pgrace.model.timeline import Run
@@ -106,7 +107,7 @@ def _run(written: Written, source: str, server: ServerInfo, step_timeout: float)
     from pgrace.drivers.one_run import run_in_scratch
     from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     scenario = parse_toml_scenario(written.text, source)
     try:
@@ -136,7 +137,7 @@ def verify(
         return Verified(False, failures, run=run), written
     from pgrace.drivers.explore import explore
     from pgrace.drivers.exploring import prepared
-    from pgrace.formats.scenario_toml import parse_toml_scenario
+    from pgrace.frontends.scenario_toml import parse_toml_scenario
 
     # Which orders deadlock does not depend on who is chosen: every session checks soon, so
     # no interleaving waits out the others' long pins.
@@ -153,7 +154,9 @@ def verify(
             raise _OutOfTime
 
     try:
-        found = explore(scenario, server, limit=EXPLORE_LIMIT, seed=0, on_progress=in_time, step_timeout=step_timeout)
+        found = explore(
+            scenario, server, search=Sample(EXPLORE_LIMIT, 0), on_progress=in_time, step_timeout=step_timeout
+        )
     except _OutOfTime:
         return Verified(False, failures, explored=explored, run=run, out_of_time=VERIFY_SECONDS), written
     for cls in found.classes:  # simplest first: the fewest session switches

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgrace.drivers.fromlog.incidents import Incident, Wait
+from pgrace.drivers.fromlog.incidents import Incident, LoggedWait
 from pgrace.drivers.fromlog.sqlinfo import Touch, analyse, lock_statement, quoted
 from pgrace.text import has_control, json_safe, visible
 
@@ -107,7 +107,7 @@ def _begin_transactions(incident: Incident, steps: list[Planned]) -> None:
             steps.insert(own[0], Planned(incident.names[pid], "BEGIN", inferred=True, pid=pid, note=_BEGAN_UNLOGGED))
 
 
-def _holds(steps: list[Planned], holder: int, wait: Wait) -> bool:
+def _holds(steps: list[Planned], holder: int, wait: LoggedWait) -> bool:
     """Whether one of ``holder``'s steps locks the row ``wait`` wanted (any of its steps, when the row is unknown)."""
     wanted = analyse(wait.sql)
     own = [s for s in steps if s.pid == holder and _word(s.sql) not in ("BEGIN", "START")]
@@ -127,7 +127,7 @@ def _holds(steps: list[Planned], holder: int, wait: Wait) -> bool:
     return False
 
 
-def _lock_step(holder: int, wait: Wait, names: dict[int, str]) -> Planned:
+def _lock_step(holder: int, wait: LoggedWait, names: dict[int, str]) -> Planned:
     lock = lock_statement(wait.sql) or wait.sql
     why = f"inferred: {names[holder]} held the row {names[wait.waiter]} waited for ({wait.lock})"
     return Planned(names[holder], lock, note=why, inferred=True, pid=holder)
@@ -152,7 +152,7 @@ def _plan_inferred(incident: Incident) -> list[Planned]:
     return steps
 
 
-def _waiting_step(steps: list[Planned], wait: Wait, names: dict[int, str]) -> int | None:
+def _waiting_step(steps: list[Planned], wait: LoggedWait, names: dict[int, str]) -> int | None:
     found = [i for i, s in enumerate(steps) if s.pid == wait.waiter and s.sql.strip() == wait.sql.strip()]
     return found[-1] if found else None
 

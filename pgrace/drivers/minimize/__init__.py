@@ -32,8 +32,8 @@ from contextlib import ExitStack
 from pgrace.drivers.minimize.failure import (
     CHANCY_REPEATS,
     Failure,
+    Kept,
     Minimized,
-    Shape,
     Trial,
     chancy,
     describe_step,
@@ -50,8 +50,8 @@ from pgrace.servers import ServerInfo
 __all__ = [
     "CHANCY_REPEATS",
     "Failure",
+    "Kept",
     "Minimized",
-    "Shape",
     "Trial",
     "chancy",
     "describe_step",
@@ -82,7 +82,7 @@ def failing_order(
 
 def check_order(scenario: Scenario, order: tuple[str, ...]) -> tuple[str, ...]:
     """Every name a step of the scenario, each once, each session's steps in the file's order."""
-    from pgrace.formats.names import did_you_mean
+    from pgrace.frontends.names import did_you_mean
 
     names = [s.name for s in scenario.steps]
     for name in order:
@@ -118,7 +118,7 @@ def minimize(
     with ExitStack() as stack:
         bench = Bench(scenario, server, step_timeout, stack)
         shrink = Shrink(scenario, bench, repeats, on_trial)
-        start = Shape(
+        start = Kept(
             tuple(s.name for s in scenario.sessions if any(scenario.step(n).session == s.name for n in order)),
             order,
             tuple(st for b, text in enumerate(scenario.setup) for st in split_block(b, text)),

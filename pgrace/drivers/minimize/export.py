@@ -149,12 +149,12 @@ def _narrative(minimized: Minimized) -> str:
 
 
 def _read_back(text: str, directory: Path, stem: str) -> Scenario:
-    from pgrace.formats.catalog import load
+    from pgrace.frontends.catalog import read_scenario
 
     with tempfile.TemporaryDirectory(dir=directory, prefix=".pgrace-minimize-") as where:
         path = Path(where) / f"{stem}.toml"
         path.write_text(text, encoding="utf-8")
-        return load(str(path))
+        return read_scenario(str(path))
 
 
 def verified_toml(minimized: Minimized, server: ServerInfo, directory: Path, step_timeout: float = 10.0) -> str:
@@ -275,7 +275,7 @@ def verified_spec(minimized: Minimized, server: ServerInfo, name: str, directory
     """The spec and its expected output (pgrace's run of it), only when the real isolationtester prints the same."""
     from pgrace.drivers.one_run import run_in
     from pgrace.errors import SetupFailed
-    from pgrace.formats.spec import parse_spec
+    from pgrace.frontends.spec import parse_spec
     from pgrace.model.timeline import Run
     from pgrace.render.isolation import render_isolation
     from pgrace.scratch import scratch_database
@@ -359,12 +359,12 @@ def verified_pytest(
     """The test's text, called here beside ``scenario_text`` with this server's ``pgrace_run``: it must fail."""
     from pgrace.drivers.one_run import run_in_scratch
     from pgrace.engine.options import RunOptions
-    from pgrace.formats.catalog import load
+    from pgrace.frontends.catalog import read_scenario
 
     text = pytest_text(minimized, scenario_path.name)
 
     def pgrace_run(scenario: Path | str) -> Any:
-        return run_in_scratch(load(str(scenario)), server, RunOptions(step_timeout=step_timeout))
+        return run_in_scratch(read_scenario(str(scenario)), server, RunOptions(step_timeout=step_timeout))
 
     with tempfile.TemporaryDirectory(dir=scenario_path.parent, prefix=".pgrace-minimize-") as where:
         (Path(where) / scenario_path.name).write_text(scenario_text, encoding="utf-8")

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgrace.drivers.minimize.statements import Statement, join_block
+from pgrace.drivers.minimize.statements import SetupStatement, join_block
 from pgrace.model.outcomes import classify
 from pgrace.model.scenario import PermutationStep, Scenario, Step
 from pgrace.model.timeline import Run
@@ -103,12 +103,12 @@ def failure_of(run: Run) -> Failure:
 
 
 @dataclass(frozen=True)
-class Shape:
+class Kept:
     """What a candidate keeps of the original: sessions, steps (in the failing order) and setup statements."""
 
     sessions: tuple[str, ...]
     order: tuple[str, ...]
-    setup: tuple[Statement, ...]
+    setup: tuple[SetupStatement, ...]
     sql: tuple[tuple[str, str], ...] = ()  # (step, its simpler text) for each step whose SQL was simplified
 
     def scenario(self, original: Scenario) -> Scenario:
@@ -199,7 +199,7 @@ class Minimized:
         }
 
 
-def sizes(scenario: Scenario, shape: Shape) -> dict[str, int]:
+def sizes(scenario: Scenario, shape: Kept) -> dict[str, int]:
     return {
         "sessions": len(shape.sessions),
         "steps": len(shape.order),

@@ -13,7 +13,7 @@ from pgrace.drivers.minimize.failure import (
     ENDS,
     MAX_RUNS,
     Failure,
-    Shape,
+    Kept,
     Trial,
     chancy,
     failure_of,
@@ -104,10 +104,10 @@ class Shrink:
         self.trials: list[Trial] = []
         self.failure: Failure | None = None
         self.needed = 1
-        self._seen: dict[Shape, tuple[int, str]] = {}
+        self._seen: dict[Kept, tuple[int, str]] = {}
         self.race = False  # the original fails in its order and not when its sessions run one after another
 
-    def serial_orders(self, shape: Shape) -> list[tuple[str, ...]]:
+    def serial_orders(self, shape: Kept) -> list[tuple[str, ...]]:
         """The sessions one after another, in the order they first go, then the other way round."""
         first = list(dict.fromkeys(self.original.step(n).session for n in shape.order))
         orders = []
@@ -117,7 +117,7 @@ class Shrink:
                 orders.append(order)
         return orders
 
-    def serial_failure(self, shape: Shape) -> tuple[str, ...] | None:
+    def serial_failure(self, shape: Kept) -> tuple[str, ...] | None:
         """A serial order in which ``shape`` does not fail the same way (None: every one does, or there is none)."""
         assert self.failure is not None
         for order in self.serial_orders(shape):
@@ -126,7 +126,7 @@ class Shrink:
                 return order
         return None
 
-    def measure(self, shape: Shape) -> tuple[Failure | None, int, str]:
+    def measure(self, shape: Kept) -> tuple[Failure | None, int, str]:
         """The original's failure (the one most of its runs show) and how many of ``repeats`` runs show it."""
         seen: dict[Failure, int] = {}
         last = ""
@@ -153,13 +153,13 @@ class Shrink:
         failure = max(seen, key=lambda f: seen[f])
         return failure, seen[failure], last
 
-    def repeat_count(self, shape: Shape) -> int:
+    def repeat_count(self, shape: Kept) -> int:
         """How many of ``repeats`` runs of ``shape`` fail the same way: counted already when it was kept."""
         if shape in self._seen and self._seen[shape][0] >= self.needed:  # kept: every one of its runs was made
             return self._seen[shape][0]
         return self._failures(shape, stop_early=False)[0]
 
-    def _failures(self, shape: Shape, stop_early: bool = True) -> tuple[int, str]:
+    def _failures(self, shape: Kept, stop_early: bool = True) -> tuple[int, str]:
         """How many of ``repeats`` runs fail the same way, and why the last one that did not, did not."""
         assert self.failure is not None
         count, why = 0, ""
@@ -186,7 +186,7 @@ class Shrink:
             )
         return count, why
 
-    def _try(self, shape: Shape, kind: str, what: str) -> bool:
+    def _try(self, shape: Kept, kind: str, what: str) -> bool:
         before = self.bench.runs
         if shape in self._seen:
             count, why = self._seen[shape]
@@ -203,7 +203,7 @@ class Shrink:
             self.on_trial(trial)
         return kept
 
-    def shrink(self, shape: Shape) -> tuple[Shape, bool]:
+    def shrink(self, shape: Kept) -> tuple[Kept, bool]:
         """Rounds of every kind of removal until one keeps nothing: then no single removal fails the same way.
 
         Within a round, a kind's removals are made again from the smaller shape after each one
@@ -232,7 +232,7 @@ class Shrink:
 
     # Each generator yields (kind, what, the shape without it); the first kept restarts the round.
 
-    def _sessions(self, shape: Shape) -> Iterator[tuple[str, str, Shape]]:
+    def _sessions(self, shape: Kept) -> Iterator[tuple[str, str, Kept]]:
         if len(shape.sessions) <= 1:
             return
         for session in shape.sessions:
@@ -248,7 +248,7 @@ class Shrink:
                 ),
             )
 
-    def _transactions(self, shape: Shape) -> Iterator[tuple[str, str, Shape]]:
+    def _transactions(self, shape: Kept) -> Iterator[tuple[str, str, Kept]]:
         for session in shape.sessions:
             chain = [n for n in shape.order if self.original.step(n).session == session]
             for block in _blocks(self.original, chain):
@@ -258,7 +258,7 @@ class Shrink:
                     continue  # a retry loop's transactions go with it, as one retry loop (see _steps)
                 yield from self._without(shape, "transaction", set(block), f"{session}: {block[0]} … {block[-1]}")
 
-    def _steps(self, shape: Shape) -> Iterator[tuple[str, str, Shape]]:
+    def _steps(self, shape: Kept) -> Iterator[tuple[str, str, Kept]]:
         loops_done: set[str] = set()
         for name in shape.order:
             step = self.original.step(name)
@@ -271,12 +271,12 @@ class Shrink:
                 said = f" (retry on {', '.join(retry.on)}, at most {retry.max} more)" if retry is not None else ""
                 yield from self._without(shape, "retry loop", set(body), f"{body[0]} … {step.loop}{said}")
 
-    def _whole_loops(self, shape: Shape, names: set[str]) -> set[str]:
+    def _whole_loops(self, shape: Kept, names: set[str]) -> set[str]:
         """``names`` and every step of a retry loop one of them is in: a loop is kept or removed whole."""
         loops = {self.original.step(n).loop for n in names} - {None}
         return names | {n for n in shape.order if self.original.step(n).loop in loops}
 
-    def _without(self, shape: Shape, kind: str, names: set[str], what: str) -> Iterator[tuple[str, str, Shape]]:
+    def _without(self, shape: Kept, kind: str, names: set[str], what: str) -> Iterator[tuple[str, str, Kept]]:
         names = self._whole_loops(shape, names)
         gone = names | self._readers(shape, names)
         gone = self._whole_loops(shape, gone)
@@ -291,7 +291,7 @@ class Shrink:
             (dataclasses.replace(shape, order=left, sessions=sessions)),
         )
 
-    def _setup(self, shape: Shape) -> Iterator[tuple[str, str, Shape]]:
+    def _setup(self, shape: Kept) -> Iterator[tuple[str, str, Kept]]:
         for i, statement in enumerate(shape.setup):
             yield (
                 "setup",
@@ -299,7 +299,7 @@ class Shrink:
                 dataclasses.replace(shape, setup=shape.setup[:i] + shape.setup[i + 1 :]),
             )
 
-    def _rows(self, shape: Shape) -> Iterator[tuple[str, str, Shape]]:
+    def _rows(self, shape: Kept) -> Iterator[tuple[str, str, Kept]]:
         for i, statement in enumerate(shape.setup):
             if len(statement.rows) < 2:
                 continue
@@ -308,7 +308,7 @@ class Shrink:
                 head = "\n".join(line for line in statement.head.splitlines() if not line.lstrip().startswith("--"))
                 yield "row", f"{short(head.strip())} {short(row)}", dataclasses.replace(shape, setup=setup)
 
-    def _readers(self, shape: Shape, names: set[str]) -> set[str]:
+    def _readers(self, shape: Kept, names: set[str]) -> set[str]:
         """The steps that read a variable one of ``names`` captures, and theirs in turn."""
         gone = set(names)
         grew = True
@@ -330,7 +330,7 @@ class Shrink:
                         break
         return gone - names
 
-    def simplify(self, shape: Shape) -> Shape:
+    def simplify(self, shape: Kept) -> Kept:
         """Each remaining step's SQL made smaller, one change at a time, each kept when it fails the same way.
 
         A step's changes are proposed again from its text after each one kept; a retry
@@ -363,7 +363,7 @@ class Shrink:
                 shape = found
         return shape
 
-    def reorder(self, shape: Shape) -> tuple[Shape, int, int]:
+    def reorder(self, shape: Kept) -> tuple[Kept, int, int]:
         """Keep only the order between steps that do not commute; lay the rest out with the fewest session switches.
 
         Returns the shape (its order changed when the simpler order fails the same way), the

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Statement", "join_block", "split_block"]
+__all__ = ["SetupStatement", "join_block", "split_block"]
 
 
 @dataclass(frozen=True)
-class Statement:
+class SetupStatement:
     """One setup statement: ``head``, then ``rows`` (a VALUES list's rows) joined by commas, then ``tail``.
 
     ``block``: which of the scenario's setup blocks it came from (each block is sent as one).
@@ -23,36 +23,36 @@ class Statement:
     def text(self) -> str:
         return self.head + ", ".join(self.rows) + self.tail if self.rows else self.head
 
-    def without_row(self, index: int) -> Statement:
+    def without_row(self, index: int) -> SetupStatement:
         return replace(self, rows=self.rows[:index] + self.rows[index + 1 :])
 
 
-def split_block(block: int, text: str) -> list[Statement]:
+def split_block(block: int, text: str) -> list[SetupStatement]:
     """The statements of one setup block (PostgreSQL's scanner ends each); text it cannot scan stays whole."""
     import pglast
 
     try:
         parts = [p.strip() for p in pglast.split(text, with_parser=False)]
     except Exception:  # pglast's scanner refuses it: one statement, kept as written
-        return [Statement(block, text.strip().rstrip(";"))] if text.strip() else []
+        return [SetupStatement(block, text.strip().rstrip(";"))] if text.strip() else []
     return [_rows_of(block, part) for part in parts if part]
 
 
 _COMMENTS = ("SQL_COMMENT", "C_COMMENT")
 
 
-def _rows_of(block: int, text: str) -> Statement:
+def _rows_of(block: int, text: str) -> SetupStatement:
     """An ``INSERT ... VALUES (...), (...)`` split at its rows' top-level commas; any other statement whole."""
     from pglast.parser import scan
 
     try:
         tokens = [t for t in scan(text) if t.name not in _COMMENTS]  # from-log's setup notes its guesses
     except Exception:
-        return Statement(block, text)
+        return SetupStatement(block, text)
     raw = text  # the scanner counts characters
     names = [t.name for t in tokens]
     if not names or names[0] != "INSERT" or "VALUES" not in names:
-        return Statement(block, text)
+        return SetupStatement(block, text)
     at = names.index("VALUES") + 1
     depth, start, rows = 0, None, []
     end_of_rows = len(raw)
@@ -70,11 +70,11 @@ def _rows_of(block: int, text: str) -> Statement:
             end_of_rows = token.start
             break
     if len(rows) < 2:
-        return Statement(block, text)
+        return SetupStatement(block, text)
     head_end = tokens[at].start
     tail = raw[end_of_rows:].strip()
-    return Statement(block, raw[:head_end], tuple(rows), f" {tail}" if tail else "")
+    return SetupStatement(block, raw[:head_end], tuple(rows), f" {tail}" if tail else "")
 
 
-def join_block(statements: list[Statement]) -> str:
+def join_block(statements: list[SetupStatement]) -> str:
     return "".join(f"{s.text};\n" for s in statements)

@@ -62,9 +62,9 @@ def nature_of(step: Step, scenario: Scenario) -> Nature:
         return Nature(True, False, False)
     import pglast
 
-    params = variables.param_values(scenario) if scenario.format == "pgrace" else {}
+    params = variables.param_values(scenario) if scenario.dialect == "pgrace" else {}
     text = step.sql
-    if scenario.format == "pgrace":
+    if scenario.dialect == "pgrace":
         uses = variables.find(text)
         values = {**{u.key: variables.Value(None) for u in uses}, **params}
         try:

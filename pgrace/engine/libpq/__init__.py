@@ -4,5 +4,5 @@
 * :mod:`~pgrace.engine.libpq.session`: one connection, its notices, results and loss;
 * :mod:`~pgrace.engine.libpq.transport`: the scheduler's hooks for these sessions;
 * :mod:`~pgrace.engine.libpq.waiting`: waiting in ``select`` on the sessions' sockets;
-* :mod:`~pgrace.engine.libpq.pauses`: a sleep, a crash, and a session the server ended.
+* :mod:`~pgrace.engine.libpq.own_steps`: a sleep, a crash, and a session the server ended.
 """

@@ -42,7 +42,7 @@ from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run
 from pgrace.model.variables import substitute
 
 if TYPE_CHECKING:
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import LiveSession
 
 # The pg_regress environment that upstream isolation specs assume.
 SPEC_SESSION_OPTIONS = "-c intervalstyle=postgres_verbose -c datestyle=Postgres,MDY -c timezone=America/Los_Angeles"
@@ -249,7 +249,7 @@ class Runner:
                 launch_ready(self.scheduler, self.sessions, deferred)
         while deferred:  # only held steps are left: wait for a blocked session, as without deferral
             session = self.sessions[self.scenario.step(deferred[0].step).session]
-            oldest = scheduler.oldest_waiting()
+            oldest = scheduler.oldest_pending()
             if not session.busy and oldest is not None:  # held for a capture that a blocked step will make
                 session = self.sessions[oldest.step.session]
             scheduler.wait_for_session(session)
@@ -349,7 +349,7 @@ class Runner:
             self.recorder.add(CheckQueried(index, outcome, self.recorder.now(), shown))
 
 
-def launch_ready(scheduler: Scheduler, sessions: Mapping[str, Session], deferred: list[PermutationStep]) -> None:
+def launch_ready(scheduler: Scheduler, sessions: Mapping[str, LiveSession], deferred: list[PermutationStep]) -> None:
     """Launch, in order, every deferred step whose session is free (``defer_busy_sessions``).
 
     A session runs one statement at a time: a step whose session is still blocked waits

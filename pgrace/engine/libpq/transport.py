@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pgrace.engine.libpq.pauses import Pauses
+from pgrace.engine.libpq.own_steps import OwnSteps
 from pgrace.engine.libpq.waiting import SocketWaiting
 from pgrace.model.timeline import Outcome
 
@@ -14,9 +14,9 @@ if TYPE_CHECKING:
     import psycopg
 
     from pgrace.engine.libpq.session import LibpqSession
-    from pgrace.engine.session import Session
+    from pgrace.engine.session import LiveSession
     from pgrace.engine.steps import Active, Recorder
-    from pgrace.engine.transport import Launched
+    from pgrace.engine.transport import LaunchedSteps
     from pgrace.errors import PgraceError
     from pgrace.model.timeline import Release
 
@@ -39,38 +39,38 @@ class LibpqTransport:
     ) -> None:
         self.sessions = sessions
         self.isolationtester = isolationtester
-        self.pauses = Pauses(sessions, control, aborted, recorder, step_timeout)
+        self.own = OwnSteps(sessions, control, aborted, recorder, step_timeout)
         self.waiting = SocketWaiting(isolationtester, sessions)
 
     def use_control(self, control: psycopg.Connection[Any]) -> None:
         """The control connection was opened again (a step had ended it)."""
-        self.pauses.use_control(control)
+        self.own.use_control(control)
 
-    def quoting(self, session: Session) -> psycopg.Connection[Any] | None:
+    def quoting(self, session: LiveSession) -> psycopg.Connection[Any] | None:
         return self.sessions[session.name].conn
 
-    def run_own(self, session: Session, active: Active, launched: Launched) -> Outcome | None:
+    def run_own(self, session: LiveSession, active: Active, launched: LaunchedSteps) -> Outcome | None:
         step = active.step
         if step.sleep is not None:
-            self.pauses.sleep(step.sleep, launched)
+            self.own.sleep(step.sleep, launched)
             return Outcome()
         if step.crash is not None:
-            self.pauses.crashes.add(active.seq)  # what it releases, the scenario's own crash did: nothing to add
-            return self.pauses.crash(self.sessions[session.name], active, launched.idle)
+            self.own.crashes.add(active.seq)  # what it releases, the scenario's own crash did: nothing to add
+            return self.own.crash(self.sessions[session.name], active, launched.idle)
         return None
 
-    def others_ended(self, running: Active, others: list[Any], launched: Launched) -> bool:
-        self.pauses.others_ended(running, others, launched)
+    def others_ended(self, running: Active, others: list[Any], launched: LaunchedSteps) -> bool:
+        self.own.others_ended(running, others, launched)
         return True
 
     def step_reported(self, last_done: int) -> None:
         if not self.isolationtester:  # a spec keeps isolationtester's view: a loss shows later
-            self.pauses.look_for_ended_idle(last_done)
+            self.own.look_for_ended_idle(last_done)
 
     def release_of(self, release: Release, own: str, last_done: int) -> Release:
         holder = self.sessions.get(release.session or "") if release.cause == "terminated" else None
-        if holder is not None and holder.name != own and release.seq not in self.pauses.crashes:
-            self.pauses.found_ended_idle(holder, last_done)  # no step of the scenario did it: the server says what did
+        if holder is not None and holder.name != own and release.seq not in self.own.crashes:
+            self.own.found_ended_idle(holder, last_done)  # no step of the scenario did it: the server says what did
             if (why := holder.lost or holder.ended) is not None:
                 release = dataclasses.replace(release, reason=f"{why.sqlstate}: {why.message}")
         return release

@@ -92,7 +92,7 @@ class ReleaseTracker:
         error: SqlError | None,
         lost: bool,
     ) -> None:
-        """Record a completion once (a step settled early is not recorded again when reported)."""
+        """Record a completion once (a step collected early is not recorded again when reported)."""
         if seq in self.finished:
             return
         self.clock += 1
@@ -149,10 +149,10 @@ class ReleaseTracker:
         error: SqlError | None,
         cancelled_by_pgrace: bool,
         lost: bool,
-        settle: Callable[[Iterable[str]], None],
+        collect: Callable[[Iterable[str]], None],
         gone: Callable[[Iterable[str]], set[str]],
     ) -> Release:
-        """What ended step ``seq``'s wait. ``settle`` collects blockers' finished results early;
+        """What ended step ``seq``'s wait. ``collect`` reads blockers' finished results early;
         ``gone`` names the sessions whose backend no longer exists."""
         own = self.session_of[seq]
         if lost:
@@ -162,7 +162,7 @@ class ReleaseTracker:
             if by_error is not None:
                 return by_error
         blockers = self.blockers(seq)
-        settle(blockers)  # a deadlock victim's error is on the wire before its locks are released
+        collect(blockers)  # a deadlock victim's error is on the wire before its locks are released
         start = self.launched_at[seq]
         during = [f for f in self.finished.values() if f.order > start and f.session in blockers and f.seq != seq]
         ended = [f for f in during if f.released]

@@ -58,14 +58,14 @@ def _signed32(value: int) -> int:
 
 
 @dataclass(frozen=True)
-class Wait:
+class ThreadState:
     """What one thread is doing, as far as the scheduler cares."""
 
     quiet: bool  # asleep in a wait that only input or another thread ends
     timed_fds: tuple[int, ...] | None = None  # a timed multiplexing wait: the descriptors it waits on
 
 
-def thread_wait(pid: int, tid: int) -> Wait:
+def thread_state(pid: int, tid: int) -> ThreadState:
     """Read one thread's state and system call (a thread that is gone is quiet: it does nothing more)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -73,25 +73,25 @@ def thread_wait(pid: int, tid: int) -> Wait:
         with open(f"/proc/{pid}/task/{tid}/syscall") as f:
             fields = f.read().split()
     except (FileNotFoundError, ProcessLookupError):
-        return Wait(True)
+        return ThreadState(True)
     except (OSError, IndexError):
-        return Wait(False)
+        return ThreadState(False)
     if state in ("Z", "X"):
-        return Wait(True)
+        return ThreadState(True)
     if state != "S" or not fields or fields[0] in ("running", "-1"):
-        return Wait(False)
+        return ThreadState(False)
     nr = int(fields[0])
     args = [int(a, 16) for a in fields[1:7]]
     if nr in _ALWAYS_UNTIMED:
-        return Wait(True)
+        return ThreadState(True)
     if nr == _FUTEX:
         if (args[1] & ~_FUTEX_FLAGS) not in _FUTEX_WAITS:
-            return Wait(False)
-        return Wait(True) if args[3] == 0 else Wait(False, ())
+            return ThreadState(False)
+        return ThreadState(True) if args[3] == 0 else ThreadState(False, ())
     if nr == _FUTEX_WAITV:
-        return Wait(True) if args[3] == 0 else Wait(False, ())
+        return ThreadState(True) if args[3] == 0 else ThreadState(False, ())
     if nr == _RT_SIGTIMEDWAIT:
-        return Wait(True) if args[2] == 0 else Wait(False, ())
+        return ThreadState(True) if args[2] == 0 else ThreadState(False, ())
     untimed = {
         _POLL: _signed32(args[2]) < 0,
         _PPOLL: args[2] == 0,
@@ -102,10 +102,10 @@ def thread_wait(pid: int, tid: int) -> Wait:
         _EPOLL_PWAIT2: args[3] == 0,
     }.get(nr)
     if untimed is None:
-        return Wait(False)
+        return ThreadState(False)
     if untimed:
-        return Wait(True)
-    return Wait(False, _waited_fds(pid, nr, args))
+        return ThreadState(True)
+    return ThreadState(False, _waited_fds(pid, nr, args))
 
 
 def _waited_fds(pid: int, nr: int, args: list[int]) -> tuple[int, ...] | None:
@@ -212,10 +212,10 @@ def threads_quiet(
     """:func:`quiet` for some threads of one process; ``wake_ups``: socket inodes that are the process's own."""
     own: set[str] | None = None
     for tid in tids:
-        wait = thread_wait(pid, tid)
-        if wait.quiet:
+        state = thread_state(pid, tid)
+        if state.quiet:
             continue
-        fds = wait.timed_fds
+        fds = state.timed_fds
         if held and fds is not None:
             own = _own_pipes(pid) if own is None else own
             if all(_pgrace_or_wake_up(pid, fd, proxied, own, wake_ups) for fd in fds):
@@ -323,7 +323,7 @@ def start(command: Command, env: Mapping[str, str], cwd: str | None = None) -> S
     except OSError as exc:  # its folder went away, no /bin/sh: said where the command was given
         raise ExecError(
             f"cannot start command {command.name!r} in {command.cwd or cwd or '.'}: {exc.strerror or exc}",
-            command.source or "--exec",
+            command.source or "commands",
             command.line_number,
         ) from None
     started = Started(command, proc)

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
 from pgrace.engine.proxy.peers import connected_ports, in_transit, peer_pid
-from pgrace.engine.proxy.steps import Grouper, Memory, Reply, Statement, Step, Tracker, is_copy
+from pgrace.engine.proxy.steps import GroupedStep, Grouper, Memory, Reply, Statement, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
 
@@ -109,6 +109,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._accepting = 0
         self._numbers = itertools.count(1)
+        self._serials = itertools.count(1)
 
     @property
     def dsn(self) -> str:
@@ -223,6 +224,24 @@ class Proxy:
             return "bytes on their way between a client and the proxy"
         return None
 
+    def answered(self) -> tuple[tuple[int, int], ...] | None:
+        """How often each connection's relay has answered its client (sent it bytes, or closed it); None while
+        one is doing so.
+
+        A client asleep waiting for the proxy wakes only when the proxy answers it. Read before and
+        after a look at the clients' processes, the same value says that none of them was woken
+        in between: the look holds for the whole of it.
+        """
+        with self._lock:
+            relays = list(self._relays)
+        marks = []
+        for relay in relays:
+            answers = relay.answers
+            if answers & 1:
+                return None
+            marks.append((relay.serial, answers))
+        return tuple(sorted(marks))
+
     def _number(self) -> int:
         with self._lock:
             return next(self._numbers)
@@ -249,9 +268,9 @@ class _Relay:
         self.grouper = Grouper(self.memory)
         self.framer = wire.Framer(proxy.max_message)
         self.reader = wire.BackendReader()
-        self.steps: deque[Step] = deque()
+        self.steps: deque[GroupedStep] = deque()
         self.queued = 0
-        self.running: tuple[Step, Tracker] | None = None
+        self.running: tuple[GroupedStep, Tracker] | None = None
         self.discarding = False
         self.to_client = bytearray()
         self.to_server = bytearray()
@@ -265,6 +284,10 @@ class _Relay:
         """Its start-up ended: the hooks know it (by its backend pid) and the client has the server's last answer."""
         self.peer_port: int | None = None
         """The client's TCP port (its end of the connection), None on a unix socket."""
+        self.serial = next(proxy._serials)
+        self.answers = 0
+        """Counted up before and after each answer to the client (bytes sent, its socket closed): odd while one
+        is under way (:meth:`Proxy.answered`). Written by the relay's thread alone."""
         if client.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 self.peer_port = int(client.getpeername()[1])
@@ -284,7 +307,11 @@ class _Relay:
             name = started.parameters.get("application_name") or started.startup.parameters.get("application_name")
             client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock))
             proxy.hooks.opened(client)
-            self.client_sock.sendall(started.to_client)
+            self.answers += 1
+            try:
+                self.client_sock.sendall(started.to_client)
+            finally:
+                self.answers += 1
             self.started_up = True  # the client has its ReadyForQuery: what it does next is its own
             why = self._loop(client)
         except startup.Ended as ended:
@@ -304,9 +331,11 @@ class _Relay:
                 proxy._cancels.remove(keys)
                 if self.running is not None and not self.running[1].complete:
                     startup.send_cancel(proxy.upstream, keys)
+            self.answers += 1
             for sock in (self.server_sock, self.client_sock, self._wake_read, self._wake_write):
                 if sock is not None:
                     sock.close()
+            self.answers += 1
             proxy._forget(self)
             if client is not None:
                 proxy.hooks.closed(client, why)
@@ -332,9 +361,11 @@ class _Relay:
     def _send_quietly(self, data: bytes) -> None:
         """The client's last bytes, the server's pending ones first; a client that reads nothing does not hold us."""
         pending, self.to_client = bytes(self.to_client) + data, bytearray()
+        self.answers += 1
         with contextlib.suppress(OSError):
             self.client_sock.settimeout(LAST_WORDS_TIMEOUT_S)
             self.client_sock.sendall(pending)
+        self.answers += 1
 
     def _loop(self, client: Client) -> str | None:
         """Relay until the client leaves (None), or the server or the proxy ends it (why).
@@ -381,13 +412,21 @@ class _Relay:
                     sock, mask = (self.client_sock, interest[0]) if fd == client_fd else (server, interest[1])
                     # as selectors reads epoll: a hang-up or an error wakes whichever way the socket waits
                     if events & ~select.EPOLLIN and mask & select.EPOLLOUT:
-                        self._flush(sock, self.to_client if fd == client_fd else self.to_server)
+                        self._answer() if fd == client_fd else self._flush(sock, self.to_server)
                     if events & ~select.EPOLLOUT and mask & select.EPOLLIN:
                         if fd == server_fd:
                             if (why := self._from_server(client, server)) is not None:
                                 return why
                         else:
                             self._from_client()
+
+    def _answer(self) -> None:
+        """Send the client what waits for it, counted in :attr:`answers`."""
+        self.answers += 1
+        try:
+            self._flush(self.client_sock, self.to_client)
+        finally:
+            self.answers += 1
 
     def _reads_client(self) -> bool:
         return not self.client_done and self.queued < self.proxy.max_message
@@ -472,7 +511,7 @@ class _Relay:
             self._send_quietly(b"")
             return self.fatal or lost
         self.to_client += data
-        self._flush(self.client_sock, self.to_client)
+        self._answer()
         for message in self.reader.feed(data):
             if message.code == b"S":
                 name, value = wire.parameter_status(message.body)

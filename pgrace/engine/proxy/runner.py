@@ -80,7 +80,7 @@ class ExecOrder:
             with self.cond:
                 ready = sorted(n for n, s in self.sessions.items() if s.gate.state == "ready")
             if not ready:
-                if self.scheduler.oldest_waiting() is not None:
+                if self.scheduler.oldest_pending() is not None:
                     self.scheduler.wait_for_oldest()
                     self.settle()
                     continue
@@ -157,8 +157,8 @@ class ExecOrder:
         while True:
             self._adopt()
             self._report_exits()
-            if self.scheduler.oldest_waiting() is not None:
-                self.scheduler.poll_waiting(blocking=False)
+            if self.scheduler.oldest_pending() is not None:
+                self.scheduler.poll_pending(blocking=False)
             why = self._unsettled()
             if why is None:
                 self._adopt()
@@ -176,24 +176,22 @@ class ExecOrder:
             slice_s = min(slice_s * 2, LAST_SLICE_S)
 
     def _unsettled(self) -> str | None:
-        """Who may still act on their own, for people; None when nobody may."""
+        """Who may still act on their own, for people; None when nobody may.
+
+        One reading of two sides that move apart: the commands' processes first, the proxy's side
+        after, and the proxy's answers to its clients counted around both. A client that sent its
+        bytes (a statement, a start-up) and then went to sleep shows them at the proxy's reading: in
+        transit, being read, or a held statement. A client the proxy answered in between (its
+        start-up's last bytes, a statement's result) may be running again: the count says so. Read
+        the other way round, a client that connects or sends between the two looks asleep with its
+        bytes unseen, and the scheduler chooses without its statement.
+        """
+        proxy = self.runner.proxy
+        answered = proxy.answered()
+        if answered is None:
+            return "the proxy is answering a client"
         with self.cond:
-            states = {name: (s.gate.state, s.owner, s.relay_tid) for name, s in self.sessions.items()}
             held = [s for s in self.sessions.values() if s.gate.state in ("ready", "running")]
-        between = self.runner.proxy.in_between()
-        if between is not None:
-            return between
-        waiting = self.scheduler.waiting_sessions()
-        for name, (state, owner, relay_tid) in states.items():
-            if state == "running" and name not in waiting:
-                return f"session {name}'s statement runs"
-            if state == "python":
-                if owner is None:
-                    return f"session {name} (not opened by an --exec command) is the client's turn"
-                if owner.exit_code() is not None:
-                    return f"session {name}'s command ended and its connection is closing"
-                if not relay_asleep(relay_tid):
-                    return f"session {name}'s bytes are being read"
         proxied = set(proxy_sockets(self.runner.proxy_port)) if held else set()
         for started in self.hooks.commands:
             if started.exit_code() is not None:
@@ -202,6 +200,24 @@ class ExecOrder:
             moving = started.moving(proxied, mine)
             if moving is not None:
                 return f"{started.name} ({moving}) runs"
+        between = proxy.in_between()
+        if between is not None:
+            return between
+        with self.cond:
+            states = {name: (s.gate.state, s.owner, s.relay_tid) for name, s in self.sessions.items()}
+        pending = self.scheduler.pending_sessions()
+        for name, (state, owner, relay_tid) in states.items():
+            if state == "running" and name not in pending:
+                return f"session {name}'s statement runs"
+            if state == "python":
+                if owner is None:
+                    return f"session {name} (not opened by an --exec command) is the client's turn"
+                if owner.exit_code() is not None:
+                    return f"session {name}'s command ended and its connection is closing"
+                if not relay_asleep(relay_tid):
+                    return f"session {name}'s bytes are being read"
+        if proxy.answered() != answered:
+            return "the proxy answered a client meanwhile"
         return None
 
     def _report_exits(self) -> None:

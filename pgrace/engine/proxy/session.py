@@ -42,7 +42,7 @@ SHOWN_PARAMS = 20  # bound parameters shown after a statement's text
 
 
 class ProxySession:
-    """One client connection as the scheduler sees it (:class:`~pgrace.engine.session.Session`)."""
+    """One client connection as the scheduler sees it (:class:`~pgrace.engine.session.LiveSession`)."""
 
     lost: SessionLost | None = None  # a client connection is the client's: pgrace never loses it
     ended: SessionLost | None = None

@@ -68,7 +68,7 @@ class Memory:
 
 
 @dataclass
-class Step:
+class GroupedStep:
     """A step as grouped: its messages, then the Statement the hooks see."""
 
     messages: list[wire.Message]
@@ -91,7 +91,7 @@ class Grouper:
         """Whether messages of an unfinished step are waiting for the rest of it."""
         return bool(self._building)
 
-    def add(self, message: wire.Message) -> Step | None:
+    def add(self, message: wire.Message) -> GroupedStep | None:
         code = message.code
         if code in _EXTENDED:
             self._building.append(message)
@@ -99,7 +99,7 @@ class Grouper:
         if code in (b"S", b"H", b"Q", b"F"):
             self._building.append(message)
             messages, self._building = self._building, []
-            return Step(messages, self._statement(messages))
+            return GroupedStep(messages, self._statement(messages))
         raise wire.ProtocolViolation(f"invalid frontend message type {code!r}")
 
     def _statement(self, messages: list[wire.Message]) -> Statement:
@@ -156,13 +156,13 @@ class Tracker:
     Flush prefix before that Sync gets no answer at all and is complete once sent.
     """
 
-    def __init__(self, step: Step, memory: Memory, *, discarding: bool) -> None:
+    def __init__(self, step: GroupedStep, memory: Memory, *, discarding: bool) -> None:
         self.memory = memory
         self.kind = step.statement.kind
         self.discarding = discarding
         self._describing: list[wire.Target] = []
         self._executes: list[str] = []
-        self._waiting = 0
+        self._unanswered = 0
         for message in step.messages:
             code = message.code
             if code == b"D":
@@ -170,7 +170,7 @@ class Tracker:
             elif code == b"E":
                 self._executes.append(wire.execute_portal(message.body))
             if code in _EXTENDED:
-                self._waiting += 1
+                self._unanswered += 1
         self._row_columns: tuple[wire.Column, ...] | None = None
         self.copy_in = False
         """The server waits for the client's COPY data: CopyData, CopyDone, CopyFail go upstream at once."""
@@ -181,7 +181,7 @@ class Tracker:
         self._columns: tuple[str, ...] = ()
         self._error: dict[str, str] | None = None
         self._status: bytes | None = None
-        self.complete = self.kind == "flush" and (self._waiting == 0 or discarding)
+        self.complete = self.kind == "flush" and (self._unanswered == 0 or discarding)
 
     def reply(self) -> Reply:
         return Reply(tuple(self._tags), tuple(self._rows), self._columns, self._error, self._status)
@@ -223,8 +223,8 @@ class Tracker:
         return self.complete
 
     def _answered(self) -> None:
-        self._waiting -= 1
-        if self.kind == "flush" and self._waiting <= 0:
+        self._unanswered -= 1
+        if self.kind == "flush" and self._unanswered <= 0:
             self.complete = True
 
     def _executed(self) -> None:

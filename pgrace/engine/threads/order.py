@@ -117,8 +117,8 @@ class CodeOrder:
         slice_s = FIRST_SLICE_S
         while True:
             self.report_raised()
-            if self.scheduler.oldest_waiting() is not None:
-                self.scheduler.poll_waiting(blocking=False)
+            if self.scheduler.oldest_pending() is not None:
+                self.scheduler.poll_pending(blocking=False)
             with self.cond:
                 moving = [g for g in self.gates.values() if g.state == "python"]
             if not moving:

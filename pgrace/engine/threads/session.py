@@ -438,7 +438,7 @@ def connections_guarded(database: str) -> Iterator[list[str]]:
 
 
 class ThreadSession:
-    """A code session as the scheduler sees it (:class:`~pgrace.engine.session.Session`): its connection and gate."""
+    """The application's session as a :class:`~pgrace.engine.session.LiveSession`: its connection and gate."""
 
     lost: SessionLost | None = None  # pgrace never loses a code session's connection on purpose
     ended: SessionLost | None = None

@@ -1,6 +1,6 @@
 """The orders a run follows: one protocol, and every kind of order, in one place.
 
-A :class:`Schedule` is an iterable of *orders*, each one run after the other, and knows how
+A :class:`Orders` is an iterable of *orders*, each one run after the other, and knows how
 many there are when that can be told before running (``size``). Its implementations:
 
 * :class:`Interleavings`: every interleaving of fixed sequences (an isolation spec without
@@ -26,7 +26,7 @@ from pgrace.model.scenario import PermutationStep, Scenario
 Order = TypeVar("Order", covariant=True)
 
 
-class Schedule(Protocol[Order]):
+class Orders(Protocol[Order]):
     """Orders to run, in the enumeration's order; ``size`` None when only running tells."""
 
     @property

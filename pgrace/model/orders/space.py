@@ -149,7 +149,7 @@ class Space:
         return [((*prefix, self.chains[i][at[i]]), below) for i, below, _ in branches]
 
     def __iter__(self) -> Iterator[tuple[str, ...]]:
-        """Every interleaving in number order: a :class:`~pgrace.model.orders.choices.Schedule` of step names."""
+        """Every interleaving in number order: a :class:`~pgrace.model.orders.Orders` of step names."""
         return (self.unrank(i) for i in range(self.size))
 
     def unrank(self, index: int) -> tuple[str, ...]:
@@ -237,6 +237,6 @@ def multinomial(groups: Sequence[int]) -> int:
 
 def _file_order(scenario: Scenario) -> list[str]:
     """The steps in the file's order: a pgrace scenario's one permutation, a spec's declaration order."""
-    if scenario.format == "pgrace" and len(scenario.permutations) == 1:
+    if scenario.dialect == "pgrace" and len(scenario.permutations) == 1:
         return list(dict.fromkeys(p.step for p in scenario.permutations[0]))
     return [s.name for s in scenario.steps]

@@ -6,7 +6,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from pgrace.model.timeline import Run
 from pgrace.render.common import ERROR_COLOUR, WAIT_COLOUR, WAIT_DARK, SessionColour
-from pgrace.render.sections import Entry, Section, WaitSpan
+from pgrace.render.sections import LaneEntry, Section, WaitSpan
 from pgrace.render.svg.layout import (
     BADGE_X,
     BAND_LINE,
@@ -118,7 +118,7 @@ def draw_section(
 
 
 def _draw_entry(
-    canvas: Canvas, run: Run, entry: Entry, index: int, geo: Geometry, colours: dict[str, SessionColour]
+    canvas: Canvas, run: Run, entry: LaneEntry, index: int, geo: Geometry, colours: dict[str, SessionColour]
 ) -> None:
     y, height = geo.rows[index]
     x = geo.lane_x(entry.session) + 6
@@ -161,7 +161,7 @@ def _draw_entry(
     canvas.add("</g>")
 
 
-def _band_top(entry: Entry, index: int, geo: Geometry) -> float:
+def _band_top(entry: LaneEntry, index: int, geo: Geometry) -> float:
     y, height = geo.rows[index]
     bands = band_lines(entry, geo.lane_width - 24)
     return y + height - sum(len(b) * BAND_LINE + 10 for b in bands)

@@ -11,7 +11,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from pgrace.model.timeline import Run
 from pgrace.render.common import ERROR_COLOUR, WAIT_DARK, sql_lines
-from pgrace.render.sections import Entry, Section
+from pgrace.render.sections import LaneEntry, Section
 from pgrace.render.wording import locks_heading, wait_phrase
 
 MONO = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace"
@@ -92,7 +92,7 @@ class Geometry:
         return self.lanes_right + grid + PAD
 
 
-def block_lines(entry: Entry, inner: float) -> list[Line]:
+def block_lines(entry: LaneEntry, inner: float) -> list[Line]:
     lines: list[Line] = []
     if entry.kind == "step":
         lines += [Line(t, "sql") for t in sql_lines(entry.sql, _chars(inner, 13, "mono"), max_lines=5)]
@@ -116,13 +116,13 @@ def block_lines(entry: Entry, inner: float) -> list[Line]:
     return lines
 
 
-def band_lines(entry: Entry, inner: float) -> list[list[str]]:
+def band_lines(entry: LaneEntry, inner: float) -> list[list[str]]:
     if entry.kind != "step" or entry.by_marker:
         return []
     return [wrap_text(wait_phrase(w), inner - 18, 12.5, "bold") for w in entry.waits]
 
 
-def entry_height(entry: Entry, inner: float) -> float:
+def entry_height(entry: LaneEntry, inner: float) -> float:
     if entry.kind == "notice":
         return 8 + sum(line_height(line.kind) for line in block_lines(entry, inner))
     height = 12 + sum(line_height(line.kind) for line in block_lines(entry, inner))

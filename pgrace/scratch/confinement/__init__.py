@@ -26,7 +26,7 @@ from pglast.enums import TransactionStmtKind
 
 from pgrace.errors import ScenarioError
 from pgrace.model.scenario import Scenario
-from pgrace.scratch.confinement.rules import Refused
+from pgrace.scratch.confinement.rules import Unconfined
 from pgrace.scratch.confinement.walk import check_text
 
 __all__ = ["confine_scenario", "refusal", "sql_texts"]
@@ -40,7 +40,7 @@ def refusal(text: str, prepared: Iterable[str] = ()) -> str | None:
     """
     try:
         check_text(text, frozenset(prepared) | frozenset(_prepared_in(text)))
-    except Refused as exc:
+    except Unconfined as exc:
         return str(exc)
     return None
 
@@ -68,7 +68,7 @@ def sql_texts(scenario: Scenario) -> Iterator[tuple[str, int | None]]:
     params = param_values(scenario)
 
     def filled(text: str) -> str:
-        if scenario.format != "pgrace":
+        if scenario.dialect != "pgrace":
             return text
         values = {
             use.key: params.get(use.key) or Value("pgrace_variable" if use.form == "identifier" else None)

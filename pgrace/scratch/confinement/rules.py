@@ -209,5 +209,5 @@ SCHEMA_FUNCTIONS = frozenset({"to_regnamespace", "has_schema_privilege"})
 CHECKABLE_LANGUAGES = frozenset({"sql", "plpgsql"})
 
 
-class Refused(Exception):
+class Unconfined(Exception):
     """Raised by the walk at the first statement that cannot be confined."""

@@ -25,7 +25,7 @@ from pgrace.scratch.confinement.rules import (
     OUTSIDE_PREFIXES,
     SCHEMA_FUNCTIONS,
     SCHEMA_OBJECTS,
-    Refused,
+    Unconfined,
 )
 
 
@@ -34,7 +34,7 @@ def check_text(text: str, prepared: frozenset[str], quote: bool = True) -> None:
     try:
         statements = pglast.parse_sql(text)
     except pglast.parser.ParseError as exc:
-        raise Refused(f"cannot be parsed, so it cannot be checked ({exc}): {_excerpt(text)}") from None
+        raise Unconfined(f"cannot be parsed, so it cannot be checked ({exc}): {_excerpt(text)}") from None
     encoded = text.encode()
     for raw in statements:
         start = raw.stmt_location or 0
@@ -43,10 +43,10 @@ def check_text(text: str, prepared: frozenset[str], quote: bool = True) -> None:
         try:
             if raw.stmt is not None:
                 _check_statement(raw.stmt, source, prepared)
-        except Refused as exc:
+        except Unconfined as exc:
             if not quote:
                 raise
-            raise Refused(f"{_excerpt(source)} {exc}") from None
+            raise Unconfined(f"{_excerpt(source)} {exc}") from None
 
 
 def _excerpt(source: str) -> str:
@@ -70,32 +70,32 @@ def _check_statement(stmt: ast.Node, source: str, prepared: frozenset[str]) -> N
     """Statement-level rules first, then every name anywhere inside it."""
     kind = type(stmt).__name__
     if kind not in CONFINABLE:
-        raise Refused(f"is {_command(stmt, source)}, which acts outside the scratch schema")
+        raise Unconfined(f"is {_command(stmt, source)}, which acts outside the scratch schema")
     if isinstance(stmt, ast.DropStmt) and stmt.removeType not in SCHEMA_OBJECTS:
-        raise Refused(f"is DROP {_object_word(stmt.removeType)}, which acts outside the scratch schema")
+        raise Unconfined(f"is DROP {_object_word(stmt.removeType)}, which acts outside the scratch schema")
     if isinstance(stmt, ast.CommentStmt) and stmt.objtype not in SCHEMA_OBJECTS:
-        raise Refused(f"is COMMENT ON {_object_word(stmt.objtype)}, which acts outside the scratch schema")
+        raise Unconfined(f"is COMMENT ON {_object_word(stmt.objtype)}, which acts outside the scratch schema")
     if isinstance(stmt, ast.RenameStmt) and stmt.renameType not in SCHEMA_OBJECTS:
-        raise Refused(f"is ALTER {_object_word(stmt.renameType)}, which acts outside the scratch schema")
+        raise Unconfined(f"is ALTER {_object_word(stmt.renameType)}, which acts outside the scratch schema")
     if isinstance(stmt, ast.GrantStmt):
         if stmt.targtype == GrantTargetType.ACL_TARGET_ALL_IN_SCHEMA:
             schemas = ", ".join(str(s.sval) for s in stmt.objects or ())
-            raise Refused(f"grants on every object IN SCHEMA {schemas}, outside the scratch schema")
+            raise Unconfined(f"grants on every object IN SCHEMA {schemas}, outside the scratch schema")
         if stmt.objtype not in SCHEMA_OBJECTS:
-            raise Refused(f"grants on a {_object_word(stmt.objtype)}, which is outside the scratch schema")
+            raise Unconfined(f"grants on a {_object_word(stmt.objtype)}, which is outside the scratch schema")
     ends_prepared = (TransactionStmtKind.TRANS_STMT_COMMIT_PREPARED, TransactionStmtKind.TRANS_STMT_ROLLBACK_PREPARED)
     if isinstance(stmt, ast.TransactionStmt) and stmt.kind in ends_prepared and stmt.gid not in prepared:
-        raise Refused(f"ends the prepared transaction '{stmt.gid}', which this scenario does not prepare")
+        raise Unconfined(f"ends the prepared transaction '{stmt.gid}', which this scenario does not prepare")
     if isinstance(stmt, ast.CopyStmt) and (stmt.is_program or stmt.filename is not None):
         where = "a PROGRAM" if stmt.is_program else "a server file"
-        raise Refused(f"copies {'from' if stmt.is_from else 'to'} {where}, outside the database")
+        raise Unconfined(f"copies {'from' if stmt.is_from else 'to'} {where}, outside the database")
     if isinstance(stmt, ast.VacuumStmt | ast.ClusterStmt) and not _targets(stmt):
-        raise Refused("names no table, so it would work on every table of the database")
+        raise Unconfined("names no table, so it would work on every table of the database")
     if isinstance(stmt, ast.ReindexStmt) and stmt.kind not in (
         ReindexObjectType.REINDEX_OBJECT_INDEX,
         ReindexObjectType.REINDEX_OBJECT_TABLE,
     ):
-        raise Refused("is REINDEX of a whole schema, database or system, outside the scratch schema")
+        raise Unconfined("is REINDEX of a whole schema, database or system, outside the scratch schema")
     if isinstance(stmt, ast.CreateFunctionStmt):
         _check_function(stmt, source, prepared)
     if isinstance(stmt, ast.DoStmt):
@@ -188,9 +188,9 @@ def _check_qualified(parts: list[str | None]) -> None:
     """``[catalog, schema, name]``, any of the first two None."""
     catalog, schema, name = parts[-3], parts[-2], parts[-1]
     if catalog is not None:
-        raise Refused(f"names {catalog}.{schema}.{name}: another database")
+        raise Unconfined(f"names {catalog}.{schema}.{name}: another database")
     if schema is not None and schema not in OPEN_SCHEMAS:
-        raise Refused(f"names {schema}.{name}, outside the scratch schema")
+        raise Unconfined(f"names {schema}.{name}, outside the scratch schema")
 
 
 def _check_object_names(node: Any) -> None:
@@ -218,14 +218,14 @@ def _check_call(call: ast.FuncCall) -> None:
     if schema not in (None, "pg_catalog"):
         return
     if name in OUTSIDE_FUNCTIONS or name.startswith(OUTSIDE_PREFIXES):
-        raise Refused(f"calls {name}, which acts outside the scratch schema")
+        raise Unconfined(f"calls {name}, which acts outside the scratch schema")
     args = list(call.args or ())
     if name == "set_config":
         setting = _string_constant(args[0]) if args else None
         if setting is None:
-            raise Refused("calls set_config with a setting name pgrace cannot read before the run")
+            raise Unconfined("calls set_config with a setting name pgrace cannot read before the run")
         if setting.strip().lower() == "search_path":
-            raise Refused("sets search_path, which would leave the scratch schema")
+            raise Unconfined("sets search_path, which would leave the scratch schema")
     if name in NAME_ARGUMENTS:
         for arg in args[:1]:
             _check_string_name(_string_constant(arg))
@@ -282,7 +282,7 @@ def _check_string_schema(text: str | None) -> None:
     if text is not None:
         parts = _split_name(text)
         if parts and parts[0] not in OPEN_SCHEMAS:
-            raise Refused(f"names schema {parts[0]}, outside the scratch schema")
+            raise Unconfined(f"names schema {parts[0]}, outside the scratch schema")
 
 
 def _check_set(stmt: ast.VariableSetStmt) -> None:
@@ -290,7 +290,7 @@ def _check_set(stmt: ast.VariableSetStmt) -> None:
         VariableSetKind.VAR_RESET,
         VariableSetKind.VAR_RESET_ALL,
     ):
-        raise Refused("sets search_path, which would leave the scratch schema")
+        raise Unconfined("sets search_path, which would leave the scratch schema")
 
 
 def _check_written(stmt: ast.Node) -> None:
@@ -327,7 +327,7 @@ def _check_written(stmt: ast.Node) -> None:
 def _check_catalog_target(schema: str | None, name: str) -> None:
     if schema in ("pg_catalog", "information_schema") or (schema is None and name.startswith("pg_")):
         qualified = f"{schema}.{name}" if schema else name
-        raise Refused(f"writes to or locks the system catalog {qualified}")
+        raise Unconfined(f"writes to or locks the system catalog {qualified}")
 
 
 # -- function bodies ---------------------------------------------------------------------
@@ -342,7 +342,7 @@ def _check_function(stmt: ast.CreateFunctionStmt, source: str, prepared: frozens
     language = _strings(options.get("language")) or ["sql"]
     lang = language[0].lower()
     if lang not in CHECKABLE_LANGUAGES:
-        raise Refused(f"is written in LANGUAGE {lang}, whose body pgrace cannot check")
+        raise Unconfined(f"is written in LANGUAGE {lang}, whose body pgrace cannot check")
     body = _strings(options.get("as"))
     if body is None:
         return  # BEGIN ATOMIC: its statements are walked with the rest
@@ -357,7 +357,7 @@ def _check_do(stmt: ast.DoStmt, prepared: frozenset[str]) -> None:
     options = _options(stmt.args)
     lang = (_strings(options.get("language")) or ["plpgsql"])[0].lower()
     if lang != "plpgsql":
-        raise Refused(f"is a DO block in LANGUAGE {lang}, whose body pgrace cannot check")
+        raise Unconfined(f"is a DO block in LANGUAGE {lang}, whose body pgrace cannot check")
     body = "".join(_strings(options.get("as")) or [])
     tag = "$pgrace_do$"
     while tag in body:
@@ -369,7 +369,7 @@ def _check_plpgsql(source: str, prepared: frozenset[str]) -> None:
     try:
         tree = pglast.parse_plpgsql(source)
     except pglast.parser.ParseError as exc:
-        raise Refused(f"has a PL/pgSQL body that cannot be parsed, so it cannot be checked ({exc})") from None
+        raise Unconfined(f"has a PL/pgSQL body that cannot be parsed, so it cannot be checked ({exc})") from None
     _walk_plpgsql(tree, prepared)
 
 
@@ -385,7 +385,7 @@ def _walk_plpgsql(node: Any, prepared: frozenset[str]) -> None:
         return
     for key, value in node.items():
         if key in _DYNAMIC or key == "dynquery":
-            raise Refused("runs dynamic SQL (EXECUTE), which pgrace cannot check before it runs")
+            raise Unconfined("runs dynamic SQL (EXECUTE), which pgrace cannot check before it runs")
         if key == "PLpgSQL_expr":
             _check_plpgsql_expression(str(value.get("query", "")), int(value.get("parseMode", 0)), prepared)
             continue

@@ -71,7 +71,7 @@ def embedded_server(settings: Mapping[str, str] | None = None) -> Iterator[Serve
 def embedded_booting(settings: Mapping[str, str] | None = None) -> Iterator[Callable[[], ServerInfo]]:
     """`embedded_server` in two steps: postgres starts now, ``ready()`` waits for it.
 
-    The server boots in its own processes while the caller goes on (loading a scenario,
+    The server boots in its own processes while the caller goes on (reading a scenario,
     importing the driver): a run pays for the start only where it has nothing else to do.
     """
     pginstall = _find_pginstall()

@@ -54,7 +54,7 @@ def _spawn(
     """Start postgres on a fresh copy of the template in ``rundir``; return it and its log path.
 
     The copy (about 1,000 files) is made by ``cp`` in the child, which then becomes postgres:
-    it runs beside pgrace, which meanwhile loads the scenario and imports the driver,
+    it runs beside pgrace, which meanwhile reads the scenario and imports the driver,
     instead of holding it up. The child runs as the server user, who can read the template
     but (as root) not write it; the copy is the server user's, its top directory private
     as postgres requires.

@@ -22,15 +22,15 @@ import tomllib
 from pathlib import Path
 
 from pgrace.errors import ScenarioError
-from pgrace.formats import limits
-from pgrace.formats.scenario_toml.builder import Builder
-from pgrace.formats.scenario_toml.locator import Locator
+from pgrace.frontends import limits
+from pgrace.frontends.scenario_toml.builder import Builder
+from pgrace.frontends.scenario_toml.locator import Locator
 from pgrace.model.scenario import Scenario
 
-__all__ = ["Builder", "Locator", "load_toml_scenario", "parse_toml_scenario"]
+__all__ = ["Builder", "Locator", "parse_toml_scenario", "read_toml_scenario"]
 
 
-def load_toml_scenario(path: Path, params: dict[str, str] | None = None) -> Scenario:
+def read_toml_scenario(path: Path, params: dict[str, str] | None = None) -> Scenario:
     """Read and validate a scenario file; ``params`` override its ``[params]`` defaults."""
     return parse_toml_scenario(limits.read_text(path), str(path), params or {})
 

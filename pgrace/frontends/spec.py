@@ -22,7 +22,7 @@ from pathlib import PurePath
 from typing import Literal
 
 from pgrace.errors import ScenarioError
-from pgrace.formats import limits
+from pgrace.frontends import limits
 from pgrace.model.orders import Interleavings
 from pgrace.model.scenario import CompletionMarker, PermutationStep, Scenario, Session, Step
 from pgrace.text import control_in_name
@@ -389,7 +389,7 @@ def parse_spec(text: str, path: str) -> Scenario:
         name=name,
         title=name,
         source=path,
-        format="spec",
+        dialect="spec",
         variant="bug",
         setup=tuple(spec.setup),
         setup_line=spec.setup_line,

@@ -1,6 +1,6 @@
 """``setup_file``: a team's schema as the scenario's setup, as ``pg_dump --schema-only`` writes it.
 
-The dump is loaded as it is, with three exceptions that a run in a scratch database needs:
+The dump is run as it is, with three exceptions that a run in a scratch database needs:
 ``pg_dump``'s ``\\restrict``/``\\unrestrict`` lines (psql meta-commands that fence the dump,
 not SQL) are left out; any other meta-command is refused, since reading a scenario must never
 run anything; and ownership and privileges (``OWNER TO``, ``GRANT``, ``REVOKE``) are refused

@@ -29,12 +29,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pgrace.errors import ScenarioError
-from pgrace.formats.names import KeyPath, base_name, did_you_mean
+from pgrace.frontends.names import KeyPath, base_name, did_you_mean
 from pgrace.model.scenario import Load, LoadCheck, LoadCommand, Scenario, Step
 from pgrace.model.variables import NAME, find, meta_command, scan_error
 
 if TYPE_CHECKING:
-    from pgrace.formats.scenario_toml.reader import Reader
+    from pgrace.frontends.scenario_toml.reader import Reader
 
 LOAD_KEYS = {"setup", "transaction", "check"}
 COMMAND_KEYS = {"step", "sql", "capture", "sleep", "set", "random"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pgrace.formats.names import KeyPath, did_you_mean
-from pgrace.formats.scenario_toml.locator import Locator
+from pgrace.frontends.names import KeyPath, did_you_mean
+from pgrace.frontends.scenario_toml.locator import Locator
 
 # \Z, not $: "$" also matches before a trailing newline, which a name must not hold.
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")  # "." joins a step name to its session

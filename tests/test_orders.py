@@ -5,8 +5,8 @@ No server: a schedule is arithmetic on names until a run follows it.
 
 from __future__ import annotations
 
-from pgrace.formats.spec import parse_spec
-from pgrace.model.orders import Interleavings, Permutations, Schedule
+from pgrace.frontends.spec import parse_spec
+from pgrace.model.orders import Interleavings, Orders, Permutations
 from pgrace.model.orders.choices import Choices, ChoiceTree, NamedOrder
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
@@ -37,7 +37,7 @@ def follow(choices: Choices, statements: dict[str, int]) -> list[str]:
 
 def test_every_schedule_is_an_iterable_of_orders_with_a_size_when_known() -> None:
     scenario = two_sessions(2)
-    schedules: list[Schedule[object]] = [
+    schedules: list[Orders[object]] = [
         Permutations(scenario),
         Space(scenario),
         Interleavings([["a1", "a2"], ["b1", "b2"]]),

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pgrace.formats.names import KeyPath
-from pgrace.formats.scenario_toml.reader import Reader
+from pgrace.frontends.names import KeyPath
+from pgrace.frontends.scenario_toml.reader import Reader
 from pgrace.model.scenario import Command, set_by_pgrace
 
 EXEC_KEYS = {"command", "cwd", "env"}

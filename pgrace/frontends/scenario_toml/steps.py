@@ -5,10 +5,10 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any
 
-from pgrace.formats.names import KeyPath, did_you_mean
-from pgrace.formats.scenario_toml.expect import Expectations
-from pgrace.formats.scenario_toml.reader import NAME, Reader
-from pgrace.formats.scenario_toml.retry import Retries
+from pgrace.frontends.names import KeyPath, did_you_mean
+from pgrace.frontends.scenario_toml.expect import Expectations
+from pgrace.frontends.scenario_toml.reader import NAME, Reader
+from pgrace.frontends.scenario_toml.retry import Retries
 from pgrace.model.scenario import CrashMode, Session, Step
 
 STEP_KEYS = {"name", "session", "except", "sql", "sleep", "crash", "note", "capture", "expect", "retry"}

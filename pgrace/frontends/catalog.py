@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from pgrace.errors import OptionError, ScenarioError
-from pgrace.formats import limits
-from pgrace.formats.names import did_you_mean
-from pgrace.formats.scenario_toml import load_toml_scenario
+from pgrace.frontends import limits
+from pgrace.frontends.names import did_you_mean
+from pgrace.frontends.scenario_toml import read_toml_scenario
 from pgrace.model.scenario import Scenario
 
 SUFFIXES = (".toml", ".spec")
@@ -62,7 +62,7 @@ def entries() -> list[Entry]:
     """Every shipped scenario, by name."""
     found = []
     for name in shipped_names():
-        scenario = load(name)
+        scenario = read_scenario(name)
         topic = scenario.topic or OTHER_TOPIC
         found.append(Entry(name, scenario.title, topic, scenario.tags, scenario.variants))
     return found
@@ -99,26 +99,26 @@ def variant(scenario: Scenario, wanted: str | None) -> Scenario:
         raise ScenarioError(f"scenario {scenario.name!r} has no {wanted} variant", scenario.source) from None
 
 
-def load(ref: str, params: dict[str, str] | None = None) -> Scenario:
+def read_scenario(ref: str, params: dict[str, str] | None = None) -> Scenario:
     """A shipped scenario's name, or a path to a scenario or spec file."""
     if not looks_like_path(ref):
         names = shipped_names()
         if ref not in names:
             known = ", ".join(names)
             raise ScenarioError(f"no shipped scenario {ref!r}{did_you_mean(ref, names)}; shipped: {known}")
-        return load_toml_scenario(shipped_dir() / f"{ref}.toml", params)
+        return read_toml_scenario(shipped_dir() / f"{ref}.toml", params)
     path = Path(ref)
     if path.is_dir():
         raise ScenarioError("a directory, not a scenario file (pgrace check DIR runs every file in one)", ref)
     if not path.is_file():
         raise ScenarioError("no such scenario file" if not path.exists() else "not a regular file", ref)
     if path.suffix == ".spec":
-        from pgrace.formats.spec import parse_spec
+        from pgrace.frontends.spec import parse_spec
 
         if params:
             raise OptionError(f"{ref} is a .spec file: parameters are set in pgrace scenario files only", "params")
         return parse_spec(limits.read_text(path), ref)
-    return load_toml_scenario(path, params)
+    return read_toml_scenario(path, params)
 
 
 def find_files(paths: list[str]) -> list[Path]:

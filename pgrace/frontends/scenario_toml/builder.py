@@ -7,15 +7,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pgrace.formats.names import did_you_mean
-from pgrace.formats.scenario_toml.commands import CommandReader
-from pgrace.formats.scenario_toml.expect import Expectations
-from pgrace.formats.scenario_toml.locator import Locator
-from pgrace.formats.scenario_toml.params import ParamReader, check_variables
-from pgrace.formats.scenario_toml.reader import NAME, Reader
-from pgrace.formats.scenario_toml.retry import Retries
-from pgrace.formats.scenario_toml.steps import StepReader
-from pgrace.formats.scenario_toml.variants import VariantEditor
+from pgrace.frontends.names import did_you_mean
+from pgrace.frontends.scenario_toml.commands import CommandReader
+from pgrace.frontends.scenario_toml.expect import Expectations
+from pgrace.frontends.scenario_toml.locator import Locator
+from pgrace.frontends.scenario_toml.params import ParamReader, check_variables
+from pgrace.frontends.scenario_toml.reader import NAME, Reader
+from pgrace.frontends.scenario_toml.retry import Retries
+from pgrace.frontends.scenario_toml.steps import StepReader
+from pgrace.frontends.scenario_toml.variants import VariantEditor
 from pgrace.model.scenario import PermutationStep, Scenario, Session, merged_commands
 
 TOP_KEYS = {
@@ -67,7 +67,7 @@ class Builder:
         names = [raw] if isinstance(raw, str) else raw
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
             raise self.loc.error("setup_file is a file name, or a list of them, relative to this file", "setup_file")
-        from pgrace.formats.scenario_toml.setup_file import read_setup_file
+        from pgrace.frontends.scenario_toml.setup_file import read_setup_file
 
         line = self.loc.line_of("setup_file")
         return tuple(text for name in names for text in read_setup_file(name, self.source, line))
@@ -123,7 +123,7 @@ class Builder:
         main = replace(main, permutations=(tuple(PermutationStep(s.name) for s in main.steps),))
         check_variables(self.loc, main)
         if "load" in data:
-            from pgrace.formats.load_toml import build_load
+            from pgrace.frontends.load_toml import build_load
 
             main = replace(main, load=build_load(self.read, data["load"], None, main, None))
         if other_name not in data:
@@ -134,7 +134,7 @@ class Builder:
         other = replace(other, commands=merged_commands(main.commands, own))
         override = data[other_name].get("load")
         if "load" in data or override is not None:
-            from pgrace.formats.load_toml import build_load
+            from pgrace.frontends.load_toml import build_load
 
             base = data.get("load", {})
             other = replace(other, load=build_load(self.read, base, override, other, other_name))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from pgrace.errors import ScenarioError
-from pgrace.formats.names import did_you_mean
-from pgrace.formats.scenario_toml.locator import Locator
-from pgrace.formats.scenario_toml.reader import Reader
+from pgrace.frontends.names import did_you_mean
+from pgrace.frontends.scenario_toml.locator import Locator
+from pgrace.frontends.scenario_toml.reader import Reader
 from pgrace.model.scenario import Scenario
 from pgrace.model.variables import FACTS, Use, find, valid_choice
 from pgrace.text import control_in_name

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pgrace.formats.names import KeyPath, did_you_mean
-from pgrace.formats.scenario_toml.reader import SQLSTATE, Reader
+from pgrace.frontends.names import KeyPath, did_you_mean
+from pgrace.frontends.scenario_toml.reader import SQLSTATE, Reader
 from pgrace.model.scenario import (
     LOCK_MODES,
     CheckKind,

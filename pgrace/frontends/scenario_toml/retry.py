@@ -6,9 +6,9 @@ from dataclasses import replace
 from typing import Any
 
 from pgrace.errors import ScenarioError
-from pgrace.formats.limits import MAX_STEPS
-from pgrace.formats.names import KeyPath, base_name, did_you_mean
-from pgrace.formats.scenario_toml.reader import SQLSTATE, Reader
+from pgrace.frontends.limits import MAX_STEPS
+from pgrace.frontends.names import KeyPath, base_name, did_you_mean
+from pgrace.frontends.scenario_toml.reader import SQLSTATE, Reader
 from pgrace.model.scenario import MAX_RETRIES, Retry, Step, with_retries
 
 RETRY_KEYS = {"on", "from", "max"}

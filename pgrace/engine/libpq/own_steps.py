@@ -1,11 +1,11 @@
-"""What the schedule does besides sending SQL: a deliberate sleep, a crash, and a session the server ended.
+"""The libpq transport's own steps (a deliberate sleep, a crash) and the sessions the server ended meanwhile.
 
 A sleep is what lets ``lock_timeout``, ``statement_timeout``, the deadlock detector and
 ``idle_in_transaction_session_timeout`` fire at a chosen point, while the other sessions
 are still watched; a crash kills a session as a dying worker would; and a session the
 server ends while it runs nothing is noted when found, with the server's reason.
 
-The scheduler's steps are given to each call (:class:`~pgrace.engine.transport.Launched`):
+The scheduler's steps are given to each call (:class:`~pgrace.engine.transport.LaunchedSteps`):
 a waiting step that ends meanwhile is handed back to it, never reported from here.
 """
 
@@ -32,11 +32,11 @@ RELEASER_GRACE_S = 0.05
 
 if TYPE_CHECKING:
     from pgrace.engine.steps import Recorder
-    from pgrace.engine.transport import Launched
+    from pgrace.engine.transport import LaunchedSteps
 
 
-class Pauses:
-    """Sleeps, crashes and ended sessions, for one set of libpq sessions."""
+class OwnSteps:
+    """The steps that send no SQL (sleeps, crashes) and the sessions the server ended, for one set of libpq sessions."""
 
     def __init__(
         self,
@@ -57,7 +57,7 @@ class Pauses:
         """The control connection was opened again (a step had ended it)."""
         self.control = control
 
-    def sleep(self, seconds: float, launched: Launched) -> None:
+    def sleep(self, seconds: float, launched: LaunchedSteps) -> None:
         """A deliberate pause: the schedule stands still while the other sessions are still watched.
 
         A waiting step that ends meanwhile is reported as it ends (its time, who released it,
@@ -75,16 +75,16 @@ class Pauses:
             for fd in readable:
                 session = watched[fd]
                 active = session.active
-                if active is not None and launched.is_waiting(active) and active.outcome is None:
+                if active is not None and launched.is_pending(active) and active.outcome is None:
                     session.consume()
                     if not session.pgconn.is_busy():
-                        launched.settle(session, active)
+                        launched.collect(session, active)
                         launched.report_unless_held(session, active)
                 else:
                     self.found_ended_idle(session, launched.last_done)
             launched.idle()
 
-    def others_ended(self, running: Active, sessions: list[LibpqSession], launched: Launched) -> None:
+    def others_ended(self, running: Active, sessions: list[LibpqSession], launched: LaunchedSteps) -> None:
         """While ``running`` runs on, other steps ended (a lock_timeout, a release) or the server ended a session.
 
         Each is reported as it ends, with the locks then, as during a sleep. When
@@ -102,13 +102,13 @@ class Pauses:
                 self.found_ended_idle(session, launched.last_done, during=running.seq)
                 continue
             session.consume()
-            if session.pgconn.is_busy() or not launched.is_waiting(other):
+            if session.pgconn.is_busy() or not launched.is_pending(other):
                 continue
             if not graced:  # one grace for all that ended together, not one each
                 if self._ends_within(running, RELEASER_GRACE_S):
                     return  # reported after it, by whoever polls the waiting steps next
                 graced = True
-            launched.settle(session, other)
+            launched.collect(session, other)
             if other.lost is not None:
                 continue  # collected now, told after the running step (which polls the waiting steps)
             launched.report_unless_held(session, other)

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pgrace.formats.names import base_name, did_you_mean
-from pgrace.formats.scenario_toml.expect import Expectations
-from pgrace.formats.scenario_toml.reader import Reader
-from pgrace.formats.scenario_toml.retry import Retries
-from pgrace.formats.scenario_toml.steps import ACTIONS, StepReader
+from pgrace.frontends.names import base_name, did_you_mean
+from pgrace.frontends.scenario_toml.expect import Expectations
+from pgrace.frontends.scenario_toml.reader import Reader
+from pgrace.frontends.scenario_toml.retry import Retries
+from pgrace.frontends.scenario_toml.steps import ACTIONS, StepReader
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 
 OVERRIDE_KEYS = {"sql", "sleep", "note", "capture", "expect", "retry"}
