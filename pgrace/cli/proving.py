@@ -144,7 +144,7 @@ def check(
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     explore = search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs)
     if commands:
-        refuse_with_commands(limit, max_preemptions, pct, jobs, database_name)
+        refuse_with_commands(jobs, database_name)
     with progress_line() as progress:
         stream = CheckStream(lambda text: echo(text, None), progress, quiet, with_server=len(targets) > 1)
         checked = api.check(
@@ -170,24 +170,15 @@ def check(
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
 
 
-def refuse_with_commands(
-    limit: int | None, max_preemptions: int | None, pct: int | None, jobs: int, database_name: str | None
-) -> None:
-    """What check does not do with ``--exec``: samples, bounded searches, -j processes, a named database."""
+def refuse_with_commands(jobs: int, database_name: str | None) -> None:
+    """What check does not do with ``--exec``: -j processes, a named database."""
     given = [
-        option
-        for option, value in (
-            ("--max", limit is not None),
-            ("--max-preemptions", max_preemptions is not None),
-            ("--pct", pct is not None),
-            ("--jobs", jobs != 1),
-            ("--database-name", database_name is not None),
-        )
-        if value
+        option for option, value in (("--jobs", jobs != 1), ("--database-name", database_name is not None)) if value
     ]
     if given:
         raise click.BadParameter(
-            "not with commands (--exec, a file's [exec]), which explore every order in a scratch database of their own",
+            "not with commands (--exec, a file's [exec]), whose runs go through one proxy over a scratch database of"
+            " their own",
             param_hint=given[0],
         )
 
