@@ -11,6 +11,7 @@ import pytest
 
 from pgrace import proxy
 from pgrace.engine.proxy import startup
+from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
 
 SETUP = "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); INSERT INTO accounts VALUES (1, 500)"
@@ -51,6 +52,20 @@ async def withdraw_locked_psycopg(dsn: str) -> None:
         await conn.commit()
 
 
+def _withdraw_pipeline(lock: str) -> AsyncCode:
+    """psycopg's pipeline mode: the read fetched inside the pipeline (a Flush), the write and COMMIT in one cycle."""
+
+    async def withdraw(dsn: str) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.pipeline():
+            cur = await conn.execute("SELECT balance FROM accounts WHERE id = 1" + lock)
+            row = await cur.fetchone()
+            assert row is not None
+            await conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (row[0] - 100,))
+            await conn.commit()
+
+    return withdraw
+
+
 def test_asyncpg_finds_the_lost_update(pgrace_server: ServerInfo) -> None:
     """asyncpg prepares with Parse/Describe/Flush, then binds: two steps per statement, and the lost update found."""
     sessions = {"alice": withdraw_asyncpg, "bob": withdraw_asyncpg}
@@ -88,6 +103,31 @@ def test_psycopg_async_lost_update_found_and_cure_proved(pgrace_server: ServerIn
     cured = {"alice": withdraw_locked_psycopg, "bob": withdraw_locked_psycopg}
     proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     assert proved.complete and len(proved.classes) == 1 and proved.passed, [c.summary for c in proved.classes]
+
+
+@pytest.mark.slow
+def test_psycopg_pipeline_lost_update_found(pgrace_server: ServerInfo) -> None:
+    """The write and its COMMIT reach the server as one step: what the write did is in no footprint reading, so the
+    search must not take that step for one that commutes (nor the lone Sync and Flush the pipeline ends with for
+    steps it cannot read)."""
+    racy = _withdraw_pipeline("")
+    found = proxy.explore_async(
+        {"alice": racy, "bob": racy}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
+    )
+    assert found.complete and not found.passed, found.incomplete
+    assert {c.final[0] for c in found.classes} == {((400,),), ((300,),)}
+    assert found.runs == 19
+
+
+@pytest.mark.slow
+def test_psycopg_pipeline_lost_update_cure_proved(pgrace_server: ServerInfo) -> None:
+    cured = _withdraw_pipeline(" FOR UPDATE")
+    proved = proxy.explore_async(
+        {"alice": cured, "bob": cured}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
+    )
+    assert proved.complete and proved.passed, proved.incomplete
+    assert {c.final[0] for c in proved.classes} == {((300,),)}
+    assert proved.runs == 19
 
 
 def test_psycopg_async_one_run_in_order(pgrace_server: ServerInfo) -> None:

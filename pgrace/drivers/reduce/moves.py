@@ -356,7 +356,8 @@ def moves_of(
             or after_reading is None  # its session was lost
             or after_reading[0]  # still busy when last read
             or (vx_before is None and vx_after is None and not nature.local)  # autocommit: its locks are gone
-            or (vx_before is not None and vx_after not in (None, vx_before) and not nature.single_transaction_statement)
+            # its transaction ended in it after other statements: what they did is in no reading
+            or (vx_before is not None and vx_after != vx_before and not nature.single_transaction_statement)
             or (releases and (scenario_defers or isolated))
             or UNSTABLE in access
         )

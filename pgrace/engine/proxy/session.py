@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 _STATUS = {b"I": pq.TransactionStatus.IDLE, b"T": pq.TransactionStatus.INTRANS, b"E": pq.TransactionStatus.INERROR}
 SHOWN_PARAMS = 20  # bound parameters shown after a statement's text
+#: A Sync or a Flush sent alone (psycopg's pipeline sends both as it ends) runs no SQL: its text is an SQL comment
+#: that names it, so the reduction reads it as a step with no statement, not as one it cannot read.
+ALONE = {b"S\x00\x00\x00\x04": "-- Sync", b"H\x00\x00\x00\x04": "-- Flush"}
 
 
 class ProxySession:
@@ -110,7 +113,7 @@ class ProxySession:
 
 def shown(statement: Statement) -> str:
     """A step's text: the SQL as sent, then its bound parameters as the client sent them."""
-    text = statement.sql.strip() or f"({statement.kind})"
+    text = statement.sql.strip() or ALONE.get(statement.data) or f"({statement.kind})"
     if statement.params:
         values = ", ".join("NULL" if p is None else repr(p) for p in statement.params[:SHOWN_PARAMS])
         more = ", …" if len(statement.params) > SHOWN_PARAMS else ""
@@ -229,6 +232,8 @@ class ProxyHooks:
 
     def _name(self, client: Client, owner: Actor | None) -> str:
         wanted = (client.application_name or "").strip()
+        if wanted in DRIVER_DEFAULT_NAMES:
+            wanted = ""
         if not wanted:
             prefix = owner.name if owner is not None else "client"
             if owner is not None:
@@ -241,6 +246,12 @@ class ProxyHooks:
             k += 1
             name = f"{wanted}#{k}"
         return name
+
+
+DRIVER_DEFAULT_NAMES = frozenset({"PostgreSQL JDBC Driver"})
+"""``application_name`` values a driver sends for every connection unless told otherwise (pgjdbc's, in its
+start-up when ``assumeMinServerVersion`` allows): they name no one, and taken as names they would follow which
+command connected first, so a connection that sends one is named as one that sends none (``alice#1``)."""
 
 
 def relay_asleep(tid: int | None) -> bool:

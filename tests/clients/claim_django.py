@@ -1,0 +1,48 @@
+"""A worker's claim with Django's ORM, connected as a Django app is: its settings from the ``PG*`` variables.
+
+filter().first() then update() can claim a job twice; ``--skip-locked`` reads with
+select_for_update(skip_locked=True) (the cure).
+"""
+
+import os
+import sys
+
+import django
+from django.conf import settings
+
+settings.configure(
+    DATABASES={
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ["PGDATABASE"],
+            "USER": os.environ["PGUSER"],
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+            "HOST": os.environ["PGHOST"],
+            "PORT": os.environ["PGPORT"],
+        }
+    },
+    USE_TZ=True,
+    TIME_ZONE="UTC",
+)
+django.setup()
+
+from django.db import models, transaction  # noqa: E402  (after settings, as Django asks)
+from django.db.models import F  # noqa: E402
+
+
+class Job(models.Model):  # type: ignore[misc]  # Django has no stubs here
+    status = models.TextField()
+    claims = models.IntegerField()
+
+    class Meta:
+        app_label = "queue"
+        db_table = "jobs"
+
+
+with transaction.atomic():
+    pending = Job.objects.filter(status="pending").order_by("id")
+    if "--skip-locked" in sys.argv:
+        pending = pending.select_for_update(skip_locked=True)
+    job = pending.first()
+    if job is not None:
+        Job.objects.filter(pk=job.pk).update(status="claimed", claims=F("claims") + 1)
