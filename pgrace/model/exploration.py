@@ -146,13 +146,14 @@ class Bound:
     runs: int  # executions run
     draws: int = 0  # pct: schedules drawn (a repeated order is run once)
     seed: int | None = None
-    diverged: int = 0  # preemptions: runs the server launched in another order than asked
+    diverged: int = 0  # preemptions: runs launched in another order than asked; pct: runs that sent other steps
     cut: bool = False  # preemptions: stopped at the run limit with schedules left
 
     @property
     def met(self) -> bool:
-        """Preemptions: every schedule within the bound was run as asked. PCT: always (a probability)."""
-        return self.kind == "pct" or (self.diverged == 0 and not self.cut)
+        """Preemptions: every schedule within the bound was run as asked. PCT: every run sent the steps drawn over
+        (a scenario's always; an application's, those of the first run)."""
+        return self.diverged == 0 and not self.cut
 
     @property
     def per_run(self) -> float:
@@ -176,6 +177,8 @@ class Bound:
             "steps": self.steps,
             "per_run": self.per_run,
             "missed": self.missed,
+            "met": self.met,
+            "diverged": self.diverged,
         }
 
     @classmethod
@@ -193,6 +196,7 @@ class Bound:
                 runs,
                 int(data["draws"]),
                 None if data["seed"] is None else int(data["seed"]),
+                diverged=int(data.get("diverged", 0)),
             )
         raise ValueError(f"no such guarantee: {data['kind']!r}")
 
@@ -213,6 +217,11 @@ class Bound:
         drawn = f"{self.draws:,} run{'s' if self.draws != 1 else ''}"
         if self.draws != self.runs:
             drawn += f" ({self.runs:,} distinct, each run once)"
+        if self.diverged:
+            return (
+                f"pct depth {self.limit}, seed {self.seed}, {drawn} of {space:,} {noun}, NOT a stated probability:"
+                f" {self.diverged:,} sent other statements than the {self.steps} the schedules were drawn over"
+            )
         return (
             f"pct depth {self.limit}, seed {self.seed}, {drawn} of {space:,} {noun}: a depth-{self.limit} bug is"
             f" missed with probability at most {_percent(self.missed)} (each run finds it with probability at least"
