@@ -294,16 +294,21 @@ def explore(
         refuse_exec_explore(shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
-        found = proxy.explore_exec(
-            chosen,
-            commands,
-            dsn=server_target or dsn,
-            superuser=superuser,
-            step_timeout=step_timeout,
-            search=search,
-            examples=examples,
-            on_note=say,
-        )
+        try:
+            found = proxy.explore_exec(
+                chosen,
+                commands,
+                dsn=server_target or dsn,
+                superuser=superuser,
+                step_timeout=step_timeout,
+                search=search,
+                examples=examples,
+                on_note=say,
+            )
+        except OptionError as exc:
+            if exc.parameter != "search":
+                raise
+            raise ScenarioError(f"{option or '--max'} {exc.message}") from None
     else:
         if option is not None and (shards != (1, 1) or jobs != 1):
             raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")

@@ -168,11 +168,11 @@ def explore_exec(
 def check_exec_bounds(search: SearchMode) -> None:
     """What a search over commands cannot mean, refused before any command starts."""
     if isinstance(search, Sample) and search.size < 1:
-        raise OptionError(f"--max {search.size}: at least one run", "--max")
+        raise OptionError(f"{search.size}: at least one run", "search")
     if isinstance(search, PreemptionBounded) and search.bound < 0:
-        raise OptionError(f"--max-preemptions {search.bound}: K is 0 or more", "--max-preemptions")
+        raise OptionError(f"{search.bound}: K is 0 or more", "search")
     if isinstance(search, Pct) and search.depth < 1:
-        raise OptionError(f"--pct {search.depth}: the depth D is 1 or more", "--pct")
+        raise OptionError(f"{search.depth}: the depth D is 1 or more", "search")
 
 
 class Recorded:
