@@ -4,8 +4,9 @@ Usage: ``python bench/bench_proxy.py [--statements N] [--rounds R] [--baseline D
 
 One embedded server, one run. Each round times N statements of each kind on a direct
 connection and on a connection through the proxy, alternately, so a busy machine slows them
-alike; the medians of the per-statement times, the proxy's overhead in µs and the ratio are
-printed for each kind:
+alike; the medians of the per-statement times, the proxy's overhead in µs and the ratio (of
+the medians, and the median of each round's ratio to the direct round beside it) are printed
+for each kind:
 
 - ``SELECT 1`` (Simple Query, libpq's PQexec),
 - ``SELECT $1::int`` (an extended cycle with a bound parameter),
@@ -182,9 +183,11 @@ def main() -> int:
                     ratio = through / direct
                     worst[target] = max(worst.get(target, 0.0), ratio)
                     fastest = min(times[target])
+                    paired = statistics.median(t / d for t, d in zip(times[target], times["direct"], strict=True))
                     print(
                         f"{'':22} {target:13} {through:7.1f} µs  overhead {through - direct:6.1f} µs  "
-                        f"ratio {ratio:.2f}  relay CPU {statistics.median(cpu[target]) * 1e6:5.1f} µs per statement  "
+                        f"ratio {ratio:.2f} (round by round {paired:.2f})  "
+                        f"relay CPU {statistics.median(cpu[target]) * 1e6:5.1f} µs per statement  "
                         f"(fastest round {fastest * 1e6:.1f} µs, ratio {fastest / min(times['direct']):.2f})"
                     )
         finally:
