@@ -139,6 +139,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--statements", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--kind", action="append", choices=[kind for kind, _ in KINDS], help="only these (repeatable)")
     parser.add_argument("--baseline", type=Path, help="another pgrace checkout whose relay runs beside this one")
     args = parser.parse_args()
     worst: dict[str, float] = {}
@@ -167,6 +168,8 @@ def main() -> int:
             print(f"{args.rounds} rounds of {args.statements} statements per target, alternated; trees: ", end="")
             print(", ".join(f"{name} = {tree}" for name, tree in trees.items()))
             for kind, label in KINDS:
+                if args.kind and kind not in args.kind:
+                    continue
                 times: dict[str, list[float]] = {target: [] for target in targets}
                 cpu: dict[str, list[float]] = {target: [] for target in targets if target != "direct"}
                 for _ in range(args.rounds):

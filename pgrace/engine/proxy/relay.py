@@ -535,11 +535,16 @@ class _Relay:
         finally:
             self.answers += 1
         for message in self.reader.feed(data):
-            if message.code == b"S":
+            code = message.code
+            if code == b"D":  # most of a result, and never the end of a step: straight to its tracker
+                if self.running is not None:
+                    self.running[1].row(message)
+                continue
+            if code == b"S":
                 name, value = wire.parameter_status(message.body)
                 if name == "application_name":  # pgjdbc names itself with SET after its start-up
                     client.application_name = value or None
-            if message.code == b"E":
+            elif code == b"E":
                 self._note_fatal([message])
             if self.running is not None and self.running[1].feed(message):
                 self._finish(client)

@@ -242,7 +242,7 @@ class Tracker:
         """Take one server message; True when it completes the step."""
         code = message.code
         if code == b"D":
-            self._row(message)
+            self.row(message)
         elif code == b"C":
             self._tags.append(wire.command_tag(message.body))
             self._executed()
@@ -304,7 +304,8 @@ class Tracker:
             self._columns = tuple(column.name for column in columns)
         self._answered()
 
-    def _row(self, message: wire.Message) -> None:
+    def row(self, message: wire.Message) -> None:
+        """Take one DataRow (what :meth:`feed` does with it: a row never completes a step)."""
         if len(self._rows) < MAX_ROWS:
             decoder = self._decoder
             if decoder is None:
