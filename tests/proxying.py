@@ -214,9 +214,26 @@ def cured_wait_as_pg_locks_shows(
     return run
 
 
+def psycopg_session(
+    body: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]], *, pipeline: bool = False
+) -> AsyncCode:
+    """An async session that runs ``body`` on a psycopg async connection; ``pipeline``: in psycopg's pipeline mode,
+    where a read's result is fetched with a Flush and what follows it goes in one cycle."""
+
+    async def session(dsn: str) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            if pipeline:
+                async with conn.pipeline():
+                    await body(conn)
+            else:
+                await body(conn)
+
+    return session
+
+
 def psycopg_withdrawal(lock: str = "", *, pipeline: bool = False) -> AsyncCode:
-    """The withdrawal with psycopg's async API, reading the balance with ``lock`` appended; ``pipeline``: in psycopg's
-    pipeline mode, the read fetched inside the pipeline (a Flush), the write and COMMIT in one cycle."""
+    """The withdrawal with psycopg's async API, reading the balance with ``lock`` appended; in pipeline mode the
+    write and COMMIT go in one cycle."""
 
     async def withdraw(conn: psycopg.AsyncConnection[Any]) -> None:
         cur = await conn.execute("SELECT balance FROM accounts WHERE id = 1" + lock)
@@ -225,15 +242,7 @@ def psycopg_withdrawal(lock: str = "", *, pipeline: bool = False) -> AsyncCode:
         await conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (row[0] - 100,))
         await conn.commit()
 
-    async def session(dsn: str) -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            if pipeline:
-                async with conn.pipeline():
-                    await withdraw(conn)
-            else:
-                await withdraw(conn)
-
-    return session
+    return psycopg_session(withdraw, pipeline=pipeline)
 
 
 def sqlalchemy_session(body: Callable[[AsyncConnection], Awaitable[None]]) -> AsyncCode:

@@ -24,7 +24,7 @@ from claiming import (
     cure_proved,
     double_claim_found,
 )
-from proxying import sqlalchemy_session
+from proxying import psycopg_session, sqlalchemy_session
 
 from pgrace import proxy
 from pgrace.api import read_scenario
@@ -41,7 +41,8 @@ CLIENTS = Path(__file__).parent / "clients"
 
 
 def psycopg_async(lock: str, *, pipeline: bool = False) -> AsyncCode:
-    """``pipeline``: the read's result is fetched inside the pipeline (a Flush); the claim and COMMIT go in one cycle."""
+    """In pipeline mode the read's result is fetched inside the pipeline (a Flush); the claim and COMMIT go in one
+    cycle."""
 
     async def claim_one(conn: psycopg.AsyncConnection[Any]) -> None:
         cur = await conn.execute(PENDING + lock)
@@ -50,15 +51,7 @@ def psycopg_async(lock: str, *, pipeline: bool = False) -> AsyncCode:
             await conn.execute(claim("%s"), (row[0],))
         await conn.commit()
 
-    async def worker(dsn: str) -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            if pipeline:
-                async with conn.pipeline():
-                    await claim_one(conn)
-            else:
-                await claim_one(conn)
-
-    return worker
+    return psycopg_session(claim_one, pipeline=pipeline)
 
 
 def asyncpg_worker(lock: str) -> AsyncCode:
