@@ -61,7 +61,13 @@ def test_a_process_that_keeps_starting_threads_is_never_read_quiet() -> None:
 def classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Java clients of tests/clients, compiled once for this module."""
     return jvm.compile_clients(
-        tmp_path_factory.mktemp("java"), "Withdraw.java", "Claim.java", "Ticker.java", "Disguise.java", "Reads.java"
+        tmp_path_factory.mktemp("java"),
+        "PgEnv.java",
+        "Withdraw.java",
+        "Claim.java",
+        "Ticker.java",
+        "Disguise.java",
+        "Reads.java",
     )
 
 
