@@ -27,16 +27,18 @@ __all__ = ["ROW_ACTING", "footprints"]
 
 ROW_ACTING = frozenset({"RowShareLock", "RowExclusiveLock"})  # a table lock taken to lock or write rows
 
+# Sent after every step with ``$1`` for the pids, through a raw cursor: psycopg keeps the conversion of
+# a ``%s`` query only when it is short (4096 characters), and would convert this one at every step.
 _QUERY = """
 WITH l AS MATERIALIZED (
   SELECT l.pid, l.locktype, l.database, l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, l.granted,
          l.page, l.tuple, l.transactionid, coalesce(i.indrelid, l.relation) AS relation  -- an index's is its table's
   FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = l.relation
-  WHERE l.pid = ANY(%(pids)s)
+  WHERE l.pid = ANY($1)
 )
-SELECT l.pid, format('%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s', l.locktype, l.database,
+SELECT l.pid, format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', l.locktype, l.database,
        CASE WHEN l.relation IS NULL THEN NULL WHEN c.oid IS NULL THEN '?'
-            ELSE format('%%I.%%I', n.nspname, c.relname) END,
+            ELSE format('%I.%I', n.nspname, c.relname) END,
        l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, CASE WHEN l.granted THEN 't' ELSE 'f' END,
        c.relkind), NULL::text[]
 FROM l
@@ -45,9 +47,9 @@ LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE l.locktype <> 'transactionid'
 UNION ALL
 SELECT pid, 'snapshot', NULL FROM pg_catalog.pg_stat_activity
-WHERE pid = ANY(%(pids)s) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%%'
+WHERE pid = ANY($1) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%'
 UNION ALL
-SELECT l.pid, 'tuple', ARRAY[format('%%I.%%I', n.nspname, c.relname), format('(%%s,%%s)', l.page, l.tuple)]
+SELECT l.pid, 'tuple', ARRAY[format('%I.%I', n.nspname, c.relname), format('(%s,%s)', l.page, l.tuple)]
 FROM l JOIN pg_catalog.pg_class c ON c.oid = l.relation JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE l.locktype = 'tuple'
 UNION ALL
@@ -55,7 +57,7 @@ SELECT pid, 'xid', ARRAY[transactionid::text] FROM l
 WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
 UNION ALL
 SELECT 0, 'table',
-       ARRAY[format('%%I.%%I', n.nspname, c.relname),
+       ARRAY[format('%I.%I', n.nspname, c.relname),
              (SELECT e.nspname FROM pg_catalog.pg_extension x
               JOIN pg_catalog.pg_namespace e ON e.oid = x.extnamespace WHERE x.extname = 'pgrowlocks'),
              EXISTS (SELECT 1 FROM l a  -- the observer's read would queue behind it (another's: lock_timeout)
@@ -71,7 +73,7 @@ JOIN pg_catalog.pg_class c  -- a temporary table is its session's alone, and no 
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 UNION ALL
 SELECT 0, 'info', ARRAY[pg_catalog.json_build_array(
-         format('%%I.%%I', n.nspname, c.relname), n.nspname, c.relname, c.relkind::text,
+         format('%I.%I', n.nspname, c.relname), n.nspname, c.relname, c.relkind::text,
          NOT (c.relrowsecurity OR c.relhassubclass),
          NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_index u WHERE u.indrelid = c.oid AND u.indisunique
                       AND (NOT u.indisprimary OR u.indpred IS NOT NULL OR 0 = ANY(u.indkey::int2[])))
@@ -125,7 +127,9 @@ def footprints(observer: psycopg.Connection[Any], pids: list[int]) -> dict[int, 
     tables: list[list[str | None]] = []
     shared: set[str] = set()  # the tables' shapes, and whether the database runs SQL no text shows
     tuples: list[tuple[int, str, str]] = []
-    for pid, entry, info in observer.execute(_QUERY, {"pids": pids}).fetchall():
+    with psycopg.RawCursor(observer) as cursor:
+        found = cursor.execute(_QUERY, (pids,)).fetchall()
+    for pid, entry, info in found:
         if entry == "xid":
             xids[pid].add(info[0])
         elif entry == "tuple":
