@@ -16,6 +16,7 @@ touch every row of it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -159,20 +160,12 @@ def _rows(
     xids: Mapping[int, set[str]],
 ) -> None:
     """Adds each session's named rows of ``tables`` (name, pgrowlocks' schema, _, key columns ...)."""
-    parts = []
+    shapes = []
     for name, schema, _, *keys in tables:
         assert name is not None and schema is not None
-        table = sql.SQL(name)  # already quoted by format('%I.%I')
-        key = sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(str(k)) for k in keys)
-        parts.append(
-            sql.SQL(
-                "SELECT {name}::text, r.xids::text[], r.modes,"
-                " (SELECT ROW({key})::text FROM {table} t WHERE t.ctid = r.locked_row)"
-                " FROM {fn}({name}::text) r"
-            ).format(name=sql.Literal(name), key=key, table=table, fn=sql.Identifier(schema, "pgrowlocks"))
-        )
+        shapes.append((name, schema, tuple(str(k) for k in keys)))
     try:
-        found = observer.execute(sql.SQL(" UNION ALL ").join(parts)).fetchall()
+        found = observer.execute(_rows_query(tuple(shapes))).fetchall()
     except psycopg.Error:  # a table gone or out of reach: its rows stay unnamed, the reduction stays coarse
         return
     owner = {xid: pid for pid, own in xids.items() for xid in own}
@@ -193,6 +186,24 @@ def _rows(
             if (pid, name) not in unnamed and _acts_on(held, name):
                 held.add("rows|" + name)
                 held |= named.get((pid, name), set())
+
+
+@functools.lru_cache(maxsize=256)
+def _rows_query(tables: tuple[tuple[str, str, tuple[str, ...]], ...]) -> bytes:
+    """The pgrowlocks read of ``tables`` (name, pgrowlocks' schema, key columns): composed once, as the
+    same tables are read after step after step."""
+    parts = []
+    for name, schema, keys in tables:
+        table = sql.SQL(name)  # already quoted by format('%I.%I')
+        key = sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(k) for k in keys)
+        parts.append(
+            sql.SQL(
+                "SELECT {name}::text, r.xids::text[], r.modes,"
+                " (SELECT ROW({key})::text FROM {table} t WHERE t.ctid = r.locked_row)"
+                " FROM {fn}({name}::text) r"
+            ).format(name=sql.Literal(name), key=key, table=table, fn=sql.Identifier(schema, "pgrowlocks"))
+        )
+    return sql.SQL(" UNION ALL ").join(parts).as_bytes()
 
 
 def _wanted(
