@@ -1,18 +1,28 @@
-"""The proxy's cost per statement: N ``SELECT 1`` through the proxy (hooks that let everything go at once) and direct.
+"""The proxy's cost per statement: the same statements through the proxy (hooks that let everything go) and direct.
 
-Usage: ``python bench/bench_proxy.py [--statements N] [--rounds R]``
+Usage: ``python bench/bench_proxy.py [--statements N] [--rounds R] [--baseline DIR]``
 
-One embedded server, one run: each round times N statements on a connection through the proxy
-and N on a direct connection, alternately, so a busy machine slows both alike; the medians of
-the per-statement times and their ratio are printed, for Simple Query (``SELECT 1``) and for an
-extended cycle with a bound parameter (``SELECT %s::int``). Each client is a process of its own,
-as an application is (a client thread in this process would share the relay's interpreter lock),
-and the relay's CPU time per statement is printed beside: on a loaded machine the wall-clock
-ratio mostly measures how long the two extra hops wait for a core. The direct connection uses the
-server's unix socket (the embedded server listens on no TCP port); the proxied one reaches the
-proxy over TCP on 127.0.0.1 (as ``--exec`` clients do), and the proxy reaches the server over the
-same unix socket. A third client reaches the proxy over its own unix socket: the same transport
-as the direct one, so the difference is the relay's hop alone.
+One embedded server, one run. Each round times N statements of each kind on a direct
+connection and on a connection through the proxy, alternately, so a busy machine slows them
+alike; the medians of the per-statement times, the proxy's overhead in µs and the ratio (of
+the medians, and the median of each round's ratio to the direct round beside it) are printed
+for each kind:
+
+- ``SELECT 1`` (Simple Query, libpq's PQexec),
+- ``SELECT $1::int`` (an extended cycle with a bound parameter),
+- an UPDATE of one row by primary key inside a transaction (``BEGIN``, the UPDATE, ``COMMIT``:
+  timed per statement, three to a transaction),
+- a SELECT of 100 rows (three columns, extended protocol).
+
+Each proxy runs in a process of its own, as each client does (a thread here would share the
+relay's interpreter lock), and reports its CPU time: the relay's CPU per statement is printed
+beside, the figure a loaded machine does not blur (the wall-clock ratio mostly measures how long
+the two extra hops wait for a core). ``--baseline DIR`` runs a second proxy from another
+checkout of pgrace (``/work/main``, say) in the same rounds, so before and after are measured
+side by side. The direct connection uses the server's unix socket (the embedded server listens
+on no TCP port); the clients reach each proxy over its own unix socket (the same transport: the
+difference is the relay's hop alone) and, for this checkout, also over TCP on 127.0.0.1 as
+``--exec`` clients do.
 """
 
 from __future__ import annotations
@@ -23,57 +33,104 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from psycopg.conninfo import conninfo_to_dict
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psycopg  # noqa: E402
+from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 
-from pgrace.engine.proxy.relay import Client, Proxy, Reply, Statement
-from pgrace.servers import open_server
+from pgrace.servers import open_server  # noqa: E402
 
 GOAL = 1.2  # issue 32: a statement through the proxy costs at most this many times the same statement direct
 
+#: A proxy from the checkout in argv[1], in a process of its own: prints its port, then its CPU seconds
+#: each time a line arrives on stdin, until stdin ends.
+PROXY = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from pgrace.engine.proxy.relay import Proxy
 
 class Immediate:
-    """Hooks that let every statement go at once and keep nothing: the relay's own cost."""
+    def opened(self, client): pass
+    def ready(self, client, statement): pass
+    def done(self, client, statement, reply): pass
+    def closed(self, client, why): pass
 
-    def opened(self, client: Client) -> None:
-        pass
-
-    def ready(self, client: Client, statement: Statement) -> None:
-        pass
-
-    def done(self, client: Client, statement: Statement, reply: Reply) -> None:
-        pass
-
-    def closed(self, client: Client, why: str | None) -> None:
-        pass
-
+with Proxy(sys.argv[2], int(sys.argv[3]), Immediate(), socket_dir=sys.argv[4]) as proxy:
+    print(proxy.port, flush=True)
+    for _ in sys.stdin:
+        print(time.process_time(), flush=True)
+"""
 
 #: The client, a process of its own as an application is: it prints its time per statement.
 CLIENT = r"""
 import sys, time, psycopg
 conn = psycopg.connect(sys.argv[1], autocommit=True)
-count, extended = int(sys.argv[2]), sys.argv[3] == "extended"
+count, kind = int(sys.argv[2]), sys.argv[3]
 pgconn = conn.pgconn
-for n in range(200):  # warm up: plans, caches
-    conn.execute("SELECT %s::int", (n,)) if extended else pgconn.exec_(b"SELECT 1")
-start = time.perf_counter()
-if extended:
-    for n in range(count):
-        conn.execute("SELECT %s::int", (n,))
-else:
-    for _ in range(count):
+
+def once(n):
+    if kind == "simple":
         pgconn.exec_(b"SELECT 1")  # libpq's PQexec: one Query message, the Simple Query protocol
-print((time.perf_counter() - start) / count)
+    elif kind == "extended":
+        conn.execute("SELECT %s::int", (n,))
+    elif kind == "update":
+        conn.execute("BEGIN")
+        conn.execute("UPDATE bench_accounts SET balance = balance + 1 WHERE id = %s", (n % 1000 + 1,))
+        conn.execute("COMMIT")
+    else:
+        sql = "SELECT id, name, balance FROM bench_accounts WHERE id > %s ORDER BY id LIMIT 100"
+        conn.execute(sql, (n % 900,)).fetchall()
+
+PER = 3 if kind == "update" else 1  # statements per call
+for n in range(200 // PER):  # warm up: plans, caches
+    once(n)
+start = time.perf_counter()
+calls = count // PER
+for n in range(calls):
+    once(n)
+print((time.perf_counter() - start) / (calls * PER))
 """
 
+KINDS = (
+    ("simple", "SELECT 1 (simple)"),
+    ("extended", "SELECT $1::int"),
+    ("update", "UPDATE by pk in a txn"),
+    ("rows", "SELECT 100 rows"),
+)
 
-def per_statement(conninfo: str, count: int, how: str) -> float:
+
+class ProxyProcess:
+    """A proxy from one checkout, in its own process, with its CPU time on request."""
+
+    def __init__(self, tree: Path, host: str, port: int, sockets: str) -> None:
+        self.sockets = sockets
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", PROXY, str(tree), host, str(port), sockets],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.port = int(self.process.stdout.readline())
+
+    def cpu(self) -> float:
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        return float(self.process.stdout.readline())
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+def per_statement(conninfo: str, count: int, kind: str) -> float:
     done = subprocess.run(
-        [sys.executable, "-c", CLIENT, conninfo, str(count), how], capture_output=True, text=True, check=True
+        [sys.executable, "-c", CLIENT, conninfo, str(count), kind], capture_output=True, text=True, check=True
     )
     return float(done.stdout)
 
@@ -82,41 +139,66 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--statements", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--kind", action="append", choices=[kind for kind, _ in KINDS], help="only these (repeatable)")
+    parser.add_argument("--baseline", type=Path, help="another pgrace checkout whose relay runs beside this one")
     args = parser.parse_args()
-    worst = 0.0
-    with open_server(None) as server:
+    worst: dict[str, float] = {}
+    with open_server(None) as server, tempfile.TemporaryDirectory() as scratch:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS bench_accounts")
+            conn.execute("CREATE TABLE bench_accounts (id int PRIMARY KEY, name text NOT NULL, balance int NOT NULL)")
+            conn.execute(
+                "INSERT INTO bench_accounts SELECT n, 'account ' || n, 1000 FROM generate_series(1, 1000) AS n"
+            )
+            conn.execute("VACUUM ANALYZE bench_accounts")
         params = conninfo_to_dict(server.dsn)
         host, port = str(params["host"]), int(str(params.get("port") or 5432))
-        with tempfile.TemporaryDirectory() as sockets, Proxy(host, port, Immediate(), socket_dir=sockets) as proxy:
-            who = f"dbname={params.get('dbname')} user={params.get('user')}"
-            through = f"{proxy.dsn} {who}"
-            local = f"host={sockets} port={proxy.port} {who}"
-            print(f"{args.rounds} rounds of {args.statements} statements each way, alternated")
-            for how, label in (("simple", "simple SELECT 1"), ("extended", "extended SELECT $1::int")):
-                times: dict[str, list[float]] = {"direct": [], "proxy": [], "unix": []}
-                relay_cpu: list[float] = []
+        who = f"dbname={params.get('dbname')} user={params.get('user')}"
+        trees = {"this": HERE} if args.baseline is None else {"this": HERE, "baseline": args.baseline.resolve()}
+        proxies: dict[str, ProxyProcess] = {}
+        try:
+            for name, tree in trees.items():
+                sockets = os.path.join(scratch, name)
+                os.mkdir(sockets)
+                proxies[name] = ProxyProcess(tree, host, port, sockets)
+            targets = {"direct": server.dsn}
+            for name, proxy in proxies.items():
+                targets[f"{name} unix"] = f"host={proxy.sockets} port={proxy.port} {who}"
+            targets["this tcp"] = f"host=127.0.0.1 port={proxies['this'].port} sslmode=disable {who}"
+            print(f"{args.rounds} rounds of {args.statements} statements per target, alternated; trees: ", end="")
+            print(", ".join(f"{name} = {tree}" for name, tree in trees.items()))
+            for kind, label in KINDS:
+                if args.kind and kind not in args.kind:
+                    continue
+                times: dict[str, list[float]] = {target: [] for target in targets}
+                cpu: dict[str, list[float]] = {target: [] for target in targets if target != "direct"}
                 for _ in range(args.rounds):
-                    times["direct"].append(per_statement(server.dsn, args.statements, how))
-                    cpu = time.process_time()  # this process runs only the relay's threads meanwhile
-                    times["proxy"].append(per_statement(through, args.statements, how))
-                    relay_cpu.append((time.process_time() - cpu) / (args.statements + 200))
-                    times["unix"].append(per_statement(local, args.statements, how))
-                direct_us = statistics.median(times["direct"]) * 1e6
-                proxy_us = statistics.median(times["proxy"]) * 1e6
-                unix_us = statistics.median(times["unix"]) * 1e6
-                ratio = proxy_us / direct_us
-                worst = max(worst, ratio)
-                print(
-                    f"{label:24} direct {direct_us:7.1f} µs  proxy {proxy_us:7.1f} µs  ratio {ratio:.2f}  "
-                    f"(relay CPU {statistics.median(relay_cpu) * 1e6:.1f} µs per statement; "
-                    f"fastest rounds {min(times['direct']) * 1e6:.1f} / {min(times['proxy']) * 1e6:.1f} µs)"
-                )
-                print(
-                    f"{'':24} proxy over its unix socket {unix_us:7.1f} µs  ratio {unix_us / direct_us:.2f}  "
-                    f"(fastest round {min(times['unix']) * 1e6:.1f} µs)"
-                )
-    verdict = "met" if worst <= GOAL else "NOT met"
-    print(f"goal: ratio ≤ {GOAL}: {verdict} (worst {worst:.2f}; load average {os.getloadavg()[0]:.1f})")
+                    for target, conninfo in targets.items():
+                        proxy = proxies.get(target.split()[0])
+                        before = proxy.cpu() if proxy is not None else 0.0
+                        times[target].append(per_statement(conninfo, args.statements, kind))
+                        if proxy is not None:
+                            cpu[target].append((proxy.cpu() - before) / (args.statements + 200))
+                direct = statistics.median(times["direct"]) * 1e6
+                print(f"{label:22} direct {direct:7.1f} µs (fastest round {min(times['direct']) * 1e6:.1f})")
+                for target in cpu:
+                    through = statistics.median(times[target]) * 1e6
+                    ratio = through / direct
+                    worst[target] = max(worst.get(target, 0.0), ratio)
+                    fastest = min(times[target])
+                    paired = statistics.median(t / d for t, d in zip(times[target], times["direct"], strict=True))
+                    print(
+                        f"{'':22} {target:13} {through:7.1f} µs  overhead {through - direct:6.1f} µs  "
+                        f"ratio {ratio:.2f} (round by round {paired:.2f})  "
+                        f"relay CPU {statistics.median(cpu[target]) * 1e6:5.1f} µs per statement  "
+                        f"(fastest round {fastest * 1e6:.1f} µs, ratio {fastest / min(times['direct']):.2f})"
+                    )
+        finally:
+            for proxy in proxies.values():
+                proxy.close()
+    for target, ratio in worst.items():
+        print(f"goal: ratio ≤ {GOAL} for {target}: {'met' if ratio <= GOAL else 'NOT met'} (worst median {ratio:.2f})")
+    print(f"load average {os.getloadavg()[0]:.1f}")
     return 0
 
 

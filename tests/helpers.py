@@ -7,11 +7,15 @@ tuples) and asks the run about steps by their names; these helpers hold the boil
 from __future__ import annotations
 
 import textwrap
+from typing import TYPE_CHECKING
 
 from pgrace.frontends.scenario_toml import parse_toml_scenario
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
 from pgrace.model.timeline import Run, StepFinished, StepLaunched, StepRun
 from pgrace.render.text import Style, render_text
+
+if TYPE_CHECKING:
+    from click.testing import Result
 
 
 def toml_scenario(
@@ -73,3 +77,12 @@ def finished_at(run: Run, seq: int) -> float:
 def text_of(run: Run, width: int = 400) -> str:
     """The text timeline without the server line, wide enough by default that no cell wraps."""
     return render_text(run, Style(width=width, show_server=False))
+
+
+def cli(*args: str) -> Result:
+    """``pgrace ARGS`` in process, its exceptions raised: a traceback fails the test rather than being its output."""
+    from click.testing import CliRunner
+
+    from pgrace.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)

@@ -10,16 +10,22 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgrace.engine.proxy import wire
 from pgrace.engine.proxy.relay import Client, Proxy, Reply, Statement
+from pgrace.model.timeline import Run
+from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass(frozen=True)
@@ -163,3 +169,99 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def cured_wait_as_pg_locks_shows(
+    server: ServerInfo, monkeypatch: pytest.MonkeyPatch, command: str, order: list[str]
+) -> Run:
+    """The lost update's cure, ``command`` as alice and bob in ``order``: Bob's FOR UPDATE waits for Alice's, and the
+    timeline names the row, holder and modes that pg_locks and pgrowlocks show when pgrace reports the wait."""
+    from pgrace.drivers.exec import run_exec
+    from pgrace.engine.steps import StepBook
+    from pgrace.frontends import catalog
+    from pgrace.model.scenario import Command
+    from pgrace.model.timeline import StepWaiting
+
+    seen: list[tuple[Any, ...]] = []
+    names: dict[int, str] = {}
+    original = StepBook.waiting
+
+    def waiting(self: StepBook, *args: Any, **kwargs: Any) -> None:
+        # The test's own reading of pg_locks and pgrowlocks at the moment pgrace reports the wait.
+        seen.extend(
+            self.inspector.observer.execute(
+                "SELECT w.pid, h.pid, (SELECT id FROM accounts WHERE ctid = format('(%s,%s)', t.page, t.tuple)::tid),"
+                " (SELECT modes FROM pgrowlocks('accounts'))"
+                " FROM pg_locks w JOIN pg_locks h ON h.transactionid = w.transactionid AND h.granted"
+                " JOIN pg_locks t ON t.pid = w.pid AND t.locktype = 'tuple' AND t.granted"
+                " WHERE w.locktype = 'transactionid' AND NOT w.granted"
+            ).fetchall()
+        )
+        names.update(self.inspector.sessions)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepBook, "waiting", waiting)
+    scenario = catalog.read_scenario("lost-update", {}).other
+    assert scenario is not None
+    run = run_exec(scenario, [Command("alice", command), Command("bob", command)], server, order=order)
+    [(waiter, holder, row_id, modes)] = seen
+    [event] = [e for e in run.events if isinstance(e, StepWaiting)]
+    [wait] = event.waits
+    assert (names[waiter], names[holder], row_id, modes) == ("bob#1", "alice#1", 1, ["For Update"])
+    assert (wait.holder, wait.table, wait.mode, wait.holder_mode) == ("alice#1", "accounts", "FOR UPDATE", "FOR UPDATE")
+    assert wait.row is not None and wait.row.key_dict() == {"id": 1}
+    assert run.ok
+    return run
+
+
+def psycopg_session(
+    body: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]], *, pipeline: bool = False
+) -> AsyncCode:
+    """An async session that runs ``body`` on a psycopg async connection; ``pipeline``: in psycopg's pipeline mode,
+    where a read's result is fetched with a Flush and what follows it goes in one cycle."""
+
+    async def session(dsn: str) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            if pipeline:
+                async with conn.pipeline():
+                    await body(conn)
+            else:
+                await body(conn)
+
+    return session
+
+
+def psycopg_withdrawal(lock: str = "", *, pipeline: bool = False) -> AsyncCode:
+    """The withdrawal with psycopg's async API, reading the balance with ``lock`` appended; in pipeline mode the
+    write and COMMIT go in one cycle."""
+
+    async def withdraw(conn: psycopg.AsyncConnection[Any]) -> None:
+        cur = await conn.execute("SELECT balance FROM accounts WHERE id = 1" + lock)
+        row = await cur.fetchone()
+        assert row is not None
+        await conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (row[0] - 100,))
+        await conn.commit()
+
+    return psycopg_session(withdraw, pipeline=pipeline)
+
+
+def sqlalchemy_session(body: Callable[[AsyncConnection], Awaitable[None]]) -> AsyncCode:
+    """An async session that runs ``body`` in one transaction of SQLAlchemy's async engine on psycopg.
+
+    ``_initialize=False`` leaves out the dialect's first-connect queries (the version, the isolation level, an hstore
+    lookup in a savepoint: ten read-only statements a session), to keep the search small.
+    """
+
+    async def session(dsn: str) -> None:
+        from sqlalchemy.ext.asyncio import create_async_engine
+        from sqlalchemy.pool import NullPool
+
+        url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = create_async_engine(url, poolclass=NullPool, _initialize=False)
+        try:
+            async with engine.begin() as conn:
+                await body(conn)
+        finally:
+            await engine.dispose()
+
+    return session

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers import cli
 
 from pgrace.servers import ServerInfo
 
@@ -40,14 +40,6 @@ rows = [[300]]
 """
 
 
-def _cli(*args: str) -> Any:
-    from click.testing import CliRunner
-
-    from pgrace.cli import main
-
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
 def _exec(*flags: str) -> list[str]:
     return ["--exec", f"alice={WITHDRAW}{''.join(flags)}", "--exec", f"bob={WITHDRAW}{''.join(flags)}"]
 
@@ -69,7 +61,7 @@ def test_one_run_per_case_judged_by_its_checks(pgrace_server: ServerInfo, tmp_pa
     """Each variant of the shipped lost update once, its sessions the two withdrawals: the first ready goes, so
     Alice's ends before Bob's starts; the fix's invariant (300) holds and the bug's signature (400) does not."""
     junit = tmp_path / "out.xml"
-    result = _cli("check", str(LOST_UPDATE), *_exec(), "--junit", str(junit), "--dsn", pgrace_server.dsn)
+    result = cli("check", str(LOST_UPDATE), *_exec(), "--junit", str(junit), "--dsn", pgrace_server.dsn)
     assert result.exit_code == 1, result.output
     cases = _junit(junit)
     assert cases["lost-update (fix)"] is None
@@ -85,10 +77,10 @@ def test_explore_proves_the_cure_and_fails_the_bug(
     (the class that loses a withdrawal, with its example); the JUnit file says which."""
     junit = tmp_path / "out.xml"
     dsn = ("--dsn", pgrace_server.dsn)
-    cured = _cli("check", "--explore", str(withdrawals), *_exec(" --for-update"), "--junit", str(junit), *dsn)
+    cured = cli("check", "--explore", str(withdrawals), *_exec(" --for-update"), "--junit", str(junit), *dsn)
     assert cured.exit_code == 0, cured.output
     assert _junit(junit) == {"withdrawals (bug)": None}
-    lost = _cli("check", "--explore", str(withdrawals), *_exec(), "--junit", str(junit), *dsn)
+    lost = cli("check", "--explore", str(withdrawals), *_exec(), "--junit", str(junit), *dsn)
     assert lost.exit_code == 1, lost.output
     failure = _junit(junit)["withdrawals (bug)"]
     assert failure is not None
@@ -108,7 +100,7 @@ def test_a_command_around_the_proxy_is_reported_and_the_others_still_run(
     around = f"around={sys.executable} {CLIENTS / 'around.py'}"
     junit = tmp_path / "out.xml"
     shipped = LOST_UPDATE
-    result = _cli(
+    result = cli(
         "check", str(shipped), "--exec", f"alice={WITHDRAW}", "--exec", around, "--junit", str(junit),
         "--dsn", pgrace_server.dsn,
     )  # fmt: skip
@@ -129,7 +121,7 @@ def test_a_command_around_the_proxy_is_reported_and_the_others_still_run(
     ],
 )
 def test_options_exec_cannot_take_are_refused_in_one_line(withdrawals: Path, extra: list[str], said: str) -> None:
-    result = _cli("check", str(withdrawals), "--exec", f"alice={WITHDRAW}", *extra)
+    result = cli("check", str(withdrawals), "--exec", f"alice={WITHDRAW}", *extra)
     assert result.exit_code == 2
     [line] = result.stderr.splitlines()[-1:]
     assert said in line and "Traceback" not in result.output + result.stderr
@@ -139,7 +131,7 @@ def test_a_spec_with_exec_is_refused(pgrace_server: ServerInfo, tmp_path: Path) 
     spec = tmp_path / "s.spec"
     spec.write_text("session s1\nstep a { SELECT 1; }\n", encoding="utf-8")
     (tmp_path / "s.out").write_text("", encoding="utf-8")
-    result = _cli("check", str(spec), "--exec", f"alice={WITHDRAW}", "--dsn", pgrace_server.dsn)
+    result = cli("check", str(spec), "--exec", f"alice={WITHDRAW}", "--dsn", pgrace_server.dsn)
     assert result.exit_code == 2
     assert result.output.startswith(f"INVALID  {spec}: an isolation spec runs its own steps"), result.output
 
@@ -155,7 +147,7 @@ def test_a_search_that_cannot_cover_every_order_proves_nothing(pgrace_server: Se
     )
     chance = f"{sys.executable} {CLIENTS / 'chance.py'}"
     junit = tmp_path / "out.xml"
-    result = _cli(
+    result = cli(
         "check", "--explore", str(always), "--exec", f"alice={chance}", "--exec", f"bob={chance}",
         "--junit", str(junit), "--dsn", pgrace_server.dsn,
     )  # fmt: skip

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
-import psycopg
+from helpers import cli
+from proxying import psycopg_withdrawal
 
 from pgrace import proxy
 from pgrace.drivers.searches import PreemptionBounded
@@ -18,22 +18,14 @@ WITHDRAW = f"{sys.executable} {Path(__file__).parents[1] / 'examples' / 'any-lan
 EXEC = ("--exec", f"alice={WITHDRAW}", "--exec", f"bob={WITHDRAW}")
 
 
-def _cli(*args: str) -> Any:
-    from click.testing import CliRunner
-
-    from pgrace.cli import main
-
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
 def _head(output: str) -> str:
     return next(line for line in output.splitlines() if line.startswith("lost-update (bug): "))
 
 
 def test_a_preemption_bound_of_1_finds_the_lost_update_and_0_does_not(pgrace_server: ServerInfo) -> None:
     """Each withdrawal alone (no preemption) keeps both; one preemption (Bob between Alice's read and write) loses one."""
-    none = _cli("explore", "lost-update", *EXEC, "--max-preemptions", "0", "--dsn", pgrace_server.dsn)
-    one = _cli("explore", "lost-update", *EXEC, "--max-preemptions", "1", "--dsn", pgrace_server.dsn)
+    none = cli("explore", "lost-update", *EXEC, "--max-preemptions", "0", "--dsn", pgrace_server.dsn)
+    one = cli("explore", "lost-update", *EXEC, "--max-preemptions", "1", "--dsn", pgrace_server.dsn)
     print(none.output, one.output)
     assert none.exit_code == 1 and "the bug happens in no class" in none.output
     assert one.exit_code == 0 and "shows the bug" in one.output
@@ -45,7 +37,7 @@ def test_a_preemption_bound_of_1_finds_the_lost_update_and_0_does_not(pgrace_ser
 
 
 def test_pct_finds_the_lost_update_with_a_stated_probability(pgrace_server: ServerInfo) -> None:
-    found = _cli("explore", "lost-update", *EXEC, "--pct", "2", "--max", "6", "--seed", "3", "--dsn", pgrace_server.dsn)
+    found = cli("explore", "lost-update", *EXEC, "--pct", "2", "--max", "6", "--seed", "3", "--dsn", pgrace_server.dsn)
     print(found.output)
     assert found.exit_code == 0 and "shows the bug" in found.output
     assert re.fullmatch(
@@ -58,7 +50,7 @@ def test_pct_finds_the_lost_update_with_a_stated_probability(pgrace_server: Serv
 
 def test_a_sample_says_how_many_of_how_many(pgrace_server: ServerInfo) -> None:
     """Three orders drawn among the interleavings of the statements the first run sent (one more run: that one)."""
-    found = _cli(
+    found = cli(
         "explore", "lost-update", *EXEC, "--max", "3", "--seed", "1", "--format", "json", "--dsn", pgrace_server.dsn
     )
     import json
@@ -66,25 +58,16 @@ def test_a_sample_says_how_many_of_how_many(pgrace_server: ServerInfo) -> None:
     shown = json.loads(found.output)
     assert shown["guarantee"] == {"kind": "sample", "seed": 1} and not shown["complete"]
     assert (shown["explored"], shown["runs"]) == (3, 4) and shown["space"] > 3
-    text = _cli("explore", "lost-update", *EXEC, "--max", "3", "--seed", "1", "--dsn", pgrace_server.dsn)
+    text = cli("explore", "lost-update", *EXEC, "--max", "3", "--seed", "1", "--dsn", pgrace_server.dsn)
     assert re.fullmatch(
         rf"lost-update \(bug\): 3 of {shown['space']} interleavings, 4 runs \(seed 1\): \d outcome class(es)?",
         _head(text.output),
     )
 
 
-async def _withdraw(dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT balance FROM accounts WHERE id = 1")
-        row = await cur.fetchone()
-        assert row is not None
-        await conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (row[0] - 100,))
-        await conn.commit()
-
-
 def test_async_sessions_under_a_preemption_bound(pgrace_server: ServerInfo) -> None:
     found = proxy.explore_async(
-        {"alice": _withdraw, "bob": _withdraw},
+        {"alice": psycopg_withdrawal(), "bob": psycopg_withdrawal()},
         setup="CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); INSERT INTO accounts VALUES (1, 500)",
         final="SELECT balance FROM accounts WHERE id = 1",
         expect=[[300]],
@@ -102,7 +85,7 @@ def test_bounded_options_over_commands_refused_before_any_server() -> None:
         (["--pct", "2", "--no-reduce"], "--pct runs its own schedules: --no-reduce has no meaning with it"),
         (["--pct", "0"], "--pct 0: the depth D is 1 or more"),
     ):
-        result = _cli("explore", "lost-update", *EXEC, *extra)
+        result = cli("explore", "lost-update", *EXEC, *extra)
         assert result.exit_code == 2, result.output
         [line] = result.stderr.splitlines()
         assert said in line, line
@@ -112,7 +95,7 @@ def test_check_over_commands_under_a_preemption_bound(pgrace_server: ServerInfo)
     """check --explore --max-preemptions over commands: the withdrawals without a lock show the bug variant's lost
     update and fail the fix variant's claim of no bug; each case's line says the bound, not every order."""
     shipped = Path(__file__).parents[1] / "pgrace" / "scenarios" / "lost-update.toml"
-    found = _cli("check", "--explore", "--max-preemptions", "1", str(shipped), *EXEC, "--dsn", pgrace_server.dsn)
+    found = cli("check", "--explore", "--max-preemptions", "1", str(shipped), *EXEC, "--dsn", pgrace_server.dsn)
     print(found.output)
     assert found.exit_code == 1, found.output
     assert found.output.count("every schedule with at most 1 preemption") == 2, found.output

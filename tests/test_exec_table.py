@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers import cli
 
 from pgrace.errors import ExecError, ScenarioError
 from pgrace.frontends.scenario_toml import parse_toml_scenario, read_toml_scenario
@@ -38,14 +38,6 @@ kind = "bug"
 sql = "SELECT balance FROM accounts WHERE id = 1"
 rows = [[400]]
 """
-
-
-def _cli(*args: str) -> Any:
-    from click.testing import CliRunner
-
-    from pgrace.cli import main
-
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 @pytest.fixture
@@ -122,7 +114,7 @@ def test_a_bad_entry_is_one_line_at_its_file_and_line(tmp_path: Path, tail: str,
         read_toml_scenario(path)
     assert str(raised.value).startswith(f"{path}:{line}: "), str(raised.value)
     assert said in str(raised.value)
-    result = _cli("explore", str(path))  # the CLI: the same line, exit 2, before any server
+    result = cli("explore", str(path))  # the CLI: the same line, exit 2, before any server
     assert result.exit_code == 2
     assert result.stderr == f"pgrace: {raised.value}\n"
 
@@ -161,10 +153,10 @@ bob = "{PYTHON} withdraw.py --for-update"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     dsn = ("--dsn", pgrace_server.dsn)
-    ran = _cli("run", str(path), "--fix", "--format", "json", *dsn)
+    ran = cli("run", str(path), "--fix", "--format", "json", *dsn)
     assert ran.exit_code == 0, ran.output
     assert '"alice#1"' in ran.output and '"bob#1"' in ran.output
-    checked = _cli("check", "--explore", str(path), *dsn)
+    checked = cli("check", "--explore", str(path), *dsn)
     assert checked.exit_code == 0, checked.output
     assert "2 checks: 2 passed, 0 failed" in checked.output
 
@@ -174,9 +166,9 @@ def test_exec_on_the_command_line_replaces_a_name_and_adds_others(pgrace_server:
     sessions are the two withdrawals (the first ready goes: Alice's ends before Bob's, 300 left)."""
     path = _write(app, '\n[exec]\nalice = "exit 3"\n')
     withdraw = f"{PYTHON} {EXAMPLES / 'withdraw.py'}"
-    alone = _cli("run", str(path), "--format", "json", "--dsn", pgrace_server.dsn)
+    alone = cli("run", str(path), "--format", "json", "--dsn", pgrace_server.dsn)
     assert '"exit 3"' in alone.output
-    both = _cli(
+    both = cli(
         "run", str(path), "--exec", f"alice={withdraw}", "--exec", f"bob={withdraw}", "--format", "json",
         "--dsn", pgrace_server.dsn,
     )  # fmt: skip
@@ -208,7 +200,7 @@ def test_exploring_commands_refuses_what_it_cannot_do_and_says_why(app: Path, op
     """Refused in one line before any server starts, whether the commands come from [exec] or --exec."""
     path = _write(app, '\n[exec]\nalice = "true"\n')
     for extra in ([], ["--exec", "bob=true"]):
-        result = _cli("explore", str(path), *option, *extra)
+        result = cli("explore", str(path), *option, *extra)
         assert result.exit_code == 2
         [line] = result.stderr.splitlines()
         assert line.startswith(f"pgrace: explore: {option[0]} with commands (--exec, [exec]): ") and why in line
@@ -218,21 +210,21 @@ def test_golden_timelines_of_a_file_of_commands(pgrace_server: ServerInfo, app: 
     """check --golden compares a run of commands' timeline as a run of steps', NAME.VARIANT.out beside the file."""
     path = _write(app, f'\n[exec]\nalice = "{PYTHON} withdraw.py"\nbob = "{PYTHON} withdraw.py"\n')
     dsn = ("--dsn", pgrace_server.dsn)
-    written = _cli("check", "--golden", "--update", str(path), *dsn)
+    written = cli("check", "--golden", "--update", str(path), *dsn)
     golden = app / "withdrawals.bug.out"
     assert golden.is_file(), written.output
     text = golden.read_text(encoding="utf-8")
     assert "alice#1" in text and "bob#1" in text and "got (300)" in text
-    again = _cli("check", "--golden", str(path), *dsn)
+    again = cli("check", "--golden", str(path), *dsn)
     assert "timeline differs" not in again.output, again.output
     golden.write_text(text.replace("got (300)", "got (200)"), encoding="utf-8")
-    changed = _cli("check", "--golden", str(path), *dsn)
+    changed = cli("check", "--golden", str(path), *dsn)
     assert changed.exit_code == 1 and "timeline differs" in changed.output
 
 
 def test_show_lists_the_commands_with_their_folder_and_hostile_text_made_visible(app: Path) -> None:
     path = _write(app, '\n[exec]\nalice = "python withdraw.py \\u001b[2J"\n')
-    shown = _cli("show", str(path))
+    shown = cli("show", str(path))
     assert shown.exit_code == 0
     assert f"  alice      python withdraw.py ␛[2J  (in {app.resolve()})\n" in shown.output
     assert "\x1b" not in shown.output

@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 
 import asyncpg
-import psycopg
 import pytest
+from proxying import psycopg_withdrawal
 
 from pgrace import proxy
 from pgrace.engine.proxy import startup
-from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
 
 SETUP = "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); INSERT INTO accounts VALUES (1, 500)"
@@ -32,38 +31,6 @@ async def withdraw_locked_asyncpg(dsn: str) -> None:
         balance = await conn.fetchval("SELECT balance FROM accounts WHERE id = 1 FOR UPDATE")
         await conn.execute("UPDATE accounts SET balance = $1 WHERE id = 1", balance - 100)
     await conn.close()
-
-
-async def withdraw_psycopg(dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT balance FROM accounts WHERE id = 1")
-        row = await cur.fetchone()
-        assert row is not None
-        await conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (row[0] - 100,))
-        await conn.commit()
-
-
-async def withdraw_locked_psycopg(dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT balance FROM accounts WHERE id = 1 FOR UPDATE")
-        row = await cur.fetchone()
-        assert row is not None
-        await conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (row[0] - 100,))
-        await conn.commit()
-
-
-def _withdraw_pipeline(lock: str) -> AsyncCode:
-    """psycopg's pipeline mode: the read fetched inside the pipeline (a Flush), the write and COMMIT in one cycle."""
-
-    async def withdraw(dsn: str) -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.pipeline():
-            cur = await conn.execute("SELECT balance FROM accounts WHERE id = 1" + lock)
-            row = await cur.fetchone()
-            assert row is not None
-            await conn.execute("UPDATE accounts SET balance = %s WHERE id = 1", (row[0] - 100,))
-            await conn.commit()
-
-    return withdraw
 
 
 def test_asyncpg_finds_the_lost_update(pgrace_server: ServerInfo) -> None:
@@ -97,10 +64,10 @@ def test_a_slow_start_up_is_waited_for(pgrace_server: ServerInfo, monkeypatch: p
 
 
 def test_psycopg_async_lost_update_found_and_cure_proved(pgrace_server: ServerInfo) -> None:
-    sessions = {"alice": withdraw_psycopg, "bob": withdraw_psycopg}
+    sessions = {"alice": psycopg_withdrawal(), "bob": psycopg_withdrawal()}
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     assert found.complete and found.runs == 7 and len(found.classes) == 2 and not found.passed
-    cured = {"alice": withdraw_locked_psycopg, "bob": withdraw_locked_psycopg}
+    cured = {"alice": psycopg_withdrawal(" FOR UPDATE"), "bob": psycopg_withdrawal(" FOR UPDATE")}
     proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     assert proved.complete and len(proved.classes) == 1 and proved.passed, [c.summary for c in proved.classes]
 
@@ -110,7 +77,7 @@ def test_psycopg_pipeline_lost_update_found(pgrace_server: ServerInfo) -> None:
     """The write and its COMMIT reach the server as one step: what the write did is in no footprint reading, so the
     search must not take that step for one that commutes (nor the lone Sync and Flush the pipeline ends with for
     steps it cannot read)."""
-    racy = _withdraw_pipeline("")
+    racy = psycopg_withdrawal(pipeline=True)
     found = proxy.explore_async(
         {"alice": racy, "bob": racy}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
     )
@@ -121,7 +88,7 @@ def test_psycopg_pipeline_lost_update_found(pgrace_server: ServerInfo) -> None:
 
 @pytest.mark.slow
 def test_psycopg_pipeline_lost_update_cure_proved(pgrace_server: ServerInfo) -> None:
-    cured = _withdraw_pipeline(" FOR UPDATE")
+    cured = psycopg_withdrawal(" FOR UPDATE", pipeline=True)
     proved = proxy.explore_async(
         {"alice": cured, "bob": cured}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
     )
@@ -131,7 +98,7 @@ def test_psycopg_pipeline_lost_update_cure_proved(pgrace_server: ServerInfo) -> 
 
 
 def test_psycopg_async_one_run_in_order(pgrace_server: ServerInfo) -> None:
-    sessions = {"alice": withdraw_psycopg, "bob": withdraw_psycopg}
+    sessions = {"alice": psycopg_withdrawal(), "bob": psycopg_withdrawal()}
     order = ["alice", "alice", "bob", "bob", "alice", "alice", "bob", "bob"]
     run = proxy.run_async(sessions, setup=SETUP, final=FINAL, expect=[[400]], order=order, server=pgrace_server)
     assert [s.session for s in run.scenario.steps] == order

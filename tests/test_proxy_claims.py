@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import psycopg
@@ -22,6 +24,7 @@ from claiming import (
     cure_proved,
     double_claim_found,
 )
+from proxying import psycopg_session, sqlalchemy_session
 
 from pgrace import proxy
 from pgrace.api import read_scenario
@@ -31,33 +34,24 @@ from pgrace.model.scenario import Command
 from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
 CLIENTS = Path(__file__).parent / "clients"
 
 
-def psycopg_async(lock: str) -> AsyncCode:
-    async def worker(dsn: str) -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            cur = await conn.execute(PENDING + lock)
-            row = await cur.fetchone()
-            if row is not None:
-                await conn.execute(claim("%s"), (row[0],))
-            await conn.commit()
+def psycopg_async(lock: str, *, pipeline: bool = False) -> AsyncCode:
+    """In pipeline mode the read's result is fetched inside the pipeline (a Flush); the claim and COMMIT go in one
+    cycle."""
 
-    return worker
+    async def claim_one(conn: psycopg.AsyncConnection[Any]) -> None:
+        cur = await conn.execute(PENDING + lock)
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(claim("%s"), (row[0],))
+        await conn.commit()
 
-
-def psycopg_pipeline(lock: str) -> AsyncCode:
-    """The read's result is fetched inside the pipeline (a Flush); the claim and COMMIT go in one cycle."""
-
-    async def worker(dsn: str) -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.pipeline():
-            cur = await conn.execute(PENDING + lock)
-            row = await cur.fetchone()
-            if row is not None:
-                await conn.execute(claim("%s"), (row[0],))
-            await conn.commit()
-
-    return worker
+    return psycopg_session(claim_one, pipeline=pipeline)
 
 
 def asyncpg_worker(lock: str) -> AsyncCode:
@@ -73,30 +67,21 @@ def asyncpg_worker(lock: str) -> AsyncCode:
 
 
 def sqlalchemy_async(lock: str) -> AsyncCode:
-    async def worker(dsn: str) -> None:
+    async def claim_one(conn: AsyncConnection) -> None:
         from sqlalchemy import text
-        from sqlalchemy.ext.asyncio import create_async_engine
-        from sqlalchemy.pool import NullPool
 
-        # _initialize=False: the dialect's first-connect queries are left out, to keep the search small.
-        url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
-        engine = create_async_engine(url, poolclass=NullPool, _initialize=False)
-        try:
-            async with engine.begin() as conn:
-                job = (await conn.execute(text(PENDING + lock))).scalar()
-                if job is not None:
-                    await conn.execute(text(claim(":id")), {"id": job})
-        finally:
-            await engine.dispose()
+        job = (await conn.execute(text(PENDING + lock))).scalar()
+        if job is not None:
+            await conn.execute(text(claim(":id")), {"id": job})
 
-    return worker
+    return sqlalchemy_session(claim_one)
 
 
 @pytest.mark.parametrize(
     ("client", "found_runs", "proved_runs"),
     [
         pytest.param(psycopg_async, 7, 13, id="psycopg-async"),
-        pytest.param(psycopg_pipeline, 19, 25, id="psycopg-pipeline", marks=pytest.mark.slow),
+        pytest.param(partial(psycopg_async, pipeline=True), 19, 25, id="psycopg-pipeline", marks=pytest.mark.slow),
         # asyncpg prepares each statement in a step of its own (Parse/Describe/Flush): 6 steps a worker, not 4, and the
         # search takes a prepare for its statement's read or write: 35 and 123 runs, minutes on two cores.
         pytest.param(asyncpg_worker, 35, 123, id="asyncpg", marks=pytest.mark.slow),

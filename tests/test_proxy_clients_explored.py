@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from proxying import sqlalchemy_session
 
 from pgrace import proxy
 from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 CLIENTS = Path(__file__).parent / "clients"
 
@@ -56,26 +62,14 @@ FINAL = "SELECT balance FROM accounts WHERE id = 1"
 
 
 def _withdraw_sqlalchemy(lock: bool) -> AsyncCode:
-    async def withdraw(dsn: str) -> None:
+    async def withdraw(conn: AsyncConnection) -> None:
         from sqlalchemy import text
-        from sqlalchemy.ext.asyncio import create_async_engine
-        from sqlalchemy.pool import NullPool
 
-        # _initialize=False: the dialect's first-connect queries (the version, the isolation level, an hstore
-        # lookup in a savepoint: ten read-only statements a session) are left out, to keep the search small.
-        url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
-        engine = create_async_engine(url, poolclass=NullPool, _initialize=False)
-        try:
-            async with engine.begin() as conn:
-                read = "SELECT balance FROM accounts WHERE id = :id" + (" FOR UPDATE" if lock else "")
-                balance = (await conn.execute(text(read), {"id": 1})).scalar_one()
-                await conn.execute(
-                    text("UPDATE accounts SET balance = :b WHERE id = :id"), {"b": balance - 100, "id": 1}
-                )
-        finally:
-            await engine.dispose()
+        read = "SELECT balance FROM accounts WHERE id = :id" + (" FOR UPDATE" if lock else "")
+        balance = (await conn.execute(text(read), {"id": 1})).scalar_one()
+        await conn.execute(text("UPDATE accounts SET balance = :b WHERE id = :id"), {"b": balance - 100, "id": 1})
 
-    return withdraw
+    return sqlalchemy_session(withdraw)
 
 
 def test_sqlalchemy_async_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo) -> None:

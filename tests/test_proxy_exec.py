@@ -7,9 +7,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers import cli
+from proxying import cured_wait_as_pg_locks_shows
 
 from pgrace.drivers.exec import explore_exec, run_exec
 from pgrace.frontends import catalog
@@ -41,19 +42,11 @@ def test_lost_update_explored(pgrace_server: ServerInfo) -> None:
     assert found.complete
 
 
-def _cli(*args: str) -> Any:
-    from click.testing import CliRunner
-
-    from pgrace.cli import main
-
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
 def test_cli_explore_finds_the_bug_and_proves_the_cure(pgrace_server: ServerInfo) -> None:
     alice, bob = f"alice={WITHDRAW}", f"bob={WITHDRAW}"
-    found = _cli("explore", "lost-update", "--exec", alice, "--exec", bob, "--dsn", pgrace_server.dsn)
+    found = cli("explore", "lost-update", "--exec", alice, "--exec", bob, "--dsn", pgrace_server.dsn)
     print(found.output, found.stderr)
-    cured = _cli(
+    cured = cli(
         "explore",
         "lost-update",
         "--fix",
@@ -71,40 +64,8 @@ def test_cli_explore_finds_the_bug_and_proves_the_cure(pgrace_server: ServerInfo
 
 def test_the_wait_is_what_pg_locks_shows(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bob's FOR UPDATE waits for Alice's: the timeline names the row, holder and modes pg_locks shows then."""
-    from pgrace.engine.steps import StepBook
-    from pgrace.model.timeline import StepWaiting
-
-    seen: list[tuple[Any, ...]] = []
-    names: dict[int, str] = {}
-    original = StepBook.waiting
-
-    def waiting(self: StepBook, *args: Any, **kwargs: Any) -> None:
-        # The test's own reading of pg_locks and pgrowlocks at the moment pgrace reports the wait.
-        observer = self.inspector.observer
-        seen.extend(
-            observer.execute(
-                "SELECT w.pid, h.pid, (SELECT id FROM accounts WHERE ctid = format('(%s,%s)', t.page, t.tuple)::tid),"
-                " (SELECT modes FROM pgrowlocks('accounts'))"
-                " FROM pg_locks w JOIN pg_locks h ON h.transactionid = w.transactionid AND h.granted"
-                " JOIN pg_locks t ON t.pid = w.pid AND t.locktype = 'tuple' AND t.granted"
-                " WHERE w.locktype = 'transactionid' AND NOT w.granted"
-            ).fetchall()
-        )
-        names.update(self.inspector.sessions)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(StepBook, "waiting", waiting)
-    scenario = catalog.read_scenario("lost-update", {}).other
-    assert scenario is not None
-    commands = [Command("alice", WITHDRAW + " --for-update"), Command("bob", WITHDRAW + " --for-update")]
-    run = run_exec(scenario, commands, pgrace_server, order=["alice#1", "alice#1", "bob#1", "bob#1"])
-    [(waiter, holder, row_id, modes)] = seen
-    [event] = [e for e in run.events if isinstance(e, StepWaiting)]
-    [wait] = event.waits
-    assert (names[waiter], names[holder], row_id, modes) == ("bob#1", "alice#1", 1, ["For Update"])
-    assert (wait.holder, wait.table, wait.mode, wait.holder_mode) == ("alice#1", "accounts", "FOR UPDATE", "FOR UPDATE")
-    assert wait.row is not None and wait.row.key_dict() == {"id": 1}
-    assert run.ok
+    order = ["alice#1", "alice#1", "bob#1", "bob#1"]
+    cured_wait_as_pg_locks_shows(pgrace_server, monkeypatch, WITHDRAW + " --for-update", order)
 
 
 def test_a_command_that_connects_around_the_proxy_fails_the_run(
@@ -116,7 +77,7 @@ def test_a_command_that_connects_around_the_proxy_fails_the_run(
     monkeypatch.setenv("AROUND_HOST", str(params["host"]))
     monkeypatch.setenv("AROUND_PORT", str(params.get("port") or 5432))
     around = f"around={sys.executable} {CLIENTS / 'around.py'}"
-    result = _cli("run", "lost-update", "--exec", f"alice={WITHDRAW}", "--exec", around, "--dsn", pgrace_server.dsn)
+    result = cli("run", "lost-update", "--exec", f"alice={WITHDRAW}", "--exec", around, "--dsn", pgrace_server.dsn)
     assert result.exit_code == 2, result.output
     [line] = result.stderr.splitlines()
     assert "around pgrace's proxy" in line and "did not order" in line
@@ -166,7 +127,7 @@ def node_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _explore(monkeypatch: pytest.MonkeyPatch, node_path: str, *args: str) -> tuple[int, str]:
     monkeypatch.setenv("NODE_PATH", node_path)
-    result = _cli("explore", *args)
+    result = cli("explore", *args)
     return result.exit_code, result.output
 
 

@@ -16,17 +16,17 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import jvm
 import pytest
 from claiming import CLAIM_FILE, cure_proved, double_claim_found
+from helpers import cli
+from proxying import cured_wait_as_pg_locks_shows
 
 from pgrace.api import read_scenario
-from pgrace.drivers.exec import explore_exec, run_exec
+from pgrace.drivers.exec import explore_exec
 from pgrace.engine.proxy.peers import peer_pid
 from pgrace.engine.proxy.processes import jvm_of, quiet
-from pgrace.frontends import catalog
 from pgrace.model.scenario import Command
 from pgrace.servers import ServerInfo
 
@@ -61,7 +61,13 @@ def test_a_process_that_keeps_starting_threads_is_never_read_quiet() -> None:
 def classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Java clients of tests/clients, compiled once for this module."""
     return jvm.compile_clients(
-        tmp_path_factory.mktemp("java"), "Withdraw.java", "Claim.java", "Ticker.java", "Disguise.java", "Reads.java"
+        tmp_path_factory.mktemp("java"),
+        "PgEnv.java",
+        "Withdraw.java",
+        "Claim.java",
+        "Ticker.java",
+        "Disguise.java",
+        "Reads.java",
     )
 
 
@@ -134,14 +140,6 @@ def test_a_jvm_with_a_thread_pgrace_cannot_account_for_is_refused(
         assert int(said[1]) == int(said[2]) + 1, line
 
 
-def cli(*args: str) -> Any:
-    from click.testing import CliRunner
-
-    from pgrace.cli import main
-
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
 @pytest.mark.slow
 def test_lost_update_found_and_its_cure_proved(pgrace_server: ServerInfo, classes: Path) -> None:
     """pgjdbc sends BEGIN with the first statement, in one cycle: three steps a withdrawal, of which the reduced
@@ -163,45 +161,12 @@ def test_the_wait_is_what_pg_locks_shows(
     pgrace_server: ServerInfo, classes: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bob's FOR UPDATE waits for Alice's: the timeline names the row, holder and modes pg_locks shows then."""
-    from pgrace.engine.steps import StepBook
-    from pgrace.model.timeline import StepWaiting
-
-    seen: list[tuple[Any, ...]] = []
-    names: dict[int, str] = {}
-    original = StepBook.waiting
-
-    def waiting(self: StepBook, *args: Any, **kwargs: Any) -> None:
-        # The test's own reading of pg_locks and pgrowlocks at the moment pgrace reports the wait.
-        seen.extend(
-            self.inspector.observer.execute(
-                "SELECT w.pid, h.pid, (SELECT id FROM accounts WHERE ctid = format('(%s,%s)', t.page, t.tuple)::tid),"
-                " (SELECT modes FROM pgrowlocks('accounts'))"
-                " FROM pg_locks w JOIN pg_locks h ON h.transactionid = w.transactionid AND h.granted"
-                " JOIN pg_locks t ON t.pid = w.pid AND t.locktype = 'tuple' AND t.granted"
-                " WHERE w.locktype = 'transactionid' AND NOT w.granted"
-            ).fetchall()
-        )
-        names.update(self.inspector.sessions)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(StepBook, "waiting", waiting)
-    scenario = catalog.read_scenario("lost-update", {}).other
-    assert scenario is not None
     cured = jvm.command(classes, "Withdraw", "--for-update")
-    run = run_exec(
-        scenario, [Command("alice", cured), Command("bob", cured)], pgrace_server, order=["alice#1", "bob#1"]
-    )
-    [(waiter, holder, row_id, modes)] = seen
-    [event] = [e for e in run.events if isinstance(e, StepWaiting)]
-    [wait] = event.waits
-    assert (names[waiter], names[holder], row_id, modes) == ("bob#1", "alice#1", 1, ["For Update"])
-    assert (wait.holder, wait.table, wait.mode, wait.holder_mode) == ("alice#1", "accounts", "FOR UPDATE", "FOR UPDATE")
-    assert wait.row is not None and wait.row.key_dict() == {"id": 1}
+    run = cured_wait_as_pg_locks_shows(pgrace_server, monkeypatch, cured, ["alice#1", "bob#1"])
     assert [(s.session, s.sql) for s in run.scenario.steps][:2] == [
         ("alice#1", "BEGIN; SELECT balance FROM accounts WHERE id = 1 FOR UPDATE"),
         ("bob#1", "BEGIN; SELECT balance FROM accounts WHERE id = 1 FOR UPDATE"),
     ]
-    assert run.ok
 
 
 @pytest.mark.slow

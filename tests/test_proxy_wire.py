@@ -273,6 +273,29 @@ def test_a_query_is_complete_at_ready_for_query() -> None:
     assert tracker.reply() == steps.Reply(("SELECT 1", "SELECT 1"), (("1",),), ("n",), None, b"I")
 
 
+def test_rows_are_decoded_when_the_reply_is_read_not_as_they_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding rows cost the relay more than relaying them; a reply nobody reads decodes none."""
+    decoded: list[bytes] = []
+    data_row = wire.data_row
+
+    def counted(body: bytes) -> tuple[bytes | None, ...]:
+        decoded.append(body)
+        return data_row(body)
+
+    monkeypatch.setattr(wire, "data_row", counted)
+    (step,) = group(Q(query_string="SELECT n FROM generate_series(1, 3) n"))
+    tracker = steps.Tracker(step, steps.Memory(), discarding=False)
+    ints = pg.RowDescription(fields=[pg.FieldDescription(name="n", type_oid=23)])
+    rows = [pg.DataRow(columns=[str(n).encode()]) for n in (1, 2, 3)]
+    ready = pg.ReadyForQuery(status=pygwire.TransactionStatus.IDLE)
+    feed(tracker, ints, *rows, pg.CommandComplete(tag="SELECT 3"), ready)
+    reply = tracker.reply()
+    assert decoded == []
+    assert reply.rows == (("1",), ("2",), ("3",))
+    assert reply.rows == (("1",), ("2",), ("3",))
+    assert len(decoded) == 3
+
+
 def test_an_error_is_in_the_reply_and_the_step_ends_at_its_ready_for_query() -> None:
     (step,) = group(pg.Parse(query="SELECT 1/0"), pg.Bind(), pg.Execute(), pg.Sync())
     tracker = steps.Tracker(step, steps.Memory(), discarding=False)

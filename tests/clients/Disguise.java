@@ -18,9 +18,7 @@ public class Disguise {
         }, "VM Thread");
         disguised.setDaemon(true);
         disguised.start();
-        String url = "jdbc:postgresql://" + System.getenv("PGHOST") + ":" + System.getenv("PGPORT") + "/"
-            + System.getenv("PGDATABASE") + "?sslmode=disable&assumeMinServerVersion=9.0";
-        try (Connection conn = DriverManager.getConnection(url, System.getenv("PGUSER"), System.getenv("PGPASSWORD"));
+        try (Connection conn = PgEnv.connect();
              Statement s = conn.createStatement()) {
             s.executeQuery("SELECT balance FROM accounts WHERE id = 1").close();
         }

@@ -7,9 +7,7 @@ public class Ticker {
     public static void main(String[] args) throws Exception {
         ScheduledExecutorService timer = Executors.newSingleThreadScheduledExecutor();
         timer.scheduleAtFixedRate(() -> {}, 50, 50, TimeUnit.MILLISECONDS);
-        String url = "jdbc:postgresql://" + System.getenv("PGHOST") + ":" + System.getenv("PGPORT") + "/"
-            + System.getenv("PGDATABASE") + "?sslmode=disable&assumeMinServerVersion=9.0";
-        try (Connection conn = DriverManager.getConnection(url, System.getenv("PGUSER"), System.getenv("PGPASSWORD"));
+        try (Connection conn = PgEnv.connect();
              Statement s = conn.createStatement()) {
             s.executeQuery("SELECT balance FROM accounts WHERE id = 1").close();
         } finally {

@@ -3,27 +3,11 @@
 get() then save() loses an update; ``--for-update`` reads with select_for_update() (the cure).
 """
 
-import os
 import sys
 
-import django
-from django.conf import settings
+import django_env
 
-settings.configure(
-    DATABASES={
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": os.environ["PGDATABASE"],
-            "USER": os.environ["PGUSER"],
-            "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            "HOST": os.environ["PGHOST"],
-            "PORT": os.environ["PGPORT"],
-        }
-    },
-    USE_TZ=True,
-    TIME_ZONE="UTC",
-)
-django.setup()
+django_env.setup()
 
 from django.db import models, transaction  # noqa: E402  (after settings, as Django asks)
 

@@ -27,6 +27,7 @@ from psycopg import pq
 from pgrace import scratch
 from pgrace.engine.connections import RunConnections
 from pgrace.engine.control import CONTROL, ControlLink, ControlLost, ControlSql, setup_failed
+from pgrace.engine.libpq.own_steps import OwnSteps
 from pgrace.engine.libpq.session import LibpqSession
 from pgrace.engine.libpq.transport import LibpqTransport
 from pgrace.engine.options import RunOptions
@@ -131,14 +132,8 @@ class Runner:
         self.observer = self.connections.observer
         self.inspector = self.connections.inspector
         self.book = StepBook(self.recorder, self.inspector, self.options.step_timeout)
-        transport = LibpqTransport(
-            self.sessions,
-            self.control.conn,
-            self._aborted,
-            self.recorder,
-            self.options.step_timeout,
-            self.options.isolationtester,
-        )
+        own = OwnSteps(self.sessions, self.control.conn, self._aborted, self.recorder, self.options.step_timeout)
+        transport = LibpqTransport(own, self.options.isolationtester)
         self.control.on_new = transport.use_control
         self.scheduler = Scheduler(
             self.scenario, self.run, self.options, self.sessions, self.inspector, self.book, transport

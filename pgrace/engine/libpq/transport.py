@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pgrace.engine.libpq.own_steps import OwnSteps
@@ -13,11 +12,9 @@ from pgrace.model.timeline import Outcome
 if TYPE_CHECKING:
     import psycopg
 
-    from pgrace.engine.libpq.session import LibpqSession
     from pgrace.engine.session import LiveSession
-    from pgrace.engine.steps import Active, Recorder
+    from pgrace.engine.steps import Active
     from pgrace.engine.transport import LaunchedSteps
-    from pgrace.errors import PgraceError
     from pgrace.model.timeline import Release
 
 
@@ -28,19 +25,11 @@ class LibpqTransport:
     watched at a time, in its slices, and a session the server ended found by its next step.
     """
 
-    def __init__(
-        self,
-        sessions: dict[str, LibpqSession],
-        control: psycopg.Connection[Any],
-        aborted: Callable[[str, str], PgraceError],
-        recorder: Recorder,
-        step_timeout: float,
-        isolationtester: bool,
-    ) -> None:
-        self.sessions = sessions
+    def __init__(self, own: OwnSteps, isolationtester: bool) -> None:
+        self.sessions = own.sessions
         self.isolationtester = isolationtester
-        self.own = OwnSteps(sessions, control, aborted, recorder, step_timeout)
-        self.waiting = SocketWaiting(isolationtester, sessions)
+        self.own = own
+        self.waiting = SocketWaiting(isolationtester, own.sessions)
 
     def use_control(self, control: psycopg.Connection[Any]) -> None:
         """The control connection was opened again (a step had ended it)."""

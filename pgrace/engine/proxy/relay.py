@@ -439,6 +439,24 @@ class _Relay:
             return
         del out[:sent]
 
+    @staticmethod
+    def _send(sock: socket.socket, out: bytearray, data: bytes) -> None:
+        """Send ``data`` after what already waits in ``out``; what the socket does not take waits there.
+
+        With nothing waiting (almost always) the bytes go straight from the buffer they came in,
+        with no copy into ``out`` and back.
+        """
+        if out:
+            out += data
+            _Relay._flush(sock, out)
+            return
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            out += memoryview(data)[sent:]
+
     def _advance(self, client: Client) -> None:
         """Start the next held step when none is running: ask the hooks, then let its bytes go upstream."""
         while self.running is None and self.steps and not self.proxy.closing.is_set():
@@ -448,9 +466,10 @@ class _Relay:
             if self.proxy.closing.is_set():
                 return
             tracker = Tracker(step, self.memory, discarding=self.discarding)
-            self.to_server += step.statement.data
             if self.server_sock is not None:
-                self._flush(self.server_sock, self.to_server)
+                self._send(self.server_sock, self.to_server, step.statement.data)
+            else:
+                self.to_server += step.statement.data
             self.running = (step, tracker)
             if tracker.complete:
                 self._finish(client)
@@ -510,14 +529,22 @@ class _Relay:
         if not data:
             self._send_quietly(b"")
             return self.fatal or lost
-        self.to_client += data
-        self._answer()
+        self.answers += 1
+        try:
+            self._send(self.client_sock, self.to_client, data)
+        finally:
+            self.answers += 1
         for message in self.reader.feed(data):
-            if message.code == b"S":
+            code = message.code
+            if code == b"D":  # most of a result, and never the end of a step: straight to its tracker
+                if self.running is not None:
+                    self.running[1].row(message)
+                continue
+            if code == b"S":
                 name, value = wire.parameter_status(message.body)
                 if name == "application_name":  # pgjdbc names itself with SET after its start-up
                     client.application_name = value or None
-            if message.code == b"E":
+            elif code == b"E":
                 self._note_fatal([message])
             if self.running is not None and self.running[1].feed(message):
                 self._finish(client)

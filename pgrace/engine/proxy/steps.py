@@ -35,18 +35,69 @@ class Statement:
     """The raw frontend bytes of the step, forwarded verbatim."""
 
 
-@dataclass(frozen=True)
-class Reply:
-    """What came back for a step, once it was complete."""
+#: A DataRow as it came, with what decodes it: its body, its columns, their formats.
+RawRow = tuple[bytes, tuple[wire.Column, ...], tuple[int, ...]]
 
-    tags: tuple[str, ...] = ()
-    rows: tuple[tuple[str | None, ...], ...] = ()
-    """DataRows as text, the first :data:`MAX_ROWS`."""
-    columns: tuple[str, ...] = ()
-    error: dict[str, str] | None = None
-    """ErrorResponse fields by code letter (``C``: the SQLSTATE, ``M``: the message)."""
-    status: bytes | None = None
-    """ReadyForQuery's transaction status, ``b"I"``, ``b"T"`` or ``b"E"``; None for a Flush prefix."""
+
+class Reply:
+    """What came back for a step, once it was complete.
+
+    Its rows are decoded when first read, not as they pass: most replies (every one between runs,
+    and the proxy's bench) are never looked at, and decoding a hundred rows costs more than relaying them.
+    """
+
+    __slots__ = ("_pending", "_rows", "columns", "error", "status", "tags")
+
+    def __init__(
+        self,
+        tags: tuple[str, ...] = (),
+        rows: tuple[tuple[str | None, ...], ...] = (),
+        columns: tuple[str, ...] = (),
+        error: dict[str, str] | None = None,
+        status: bytes | None = None,
+        *,
+        pending: tuple[RawRow, ...] = (),
+    ) -> None:
+        self.tags = tags
+        self._rows = rows
+        self._pending = pending
+        self.columns = columns
+        """The result's column names."""
+        self.error = error
+        """ErrorResponse fields by code letter (``C``: the SQLSTATE, ``M``: the message)."""
+        self.status = status
+        """ReadyForQuery's transaction status, ``b"I"``, ``b"T"`` or ``b"E"``; None for a Flush prefix."""
+
+    @property
+    def rows(self) -> tuple[tuple[str | None, ...], ...]:
+        """DataRows as text, the first :data:`MAX_ROWS`."""
+        if self._pending:
+            self._rows, self._pending = tuple(_decoded(row) for row in self._pending), ()
+        return self._rows
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.tags, self.rows, self.columns, self.error, self.status)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reply) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash((self.tags, self.rows, self.columns, self.status))
+
+    def __repr__(self) -> str:
+        return "Reply(tags={!r}, rows={!r}, columns={!r}, error={!r}, status={!r})".format(*self._fields())
+
+
+def _decoded(row: RawRow) -> tuple[str | None, ...]:
+    body, columns, formats = row
+    return tuple(
+        shown(
+            value,
+            columns[index].type_oid if index < len(columns) else 0,
+            wire.format_at(formats, index) == 1,
+        )
+        for index, value in enumerate(wire.data_row(body))
+    )
 
 
 @dataclass
@@ -172,25 +223,26 @@ class Tracker:
             if code in _EXTENDED:
                 self._unanswered += 1
         self._row_columns: tuple[wire.Column, ...] | None = None
+        self._decoder: tuple[tuple[wire.Column, ...], tuple[int, ...]] | None = None
         self.copy_in = False
         """The server waits for the client's COPY data: CopyData, CopyDone, CopyFail go upstream at once."""
         self.extra_sync = False
         """An extended COPY FROM: the server ignored the cycle's Sync during COPY; the client sends another."""
         self._tags: list[str] = []
-        self._rows: list[tuple[str | None, ...]] = []
+        self._rows: list[RawRow] = []
         self._columns: tuple[str, ...] = ()
         self._error: dict[str, str] | None = None
         self._status: bytes | None = None
         self.complete = self.kind == "flush" and (self._unanswered == 0 or discarding)
 
     def reply(self) -> Reply:
-        return Reply(tuple(self._tags), tuple(self._rows), self._columns, self._error, self._status)
+        return Reply(tuple(self._tags), (), self._columns, self._error, self._status, pending=tuple(self._rows))
 
     def feed(self, message: wire.Message) -> bool:
         """Take one server message; True when it completes the step."""
         code = message.code
         if code == b"D":
-            self._row(message)
+            self.row(message)
         elif code == b"C":
             self._tags.append(wire.command_tag(message.body))
             self._executed()
@@ -231,12 +283,13 @@ class Tracker:
         self.copy_in = False
         if self._executes:
             self._executes.pop(0)
-        self._row_columns = None
+        self._row_columns = self._decoder = None
         self._answered()
 
     def _describe(self, columns: tuple[wire.Column, ...] | None) -> None:
         """A RowDescription or NoData: the statement's columns are remembered for the Executes that follow."""
         target = self._describing.pop(0) if self._describing else None
+        self._decoder = None
         name: str | None = None
         if target is None or target.kind == "P":
             self._row_columns = columns  # a Query's, or a portal's: with the formats its rows come in
@@ -251,9 +304,16 @@ class Tracker:
             self._columns = tuple(column.name for column in columns)
         self._answered()
 
-    def _row(self, message: wire.Message) -> None:
-        if len(self._rows) >= MAX_ROWS:
-            return
+    def row(self, message: wire.Message) -> None:
+        """Take one DataRow (what :meth:`feed` does with it: a row never completes a step)."""
+        if len(self._rows) < MAX_ROWS:
+            decoder = self._decoder
+            if decoder is None:
+                decoder = self._decoder = self._row_decoder()
+            self._rows.append((message.body, *decoder))
+
+    def _row_decoder(self) -> tuple[tuple[wire.Column, ...], tuple[int, ...]]:
+        """The columns and formats the current result's rows are decoded with, looked up once per result."""
         columns = self._row_columns
         formats: tuple[int, ...] = ()
         if columns is None and self._executes:
@@ -264,15 +324,4 @@ class Tracker:
                 self._columns = tuple(column.name for column in columns)
         elif columns is not None:
             formats = tuple(column.format for column in columns)
-        columns = columns or ()
-        values = wire.data_row(message.body)
-        self._rows.append(
-            tuple(
-                shown(
-                    value,
-                    columns[index].type_oid if index < len(columns) else 0,
-                    wire.format_at(formats, index) == 1,
-                )
-                for index, value in enumerate(values)
-            )
-        )
+        return columns or (), formats
