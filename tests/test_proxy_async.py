@@ -160,10 +160,38 @@ def test_a_prepare_is_ordered_by_the_table_lock_it_takes(pgrace_server: ServerIn
     tell the two apart as the exhaustive one does (a prepare taken to touch nothing misses 400)."""
     sessions = {"alice": _note_balance, "bob": _lock_and_change}
     setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
-    final = "SELECT balance FROM seen"
+    final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
     reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
     every = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, reduce=False)
     assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
     assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [(c.final, c.summary) for c in every.classes]
     assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
     assert reduced.runs is not None and every.runs is not None and reduced.runs < every.runs
+
+
+async def _note_balance_repeatable(dsn: str) -> None:
+    """In REPEATABLE READ the prepare's parse takes the transaction's snapshot: what the INSERT notes is fixed then."""
+    conn = await asyncpg.connect(dsn)
+    async with conn.transaction(isolation="repeatable_read"):
+        await conn.execute("INSERT INTO seen SELECT balance FROM accounts WHERE id = $1", 1)
+    await conn.close()
+
+
+async def _change(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute("UPDATE accounts SET balance = 400 WHERE id = 1")
+        await conn.commit()
+
+
+def test_a_prepare_that_takes_the_snapshot_is_ordered_by_the_commits_around_it(pgrace_server: ServerInfo) -> None:
+    """The snapshot is taken while the prepare waits for the rest of its cycle (the backend 'active', reading): bob's
+    COMMIT before the prepare, alice notes 400; after it, 500, even when bob commits before alice's INSERT runs."""
+    sessions = {"alice": _note_balance_repeatable, "bob": _change}
+    setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
+    final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
+    reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
+    every = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, reduce=False)
+    assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
+    assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [c.summary for c in every.classes]
+    assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
+    assert reduced.runs is not None and every.runs is not None and reduced.runs < every.runs, (reduced.runs, every.runs)
