@@ -29,6 +29,7 @@ from pgrace.api import tidy
 from pgrace.drivers import exec as commands_driver
 from pgrace.drivers.code import shared_server
 from pgrace.drivers.explore import Exploration
+from pgrace.drivers.searches import REDUCED, SearchMode
 from pgrace.engine.proxy.tasks import AsyncCode, AsyncSession
 from pgrace.engine.threads.frames import where_defined
 from pgrace.errors import CodeError
@@ -89,12 +90,17 @@ def explore_async(
     server: ServerInfo | str | None = None,
     name: str | None = None,
     step_timeout: float = 10.0,
-    reduce: bool = True,
+    search: SearchMode = REDUCED,
 ) -> Exploration:
-    """Every order of the async sessions' statements (reduced by default), grouped into outcome classes."""
+    """Every order of the async sessions' statements (reduced by default), grouped into outcome classes; or the
+    ``search`` asked: every order, a ``Sample``, ``PreemptionBounded`` or ``Pct``, as ``pgrace explore``'s."""
     scenario, tasks = _scenario(sessions, name, setup, final, expect)
     return commands_driver.explore_exec(
-        scenario, tasks, shared_server(server), step_timeout=step_timeout, reduce=reduce
+        scenario,
+        tasks,
+        shared_server(server),
+        step_timeout=step_timeout,
+        search=search,
     )
 
 
@@ -122,7 +128,8 @@ def explore_exec(
     scenario: Scenario, commands: Sequence[str] = (), *, server: ServerInfo | None = None, **how: Any
 ) -> Explored:
     """Every order of the statements ``commands`` (over the file's ``[exec]`` ones) send, grouped into classes
-    judged by ``scenario``'s checks. ``how``: as ``run_exec``'s, and ``reduce`` (default True), ``examples``
-    (classes replayed, as ``pgrace.explore``'s)."""
+    judged by ``scenario``'s checks. ``how``: as ``run_exec``'s, and ``search`` (the reduced search by default;
+    any of ``pgrace.explore``'s), ``examples`` (classes replayed, as ``pgrace.explore``'s)."""
+    commands_driver.check_exec_bounds(how.get("search", REDUCED))
     with _serving(server, how.pop("dsn", None), how.pop("superuser", False), how.pop("on_note", None)) as opened:
         return commands_driver.explore_commands(scenario, commands, opened, **how)

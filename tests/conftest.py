@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 import corpus
 import pytest
@@ -59,8 +60,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if hasattr(config, "workerinput"):
         # A worker's collection: tests are handed out in its order (after the groups, largest first).
-        # The long ones go first, so none is left running alone at the end.
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        # The long ones go first, so none is left running alone at the end: those recorded longest
+        # first, then the ``slow`` ones.
+        took = recorded_durations()
+        items.sort(key=lambda item: (-took.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None))
+
+
+@functools.cache
+def recorded_durations() -> dict[str, float]:
+    """Seconds the longest tests took, by node id (tests/durations.txt: only their ranking counts)."""
+    lines = (Path(__file__).parent / "durations.txt").read_text(encoding="utf-8").splitlines()
+    rows = (line.split("\t", 1) for line in lines if line and not line.startswith("#"))
+    return {node: float(seconds) for seconds, node in rows}
 
 
 def uses_a_shared_fixture(item: pytest.Item) -> bool:

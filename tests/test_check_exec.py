@@ -122,7 +122,6 @@ def test_a_command_around_the_proxy_is_reported_and_the_others_still_run(
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        (["--explore", "--max", "3"], "--max"),
         (["--explore", "-j", "2"], "-j"),
         (["--database-name", "mine"], "--database-name"),
         (["--exec", "alice=true"], "--exec"),

@@ -343,3 +343,41 @@ def test_an_exploration_that_is_not_complete_says_why(pgrace_server: ServerInfo)
 def test_run_code_gates_the_same(pgrace_server: ServerInfo) -> None:
     with pytest.raises(CodeError, match="pgrace did not order"):
         run_code({"alice": on_psycopg2}, server=pgrace_server, setup=SETUP)
+
+
+def test_pgraces_own_setup_connection_still_exiting_is_no_stranger(
+    pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The superuser's connection that furnished the database (pgrowlocks, the schema) is pgrace's own.
+
+    Under load its backend can still be exiting, in pg_stat_activity under no application_name, when
+    the first run looks for strangers: here it is held stopped for 3 s after the client closed it, past the first look on any machine.
+    """
+    import os
+    import signal
+
+    from pgrace.scratch.databases import _install_pgrowlocks as install
+
+    resumed: list[threading.Timer] = []
+
+    def slow_to_exit(conn: psycopg.Connection[Any]) -> bool:
+        pid = conn.info.backend_pid
+        close = conn.close
+
+        def stopped_then_closed() -> None:
+            os.kill(pid, signal.SIGSTOP)  # the backend reads the client's Terminate only once continued
+            resumed.append(threading.Timer(3.0, os.kill, (pid, signal.SIGCONT)))
+            resumed[-1].start()
+            close()
+
+        conn.close = stopped_then_closed  # type: ignore[method-assign]
+        return install(conn)
+
+    monkeypatch.setattr("pgrace.scratch.run._install_pgrowlocks", slow_to_exit)
+    try:
+        found = explore_code({"alice": withdraw, "bob": withdraw}, setup=SETUP, final=FINAL, server=pgrace_server)
+    finally:
+        for timer in resumed:
+            timer.join()
+    assert resumed, "the database was furnished on a connection of its own"
+    assert found.complete and {c.final[0] for c in found.classes} == {((400,),), ((300,),)}

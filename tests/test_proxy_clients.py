@@ -14,16 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jvm
 import psycopg
 import psycopg2
 import pytest
+from jvm import JDBC
 from proxying import Recorder, activity, dsn, proxied
 
 from pgrace.engine.proxy.relay import Client, Proxy, Statement
 from pgrace.servers import ServerInfo
 from tools.clients import CLIENTS
-
-JDBC = Path("/usr/share/java/postgresql.jar")
 
 
 def test_psycopg_sync_simple_extended_and_prepared(pgrace_server: ServerInfo) -> None:
@@ -304,15 +304,11 @@ public class Hold {
 
 @pytest.fixture(scope="module")
 def java_classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not JDBC.exists():
-        pytest.skip(f"no pgjdbc at {JDBC} (apt-get install libpostgresql-jdbc-java)")
+    jvm.require()
     where = tmp_path_factory.mktemp("java")
     (where / "Client.java").write_text(JAVA_CLIENT)
     (where / "Hold.java").write_text(JAVA_HOLD)
-    subprocess.run(
-        ["javac", "-cp", str(JDBC), "Client.java", "Hold.java"], cwd=where, check=True, capture_output=True, timeout=120
-    )
-    return where
+    return jvm.compile_clients(where, "Client.java", "Hold.java")
 
 
 def jdbc_url(proxy: Proxy, server: ServerInfo, name: str) -> str:

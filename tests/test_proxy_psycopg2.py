@@ -57,8 +57,8 @@ def test_a_client_the_proxy_answers_between_the_two_readings_is_not_settled(
     went first in 6 of 12 runs)."""
     read = Started.moving
 
-    def held_up(self: Started, proxied: set[int], held: bool) -> str | None:
-        moving = read(self, proxied, held)
+    def held_up(self: Started, proxied: set[int], held: bool, horizon: float) -> str | None:
+        moving = read(self, proxied, held, horizon)
         time.sleep(0.02)  # the preemption between the two readings; nothing is waited for here
         return moving
 

@@ -83,3 +83,15 @@ def test_every_test_that_bounds_a_wall_clock_time_is_marked_timing() -> None:
             if bounds and not (whole_module or marked_timing(test.decorator_list)):
                 unmarked.append(f"{path.name}:{bounds[0].lineno} {test.name}")
     assert unmarked == [], "these assert a wall-clock bound: mark them @pytest.mark.timing"
+
+
+def test_the_recorded_longest_tests_are_tests_of_the_suite() -> None:
+    """The workers take these first (conftest.recorded_durations): a renamed test would silently go last again."""
+    from conftest import recorded_durations
+
+    took = recorded_durations()
+    assert len(took) > 50
+    for node in took:
+        path, name = node.split("::", 1)
+        function = name.split("[", 1)[0]
+        assert re.search(rf"^def {function}\(", (ROOT / path).read_text(), re.MULTILINE), node

@@ -144,7 +144,7 @@ def check(
     targets: list[str | None] = [*servers, *([dsn] if dsn else [])]
     explore = search_to_explore(explore_all, limit, seed, max_preemptions, pct, jobs)
     if commands:
-        refuse_with_commands(limit, max_preemptions, pct, jobs, database_name)
+        refuse_with_commands(jobs, database_name)
     with progress_line() as progress:
         stream = CheckStream(lambda text: echo(text, None), progress, quiet, with_server=len(targets) > 1)
         checked = api.check(
@@ -170,24 +170,15 @@ def check(
     sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
 
 
-def refuse_with_commands(
-    limit: int | None, max_preemptions: int | None, pct: int | None, jobs: int, database_name: str | None
-) -> None:
-    """What check does not do with ``--exec``: samples, bounded searches, -j processes, a named database."""
+def refuse_with_commands(jobs: int, database_name: str | None) -> None:
+    """What check does not do with ``--exec``: -j processes, a named database."""
     given = [
-        option
-        for option, value in (
-            ("--max", limit is not None),
-            ("--max-preemptions", max_preemptions is not None),
-            ("--pct", pct is not None),
-            ("--jobs", jobs != 1),
-            ("--database-name", database_name is not None),
-        )
-        if value
+        option for option, value in (("--jobs", jobs != 1), ("--database-name", database_name is not None)) if value
     ]
     if given:
         raise click.BadParameter(
-            "not with commands (--exec, a file's [exec]), which explore every order in a scratch database of their own",
+            "not with commands (--exec, a file's [exec]), whose runs go through one proxy over a scratch database of"
+            " their own",
             param_hint=given[0],
         )
 
@@ -274,6 +265,10 @@ def explore(
     code 1 when the verdict fails: the bug of a bug and a fix (or a scenario of bug
     signatures) shown in no class without an undeclared error; otherwise, a class that
     shows the bug or raises an error no step declares.
+
+    With commands (--exec, a file's [exec]) the steps are the statements they send: the
+    whole search, a sample (--max) or a bounded search (--max-preemptions, --pct) runs in
+    one process; shards, -j, merges and --minimize are refused.
     """
     from pgrace import api
     from pgrace.cli.terminal.playback import style_of
@@ -289,8 +284,14 @@ def explore(
     examples: list[int] | Literal["all"] = [show] if show is not None and not merge_files else []
     if show is None and fmt == "html":  # the page shows every class's example
         examples = "all"
+    if max_preemptions is not None and pct is not None:
+        raise ScenarioError("--max-preemptions and --pct are two searches: choose one")
+    search = search_of(limit, seed, max_preemptions, pct, reduce=not no_reduce)
+    shards = shard or (1, 1)
+    if (option := bounded_flag(search)) is not None and no_reduce:
+        raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
     if commands or chosen.commands:
-        refuse_exec_explore(limit, max_preemptions, pct, shard, jobs, merge_files, minimize_first)
+        refuse_exec_explore(shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
         found = proxy.explore_exec(
@@ -299,20 +300,13 @@ def explore(
             dsn=server_target or dsn,
             superuser=superuser,
             step_timeout=step_timeout,
-            reduce=not no_reduce,
+            search=search,
             examples=examples,
             on_note=say,
         )
     else:
-        if max_preemptions is not None and pct is not None:
-            raise ScenarioError("--max-preemptions and --pct are two searches: choose one")
-        search = search_of(limit, seed, max_preemptions, pct, reduce=not no_reduce)
-        shards = shard or (1, 1)
-        if (option := bounded_flag(search)) is not None:
-            if no_reduce:
-                raise ScenarioError(f"{option} runs its own schedules: --no-reduce has no meaning with it")
-            if shards != (1, 1) or jobs != 1:
-                raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
+        if option is not None and (shards != (1, 1) or jobs != 1):
+            raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
         with progress_line() as progress:
             try:
                 found = api.explore(
@@ -347,17 +341,14 @@ def explore(
     sys.exit(verdict)
 
 
-EXEC_SEARCH = (
-    "the search over commands is one sequence of runs, each chosen from what the runs before it showed: it does not"
-    " split"
+EXEC_SPLIT = (
+    "each run of commands starts them again through one proxy, over one scratch database: the search's runs are"
+    " not yet split"
 )
 EXEC_REFUSED = {
-    "--max": "commands are explored in every order (reduced, or --no-reduce), not in a sample",
-    "--max-preemptions": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
-    "--pct": "commands are explored in every order (reduced, or --no-reduce), not in a bounded search",
-    "--shard": f"{EXEC_SEARCH} into shards",
-    "--merge": f"{EXEC_SEARCH} into shards, so there are none to merge",
-    "-j": f"{EXEC_SEARCH} across processes",
+    "--shard": f"{EXEC_SPLIT} into shards",
+    "--merge": f"{EXEC_SPLIT} into shards, so there are none to merge",
+    "-j": f"{EXEC_SPLIT} across processes (each would need its own proxy and scratch database)",
     "--minimize": "minimizing removes statements, and a command's statements are its code: put the failing class's"
     " statements (--show N) in a scenario's steps and minimize that",
 }
@@ -365,22 +356,13 @@ EXEC_REFUSED = {
 
 
 def refuse_exec_explore(
-    limit: int | None,
-    max_preemptions: int | None,
-    pct: int | None,
-    shard: tuple[int, int] | None,
-    jobs: int,
-    merge_files: tuple[str, ...],
-    minimize_first: bool,
+    shard: tuple[int, int] | None, jobs: int, merge_files: tuple[str, ...], minimize_first: bool
 ) -> None:
-    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: samples, bounded searches, shards,
-    -j processes, merges, minimizing; each refused in one line that says why."""
+    """What exploring commands (``--exec``, a file's ``[exec]``) does not do: shards, -j processes, merges,
+    minimizing; each refused in one line that says why."""
     given = [
         name
         for name, value in (
-            ("--max", limit is not None),
-            ("--max-preemptions", max_preemptions is not None),
-            ("--pct", pct is not None),
             ("--shard", shard is not None),
             ("-j", jobs != 1),
             ("--merge", bool(merge_files)),

@@ -40,7 +40,17 @@ from pgrace.model.outcomes import Observed
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo
 
-__all__ = ["PCT_RUNS", "Bound", "check_bounded_jobs", "check_bounds", "explore_pct", "explore_preemptions", "pct_order"]
+__all__ = [
+    "PCT_RUNS",
+    "Bound",
+    "Schedule",
+    "check_bounded_jobs",
+    "check_bounds",
+    "explore_pct",
+    "explore_preemptions",
+    "pct_order",
+    "preemption_search",
+]
 
 PCT_RUNS = 100  # schedules drawn when --max does not say: a depth-2 bug of 2 sessions × 8 steps is missed ≤ 0.2%
 PREEMPTION_RUNS = 100_000  # a bounded search stops here (as a reduced one does): the bound then is not met
@@ -59,13 +69,14 @@ class Bound:
     runs: int  # executions run
     draws: int = 0  # pct: schedules drawn (a repeated order is run once)
     seed: int | None = None
-    diverged: int = 0  # preemptions: runs the server launched in another order than asked
+    diverged: int = 0  # preemptions: runs launched in another order than asked; pct: runs that sent other steps
     cut: bool = False  # preemptions: stopped at the run limit with schedules left
 
     @property
     def met(self) -> bool:
-        """Preemptions: every schedule within the bound was run as asked. PCT: always (a probability)."""
-        return self.kind == "pct" or (self.diverged == 0 and not self.cut)
+        """Preemptions: every schedule within the bound was run as asked. PCT: every run sent the steps drawn over
+        (a scenario's always; an application's, those of the first run)."""
+        return self.diverged == 0 and not self.cut
 
     @property
     def per_run(self) -> float:
@@ -89,6 +100,8 @@ class Bound:
             "steps": self.steps,
             "per_run": self.per_run,
             "missed": self.missed,
+            "met": self.met,
+            "diverged": self.diverged,
         }
 
     @classmethod
@@ -106,6 +119,7 @@ class Bound:
                 runs,
                 int(data["draws"]),
                 None if data["seed"] is None else int(data["seed"]),
+                diverged=int(data.get("diverged", 0)),
             )
         raise ValueError(f"no such guarantee: {data['kind']!r}")
 
@@ -126,6 +140,11 @@ class Bound:
         drawn = f"{self.draws:,} run{'s' if self.draws != 1 else ''}"
         if self.draws != self.runs:
             drawn += f" ({self.runs:,} distinct, each run once)"
+        if self.diverged:
+            return (
+                f"pct depth {self.limit}, seed {self.seed}, {drawn} of {space:,} {noun}, NOT a stated probability:"
+                f" {self.diverged:,} sent other statements than the {self.steps} the schedules were drawn over"
+            )
         return (
             f"pct depth {self.limit}, seed {self.seed}, {drawn} of {space:,} {noun}: a depth-{self.limit} bug is"
             f" missed with probability at most {_percent(self.missed)} (each run finds it with probability at least"
@@ -174,6 +193,68 @@ def _continuation(space: Space, prefix: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(order)
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """One run as the preemption search reads it: the sessions in launch order, and those that could go before each."""
+
+    launched: tuple[str, ...]
+    enabled: tuple[frozenset[str], ...]
+
+
+def preemption_search(
+    execute: Callable[[tuple[str, ...]], Schedule],
+    bound: int,
+    limit: int,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[int, int, bool]:
+    """Every schedule with at most ``bound`` preemptions, depth first: the runs, those that diverged, and whether
+    it stopped at ``limit`` with schedules left.
+
+    ``execute(prefix)`` runs the sessions of ``prefix`` in its order, then the last one while it can
+    (no preemption), then the next free one, and says what ran. A prefix is of sessions, so the
+    search needs no count of the steps ahead: a scenario file's steps and the statements an
+    application sends as it runs are searched alike.
+    """
+    seen: set[tuple[str, ...]] = set()
+    stack: list[tuple[str, ...]] = [()]
+    runs = diverged = 0
+    while stack:
+        if runs >= limit:
+            break
+        prefix = stack.pop()
+        ran = execute(prefix)
+        runs += 1
+        launched = ran.launched
+        if launched[: len(prefix)] != prefix:
+            diverged += 1  # the server did not do as asked: nothing is known of this prefix's branch
+        seen.update(launched[:i] for i in range(len(launched) + 1))
+        cost = 0  # preemptions in launched[:i]
+        for i, session in enumerate(launched):
+            enabled = ran.enabled[i]
+            before = launched[i - 1] if i else None
+            for other in sorted(enabled - {session}):
+                preempts = before is not None and other != before and before in enabled
+                candidate = (*launched[:i], other)
+                if cost + preempts <= bound and candidate not in seen:
+                    seen.add(candidate)
+                    stack.append(candidate)
+            cost += before is not None and session != before and before in enabled
+        if on_progress is not None:
+            on_progress(runs, runs + len(stack))
+    return runs, diverged, bool(stack)
+
+
+def _steps_of(space: Space, sessions: tuple[str, ...]) -> tuple[str, ...]:
+    """A prefix of sessions as the steps it launches: each session's next step in the file's order."""
+    chain = {space.scenario.step(c[0]).session: c for c in space.chains}
+    at: dict[str, int] = {}
+    steps = []
+    for session in sessions:
+        steps.append(chain[session][at.get(session, 0)])
+        at[session] = at.get(session, 0) + 1
+    return tuple(steps)
+
+
 def explore_preemptions(
     scenario: Scenario,
     server: ServerInfo,
@@ -183,48 +264,23 @@ def explore_preemptions(
     on_progress: Callable[[int, int], None] | None = None,
     max_runs: int | None = None,
 ) -> Bound:
-    """Run every schedule with at most ``bound`` preemptions (depth first); ``on_observed`` gets each outcome.
-
-    ``on_progress(runs, runs + prefixes queued)`` after each run.
+    """Run every schedule with at most ``bound`` preemptions (:func:`preemption_search`); ``on_observed`` gets
+    each outcome. ``on_progress(runs, runs + prefixes queued)`` after each run.
     """
     from pgrace.drivers.reduce import executor
 
     space = Space(scenario)
     session_of = {name: scenario.step(name).session for name in space.where}
-    chain_of = {scenario.step(chain[0]).session: chain for chain in space.chains}
     limit = max_runs if max_runs is not None else PREEMPTION_RUNS
-    seen: set[tuple[str, ...]] = set()
-    stack: list[tuple[str, ...]] = [()]
-    runs = diverged = 0
-    with executor(scenario, server, step_timeout, footprints=False) as execute:
-        while stack:
-            if runs >= limit:
-                break
-            prefix = stack.pop()
-            trace = execute(_continuation(space, prefix))
-            runs += 1
+    with executor(scenario, server, step_timeout, footprints=False) as run_steps:
+
+        def execute(prefix: tuple[str, ...]) -> Schedule:
+            trace = run_steps(_continuation(space, _steps_of(space, prefix)))
             on_observed(trace.observed)
-            launched = trace.launched
-            if launched[: len(prefix)] != prefix:
-                diverged += 1  # the server did not do as asked: nothing is known of this prefix's branch
-            seen.update(launched[:i] for i in range(len(launched) + 1))
-            cost = 0  # preemptions in launched[:i]
-            for i, name in enumerate(launched):
-                enabled = trace.enabled[i]
-                before = session_of[launched[i - 1]] if i else None
-                done = {s: 0 for s in chain_of}
-                for step in launched[:i]:
-                    done[session_of[step]] += 1
-                for other in sorted(enabled - {session_of[name]}):
-                    preempts = before is not None and other != before and before in enabled
-                    candidate = (*launched[:i], chain_of[other][done[other]])
-                    if cost + preempts <= bound and candidate not in seen:
-                        seen.add(candidate)
-                        stack.append(candidate)
-                cost += before is not None and session_of[name] != before and before in enabled
-            if on_progress is not None:
-                on_progress(runs, runs + len(stack))
-    return Bound("preemptions", bound, len(space.chains), len(space.where), runs, diverged=diverged, cut=bool(stack))
+            return Schedule(tuple(session_of[s] for s in trace.launched), tuple(trace.enabled))
+
+        runs, diverged, cut = preemption_search(execute, bound, limit, on_progress)
+    return Bound("preemptions", bound, len(space.chains), len(space.where), runs, diverged=diverged, cut=cut)
 
 
 def pct_order(space: Space, rng: random.Random, depth: int) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from pgrace.drivers import speccheck
 from pgrace.drivers.one_run import run_in_scratch
-from pgrace.drivers.searches import REDUCED, Pct, PreemptionBounded, Sample, SearchMode, fitted
+from pgrace.drivers.searches import REDUCED, Sample, SearchMode, fitted
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
 from pgrace.frontends import catalog
@@ -37,8 +37,8 @@ GOLDEN_STYLE = Style(colour=False, width=120, show_server=False, until_server_ch
 def check_exec_options(
     commands: Sequence[str], cases: Sequence[Case], explore: SearchMode | None, jobs: int, database_name: str | None
 ) -> None:
-    """What ``check`` does not do with commands (``commands``, or a case's ``[exec]``): samples, bounded searches,
-    ``jobs`` processes, a named database."""
+    """What ``check`` does not do with commands (``commands``, or a case's ``[exec]``): ``jobs`` processes, a named
+    database."""
     if not commands and not any(case.scenario.commands for case in cases):
         return
     from pgrace.drivers.exec import parse_exec
@@ -48,7 +48,6 @@ def check_exec_options(
     given = [
         name
         for name, value in (
-            ("explore", isinstance(explore, Sample | PreemptionBounded | Pct)),
             ("jobs", jobs != 1),
             ("database_name", database_name is not None),
         )
@@ -56,7 +55,7 @@ def check_exec_options(
     ]
     if given:
         raise OptionError(
-            "not with commands (given, or a file's [exec]), which explore every order in a scratch database of"
+            "not with commands (given, or a file's [exec]), whose runs go through one proxy over a scratch database of"
             " their own",
             given[0],
         )
@@ -205,8 +204,8 @@ def run_explore_case(
     proof over every interleaving.
 
     With ``commands``, the orders searched are those of the statements the commands send
-    (:func:`pgrace.drivers.exec.explore_exec`); a search that could not cover them all proves
-    no cure, so a claim of no bug then fails with the reason.
+    (:func:`pgrace.drivers.exec.explore_exec`, bounded as asked); a search that could not cover
+    them all, or a bound not met, proves no cure, so a claim of no bug then fails with the reason.
     """
     if case.spec is not None:
         return run_case(case, server, options)
@@ -217,11 +216,25 @@ def run_explore_case(
     if commands or case.scenario.commands:
         from pgrace.drivers.exec import commands_for, explore_exec
 
-        searched = explore_exec(case.scenario, commands_for(case.scenario, commands), server, step_timeout=step_timeout)
+        searched = explore_exec(
+            case.scenario,
+            commands_for(case.scenario, commands),
+            server,
+            step_timeout=step_timeout,
+            search=search,
+        )
         problems = judged(case, searched)
-        if searched.claim != "bug" and not searched.covers_all:
+        bound = searched.bound
+        if searched.claim == "bug":
+            pass
+        elif bound is not None and not bound.met:
+            problems.append(f"the search did not meet its bound ({bound.words(searched.space)}): no claim")
+        elif not isinstance(search, Sample) and bound is None and not searched.covers_all:
             problems.append(f"the search did not cover every order ({searched.incomplete}): no proof it holds in all")
-        return CaseResult(case, server, not problems, time.perf_counter() - started, problems)
+        elif searched.incomplete is not None:
+            problems.append(f"the sample is not of the orders its runs sent ({searched.incomplete}): no claim")
+        guarantee = "" if bound is None else bound.words(searched.space)
+        return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
     found = explore(
         case.scenario,
         server,

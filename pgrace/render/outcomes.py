@@ -56,6 +56,12 @@ def _space_line(exploration: Exploration) -> str:
         # a shard's share, covered
         runs = exploration.run_count
         text = f"{exploration.explored:,} of {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
+    elif exploration.reduced and exploration.seed is not None:  # a sample of an application's orders
+        runs = exploration.run_count
+        text = f"{exploration.explored:,} of {space:,} {noun}, {runs:,} run{'s' if runs != 1 else ''}"
+        said.append(f"seed {exploration.seed}")
+        if exploration.incomplete:
+            said.append(exploration.incomplete)
     elif exploration.reduced:
         text = f"{exploration.run_count:,} runs of {space:,} {noun}, not all covered"
     elif exploration.explored == space and not exploration.missing:

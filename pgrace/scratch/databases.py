@@ -85,10 +85,13 @@ def _checkpoints_are_cheap(admin: psycopg.Connection[TupleRow]) -> bool:
     return row is not None and row[0] == "off"
 
 
-def _try_pgrowlocks(dsn: str) -> bool:
-    """Best effort: without the extension pgrace only loses its row-lock report."""
+def _try_pgrowlocks(dsn: str, closed: list[int]) -> bool:
+    """Best effort: without the extension pgrace only loses its row-lock report.
+
+    ``closed`` gets the backend of the connection it used (see :func:`_until_gone`)."""
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
+            closed.append(conn.info.backend_pid)
             return _install_pgrowlocks(conn)
     except psycopg.Error:
         return False
@@ -161,6 +164,19 @@ def _end_sessions(admin: psycopg.Connection[TupleRow], name: str) -> None:
         raise
     except psycopg.Error:
         pass  # e.g. not allowed to signal a session: the DROP reports what is wrong
+
+
+def _until_gone(admin: psycopg.Connection[TupleRow], pids: list[int]) -> None:
+    """Wait, polling, until the server shows these backends of pgrace's closed connections gone.
+
+    A backend exits after its client has closed: under load it stays in pg_stat_activity a while,
+    under no application_name, and a run's check for connections pgrace did not open would take
+    it for a stranger. Bounded: a backend still there after the deadline is the run's to report.
+    """
+    deadline = time.monotonic() + _END_SESSIONS_DEADLINE_S
+    query = "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)"
+    while pids and (row := admin.execute(query, (pids,)).fetchone()) and row[0] and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def _rollback_prepared(dsn: str, name: str) -> None:

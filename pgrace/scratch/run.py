@@ -22,6 +22,7 @@ from pgrace.scratch.databases import (
     _drop,
     _install_pgrowlocks,
     _try_pgrowlocks,
+    _until_gone,
 )
 from pgrace.scratch.names import _DROP_LOCK_TIMEOUT, is_scratch_name, scratch_name
 from pgrace.scratch.roles import _create_role, _create_watcher, _drop_role, login_of, watcher_of
@@ -120,10 +121,12 @@ def scratch_database(
                 yield scratch
             return
         try:
-            has_pgrowlocks = _furnish(server, dsn, name, role, with_pgrowlocks, working_schema)
+            closed: list[int] = []
+            has_pgrowlocks = _furnish(server, dsn, name, role, with_pgrowlocks, working_schema, closed)
             if role is not None:
                 watching = login_of(server, watcher_of(role))
                 _create_watcher(admin, server, role, watching)
+            _until_gone(admin, closed)  # a run's sessions find none of pgrace's own backends still exiting
             yield ScratchDatabase(
                 dsn=make_conninfo(dsn, **login) if role else dsn,
                 name=name,
@@ -151,12 +154,19 @@ def scratch_database(
 
 
 def _furnish(
-    server: ServerInfo, dsn: str, name: str, role: str | None, with_pgrowlocks: bool, schema: str | None
+    server: ServerInfo,
+    dsn: str,
+    name: str,
+    role: str | None,
+    with_pgrowlocks: bool,
+    schema: str | None,
+    closed: list[int],
 ) -> bool:
     """pgrowlocks (installed by the superuser) and the working schema (made by the database's owner),
-    on one connection: a connection costs as much as both. Returns whether pgrowlocks is there."""
+    on one connection: a connection costs as much as both. Returns whether pgrowlocks is there;
+    ``closed`` gets the backend of the connection it closed."""
     if schema is None:
-        return with_pgrowlocks and _try_pgrowlocks(dsn)
+        return with_pgrowlocks and _try_pgrowlocks(dsn, closed)
     make = sql.SQL("CREATE SCHEMA {0}; ALTER DATABASE {1} SET search_path = {0}, public").format(
         sql.Identifier(schema), sql.Identifier(name)
     )
@@ -164,6 +174,7 @@ def _furnish(
         make = sql.SQL("SET ROLE {0}; {1}; RESET ROLE").format(sql.Identifier(role), make)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
+            closed.append(conn.info.backend_pid)
             has_pgrowlocks = with_pgrowlocks and _install_pgrowlocks(conn)
             conn.execute(make)
     except psycopg.OperationalError as exc:  # the server stopped between CREATE DATABASE and here

@@ -15,11 +15,12 @@ def peer_pid(sock: socket.socket) -> int | None:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             return int(struct.unpack("3i", creds)[0]) or None
         host, port = sock.getpeername()[:2]
+        ours = sock.getsockname()[1]
     except OSError:
         return None
     if host not in ("127.0.0.1", "::1"):
         return None
-    inode = _socket_inode(port, "/proc/net/tcp6" if ":" in host else "/proc/net/tcp")
+    inode = _socket_inode(port, ours)
     return None if inode is None else _owner(inode)
 
 
@@ -58,18 +59,23 @@ def in_transit(port: int) -> bool:
     return any(queued and port in (local, remote) for local, remote, queued in _established())
 
 
-def _socket_inode(port: int, table: str) -> str | None:
-    """The inode of the socket whose local port is ``port`` (the client's end), from the kernel's TCP table."""
-    suffix = f":{port:04X}"
-    try:
-        with open(table) as lines:
-            next(lines, None)
-            for line in lines:
-                parts = line.split()
-                if len(parts) > 9 and parts[1].endswith(suffix) and parts[9] != "0":
-                    return parts[9]
-    except OSError:
-        return None
+def _socket_inode(port: int, remote: int) -> str | None:
+    """The inode of the client's end of a connection (local ``port``, to ``remote``), from the kernel's TCP tables.
+
+    Both tables: a dual-stack client (the JVM's sockets are IPv6) reaches an IPv4 listener from an IPv6
+    socket, listed in ``tcp6`` under the mapped address ``::ffff:127.0.0.1``.
+    """
+    local, far = f":{port:04X}", f":{remote:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines, None)
+                for line in lines:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[1].endswith(local) and parts[2].endswith(far) and parts[9] != "0":
+                        return parts[9]
+        except OSError:
+            continue
     return None
 
 

@@ -7,6 +7,10 @@ every process of the command's group is asleep in a system call that waits for i
 for another thread (``read``, ``recv*``, ``accept``, ``poll``, ``select``, ``epoll_wait``,
 ``futex``, ``wait4``, ``pause``...) with no timeout. A thread that is runnable, in a sleep
 (``nanosleep``), writing, or in any other call may still act on its own, so it is not quiet.
+A look reads the threads one after another; it holds only if, once every thread is read, the
+same threads are there and none has run since the look began (``/proc/PID/task/TID/schedstat``,
+the scheduler's count of each thread's time on a CPU): a parent read asleep in the join of a
+thread it has just started, not yet listed, is no proof.
 
 A *timed* wait (``poll`` with a timeout, a timed ``futex``) is quiet only while the process waits
 for pgrace: one of its connections has a statement that pgrace holds or runs, and every
@@ -19,6 +23,35 @@ the process is not quiet until it is back in a wait that says so. What the rule 
 an application timer that fires while another of its connections waits for pgrace; the reduced
 search then meets a run that does not follow an earlier one and says the exploration is
 incomplete.
+
+A timed wait that ends at a deadline the kernel holds (a ``futex`` ``WAIT_BITSET``: its absolute
+timeout is read from the process's memory) further away than ``horizon`` is quiet, whatever the
+thread and whatever is held: the runner passes twice the step timeout, and looks again before
+that (a step and a settle each end within the step timeout, or the run fails), so the thread
+cannot wake in between. The JDK's ``Common-Cleaner`` (60 s) and code sweeper (a day) pass so,
+by their clocks, not by their names.
+
+A JVM (a process that maps HotSpot's ``libjvm.so``) runs threads of its own beside the
+application's, asleep in short timed waits (the ``VM Thread`` every second, the ``VM Periodic
+Task Thread`` every 50 ms, monitor deflation, the JIT's compiler threads, the G1 service
+thread). For a JVM the rule trusts two things and states them:
+
+* *The names the JVM gives its threads* (``/proc/PID/task/TID/comm``, :data:`HOTSPOT_THREADS`),
+  cross-checked by the JVM's own count: the process's threads less those so named, less the
+  launcher's first thread (TID = PID), must be exactly the Java threads the JVM counts as live
+  (``java.threads.live`` in the ``hsperfdata`` file it maps, the file ``jstat`` reads), which
+  leaves its service threads out. An application thread that takes such a name breaks the count;
+  then, or with ``-XX:-UsePerfData`` (no file), nothing is trusted by name. A timed ``futex`` of
+  such a thread is quiet: these threads run the VM's housekeeping, never application code.
+* *That a collection starts only when a Java thread allocates* (the Serial, Parallel and G1
+  collectors, whose threads alone are named here; G1's ``G1PeriodicGCInterval``, off by default,
+  is not read). A collection hands unreachable objects to the ``Finalizer`` and the cleaners,
+  which run application code; a quiet JVM allocates nothing, so they stay asleep. A finalizer or
+  ``Cleaner`` that talks to the database after a collection pgrace did not cause is not seen.
+
+Any other timed ``futex`` in a JVM (``Object.wait(ms)``, a ``ScheduledExecutorService``, a
+``java.util.Timer``: an application thread that may act on its own) is not quiet, even while a
+statement of the process is held: the run waits for it and, past the step timeout, is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +70,7 @@ from typing import IO, Protocol
 from pgrace.errors import ExecError
 from pgrace.model.scenario import Command, set_by_pgrace
 from pgrace.servers.processes import dies_with_parent
+from pgrace.text import visible
 
 # x86_64 system call numbers: untimed waits, and the timed ones with the argument that says so.
 _READ, _READV, _RECVFROM, _RECVMSG, _RECVMMSG, _ACCEPT, _ACCEPT4 = 0, 19, 45, 47, 299, 43, 288
@@ -48,6 +82,24 @@ SELECTOR_WAITS = frozenset({_POLL, _PPOLL, _SELECT, _PSELECT6, _EPOLL_WAIT, _EPO
 _ALWAYS_UNTIMED = {_READ, _READV, _RECVFROM, _RECVMSG, _ACCEPT, _ACCEPT4, _WAIT4, _WAITID, _PAUSE, _RT_SIGSUSPEND}
 _FUTEX_WAITS = {0, 6, 9, 11, 13}  # WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
 _FUTEX_FLAGS = 128 | 256  # PRIVATE, CLOCK_REALTIME
+_FUTEX_WAIT_BITSET, _FUTEX_CLOCK_REALTIME = 9, 256  # the wait whose timeout is an absolute time
+
+HOTSPOT_THREADS = (
+    "VM Thread",  # safepoints and VM operations (GC among them)
+    "VM Periodic Tas",  # VM Periodic Task Thread: sampling and statistics
+    "Monitor Deflati",  # Monitor Deflation Thread
+    "Service Thread",
+    "Sweeper thread",  # the code cache sweeper
+    "C1 CompilerThre",  # the JIT's compiler threads (the kernel keeps 15 bytes of a name)
+    "C2 CompilerThre",
+    "GC Thread#",  # G1's and the Parallel collector's workers
+    "G1 Main Marker",
+    "G1 Conc#",
+    "G1 Refine#",
+    "G1 Service",
+)
+"""HotSpot's own threads (JDK 17), which run no application code and which the JVM does not count as Java threads:
+a name here, or one that starts with an entry ending in ``#``."""
 
 OUTPUT_LIMIT = 64 * 1024  # bytes of a command's stdout and stderr kept for the report (the rest is read and dropped)
 
@@ -63,6 +115,7 @@ class ThreadState:
 
     quiet: bool  # asleep in a wait that only input or another thread ends
     timed_fds: tuple[int, ...] | None = None  # a timed multiplexing wait: the descriptors it waits on
+    left: float | None = None  # a timed futex with an absolute deadline: seconds before it ends by itself
 
 
 def thread_state(pid: int, tid: int) -> ThreadState:
@@ -87,7 +140,17 @@ def thread_state(pid: int, tid: int) -> ThreadState:
     if nr == _FUTEX:
         if (args[1] & ~_FUTEX_FLAGS) not in _FUTEX_WAITS:
             return ThreadState(False)
-        return ThreadState(True) if args[3] == 0 else ThreadState(False, ())
+        if args[3] == 0:
+            return ThreadState(True)
+        if args[1] & ~_FUTEX_FLAGS != _FUTEX_WAIT_BITSET:
+            return ThreadState(False, ())  # a relative timeout: when it started is not known
+        left = _left(pid, args[3], realtime=bool(args[1] & _FUTEX_CLOCK_REALTIME))
+        try:  # the same wait still, so the deadline read is this wait's, not the next one's
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                again = f.read().split()
+        except OSError:
+            again = []
+        return ThreadState(False, (), left if again == fields else None)
     if nr == _FUTEX_WAITV:
         return ThreadState(True) if args[3] == 0 else ThreadState(False, ())
     if nr == _RT_SIGTIMEDWAIT:
@@ -106,6 +169,18 @@ def thread_state(pid: int, tid: int) -> ThreadState:
     if untimed:
         return ThreadState(True)
     return ThreadState(False, _waited_fds(pid, nr, args))
+
+
+def _left(pid: int, timespec: int, realtime: bool) -> float | None:
+    """Seconds until an absolute futex timeout (a ``struct timespec`` in the process's memory); None: unreadable."""
+    try:
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            mem.seek(timespec)
+            seconds, nanoseconds = struct.unpack("qq", mem.read(16))
+    except (OSError, ValueError, OverflowError, struct.error):
+        return None
+    now = time.clock_gettime(time.CLOCK_REALTIME if realtime else time.CLOCK_MONOTONIC)
+    return float(seconds) + float(nanoseconds) / 1e9 - now
 
 
 def _waited_fds(pid: int, nr: int, args: list[int]) -> tuple[int, ...] | None:
@@ -190,37 +265,153 @@ def descendants(pid: int) -> list[int]:
     return seen
 
 
-def quiet(root: int, proxied: set[int], held: bool) -> str | None:
+def quiet(root: int, proxied: set[int], held: bool, horizon: float) -> str | None:
     """None when every thread of ``root``'s process tree waits provably; else which thread does not, for people.
 
-    ``proxied``: the inodes of sockets connected to the proxy; ``held``: a statement of the process is pgrace's.
+    ``proxied``: the inodes of sockets connected to the proxy; ``held``: a statement of the process is pgrace's;
+    ``horizon``: a timed wait whose deadline is further away than this many seconds is quiet.
     """
-    for pid in descendants(root):
-        try:
-            tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        moving = threads_quiet(pid, tids, proxied, held)
+    seen = _threads(root)
+    ran = {(pid, tid): _ran(pid, tid) for pid, tids in seen.items() for tid in tids}
+    for pid, tids in seen.items():
+        moving = threads_quiet(pid, list(tids), proxied, held, horizon)
         if moving is not None:
             return moving
+    # A look reads one thread after another: one read asleep may have run since (woken by a thread read later,
+    # or by one started meanwhile and not in the look, as a launcher that joins the thread it has just started).
+    # The look holds only if the same threads are there after it and none of them has run in between.
+    if _threads(root) != seen or any(_ran(pid, tid) != before for (pid, tid), before in ran.items()):
+        return f"process {root}'s threads, which ran while pgrace looked"
     return None
 
 
+def _ran(pid: int, tid: int) -> str | None:
+    """What a thread has run so far (the scheduler's count of its time on a CPU and of its turns): it changes
+    whenever the thread runs. None: the thread is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return f.read()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:  # a kernel without scheduler statistics: the context switches, counted in its status
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            return "".join(line for line in f if "ctxt_switches" in line)
+    except OSError:
+        return None
+
+
+def _threads(root: int) -> dict[int, frozenset[int]]:
+    """Every process of ``root``'s tree and its threads."""
+    found: dict[int, frozenset[int]] = {}
+    for pid in descendants(root):
+        with contextlib.suppress(OSError):
+            found[pid] = frozenset(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+    return found
+
+
 def threads_quiet(
-    pid: int, tids: list[int], proxied: set[int], held: bool, wake_ups: frozenset[int] = frozenset()
+    pid: int, tids: list[int], proxied: set[int], held: bool, horizon: float, wake_ups: frozenset[int] = frozenset()
 ) -> str | None:
     """:func:`quiet` for some threads of one process; ``wake_ups``: socket inodes that are the process's own."""
     own: set[str] | None = None
+    jvm: Jvm | None = None
     for tid in tids:
         state = thread_state(pid, tid)
-        if state.quiet:
+        if state.quiet or (state.left is not None and state.left > horizon):
             continue
         fds = state.timed_fds
+        if fds == ():  # a timed futex
+            jvm = jvm_of(pid) if jvm is None else jvm
+            if jvm.hotspot:
+                if tid in jvm.own:
+                    continue
+                return f"process {pid} thread {tid} {_comm(pid, tid)!r} in a timed wait{jvm.why}"
         if held and fds is not None:
             own = _own_pipes(pid) if own is None else own
             if all(_pgrace_or_wake_up(pid, fd, proxied, own, wake_ups) for fd in fds):
                 continue
         return f"process {pid} thread {tid}"
+    return None
+
+
+def _comm(pid: int, tid: int) -> str:
+    """A thread's name as the kernel keeps it (15 bytes), control characters made visible."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+            return visible(f.read().rstrip(b"\n").decode("utf-8", "replace"))
+    except OSError:
+        return "?"
+
+
+@dataclass(frozen=True)
+class Jvm:
+    """What the rule trusts of a process as a JVM: ``own``, HotSpot's own threads, when its count agrees."""
+
+    hotspot: bool  # the process maps libjvm.so
+    own: frozenset[int] = frozenset()
+    why: str = ""  # why nothing is trusted by name, for people ("" when ``own`` holds)
+
+
+def jvm_of(pid: int) -> Jvm:
+    """HotSpot's own threads of ``pid``, by name, cross-checked by the JVM's count of live Java threads."""
+    hotspot, perf = False, None
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                cols = line.split(maxsplit=5)
+                path = cols[5].strip() if len(cols) == 6 else ""
+                if path.endswith("/libjvm.so"):
+                    hotspot = True
+                elif os.path.basename(os.path.dirname(path)).startswith("hsperfdata_"):
+                    perf = (path, int(cols[4]))
+    except (OSError, ValueError):
+        return Jvm(False)
+    if not hotspot:
+        return Jvm(False)
+    if perf is None:
+        return Jvm(True, why="; no hsperfdata file to count the JVM's threads with (-XX:-UsePerfData)")
+    live = _java_threads_live(*perf)
+    try:
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return Jvm(True, why="; its threads could not be listed")
+    own = frozenset(t for t in tids if t != pid and _hotspot_name(_comm(pid, t)))
+    others = len(tids) - len(own) - (pid in tids)
+    if live is None or live != others:
+        counted = "no Java threads (its hsperfdata file unreadable)" if live is None else f"{live} Java threads"
+        return Jvm(True, why=f"; the JVM counts {counted}, pgrace {others} besides the JVM's own and the launcher's")
+    return Jvm(True, own)
+
+
+def _hotspot_name(name: str) -> bool:
+    return any(name == known or (known.endswith("#") and name.startswith(known)) for known in HOTSPOT_THREADS)
+
+
+def _java_threads_live(path: str, inode: int) -> int | None:
+    """``java.threads.live`` from a HotSpot performance data file (the one the process maps: same inode)."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_ino != inode:
+                return None
+            raw = f.read(1 << 20)
+        if raw[:4] != b"\xca\xfe\xc0\xc0" or not raw[7]:  # magic; accessible (the JVM finished writing it)
+            return None
+        order = "<" if raw[4] == 1 else ">"
+        offset, count = struct.unpack_from(order + "ii", raw, 24)
+        for _ in range(min(count, 10_000)):
+            length, name_at, vector, kind, _flags, _units, _variability, data_at = struct.unpack_from(
+                order + "iiibbbbi", raw, offset
+            )
+            end = raw.index(b"\0", offset + name_at)
+            if raw[offset + name_at : end] == b"java.threads.live" and vector == 0 and kind == ord("J"):
+                return int(struct.unpack_from(order + "q", raw, offset + data_at)[0])
+            if length <= 0:
+                return None
+            offset += length
+    except (OSError, ValueError, IndexError, struct.error):
+        return None
     return None
 
 
@@ -239,7 +430,7 @@ class Actor(Protocol):
 
     def owns(self, peer_pid: int | None, application_name: str | None) -> bool: ...
 
-    def moving(self, proxied: set[int], held: bool) -> str | None: ...
+    def moving(self, proxied: set[int], held: bool, horizon: float) -> str | None: ...
 
     def exit_code(self) -> int | None: ...
 
@@ -282,8 +473,8 @@ class Started:
             pid = _parent(pid)
         return False
 
-    def moving(self, proxied: set[int], held: bool) -> str | None:
-        return quiet(self.pid, proxied, held)
+    def moving(self, proxied: set[int], held: bool, horizon: float) -> str | None:
+        return quiet(self.pid, proxied, held, horizon)
 
     def exit_code(self) -> int | None:
         return self.proc.poll()

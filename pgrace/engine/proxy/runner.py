@@ -85,6 +85,7 @@ class ExecOrder:
                     self.settle()
                     continue
                 if self._all_ended():
+                    self._report_exits()  # a command that ended since the last settle is an outcome too
                     return met
                 self._await_news()
                 continue
@@ -197,7 +198,9 @@ class ExecOrder:
             if started.exit_code() is not None:
                 continue
             mine = any(s.owner is started for s in held)
-            moving = started.moving(proxied, mine)
+            # A thread asleep past two step timeouts cannot wake before pgrace looks again: a step and a settle
+            # each end within one.
+            moving = started.moving(proxied, mine, 2 * self.step_timeout)
             if moving is not None:
                 return f"{started.name} ({moving}) runs"
         between = proxy.in_between()

@@ -232,6 +232,8 @@ class ProxyHooks:
 
     def _name(self, client: Client, owner: Actor | None) -> str:
         wanted = (client.application_name or "").strip()
+        if wanted in DRIVER_DEFAULT_NAMES:
+            wanted = ""
         if not wanted:
             prefix = owner.name if owner is not None else "client"
             if owner is not None:
@@ -244,6 +246,12 @@ class ProxyHooks:
             k += 1
             name = f"{wanted}#{k}"
         return name
+
+
+DRIVER_DEFAULT_NAMES = frozenset({"PostgreSQL JDBC Driver"})
+"""``application_name`` values a driver sends for every connection unless told otherwise (pgjdbc's, in its
+start-up when ``assumeMinServerVersion`` allows): they name no one, and taken as names they would follow which
+command connected first, so a connection that sends one is named as one that sends none (``alice#1``)."""
 
 
 def relay_asleep(tid: int | None) -> bool:

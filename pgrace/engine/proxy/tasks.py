@@ -74,13 +74,13 @@ class TaskActor:
     def owns(self, peer_pid: int | None, application_name: str | None) -> bool:
         return peer_pid == os.getpid() and application_name == self.session.name
 
-    def moving(self, proxied: set[int], held: bool) -> str | None:
+    def moving(self, proxied: set[int], held: bool, horizon: float) -> str | None:
         if not self.thread.is_alive():
             return None
         tids = self.tids + [
             t.native_id for t in threading.enumerate() if t.name.startswith(self.prefix + "_") and t.native_id
         ]
-        return threads_quiet(os.getpid(), tids, proxied, held, self.wake_ups)
+        return threads_quiet(os.getpid(), tids, proxied, held, horizon, self.wake_ups)
 
     def exit_code(self) -> int | None:
         if self.thread.is_alive():
