@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from pgrace import proxy
+from pgrace.drivers.searches import Exhaustive
 from pgrace.engine.proxy import startup
 from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
@@ -162,7 +163,9 @@ def test_a_prepare_is_ordered_by_the_table_lock_it_takes(pgrace_server: ServerIn
     setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
     final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
     reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
-    every = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, reduce=False)
+    every = proxy.explore_async(
+        sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, search=Exhaustive()
+    )
     assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
     assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [(c.final, c.summary) for c in every.classes]
     assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
@@ -190,7 +193,9 @@ def test_a_prepare_that_takes_the_snapshot_is_ordered_by_the_commits_around_it(p
     setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
     final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
     reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
-    every = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, reduce=False)
+    every = proxy.explore_async(
+        sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, search=Exhaustive()
+    )
     assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
     assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [c.summary for c in every.classes]
     assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
