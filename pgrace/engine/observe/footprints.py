@@ -49,7 +49,7 @@ UNION ALL
 SELECT pid, CASE WHEN state = 'active' THEN 'snapshot-in-prefix' ELSE 'snapshot' END, NULL
 FROM pg_catalog.pg_stat_activity  -- after a Flush the backend reads the rest of the cycle, 'active'
 WHERE pid = ANY(%(pids)s) AND backend_xmin IS NOT NULL
-  AND (state LIKE 'idle in transaction%%' OR (state = 'active' AND wait_event = 'ClientRead'))
+  AND (state LIKE 'idle in transaction%%' OR state = 'active')  -- not yet waiting for the client, maybe
 UNION ALL
 SELECT l.pid, 'tuple', ARRAY[format('%%I.%%I', n.nspname, c.relname), format('(%%s,%%s)', l.page, l.tuple)]
 FROM l JOIN pg_catalog.pg_class c ON c.oid = l.relation JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
