@@ -1,6 +1,8 @@
 """What every session holds at one moment, for explore's reduction: its locks, its snapshot, its rows.
 
-One round trip reads ``pg_locks`` and ``pg_stat_activity``, the shape of every table locked
+One round trip reads ``pg_locks`` and ``pg_stat_activity`` (``snapshot``: the session keeps one between
+statements; ``snapshot-in-prefix``: it keeps one after a Flush-ended prefix, a parse in REPEATABLE READ
+or a suspended portal's), the shape of every table locked
 (``table|[name, schema, relname, relkind, narrowable, keyed, primary key columns]``: narrowable
 without row-level security or inheritance children; keyed when the primary key is its only unique
 index or exclusion constraint; each key column ``[name, int|text|other, position]``) and ``closed``,
@@ -47,8 +49,10 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid = l.relation
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE l.locktype <> 'transactionid'
 UNION ALL
-SELECT pid, 'snapshot', NULL FROM pg_catalog.pg_stat_activity
-WHERE pid = ANY($1) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%'
+SELECT pid, CASE WHEN state = 'active' THEN 'snapshot-in-prefix' ELSE 'snapshot' END, NULL
+FROM pg_catalog.pg_stat_activity  -- after a Flush the backend reads the rest of the cycle, 'active'
+WHERE pid = ANY($1) AND backend_xmin IS NOT NULL
+  AND (state LIKE 'idle in transaction%' OR state = 'active')  -- not yet waiting for the client, maybe
 UNION ALL
 SELECT l.pid, 'tuple', ARRAY[format('%I.%I', n.nspname, c.relname), format('(%s,%s)', l.page, l.tuple)]
 FROM l JOIN pg_catalog.pg_class c ON c.oid = l.relation JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
