@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 
 import asyncpg
+import psycopg
 import pytest
 from proxying import psycopg_withdrawal
 
 from pgrace import proxy
+from pgrace.drivers.searches import Exhaustive
 from pgrace.engine.proxy import startup
 from pgrace.servers import ServerInfo
 
@@ -39,10 +41,11 @@ def test_asyncpg_finds_the_lost_update(pgrace_server: ServerInfo) -> None:
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     finals = {str(c.final) for c in found.classes}
     assert any("400" in final for final in finals) and any("300" in final for final in finals), finals
-    assert found.complete and not found.ok, found.incomplete
+    assert found.complete and not found.ok and found.runs == 27, (found.incomplete, found.runs)
     cured = {"alice": withdraw_locked_asyncpg, "bob": withdraw_locked_asyncpg}
     proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     assert proved.complete and len(proved.classes) == 1 and proved.ok, [c.summary for c in proved.classes]
+    assert proved.runs == 9
 
 
 def test_a_slow_start_up_is_waited_for(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,3 +106,65 @@ def test_psycopg_async_one_run_in_order(pgrace_server: ServerInfo) -> None:
     run = proxy.run_async(sessions, setup=SETUP, final=FINAL, expect=[[400]], order=order, server=pgrace_server)
     assert [s.session for s in run.scenario.steps] == order
     assert run.ok
+
+
+async def _note_balance(dsn: str) -> None:
+    """One prepared statement outside a transaction block: asyncpg's Parse/Describe/Flush opens the implicit
+    transaction, and the ACCESS SHARE lock parsing took on accounts is held until the Bind/Execute/Sync after it."""
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("INSERT INTO seen SELECT balance FROM accounts WHERE id = $1", 1)
+    await conn.close()
+
+
+async def _lock_and_change(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute("LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE")
+        await conn.execute("UPDATE accounts SET balance = 400 WHERE id = 1")
+        await conn.commit()
+
+
+def test_a_prepare_is_ordered_by_the_table_lock_it_takes(pgrace_server: ServerInfo) -> None:
+    """A prepare reads no row, but its table lock decides who waits for whom: before bob's LOCK TABLE, bob waits
+    and alice notes 500; after it, alice's prepare waits for bob's COMMIT and notes 400. The reduced search must
+    tell the two apart as the exhaustive one does (a prepare taken to touch nothing misses 400)."""
+    sessions = {"alice": _note_balance, "bob": _lock_and_change}
+    setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
+    final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
+    reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
+    every = proxy.explore_async(
+        sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, search=Exhaustive()
+    )
+    assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
+    assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [(c.final, c.summary) for c in every.classes]
+    assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
+    assert reduced.runs is not None and every.runs is not None and reduced.runs < every.runs
+
+
+async def _note_balance_repeatable(dsn: str) -> None:
+    """In REPEATABLE READ the prepare's parse takes the transaction's snapshot: what the INSERT notes is fixed then."""
+    conn = await asyncpg.connect(dsn)
+    async with conn.transaction(isolation="repeatable_read"):
+        await conn.execute("INSERT INTO seen SELECT balance FROM accounts WHERE id = $1", 1)
+    await conn.close()
+
+
+async def _change(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute("UPDATE accounts SET balance = 400 WHERE id = 1")
+        await conn.commit()
+
+
+def test_a_prepare_that_takes_the_snapshot_is_ordered_by_the_commits_around_it(pgrace_server: ServerInfo) -> None:
+    """The snapshot is taken while the prepare waits for the rest of its cycle (the backend 'active', reading): bob's
+    COMMIT before the prepare, alice notes 400; after it, 500, even when bob commits before alice's INSERT runs."""
+    sessions = {"alice": _note_balance_repeatable, "bob": _change}
+    setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
+    final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
+    reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
+    every = proxy.explore_async(
+        sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, search=Exhaustive()
+    )
+    assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
+    assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [c.summary for c in every.classes]
+    assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
+    assert reduced.runs is not None and every.runs is not None and reduced.runs < every.runs, (reduced.runs, every.runs)

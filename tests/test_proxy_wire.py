@@ -213,6 +213,23 @@ def test_a_flush_prefix_is_a_step_and_a_named_statement_is_remembered() -> None:
     # Before the server described it, the parameter's type is unknown: binary shown as hex.
     assert execute.statement.params == ("\\x000000000000000c",)
     assert execute.statement.sql == "SELECT id FROM jobs WHERE id = $1 FOR UPDATE SKIP LOCKED"
+    assert (prepare.statement.prepares_only, execute.statement.prepares_only) == (True, False)
+
+
+def test_only_a_step_with_no_bind_execute_or_query_prepares_only() -> None:
+    """What the reduction takes to read no row: Parse, Describe, Close, Flush and Sync, and at least one Parse."""
+    found = group(
+        pg.Parse(statement="s", query="SELECT 1"),
+        pg.Describe(kind="S", name="s"),
+        pg.Sync(),
+        pg.Parse(query="SELECT 2"),
+        pg.Bind(),
+        pg.Describe(kind="P"),
+        pg.Flush(),
+        pg.Flush(),
+        Q(query_string="SELECT 3"),
+    )
+    assert [step.statement.prepares_only for step in found] == [True, False, False, False]
 
 
 def test_a_pipeline_is_one_step_per_sync() -> None:

@@ -201,6 +201,9 @@ class Step:
     """Which attempt of its retry loop it is, from 1."""
     rollback: bool = False
     """The ROLLBACK before attempt ``attempt``, sent only if a transaction is open."""
+    prepares_only: bool = False
+    """A client's step through the proxy that only parses and describes its SQL (a Parse/Describe/Flush prefix):
+    it runs nothing, so it reads, writes and locks no row; parsing locks the tables the SQL names."""
 
 
 def attempt_name(name: str, attempt: int) -> str:

@@ -68,7 +68,11 @@ named by its key: then each counts as a FOR UPDATE lock of that row.
 
 What a step touches is every lock and row its session holds after it, before it and,
 when it waited, while it waited: a transaction's locks only grow until it ends, so
-earlier steps' relations and rows count again (coarse, never short). A step during which
+earlier steps' relations and rows count again (coarse, never short). A client's step through
+the proxy that only parses and describes (asyncpg's Parse/Describe/Flush) runs nothing: it
+touches the locks it took (parsing locks the relations its SQL names, held after it and not
+before), each by its mode alone, and no row; it takes the snapshot when the backend keeps one
+after it, still reading the rest of its cycle (a parse in REPEATABLE READ). A step during which
 a waiting step went on carries the waiter's footprint too, and the waiter's session's
 next step can only come after it (the wait's release enables it; a step using another
 session's capture likewise comes after the step that captured it). The interleavings of

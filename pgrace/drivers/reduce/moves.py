@@ -46,6 +46,7 @@ class Access:
     scan: frozenset[str] | None = None
     made: frozenset[str] | None = None
     wrote: bool = True  # the step itself may have inserted, updated or deleted rows of it
+    on_rows: bool = True  # False: a table lock alone (a prepare's: parsing locks tables, reads no row)
 
     def merged(self, other: Access) -> Access:
         rows = None if self.rows is None or other.rows is None else self.rows | other.rows
@@ -57,12 +58,13 @@ class Access:
             _union(self.scan, other.scan),
             _union(self.made, other.made),
             self.wrote or other.wrote,
+            self.on_rows or other.on_rows,
         )
 
     @property
     def acts_on_rows(self) -> bool:
         """Locks or writes rows (an insert too): its rows then matter to another's."""
-        return bool(self.modes & ROW_ACTING) or self.rows is None or bool(self.rows)
+        return self.on_rows and (bool(self.modes & ROW_ACTING) or self.rows is None or bool(self.rows))
 
 
 def _union(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
@@ -146,7 +148,9 @@ def _resources(entries: frozenset[str], row_wait: bool = False) -> dict[tuple[st
             table, row = json.loads(entry[6:])
             rows.setdefault(table, set()).add((row, "FOR UPDATE"))
     for entry in entries:
-        if entry in ("snapshot", "closed", "wants?") or entry.startswith(("rows|", "row|", "table|", "wants|")):
+        if entry in ("snapshot", "snapshot-in-prefix", "closed", "wants?") or entry.startswith(
+            ("rows|", "row|", "table|", "wants|")
+        ):
             continue
         fields = (entry.split("|") + [""] * 10)[:10]
         locktype, database, relation, classid, objid, objsubid, _vxid, mode, granted, relkind = fields
@@ -221,6 +225,19 @@ def _coarse(access: Mapping[tuple[str, ...], Access]) -> dict[tuple[str, ...], A
 def _probing(access: Mapping[tuple[str, ...], Access]) -> dict[tuple[str, ...], Access]:
     """Every row of the tables it locks or writes: what it examined but left decides its result."""
     return {key: dataclasses.replace(a, rows=None) if a.acts_on_rows else a for key, a in access.items()}
+
+
+def _parsed(before: frozenset[str], after: frozenset[str]) -> dict[tuple[str, ...], Access]:
+    """A prepare's footprint: the locks it took (held after it and not before), each relation's by its modes
+    alone. Parsing and analysis lock the relations the SQL names (ACCESS SHARE, ROW SHARE for FOR UPDATE, ROW
+    EXCLUSIVE for a write's target) until the transaction ends; nothing runs, so no row is read, locked or
+    written, and a lock its transaction held already changes nothing another session can see."""
+    out = {}
+    for key, a in _resources(after - before).items():
+        if key[0] == "relation":
+            a = Access(False, True, a.modes, frozenset(), frozenset(), frozenset(), False, False)
+        out[key] = a
+    return out
 
 
 def _awaits(entries: frozenset[str]) -> bool:
@@ -334,13 +351,16 @@ def moves_of(
             access = _merge(was_before, is_after, *(_resources(r, row_wait=True) for r in between))
         elif waited:
             access = _coarse(access)
+        elif nature.prepares_only:
+            access = _parsed(before, after)
         elif nature.probes:
             access = _probing(access)
         vx_before, vx_after = _vxid(before), _vxid(after)
         transaction = vx_after or vx_before
         reading = after or before
         text, result = texts[seq], returned.get(seq)
-        access = _read_and_made(access, text, result, reading, is_after, nature, made, session, transaction)
+        if not nature.prepares_only:  # a prepare reads and makes no row: its text says what a later step will do
+            access = _read_and_made(access, text, result, reading, is_after, nature, made, session, transaction)
         releases = (
             bool(was_before.keys() - is_after.keys())
             or (vx_before is not None and vx_before != vx_after)
@@ -370,6 +390,9 @@ def moves_of(
             if j is not None and j < i:
                 enablers.append(done_at[launches[j][0]])
         snapshot = "snapshot" in after and ("snapshot" not in before or vx_before != vx_after)
+        if nature.prepares_only and "snapshot-in-prefix" in after:  # a parse in REPEATABLE READ takes it
+            snapshot = snapshot or "snapshot" not in before or vx_before != vx_after
+            isolated = True
         enabled_by = tuple(sorted(set(enablers)))
         starts = vx_after is not None and vx_after != vx_before  # its session's transaction began in it
         clock = clock_everywhere or reads_clock(nature, starts, starts_read_clock.get(name, True))

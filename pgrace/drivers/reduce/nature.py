@@ -55,6 +55,7 @@ class Nature:
     rolls_back: bool = False  # ROLLBACK TO SAVEPOINT: undoes writes and row locks of the transaction's own
     clock: bool = False  # reads the clock as it runs (clock_timestamp, statement_timestamp)
     clock_at_start: bool = False  # reads its transaction's start time (now(), current_timestamp ...)
+    prepares_only: bool = False  # parses its SQL and runs nothing: table locks, no row (Step.prepares_only)
 
 
 def nature_of(step: Step, scenario: Scenario) -> Nature:
@@ -85,6 +86,8 @@ def nature_of(step: Step, scenario: Scenario) -> Nature:
         elif kind not in PLAIN_STATEMENTS and kind not in LOCAL_STATEMENTS:
             return Nature(True, False, False)
     single = len(statements) == 1 and kinds[0] == "TransactionStmt"
+    if step.prepares_only:  # nothing it names is evaluated: no row it examines, no clock it reads as it runs
+        return Nature(False, False, single, clock_at_start=bool(CLOCK_AT_START.search(step.sql)), prepares_only=True)
     return Nature(
         False,
         False,

@@ -1,6 +1,8 @@
 """What every session holds at one moment, for explore's reduction: its locks, its snapshot, its rows.
 
-One round trip reads ``pg_locks`` and ``pg_stat_activity``, the shape of every table locked
+One round trip reads ``pg_locks`` and ``pg_stat_activity`` (``snapshot``: the session keeps one between
+statements; ``snapshot-in-prefix``: it keeps one after a Flush-ended prefix, a parse in REPEATABLE READ
+or a suspended portal's), the shape of every table locked
 (``table|[name, schema, relname, relkind, narrowable, keyed, primary key columns]``: narrowable
 without row-level security or inheritance children; keyed when the primary key is its only unique
 index or exclusion constraint; each key column ``[name, int|text|other, position]``) and ``closed``,
@@ -16,6 +18,7 @@ touch every row of it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -27,16 +30,18 @@ __all__ = ["ROW_ACTING", "footprints"]
 
 ROW_ACTING = frozenset({"RowShareLock", "RowExclusiveLock"})  # a table lock taken to lock or write rows
 
+# Sent after every step with ``$1`` for the pids, through a raw cursor: psycopg keeps the conversion of
+# a ``%s`` query only when it is short (4096 characters), and would convert this one at every step.
 _QUERY = """
 WITH l AS MATERIALIZED (
   SELECT l.pid, l.locktype, l.database, l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, l.granted,
          l.page, l.tuple, l.transactionid, coalesce(i.indrelid, l.relation) AS relation  -- an index's is its table's
   FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = l.relation
-  WHERE l.pid = ANY(%(pids)s)
+  WHERE l.pid = ANY($1)
 )
-SELECT l.pid, format('%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s|%%s', l.locktype, l.database,
+SELECT l.pid, format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', l.locktype, l.database,
        CASE WHEN l.relation IS NULL THEN NULL WHEN c.oid IS NULL THEN '?'
-            ELSE format('%%I.%%I', n.nspname, c.relname) END,
+            ELSE format('%I.%I', n.nspname, c.relname) END,
        l.classid, l.objid, l.objsubid, l.virtualxid, l.mode, CASE WHEN l.granted THEN 't' ELSE 'f' END,
        c.relkind), NULL::text[]
 FROM l
@@ -44,10 +49,12 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid = l.relation
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE l.locktype <> 'transactionid'
 UNION ALL
-SELECT pid, 'snapshot', NULL FROM pg_catalog.pg_stat_activity
-WHERE pid = ANY(%(pids)s) AND backend_xmin IS NOT NULL AND state LIKE 'idle in transaction%%'
+SELECT pid, CASE WHEN state = 'active' THEN 'snapshot-in-prefix' ELSE 'snapshot' END, NULL
+FROM pg_catalog.pg_stat_activity  -- after a Flush the backend reads the rest of the cycle, 'active'
+WHERE pid = ANY($1) AND backend_xmin IS NOT NULL
+  AND (state LIKE 'idle in transaction%' OR state = 'active')  -- not yet waiting for the client, maybe
 UNION ALL
-SELECT l.pid, 'tuple', ARRAY[format('%%I.%%I', n.nspname, c.relname), format('(%%s,%%s)', l.page, l.tuple)]
+SELECT l.pid, 'tuple', ARRAY[format('%I.%I', n.nspname, c.relname), format('(%s,%s)', l.page, l.tuple)]
 FROM l JOIN pg_catalog.pg_class c ON c.oid = l.relation JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE l.locktype = 'tuple'
 UNION ALL
@@ -55,7 +62,7 @@ SELECT pid, 'xid', ARRAY[transactionid::text] FROM l
 WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
 UNION ALL
 SELECT 0, 'table',
-       ARRAY[format('%%I.%%I', n.nspname, c.relname),
+       ARRAY[format('%I.%I', n.nspname, c.relname),
              (SELECT e.nspname FROM pg_catalog.pg_extension x
               JOIN pg_catalog.pg_namespace e ON e.oid = x.extnamespace WHERE x.extname = 'pgrowlocks'),
              EXISTS (SELECT 1 FROM l a  -- the observer's read would queue behind it (another's: lock_timeout)
@@ -71,7 +78,7 @@ JOIN pg_catalog.pg_class c  -- a temporary table is its session's alone, and no 
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 UNION ALL
 SELECT 0, 'info', ARRAY[pg_catalog.json_build_array(
-         format('%%I.%%I', n.nspname, c.relname), n.nspname, c.relname, c.relkind::text,
+         format('%I.%I', n.nspname, c.relname), n.nspname, c.relname, c.relkind::text,
          NOT (c.relrowsecurity OR c.relhassubclass),
          NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_index u WHERE u.indrelid = c.oid AND u.indisunique
                       AND (NOT u.indisprimary OR u.indpred IS NOT NULL OR 0 = ANY(u.indkey::int2[])))
@@ -125,7 +132,9 @@ def footprints(observer: psycopg.Connection[Any], pids: list[int]) -> dict[int, 
     tables: list[list[str | None]] = []
     shared: set[str] = set()  # the tables' shapes, and whether the database runs SQL no text shows
     tuples: list[tuple[int, str, str]] = []
-    for pid, entry, info in observer.execute(_QUERY, {"pids": pids}).fetchall():
+    with psycopg.RawCursor(observer) as cursor:
+        found = cursor.execute(_QUERY, (pids,)).fetchall()
+    for pid, entry, info in found:
         if entry == "xid":
             xids[pid].add(info[0])
         elif entry == "tuple":
@@ -155,20 +164,12 @@ def _rows(
     xids: Mapping[int, set[str]],
 ) -> None:
     """Adds each session's named rows of ``tables`` (name, pgrowlocks' schema, _, key columns ...)."""
-    parts = []
+    shapes = []
     for name, schema, _, *keys in tables:
         assert name is not None and schema is not None
-        table = sql.SQL(name)  # already quoted by format('%I.%I')
-        key = sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(str(k)) for k in keys)
-        parts.append(
-            sql.SQL(
-                "SELECT {name}::text, r.xids::text[], r.modes,"
-                " (SELECT ROW({key})::text FROM {table} t WHERE t.ctid = r.locked_row)"
-                " FROM {fn}({name}::text) r"
-            ).format(name=sql.Literal(name), key=key, table=table, fn=sql.Identifier(schema, "pgrowlocks"))
-        )
+        shapes.append((name, schema, tuple(str(k) for k in keys)))
     try:
-        found = observer.execute(sql.SQL(" UNION ALL ").join(parts)).fetchall()
+        found = observer.execute(_rows_query(tuple(shapes))).fetchall()
     except psycopg.Error:  # a table gone or out of reach: its rows stay unnamed, the reduction stays coarse
         return
     owner = {xid: pid for pid, own in xids.items() for xid in own}
@@ -189,6 +190,24 @@ def _rows(
             if (pid, name) not in unnamed and _acts_on(held, name):
                 held.add("rows|" + name)
                 held |= named.get((pid, name), set())
+
+
+@functools.lru_cache(maxsize=256)
+def _rows_query(tables: tuple[tuple[str, str, tuple[str, ...]], ...]) -> bytes:
+    """The pgrowlocks read of ``tables`` (name, pgrowlocks' schema, key columns): composed once, as the
+    same tables are read after step after step."""
+    parts = []
+    for name, schema, keys in tables:
+        table = sql.SQL(name)  # already quoted by format('%I.%I')
+        key = sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(k) for k in keys)
+        parts.append(
+            sql.SQL(
+                "SELECT {name}::text, r.xids::text[], r.modes,"
+                " (SELECT ROW({key})::text FROM {table} t WHERE t.ctid = r.locked_row)"
+                " FROM {fn}({name}::text) r"
+            ).format(name=sql.Literal(name), key=key, table=table, fn=sql.Identifier(schema, "pgrowlocks"))
+        )
+    return sql.SQL(" UNION ALL ").join(parts).as_bytes()
 
 
 def _wanted(

@@ -134,7 +134,7 @@ class ExecOrder:
             request = session.gate.request
             assert request is not None
             session.gate.steps += 1
-        step = Step(self._step_name(session.name), session.name, request.sql)
+        step = Step(self._step_name(session.name), session.name, request.sql, prepares_only=request.prepares_only)
         self.steps.append(step)
         self.scheduler.launch_entry(step, PermutationStep(step.name))
 

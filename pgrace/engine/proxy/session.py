@@ -192,7 +192,7 @@ class ProxyHooks:
             session.relay_tid = threading.get_native_id()
             owner = session.owner.name if session.owner is not None else "client"
             gate.request, gate.state, gate.since = (
-                Request(shown(statement), f"({owner})", None),
+                Request(shown(statement), f"({owner})", None, statement.prepares_only),
                 "ready",
                 time.perf_counter(),
             )

@@ -33,6 +33,9 @@ class Statement:
     ``other`` (a FunctionCall)."""
     data: bytes
     """The raw frontend bytes of the step, forwarded verbatim."""
+    prepares_only: bool = False
+    """Its messages parse, describe or close and nothing more (asyncpg's Parse/Describe/Flush): nothing is
+    planned or run, so no row is read or locked; parsing still locks the tables the SQL names."""
 
 
 #: A DataRow as it came, with what decodes it: its body, its columns, their formats.
@@ -128,6 +131,7 @@ class GroupedStep:
 
 _EXTENDED = frozenset((b"P", b"B", b"D", b"E", b"C"))
 _COPY = frozenset((b"d", b"c", b"f"))
+_PREPARING = frozenset((b"P", b"D", b"C", b"H", b"S"))  # Parse, Describe, Close, Flush, Sync: no Bind, no Execute
 
 
 class Grouper:
@@ -181,7 +185,9 @@ class Grouper:
                 wire.parse_target(message.body, "Describe")
         texts = executed or parsed
         unique = [text for index, text in enumerate(texts) if index == 0 or text != texts[index - 1]]
-        return Statement("; ".join(unique), tuple(params), kind, b"".join(message.raw for message in messages))
+        data = b"".join(message.raw for message in messages)
+        prepares_only = bool(parsed) and all(message.code in _PREPARING for message in messages)
+        return Statement("; ".join(unique), tuple(params), kind, data, prepares_only)
 
     def _bind(self, bind: wire.Bind) -> list[str | None]:
         self.memory.portals[bind.portal] = (bind.statement, bind.result_formats)

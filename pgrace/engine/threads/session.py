@@ -54,6 +54,7 @@ class Request:
     sql: str
     where: str  # file:line of the caller, as shown
     line: int | None
+    prepares_only: bool = False  # a proxy step that only parses (see Step.prepares_only)
 
 
 @dataclass
