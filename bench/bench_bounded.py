@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from pgrace.drivers.explore import Exploration, explore
+from pgrace.drivers.explore import explore
 from pgrace.drivers.searches import REDUCED, Pct, PreemptionBounded, SearchMode
 from pgrace.frontends import catalog
+from pgrace.model.exploration import Exploration
 from pgrace.servers import ServerInfo, open_server
 
 ROOT = Path(__file__).resolve().parent.parent

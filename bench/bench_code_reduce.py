@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "co
 from withdraw_psycopg import withdraw, withdraw_locked
 
 from pgrace.drivers.code import explore_code
-from pgrace.drivers.explore import Exploration
+from pgrace.model.exploration import Exploration
 from pgrace.servers import open_server
 
 ACCOUNTS = "CREATE TABLE accounts (id int PRIMARY KEY, balance int); INSERT INTO accounts VALUES (1, 500)"

@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pgrace.drivers.minimize import Minimized, minimize
+from pgrace.drivers.minimize import minimize
 from pgrace.drivers.minimize.export import ExportError, verified_spec
 from pgrace.frontends import catalog
+from pgrace.model.minimized import Minimized
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, open_server
 

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
         sweep,
     )
     from pgrace.drivers.code import TracedConnection, explore_code, run_code
-    from pgrace.drivers.explore import Exploration
     from pgrace.drivers.searches import Exhaustive, Pct, PreemptionBounded, Reduced, Sample
     from pgrace.engine.options import RunOptions
     from pgrace.errors import (
@@ -54,18 +53,33 @@ if TYPE_CHECKING:
         ServerUnavailable,
         SetupFailed,
     )
+    from pgrace.model.cases import Checked
+    from pgrace.model.exploration import Exploration
+    from pgrace.model.fromlog import FromLog
+    from pgrace.model.load import Loaded
+    from pgrace.model.matrix import Matrix
+    from pgrace.model.minimized import Minimized
     from pgrace.model.outcomes import OutcomeClass
+    from pgrace.model.results import Cleaned
     from pgrace.model.scenario import Scenario, Session, Step
+    from pgrace.model.sweep import Sweep
     from pgrace.model.timeline import CheckResult, Run, StepRun
     from pgrace.proxy import explore_exec, run_exec
     from pgrace.servers import ServerInfo, open_server
 
 _HOMES = {
     "CheckResult": "pgrace.model.timeline",
+    "Checked": "pgrace.model.cases",
+    "Cleaned": "pgrace.model.results",
+    "FromLog": "pgrace.model.fromlog",
+    "Loaded": "pgrace.model.load",
+    "Matrix": "pgrace.model.matrix",
+    "Minimized": "pgrace.model.minimized",
+    "Sweep": "pgrace.model.sweep",
     "CodeError": "pgrace.errors",
     "Interrupted": "pgrace.errors",
     "OptionError": "pgrace.errors",
-    "Exploration": "pgrace.drivers.explore",
+    "Exploration": "pgrace.model.exploration",
     "OutcomeClass": "pgrace.model.outcomes",
     "TracedConnection": "pgrace.drivers.code",
     "explore_code": "pgrace.drivers.code",
@@ -108,10 +122,16 @@ _HOMES = {
 
 __all__ = [
     "CheckResult",
+    "Checked",
+    "Cleaned",
     "CodeError",
     "Exhaustive",
     "Exploration",
+    "FromLog",
     "Interrupted",
+    "Loaded",
+    "Matrix",
+    "Minimized",
     "OptionError",
     "OutcomeClass",
     "Pct",
@@ -130,6 +150,7 @@ __all__ = [
     "SetupFailed",
     "Step",
     "StepRun",
+    "Sweep",
     "TracedConnection",
     "check",
     "clean",

@@ -25,21 +25,23 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import ExecError, Interrupted, OptionError, PgraceError, ScenarioError
 from pgrace.files import read_input, refuse_overwriting_inputs, write_output
 from pgrace.frontends import catalog
+from pgrace.model.cases import CaseVerdict, Checked
+from pgrace.model.load import ClientRun, Loaded, LoadSeries
 from pgrace.model.monitor import Monitor, Note, Unwatched, following, note_long
-from pgrace.model.results import Checked, Cleaned, Explored, Loaded, Shown, Swept
+from pgrace.model.results import Cleaned, Shown
 from pgrace.model.scenario import Scenario
+from pgrace.model.sweep import Sweep
 from pgrace.model.timeline import Run
 from pgrace.scratch import sweep_leftovers
 from pgrace.servers import ServerInfo
 from pgrace.text import visible
 
 if TYPE_CHECKING:
-    from pgrace.drivers.check import CaseResult
-    from pgrace.drivers.fromlog import FromLog
-    from pgrace.drivers.load import ClientRun, LoadResult
-    from pgrace.drivers.matrix import Matrix
-    from pgrace.drivers.minimize import Minimized
     from pgrace.frontends.catalog import Entry
+    from pgrace.model.exploration import Exploration
+    from pgrace.model.fromlog import FromLog
+    from pgrace.model.matrix import Matrix
+    from pgrace.model.minimized import Minimized
 
 
 def run(
@@ -172,7 +174,7 @@ def explore(
     monitor: Monitor | None = None,
     on_note: Note | None = None,
     minimize: bool = False,
-) -> Explored:
+) -> Exploration:
     """Run the interleavings of ``scenario``'s steps that ``search`` chooses and group the outcomes.
 
     ``search`` (``pgrace.drivers.searches``): ``Reduced()``, one run of each set of
@@ -198,7 +200,7 @@ def explore(
         )
     if merge:
         texts = [(str(name), read_input(name)) for name in merge]
-        return Explored(scenario, merge_explorations(read_explorations(texts, space), scenario))
+        return merge_explorations(read_explorations(texts, space), scenario)
     from pgrace.drivers.bounded import check_bounds
     from pgrace.drivers.searches import Pct, PreemptionBounded, Reduced, Sample, runs_asked
 
@@ -241,22 +243,21 @@ def explore(
         finally:
             watch.close()
         wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
-        result = Explored(scenario, found)
         for n in wanted:
             if 1 <= n <= len(found.classes):
-                result.examples[n] = replay(scenario, opened, found.classes[n - 1], step_timeout)
-                if not same_class(result.examples[n], found.classes[n - 1]):
-                    result.replayed_differently.append(n)
+                found.examples[n] = replay(scenario, opened, found.classes[n - 1], step_timeout)
+                if not same_class(found.examples[n], found.classes[n - 1]):
+                    found.replayed_differently.append(n)
         if minimize:
             from pgrace.drivers.minimize import minimize as shrink
 
-            result.asked_to_minimize = True
+            found.asked_to_minimize = True
             failing = next((n for n, c in enumerate(found.classes, 1) if c.breaks), None)
             if failing is not None:
-                result.minimized_class = failing
+                found.minimized_class = failing
                 example = tuple(found.classes[failing - 1].example)
-                result.minimized = shrink(scenario, opened, example, step_timeout=step_timeout)
-    return result
+                found.minimized = shrink(scenario, opened, example, step_timeout=step_timeout)
+    return found
 
 
 def minimize(
@@ -310,7 +311,7 @@ def sweep(
     superuser: bool = False,
     monitor: Monitor | None = None,
     on_note: Note | None = None,
-) -> Swept:
+) -> Sweep:
     """Run each scenario (a shipped name or a file) under every combination of ``params``' values: a grid each.
 
     ``explore``: the search each combination is explored with, as ``pgrace.explore`` runs it
@@ -319,10 +320,7 @@ def sweep(
     will write, refused before anything runs when it is one of the scenario files.
     """
     from pgrace.drivers.explore import replay
-    from pgrace.drivers.sweep import (  # from the module: the package's ``pgrace.drivers.sweep`` is this
-        interleavings,
-        variants,
-    )
+    from pgrace.drivers.sweep import interleavings, variants  # the module's: the package's drivers.sweep is this
     from pgrace.drivers.sweep import sweep as sweep_grid
 
     check_bounded_jobs(explore, jobs)
@@ -337,12 +335,12 @@ def sweep(
     refuse_overwriting_inputs(output, [scenario.source for chosen in variant_lists for _, scenario in chosen])
     if explore is not None:
         note_long(watch, "sweep", sum(interleavings(c, explore) for c in variant_lists), jobs)
-    result = Swept([])
+    result = Sweep()
     with _serving(server, dsn, superuser, on_note) as opened:
         try:
             watch.start("sweep", combinations, "combinations")
             for chosen in variant_lists:
-                before = sum(len(c) for c in variant_lists[: len(result.sweeps)])
+                before = sum(len(c) for c in variant_lists[: len(result.grids)])
 
                 def combination_done(done: int, total: int, before: int = before) -> None:
                     watch.update(before + done)
@@ -350,7 +348,7 @@ def sweep(
                 def interleaved(done: int, total: int) -> None:
                     watch.update(watch.done, f"{done:,}/{total:,} interleavings")
 
-                result.sweeps.append(
+                result.grids.append(
                     sweep_grid(
                         chosen,
                         grid,
@@ -365,7 +363,7 @@ def sweep(
         finally:
             watch.close()
         if examples:
-            for i, (chosen, swept) in enumerate(zip(variant_lists, result.sweeps, strict=True)):
+            for i, (chosen, swept) in enumerate(zip(variant_lists, result.grids, strict=True)):
                 for j, ((_, scenario), cell) in enumerate(zip(chosen, swept.cells, strict=True)):
                     for k, cls in enumerate(cell.classes):
                         result.examples[(i, j, k)] = replay(scenario, opened, cls, step_timeout)
@@ -404,7 +402,7 @@ def check(
     commands: Sequence[str] = (),
     monitor: Monitor | None = None,
     on_invalid: Callable[[ScenarioError], None] | None = None,
-    on_result: Callable[[CaseResult], None] | None = None,
+    on_result: Callable[[CaseVerdict], None] | None = None,
     on_note: Note | None = None,
 ) -> Checked:
     """Run scenario files and specs (files or directories) as regression checks, on each server in turn.
@@ -432,7 +430,7 @@ def check(
     check_bounded_jobs(explore, jobs)
     regression.check_exec_options(commands, (), explore, jobs, database_name)
     watch = monitor or Unwatched()
-    checked = Checked([], [], [])
+    checked = Checked()
     with ExitStack() as stack:
         # pgrace's own servers boot, side by side, while the files are read.
         booting = [stack.enter_context(booting_server(t, superuser)) for t in (servers or [None])]
@@ -456,7 +454,7 @@ def check(
             for case in cases:
                 try:
                     if explore is not None:
-                        progress = following(watch, case.name, checked.results, jobs)
+                        progress = following(watch, case.name, checked.verdicts, jobs)
                         result = regression.run_explore_case(case, server, options, explore, jobs, progress, commands)
                     else:
                         result = regression.run_case(case, server, options, update, database_name, scratch, commands)
@@ -464,14 +462,14 @@ def check(
                     checked.invalid.append(error)
                     (on_invalid or _ignore)(error)
                 else:
-                    checked.results.append(result)
+                    checked.verdicts.append(result)
                     (on_result or _ignore)(result)
-                watch.update(len(checked.results))
+                watch.update(len(checked.verdicts))
         watch.close()
     if junit is not None:
         from pgrace.render.junit import render_junit
 
-        write_output(junit, render_junit(checked.results, checked.invalid))
+        write_output(junit, render_junit(checked.verdicts, checked.invalid))
     return checked
 
 
@@ -492,7 +490,7 @@ def load(
     server: ServerInfo | None = None,
     setup_timeout: float | None = None,
     monitor: Monitor | None = None,
-    on_measured: Callable[[LoadResult, ClientRun], None] | None = None,
+    on_measured: Callable[[LoadSeries, ClientRun], None] | None = None,
     on_note: Note | None = None,
 ) -> Loaded:
     """Run ``scenario``'s ``[load]`` transaction with pgbench at each client count; count what went wrong.
@@ -530,12 +528,12 @@ def load(
             try:
                 watch.start(f"load {scenario.name}", len(variants) * len(options.clients), "client counts")
                 for variant in variants:
-                    loaded.results.append(engine.run_load(variant, opened, options))
+                    loaded.series.append(engine.run_load(variant, opened, options))
             finally:
                 watch.close()
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted):  # a variant part-measured
-            loaded.results.append(exc.partial)
+            loaded.series.append(exc.partial)
         raise Interrupted(loaded, exc) from exc
     return loaded
 

@@ -35,10 +35,7 @@ they are recorded in the timeline as data, with their SQLSTATE.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from pgrace.model.timeline import Run
+from typing import Generic, TypeVar
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -126,11 +123,12 @@ class OptionError(ScenarioError):
 class ScenarioFailed(_Located):
     """The scenario ran on a server but could not reach its end: a property of the scenario.
 
-    ``run`` holds what was recorded up to the failure (set by the runner).
+    ``run`` holds what was recorded up to the failure (set by the runner): a
+    :class:`pgrace.model.timeline.Run`, which this bottom layer does not import (check it with ``isinstance``).
     """
 
     exit_code = EXIT_FAILED
-    run: Run | None = None
+    run: object = None
 
 
 class SetupFailed(ScenarioFailed):

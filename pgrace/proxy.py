@@ -28,13 +28,12 @@ import pgrace.servers
 from pgrace.api import tidy
 from pgrace.drivers import exec as commands_driver
 from pgrace.drivers.code import shared_server
-from pgrace.drivers.explore import Exploration
 from pgrace.drivers.searches import REDUCED, SearchMode
 from pgrace.engine.proxy.tasks import AsyncCode, AsyncSession
 from pgrace.engine.threads.frames import where_defined
 from pgrace.errors import CodeError
+from pgrace.model.exploration import Exploration
 from pgrace.model.monitor import Note
-from pgrace.model.results import Explored
 from pgrace.model.scenario import FinalCheck, Scenario
 from pgrace.model.timeline import Run
 from pgrace.servers import ServerInfo
@@ -126,7 +125,7 @@ def run_exec(scenario: Scenario, commands: Sequence[str] = (), *, server: Server
 
 def explore_exec(
     scenario: Scenario, commands: Sequence[str] = (), *, server: ServerInfo | None = None, **how: Any
-) -> Explored:
+) -> Exploration:
     """Every order of the statements ``commands`` (over the file's ``[exec]`` ones) send, grouped into classes
     judged by ``scenario``'s checks. ``how``: as ``run_exec``'s, and ``search`` (the reduced search by default;
     any of ``pgrace.explore``'s), ``examples`` (classes replayed, as ``pgrace.explore``'s)."""

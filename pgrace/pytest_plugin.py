@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from pgrace.drivers.explore import Exploration
     from pgrace.engine.options import RunOptions
+    from pgrace.model.exploration import Exploration
     from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario
     from pgrace.model.timeline import Run
@@ -105,12 +105,14 @@ class PgraceCode:
         failing = [c for c in found.classes if not predicate(c)]
         if not failing:
             return
+        from pgrace.render.text import render_text
+
         first = failing[0]
         said = f" ({what})" if what else ""
         shown = ", ".join(session for session, _ in first.statements)
         pytest.fail(
             f"{sum(c.count for c in failing)} of {found.run_count} runs fail{said}: {first.summary}\n"
-            f"the simplest one ({shown}):\n\n{found.timeline(first)}",
+            f"the simplest one ({shown}):\n\n{render_text(found.replay(first))}",
             pytrace=False,
         )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pgrace.api import read_scenario
-from pgrace.drivers.explore import Exploration
+from pgrace.model.exploration import Exploration
 
 CLAIM_FILE = Path(__file__).parent / "clients" / "claim.toml"
 PENDING = "SELECT id FROM jobs WHERE status = 'pending' ORDER BY id LIMIT 1"
@@ -54,8 +54,6 @@ def cure_proved(proved: Exploration) -> int:
     """The search was complete and every order claims each job once, with no error; its run count."""
     assert proved.complete, proved.incomplete
     assert _finals(proved) == {tuple(map(tuple, CLAIMED_ONCE))}, [c.summary for c in proved.classes]
-    assert proved.passed and not any(c.errors or c.unexpected for c in proved.classes), [
-        c.summary for c in proved.classes
-    ]
+    assert proved.ok and not any(c.errors or c.unexpected for c in proved.classes), [c.summary for c in proved.classes]
     assert proved.runs is not None
     return proved.runs

@@ -63,14 +63,14 @@ def test_the_drivers_modules_live_apart_from_the_functions_of_their_names() -> N
     import pgrace.drivers.sweep
 
     assert (pgrace.explore.__module__, pgrace.sweep.__module__, pgrace.matrix.__module__) == ("pgrace.api",) * 3
-    assert pgrace.drivers.explore.Exploration.__module__ == "pgrace.drivers.explore"
+    assert pgrace.drivers.explore.explore.__module__ == "pgrace.drivers.explore"
 
 
 def test_load_scenario_reads_a_file_and_load_is_pgbench(tmp_path: Path) -> None:
     scenario = pgrace.read_scenario("lost-update")
     assert (scenario.name, scenario.variants) == ("lost-update", ("bug", "fix"))
     done = pgrace.load(scenario, compare=True, emit=tmp_path)  # nothing runs, no server
-    assert done.results == [] and {"lost-update.bug.pgbench.sql", "lost-update.fix.pgbench.sql"} <= {
+    assert done.series == [] and {"lost-update.bug.pgbench.sql", "lost-update.fix.pgbench.sql"} <= {
         p.name for p in done.emitted
     }
 
@@ -102,7 +102,7 @@ def test_compare_of_a_scenario_with_one_variant_is_invalid_input() -> None:
 def test_explore_returns_the_classes_and_the_examples_it_replayed(pgrace_server: ServerInfo) -> None:
     scenario = pgrace.read_scenario("lost-update")
     found = pgrace.explore(scenario, dsn=pgrace_server.dsn, examples=[1])
-    assert found.exploration.explored == found.exploration.space and list(found.examples) == [1]
+    assert found.explored == found.space and list(found.examples) == [1]
     assert formats.render("explore", "json", found) == cli(
         "explore", "lost-update", "-f", "json", "--dsn", pgrace_server.dsn
     )
@@ -121,9 +121,9 @@ def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_p
             )
             shards.append(tmp_path / f"{k}.json")
             shards[-1].write_text(formats.render("explore", "json", part), encoding="utf-8")
-        merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards).exploration
+        merged = pgrace.explore(scenario, dsn="host=/nowhere", merge=shards)
         if not reduce:  # every interleaving run once, by one shard or the other
-            said, whole_said = merged.to_dict(), whole.exploration.to_dict()
+            said, whole_said = merged.to_dict(), whole.to_dict()
             assert (said.pop("shard"), whole_said.pop("shard")) == (
                 {"n": 2, "held": [1, 2], "missing": []},
                 {"n": 1, "held": [1], "missing": []},
@@ -135,7 +135,7 @@ def test_explore_merges_shards_without_a_server(pgrace_server: ServerInfo, tmp_p
 def test_sweep_returns_one_grid_per_scenario(pgrace_server: ServerInfo) -> None:
     levels = ["read-committed", "serializable"]
     swept = pgrace.sweep([LOST_UPDATE_P4], {"level": levels}, server=pgrace_server)
-    [grid] = swept.sweeps
+    [grid] = swept.grids
     assert [cell.params for cell in grid.cells] == [{"level": level} for level in levels]
     assert [cell.verdict for cell in grid.cells] == ["occurs", "prevented by 40001"]
     args = ["sweep", LOST_UPDATE_P4, "-p", "level=read-committed,serializable", "-f", "json"]
@@ -247,6 +247,6 @@ def test_an_interrupted_load_declares_what_it_measured(
             server=pgrace_server,
             on_measured=interrupt,
         )
-    [measured] = caught.value.partial.results
+    [measured] = caught.value.partial.series
     assert measured.interrupted and [run.clients for run in measured.runs] == [1]
     assert isinstance(caught.value.by, stop) and exit_code_of_interrupt(caught.value) == code

@@ -17,11 +17,12 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.bounded import Bound, explore_preemptions, pct_order
-from pgrace.drivers.explore import Exploration, explore
+from pgrace.drivers.bounded import explore_preemptions, pct_order
+from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Trace, executor
 from pgrace.drivers.searches import Pct, PreemptionBounded
 from pgrace.frontends import catalog
+from pgrace.model.exploration import Bound, Exploration
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed, switches
 from pgrace.render.outcomes import render_exploration_html, render_exploration_markdown, render_exploration_text

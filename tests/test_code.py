@@ -380,7 +380,7 @@ def test_a_failed_setup_exits_1_as_a_scenarios_does(pgrace_server: ServerInfo, m
     assert str(caught.value).startswith(
         f"tests/test_code.py:{withdraw.__code__.co_firstlineno}: setup failed: ERROR:  "
     )
-    assert caught.value.run is not None and caught.value.run.failed_setup() is not None
+    assert isinstance(caught.value.run, Run) and caught.value.run.failed_setup() is not None
     assert _leftovers(pgrace_server, "badsetup") == []
 
 

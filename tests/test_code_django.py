@@ -18,8 +18,8 @@ from test_code import ROOT, _example
 
 from pgrace.drivers.code import explore_code, run_code
 from pgrace.drivers.code_django import connected, session
-from pgrace.drivers.explore import Exploration
 from pgrace.errors import CodeError
+from pgrace.model.exploration import Exploration
 from pgrace.servers import ServerInfo
 
 EXAMPLE = _example("withdraw_django")

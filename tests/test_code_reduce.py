@@ -15,8 +15,8 @@ import pytest
 from test_code import FINAL, SETUP, _example, withdraw, withdraw_locked
 
 from pgrace.drivers.code import _runner, explore_code
-from pgrace.drivers.explore import Exploration
 from pgrace.drivers.reduce import code_trace, dependent
+from pgrace.model.exploration import Exploration
 from pgrace.model.orders.choices import Follow
 from pgrace.model.timeline import FootprintObserved
 from pgrace.servers import ServerInfo

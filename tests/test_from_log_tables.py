@@ -14,7 +14,8 @@ import pytest
 
 import tools.clients as clients
 import tools.incidents as real
-from pgrace.drivers.fromlog import FromLog, from_log
+from pgrace.drivers.fromlog import from_log
+from pgrace.model.fromlog import FromLog
 from pgrace.servers import ServerInfo
 
 

@@ -317,7 +317,7 @@ def test_a_step_that_ends_pgraces_control_connection_does_not_end_the_run(pgrace
 
 def test_explore_goes_on_when_interleavings_end_the_control_connection(pgrace_server: ServerInfo) -> None:
     scenario = parse_toml_scenario(control_killer("CREATE TABLE t (line text)"), "kill-control.toml")
-    exploration = api.explore(scenario, server=pgrace_server, search=Exhaustive()).exploration
+    exploration = api.explore(scenario, server=pgrace_server, search=Exhaustive())
     assert exploration.covers_all and exploration.explored == 4
     assert [c.ok for c in exploration.classes] == [True]
 

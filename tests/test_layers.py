@@ -12,10 +12,11 @@ from tools.import_graph import build, collapse, cycles, unit_of
 
 
 def test_no_module_imports_itself_back_through_others() -> None:
-    assert cycles(build()) == []
+    assert cycles(build(type_checking=False)) == []
 
 
 def test_no_package_imports_itself_back_through_others() -> None:
+    """Types named for the type checker alone included, as import-linter's layers count them."""
     assert cycles(collapse(build(), unit_of)) == []
 
 
@@ -26,9 +27,18 @@ def test_a_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     (package / "low.py").write_text("def f():\n    from pkg.high import g\n    return g\n")
     (package / "high.py").write_text("from pkg import low\n")
     (package / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import high\n")
-    graph = build(tmp_path, "pkg")
+    graph = build(tmp_path, "pkg", type_checking=False)
     assert cycles(graph) == [["pkg.high", "pkg.low"]]
     assert "pkg.high" not in graph["pkg.typed"]  # an import for the type checker never runs
+    assert "pkg.high" in build(tmp_path, "pkg")["pkg.typed"]  # but it names a type its readers must know
+
+
+def test_import_linter_counts_the_type_checkers_imports_too() -> None:
+    """A type a module names under ``if TYPE_CHECKING:`` is one its readers must know: it is held to the layers."""
+    import tomllib
+
+    config = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert config["exclude_type_checking_imports"] is False
 
 
 MAX_MODULE_LINES = 600

@@ -14,9 +14,9 @@ from pgrace.drivers.matrix import (
     DOCUMENTED_TABLE_CONFLICTS,
     ROW_OPERATIONS,
     TABLE_LOCK_MODES,
-    Matrix,
     measure,
 )
+from pgrace.model.matrix import Matrix
 from pgrace.servers import ServerInfo, open_server
 
 # The manual's tables, written out cell by cell (rows: requested, as in the manual; "X": conflict),

@@ -11,10 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.minimize import Failure, Kept, Minimized, failure_of, minimize
+from pgrace.drivers.minimize import Kept, failure_of, minimize
 from pgrace.drivers.minimize.export import ExportError, isolationtester, verified_spec
 from pgrace.drivers.minimize.statements import split_block
 from pgrace.frontends import catalog
+from pgrace.model.minimized import Failure, Minimized
 from pgrace.scratch import scratch_database
 from pgrace.servers import ServerInfo
 from tools.padded import padded

@@ -228,7 +228,7 @@ def test_without_checks_or_errors_a_wait_is_the_failure() -> None:
     """What from-log writes for a long lock wait: no final check, no error, one step that waits."""
     import dataclasses
 
-    from pgrace.drivers.minimize import Failure
+    from pgrace.model.minimized import Failure
 
     waits = dataclasses.replace(catalog.read_scenario("head-of-line-blocking").variant_named("bug"), checks=())
     assert Failure(False, (), (), ("claim2",)).fails(waits)

@@ -42,9 +42,9 @@ def test_explore_verdict_and_exit_code_fail_a_cure_whose_other_orders_raise_an_u
     found = explore(cure, pgrace_server)
     assert [c.ok for c in found.classes] == [True, True]  # the final check holds everywhere ...
     assert [c.unexpected for c in found.classes] == [(), ("23505",)]  # ... but one order raises 23505
-    assert not found.passed
+    assert not found.ok
     split = explore(cure, pgrace_server, jobs=2)  # read back from its workers' JSON: the same classes, the same verdict
-    assert [c.unexpected for c in split.classes] == [(), ("23505",)] and not split.passed
+    assert [c.unexpected for c in split.classes] == [(), ("23505",)] and not split.ok
 
     cli = CliRunner()
     dsn = ["--dsn", pgrace_server.dsn]

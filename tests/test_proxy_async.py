@@ -41,10 +41,10 @@ def test_asyncpg_finds_the_lost_update(pgrace_server: ServerInfo) -> None:
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     finals = {str(c.final) for c in found.classes}
     assert any("400" in final for final in finals) and any("300" in final for final in finals), finals
-    assert found.complete and not found.passed and found.runs == 27, (found.incomplete, found.runs)
+    assert found.complete and not found.ok and found.runs == 27, (found.incomplete, found.runs)
     cured = {"alice": withdraw_locked_asyncpg, "bob": withdraw_locked_asyncpg}
     proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
-    assert proved.complete and len(proved.classes) == 1 and proved.passed, [c.summary for c in proved.classes]
+    assert proved.complete and len(proved.classes) == 1 and proved.ok, [c.summary for c in proved.classes]
     assert proved.runs == 9
 
 
@@ -63,16 +63,16 @@ def test_a_slow_start_up_is_waited_for(pgrace_server: ServerInfo, monkeypatch: p
     sessions = {"alice": withdraw_asyncpg, "bob": withdraw_asyncpg}
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
     assert found.complete, found.incomplete
-    assert not found.passed and len(found.classes) == 2, [c.summary for c in found.classes]
+    assert not found.ok and len(found.classes) == 2, [c.summary for c in found.classes]
 
 
 def test_psycopg_async_lost_update_found_and_cure_proved(pgrace_server: ServerInfo) -> None:
     sessions = {"alice": psycopg_withdrawal(), "bob": psycopg_withdrawal()}
     found = proxy.explore_async(sessions, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
-    assert found.complete and found.runs == 7 and len(found.classes) == 2 and not found.passed
+    assert found.complete and found.runs == 7 and len(found.classes) == 2 and not found.ok
     cured = {"alice": psycopg_withdrawal(" FOR UPDATE"), "bob": psycopg_withdrawal(" FOR UPDATE")}
     proved = proxy.explore_async(cured, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server)
-    assert proved.complete and len(proved.classes) == 1 and proved.passed, [c.summary for c in proved.classes]
+    assert proved.complete and len(proved.classes) == 1 and proved.ok, [c.summary for c in proved.classes]
 
 
 @pytest.mark.slow
@@ -84,7 +84,7 @@ def test_psycopg_pipeline_lost_update_found(pgrace_server: ServerInfo) -> None:
     found = proxy.explore_async(
         {"alice": racy, "bob": racy}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
     )
-    assert found.complete and not found.passed, found.incomplete
+    assert found.complete and not found.ok, found.incomplete
     assert {c.final[0] for c in found.classes} == {((400,),), ((300,),)}
     assert found.runs == 19
 
@@ -95,7 +95,7 @@ def test_psycopg_pipeline_lost_update_cure_proved(pgrace_server: ServerInfo) -> 
     proved = proxy.explore_async(
         {"alice": cured, "bob": cured}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
     )
-    assert proved.complete and proved.passed, proved.incomplete
+    assert proved.complete and proved.ok, proved.incomplete
     assert {c.final[0] for c in proved.classes} == {((300,),)}
     assert proved.runs == 19
 

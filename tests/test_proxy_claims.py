@@ -29,7 +29,7 @@ from proxying import psycopg_session, sqlalchemy_session
 from pgrace import proxy
 from pgrace.api import read_scenario
 from pgrace.drivers.exec import explore_exec
-from pgrace.drivers.explore import Exploration
+from pgrace.model.exploration import Exploration
 from pgrace.model.scenario import Command
 from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo

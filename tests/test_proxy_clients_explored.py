@@ -78,11 +78,11 @@ def test_sqlalchemy_async_lost_update_found_and_its_cure_proved(pgrace_server: S
     found = proxy.explore_async(
         {"alice": racy, "bob": racy}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
     )
-    assert found.complete and not found.passed and found.runs == 15
+    assert found.complete and not found.ok and found.runs == 15
     assert {c.final[0] for c in found.classes} == {((400,),), ((300,),)}
     cured = _withdraw_sqlalchemy(lock=True)
     proved = proxy.explore_async(
         {"alice": cured, "bob": cured}, setup=SETUP, final=FINAL, expect=[[300]], server=pgrace_server
     )
-    assert proved.complete and proved.passed and proved.runs == 7
+    assert proved.complete and proved.ok and proved.runs == 7
     assert {c.final[0] for c in proved.classes} == {((300,),)}

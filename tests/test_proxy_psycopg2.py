@@ -94,7 +94,7 @@ def test_explorations_with_a_late_client_under_busy_cores_are_complete(
     commands = [Command("alice", f"{cured} --late 0.2"), Command("bob", cured)]
     for _ in range(2):
         proved = explore_exec(scenario, commands, pgrace_server)
-        assert (proved.complete, proved.runs, proved.passed) == (True, 7, True), proved.incomplete
+        assert (proved.complete, proved.runs, proved.ok) == (True, 7, True), proved.incomplete
 
 
 def _finals(explored: object) -> set[tuple[tuple[object, ...], ...]]:
@@ -115,6 +115,6 @@ def test_skip_locked_claim_double_claim_found_and_cure_proved(pgrace_server: Ser
     proved = explore_exec(bug.other, [Command("w1", cured), Command("w2", cured)], pgrace_server)
     assert proved.complete, proved.incomplete
     assert _finals(proved) == {((1, 1), (2, 1))}, [c.summary for c in proved.classes]
-    assert proved.passed and not any(c.errors or c.unexpected for c in proved.classes)
+    assert proved.ok and not any(c.errors or c.unexpected for c in proved.classes)
     print(f"double claim found in {found.runs} runs, cure proved in {proved.runs}")
     assert (found.runs, proved.runs) == (7, 7)

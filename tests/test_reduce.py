@@ -16,10 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.explore import Exploration, _explore_reduced, explore
+from pgrace.drivers.explore import _explore_reduced, explore
 from pgrace.drivers.reduce import every_order_differs, nature_of
 from pgrace.drivers.searches import Exhaustive
 from pgrace.frontends import catalog
+from pgrace.model.exploration import Exploration
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario, Step
 from pgrace.servers import ServerInfo

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from pgrace.drivers.explore import Exploration, _explore_reduced, explore
+from pgrace.drivers.explore import _explore_reduced, explore
 from pgrace.drivers.reduce import moves, nature_of
 from pgrace.drivers.reduce.nature import Nature, setup_clock
 from pgrace.drivers.searches import Exhaustive
 from pgrace.frontends import catalog
+from pgrace.model.exploration import Exploration
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario, Step
 from pgrace.servers import ServerInfo

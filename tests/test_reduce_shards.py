@@ -16,11 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.explore import Exploration, explore, reduces
+from pgrace.drivers.explore import explore, reduces
 from pgrace.drivers.reduce import explore_roots
 from pgrace.drivers.searches import Exhaustive
 from pgrace.drivers.shards import merge_explorations
 from pgrace.frontends import catalog
+from pgrace.model.exploration import Exploration
 from pgrace.model.orders.space import Space
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from pgrace.drivers.explore import Exploration
-from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
-from pgrace.drivers.sweep import GridPoint, Sweep
+from pgrace.model.exploration import Exploration
+from pgrace.model.matrix import Matrix, MatrixTable, ModePair
 from pgrace.model.outcomes import OutcomeClass
 from pgrace.model.scenario import PermutationStep, Scenario, Session, Step
+from pgrace.model.sweep import Grid, GridPoint
 from pgrace.render import outcomes as render
 
 HOSTILE = "<b>x</b> | \x1b[2J"
@@ -69,7 +69,7 @@ def test_matrix_marks_a_cell_that_differs_from_the_manual() -> None:
 def test_sweep_grid_in_every_format() -> None:
     occurs = OutcomeClass(True, 1, (), (), (((1,),),), 0, ("a-1",), summary="s", reproduces=True)
     prevented = OutcomeClass(False, 1, ("40001",), ("c",), ((),), 1, ("a-1",), summary="p", reproduces=False)
-    sweep = Sweep(
+    sweep = Grid(
         "s",
         "bug",
         {"level": ["rc", "ser"]},

@@ -99,8 +99,8 @@ def test_a_pg_dump_schema_is_the_setup_and_every_interleaving_starts_from_it(
     assert "\\restrict" in text and "check_function_bodies = false" in text  # pg_dump 18's own output
     (tmp_path / "dumped.toml").write_text(SCENARIO)
     explored = api.explore(api.read_scenario(str(tmp_path / "dumped.toml")), server=pgrace_server, search=Exhaustive())
-    assert explored.exploration.explored == 6 and explored.exploration.complete
-    (only,) = explored.exploration.classes  # nothing a run left behind changed the next one's ids
+    assert explored.explored == 6 and explored.complete
+    (only,) = explored.classes  # nothing a run left behind changed the next one's ids
     assert only.count == 6 and only.ok
 
 
@@ -162,6 +162,6 @@ def test_a_setup_that_makes_its_own_schema_needs_no_teardown(pgrace_server: Serv
         )
     )
     explored = api.explore(api.read_scenario(str(path)), server=pgrace_server, search=Exhaustive())
-    assert explored.exploration.explored == 6
-    (only,) = explored.exploration.classes
+    assert explored.explored == 6
+    (only,) = explored.classes
     assert only.count == 6 and only.ok

@@ -24,7 +24,6 @@ from corpus import CORPUS, needs_corpus
 from pgrace.cli import main
 from pgrace.drivers.speccheck import (
     CheckedFile,
-    PreparedCheck,
     alternatives,
     compare_output,
     expected_files,
@@ -34,6 +33,7 @@ from pgrace.drivers.speccheck import (
 )
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError, SetupFailed
+from pgrace.model.cases import PreparedCheck
 from pgrace.model.scenario import RowRef
 from pgrace.model.timeline import StepLaunched, StepWaiting
 from pgrace.render.text import Style, render_text

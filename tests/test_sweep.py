@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from pgrace.cli import main
-from pgrace.drivers.sweep import combinations, sweep, variants, verdict
+from pgrace.drivers.sweep import combinations, sweep, variants
 from pgrace.model.outcomes import OutcomeClass
+from pgrace.model.sweep import verdict
 from pgrace.servers import ServerInfo
 
 HERMITAGE = Path(__file__).parent.parent / "examples" / "hermitage"

@@ -2,8 +2,11 @@
 
 A function-level import is a dependency as real as a top-level one: it only
 moves the moment the cycle bites. So every `import` and `from ... import` in a
-module's AST counts, wherever it sits (only `if TYPE_CHECKING:` blocks are
-left out: they never run).
+module's AST counts, wherever it sits. Between packages, `if TYPE_CHECKING:`
+blocks count too, as import-linter's layers count them (pyproject.toml): a type
+a package names is one its readers must know. Between modules they are left out:
+a module may name for the type checker a type of the module that imports it (a
+mixin its host's types, a session protocol the steps it runs), and that never runs.
 
 Package level: each child of pgrace/ is one unit, a subpackage (``pgrace.render``)
 or a module (``pgrace.errors``). The flat modules are layers of their own, so lumping
@@ -47,11 +50,11 @@ def _type_checking_only(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.AST, type_checking: bool) -> Iterator[ast.Import | ast.ImportFrom]:
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _type_checking_only(node):
+        if not type_checking and isinstance(node, ast.If) and _type_checking_only(node):
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -68,14 +71,15 @@ def _resolve(name: str, known: set[str]) -> str | None:
     return None
 
 
-def build(root: Path = ROOT, package: str = PACKAGE) -> Graph:
+def build(root: Path = ROOT, package: str = PACKAGE, type_checking: bool = True) -> Graph:
+    """Who imports whom; ``type_checking``: the imports for the type checker alone too."""
     files = sorted((root / package).rglob("*.py"))
     known = {module_name(f, root) for f in files}
     graph: Graph = {m: set() for m in known}
     for f in files:
         me = module_name(f, root)
         here = me if is_package(f) else me.rpartition(".")[0]
-        for node in _imports(ast.parse(f.read_text(), str(f))):
+        for node in _imports(ast.parse(f.read_text(), str(f)), type_checking):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -179,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folders", action="store_true", help="also print the cycles between folders")
     args = parser.parse_args(argv)
     graph = build()
+    running = build(type_checking=False)  # between modules: what runs (see the module's docstring)
     if args.edges:
         for mod in sorted(graph):
             for dep in sorted(graph[mod]):
                 if unit_of(dep, graph) != unit_of(mod, graph):
                     print(f"{mod} -> {dep}")
     bad = 0
-    for level, g in (("module", graph), ("package", collapse(graph, unit_of))):
+    for level, g in (("module", running), ("package", collapse(graph, unit_of))):
         for component in cycles(g):
             bad += 1
             print(f"{level} cycle of {len(component)}: {' '.join(component)}")

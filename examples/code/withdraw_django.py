@@ -71,9 +71,11 @@ def main(server: Any = None) -> None:
         for c in found.classes:
             print(f"  {c.count:3}  final {c.final[0]}  e.g. {' '.join(name for name, _ in c.statements)}")
         if fn is withdraw:
+            from pgrace.render.text import render_text
+
             lost = next(c for c in found.classes if c.final[0] == ((400,),))
             print()
-            print(found.timeline(lost))
+            print(render_text(found.replay(lost)))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from pgrace.cli.base import EXIT_CODES_HELP, echo, main, say
@@ -25,3 +27,4 @@ def clean(dsn: str) -> None:
         say(note)
     removed = len(cleaned.removed)
     echo(f"{removed} leftover{'s' if removed != 1 else ''} removed from {cleaned.server}\n", None)
+    sys.exit(cleaned.exit_code)

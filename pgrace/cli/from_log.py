@@ -76,6 +76,4 @@ def from_log_command(
         echo(result.minimized_text, output)
     else:
         echo(result.written.text + "\n", output)
-    if result.not_checked is not None:
-        sys.exit(result.not_checked_exit)
-    sys.exit(0 if result.verified is None or result.verified.reproduced else 1)
+    sys.exit(result.exit_code)

@@ -33,8 +33,7 @@ from pgrace.files import refuse_overwriting_inputs
 
 if TYPE_CHECKING:
     from pgrace.cli.terminal.progress import Progress
-    from pgrace.drivers.load import ClientRun, LoadResult
-    from pgrace.model.results import Loaded
+    from pgrace.model.load import ClientRun, Loaded, LoadSeries
 
 
 @main.command(
@@ -148,18 +147,18 @@ def load(
         )
     except Interrupted as exc:  # what was measured before Ctrl-C, then exit 130 as for any interrupt
         measured: Loaded = exc.partial
-        if measured.results:
+        if measured.series:
             with suppress(Exception):
-                echo(draw("load", fmt, measured.results), output)
+                echo(draw("load", fmt, measured.series), output)
         raise
     for path in done.emitted:
         echo(f"{path}\n", None)
     if emit_dir is None:
-        echo(draw("load", fmt, done.results), output)
-        sys.exit(0 if done.ok else 1)
+        echo(draw("load", fmt, done.series), output)
+        sys.exit(done.exit_code)
 
 
-def _measured(progress: Progress, result: LoadResult, run: ClientRun) -> None:
+def _measured(progress: Progress, result: LoadSeries, run: ClientRun) -> None:
     """On a terminal, a client count's figures as soon as they are known."""
     if progress.live:
         progress.note(

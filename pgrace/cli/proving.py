@@ -39,7 +39,7 @@ from pgrace.cli.base import (
     writable,
 )
 from pgrace.cli.types import CommaList, Setting, Shard
-from pgrace.errors import EXIT_INVALID, OptionError, ScenarioError
+from pgrace.errors import OptionError, ScenarioError
 from pgrace.files import refuse_overwriting_inputs
 from pgrace.render import formats
 
@@ -167,7 +167,7 @@ def check(
             on_note=say,
         )
     echo(render_summary(checked, update), None)
-    sys.exit(EXIT_INVALID if checked.invalid else 1 if checked.failed else 0)
+    sys.exit(checked.exit_code)
 
 
 def refuse_with_commands(jobs: int, database_name: str | None) -> None:
@@ -294,16 +294,21 @@ def explore(
         refuse_exec_explore(shard, jobs, merge_files, minimize_first)
         from pgrace import proxy
 
-        found = proxy.explore_exec(
-            chosen,
-            commands,
-            dsn=server_target or dsn,
-            superuser=superuser,
-            step_timeout=step_timeout,
-            search=search,
-            examples=examples,
-            on_note=say,
-        )
+        try:
+            found = proxy.explore_exec(
+                chosen,
+                commands,
+                dsn=server_target or dsn,
+                superuser=superuser,
+                step_timeout=step_timeout,
+                search=search,
+                examples=examples,
+                on_note=say,
+            )
+        except OptionError as exc:
+            if exc.parameter != "search":
+                raise
+            raise ScenarioError(f"{option or '--max'} {exc.message}") from None
     else:
         if option is not None and (shards != (1, 1) or jobs != 1):
             raise ScenarioError(f"{option} runs in one process: --shard and -j cannot split it")
@@ -327,18 +332,17 @@ def explore(
                 if exc.parameter != "search" or option is None:
                     raise
                 raise ScenarioError(f"{option} {exc.message}") from None
-    verdict = 0 if found.exploration.passed else 1
     if show is None or merge_files:  # a merge prints the classes (in text, for a format of runs only)
         echo(draw("explore", fmt if fmt in drawn else "text", found), output)
-        sys.exit(verdict)
-    if show > len(classes := found.exploration.classes):
+        sys.exit(found.exit_code)
+    if show > len(classes := found.classes):
         raise click.BadParameter(
             f"there {'is' if len(classes) == 1 else 'are'} {len(classes)} classes", param_hint="--show"
         )
     if show in found.replayed_differently:
         click.echo(f"pgrace: class {show}'s example ended differently when replayed", err=True)
     echo(draw("run", fmt, found.examples[show], style_of(False, 120, False)), output)
-    sys.exit(verdict)
+    sys.exit(found.exit_code)
 
 
 EXEC_SPLIT = (
@@ -394,7 +398,7 @@ def matrix(
 
     measured = api.matrix(dsn=server_target or dsn, superuser=superuser, step_timeout=step_timeout, on_note=say)
     echo(draw("matrix", fmt, measured), output)
-    sys.exit(1 if measured.row.disagreements or measured.table.disagreements else 0)
+    sys.exit(measured.exit_code)
 
 
 SWEPT_VALUES = CommaList(click.STRING, "values", "read-committed,serializable")
@@ -469,6 +473,7 @@ def sweep(
             on_note=say,
         )
     echo(draw("sweep", fmt, swept), output)
+    sys.exit(swept.exit_code)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -570,3 +575,4 @@ def minimize(
         on_note=say,
     )
     echo(draw("minimize", fmt, found), None)
+    sys.exit(found.exit_code)

@@ -140,7 +140,7 @@ def run(
             chosen = pick_variant(file_scenario, fix, bug)
             result = proxy.run_exec(chosen, commands, server=tidied(server_ready()), step_timeout=step_timeout)
             echo(draw("run", fmt, result, shown.style()), output)
-            sys.exit(0 if result.ok else 1)
+            sys.exit(result.exit_code)
         if compare:
             refuse_compare(fix or bug, shown.live, fmt)
             runs = api.compare(
@@ -150,7 +150,7 @@ def run(
                 allow_scratch_schema=allow_scratch_schema,
             )
             echo(draw("compare", fmt, runs, shown.style()), output)
-            sys.exit(0 if all(r.ok for r in runs) else 1)
+            sys.exit(max(r.exit_code for r in runs))
         chosen = pick_variant(file_scenario, fix, bug)
         if not shown.start(chosen, file_scenario):
             # The engine and the renderer are imported while the run waits for its server and database.
@@ -169,7 +169,7 @@ def run(
         shown.show(result)
         for note in api.teardown_failures(result) if fmt != "isolation" else []:
             say(f"note: {note}")
-        sys.exit(0 if result.ok else 1)
+        sys.exit(result.exit_code)
 
 
 def import_ahead(*modules: str) -> None:

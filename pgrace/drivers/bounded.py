@@ -31,10 +31,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
 
 from pgrace.drivers.searches import Pct, PreemptionBounded, SearchMode
 from pgrace.errors import OptionError
+from pgrace.model.exploration import Bound
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Observed
 from pgrace.model.scenario import Scenario
@@ -42,7 +42,6 @@ from pgrace.servers import ServerInfo
 
 __all__ = [
     "PCT_RUNS",
-    "Bound",
     "Schedule",
     "check_bounded_jobs",
     "check_bounds",
@@ -54,108 +53,6 @@ __all__ = [
 
 PCT_RUNS = 100  # schedules drawn when --max does not say: a depth-2 bug of 2 sessions × 8 steps is missed ≤ 0.2%
 PREEMPTION_RUNS = 100_000  # a bounded search stops here (as a reduced one does): the bound then is not met
-
-Kind = Literal["preemptions", "pct"]
-
-
-@dataclass(frozen=True)
-class Bound:
-    """Which guarantee a bounded exploration carries, and what it takes to state it."""
-
-    kind: Kind
-    limit: int  # K (preemptions) or D (depth)
-    sessions: int
-    steps: int
-    runs: int  # executions run
-    draws: int = 0  # pct: schedules drawn (a repeated order is run once)
-    seed: int | None = None
-    diverged: int = 0  # preemptions: runs launched in another order than asked; pct: runs that sent other steps
-    cut: bool = False  # preemptions: stopped at the run limit with schedules left
-
-    @property
-    def met(self) -> bool:
-        """Preemptions: every schedule within the bound was run as asked. PCT: every run sent the steps drawn over
-        (a scenario's always; an application's, those of the first run)."""
-        return self.diverged == 0 and not self.cut
-
-    @property
-    def per_run(self) -> float:
-        """PCT: the least chance that one run finds a given depth-D bug, 1/(n·k^(D-1))."""
-        return 1.0 / (self.sessions * float(self.steps) ** (self.limit - 1))
-
-    @property
-    def missed(self) -> float:
-        """PCT: the most chance that every draw misses a given depth-D bug, (1-p)^R."""
-        return (1.0 - self.per_run) ** self.draws
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.kind == "preemptions":
-            return {"kind": "preemptions", "bound": self.limit, "met": self.met, "diverged": self.diverged}
-        return {
-            "kind": "pct",
-            "depth": self.limit,
-            "seed": self.seed,
-            "draws": self.draws,
-            "sessions": self.sessions,
-            "steps": self.steps,
-            "per_run": self.per_run,
-            "missed": self.missed,
-            "met": self.met,
-            "diverged": self.diverged,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], runs: int) -> Bound:
-        if data["kind"] == "preemptions":
-            met = bool(data["met"])
-            diverged = int(data.get("diverged", 0))
-            return cls("preemptions", int(data["bound"]), 0, 0, runs, diverged=diverged, cut=not met and not diverged)
-        if data["kind"] == "pct":
-            return cls(
-                "pct",
-                int(data["depth"]),
-                int(data["sessions"]),
-                int(data["steps"]),
-                runs,
-                int(data["draws"]),
-                None if data["seed"] is None else int(data["seed"]),
-                diverged=int(data.get("diverged", 0)),
-            )
-        raise ValueError(f"no such guarantee: {data['kind']!r}")
-
-    def words(self, space: int) -> str:
-        """What the result proves, in a sentence's first half (the header line of every format)."""
-        noun = "interleaving" if space == 1 else "interleavings"
-        runs = f"{self.runs:,} run{'s' if self.runs != 1 else ''}"
-        if self.kind == "preemptions":
-            k = f"{self.limit} preemption{'s' if self.limit != 1 else ''}"
-            if self.met:
-                return f"every schedule with at most {k}, {runs} (of {space:,} {noun})"
-            why = []
-            if self.diverged:
-                why.append(f"{self.diverged:,} launched in another order than asked: no claim for those branches")
-            if self.cut:
-                why.append(f"stopped at {self.runs:,} runs with schedules left")
-            return f"NOT every schedule with at most {k}: {runs} of {space:,} {noun} ({'; '.join(why)})"
-        drawn = f"{self.draws:,} run{'s' if self.draws != 1 else ''}"
-        if self.draws != self.runs:
-            drawn += f" ({self.runs:,} distinct, each run once)"
-        if self.diverged:
-            return (
-                f"pct depth {self.limit}, seed {self.seed}, {drawn} of {space:,} {noun}, NOT a stated probability:"
-                f" {self.diverged:,} sent other statements than the {self.steps} the schedules were drawn over"
-            )
-        return (
-            f"pct depth {self.limit}, seed {self.seed}, {drawn} of {space:,} {noun}: a depth-{self.limit} bug is"
-            f" missed with probability at most {_percent(self.missed)} (each run finds it with probability at least"
-            f" {_percent(self.per_run)})"
-        )
-
-
-def _percent(p: float) -> str:
-    if p == 0 or p >= 0.001:
-        return f"{p:.1%}"
-    return f"{p:.1e}"
 
 
 def check_bounds(space: Space, search: SearchMode, shard: tuple[int, int], jobs: int) -> None:

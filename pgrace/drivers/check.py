@@ -22,14 +22,15 @@ from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, ScenarioError, ScenarioFailed
 from pgrace.frontends import catalog
 from pgrace.model.cases import Case as Case
-from pgrace.model.cases import CaseResult as CaseResult
+from pgrace.model.cases import CaseVerdict
 from pgrace.model.cases import differs_across_servers as differs_across_servers
+from pgrace.model.timeline import Run
 from pgrace.render.text import Style, render_text
 from pgrace.scratch import ReusableScratch
 from pgrace.servers import ServerInfo
 
 if TYPE_CHECKING:
-    from pgrace.drivers.explore import Exploration
+    from pgrace.model.exploration import Exploration
 
 GOLDEN_STYLE = Style(colour=False, width=120, show_server=False, until_server_chose=True)
 
@@ -122,7 +123,7 @@ def run_case(
     database_name: str | None = None,
     scratch: ReusableScratch | None = None,
     commands: Sequence[str] = (),
-) -> CaseResult:
+) -> CaseVerdict:
     """Run one case on one server and judge it (``database_name``: the scratch database's exact name).
 
     Specs run in ``scratch`` when given: one database for all of them, as pg_regress does.
@@ -135,7 +136,7 @@ def run_case(
             spec_options = replace(options or RunOptions(), track_row_locks=False)
             checked = speccheck.run_check(case.spec, server, spec_options, database_name, scratch)
             problems = [] if checked.passed else [_first_difference(checked.comparison)]
-            return CaseResult(
+            return CaseVerdict(
                 case, server, checked.passed, checked.seconds, problems, checked.comparison.diff, checked.run
             )
         if commands or case.scenario.commands:
@@ -147,8 +148,9 @@ def run_case(
             named = database_name if scratch is None else None  # the specs' shared database holds that name
             run = run_in_scratch(case.scenario, server, options, database_name=named)
     except ScenarioFailed as failed:  # this case could not run to its end on this server: it fails, the others go on
-        return CaseResult(case, server, False, time.perf_counter() - started, [failed.message], run=failed.run)
-    result = CaseResult(case, server, run.ok, 0.0, run=run)
+        recorded = failed.run if isinstance(failed.run, Run) else None
+        return CaseVerdict(case, server, False, time.perf_counter() - started, [failed.message], run=recorded)
+    result = CaseVerdict(case, server, run.ok, 0.0, run=run)
     for check in run.checks:
         if not check.ok:
             where = f"line {check.line}: " if check.line else ""
@@ -159,7 +161,7 @@ def run_case(
     return result
 
 
-def _compare_golden(path: Path, text: str, result: CaseResult, update: bool) -> None:
+def _compare_golden(path: Path, text: str, result: CaseVerdict, update: bool) -> None:
     if update:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
@@ -189,7 +191,7 @@ def run_explore_case(
     jobs: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
     commands: Sequence[str] = (),
-) -> CaseResult:
+) -> CaseVerdict:
     """`pgrace check --explore`: judge a variant over its interleavings, not only the file's order.
 
     The variant's claim (:func:`pgrace.model.outcomes.claim_of`) decides. The bug of a bug
@@ -234,7 +236,7 @@ def run_explore_case(
         elif searched.incomplete is not None:
             problems.append(f"the sample is not of the orders its runs sent ({searched.incomplete}): no claim")
         guarantee = "" if bound is None else bound.words(searched.space)
-        return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
+        return CaseVerdict(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
     found = explore(
         case.scenario,
         server,
@@ -245,7 +247,7 @@ def run_explore_case(
     )
     guarantee = "" if found.bound is None else found.bound.words(found.space)
     problems = judged(case, found)
-    return CaseResult(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
+    return CaseVerdict(case, server, not problems, time.perf_counter() - started, problems, guarantee=guarantee)
 
 
 def judged(case: Case, found: Exploration) -> list[str]:
@@ -260,7 +262,7 @@ def judged(case: Case, found: Exploration) -> list[str]:
     problems = []
     classes = found.classes
     if found.claim == "bug":
-        if not found.passed:
+        if not found.ok:
             tainted = [(n, c) for n, c in enumerate(classes, 1) if c.reproduces]
             number, first = tainted[0] if tainted else (1, classes[0])
             said = "only with an error no step declares" if tainted else "in no interleaving"

@@ -36,7 +36,7 @@ changes the last choice that has an untried alternative
 database, one backend per session, reset by DISCARD ALL and handed out as a new connection
 object each run), runs are classified by
 :func:`pgrace.model.outcomes.classify`, and the result is ``pgrace explore``'s
-:class:`~pgrace.drivers.explore.Exploration` of :class:`~pgrace.model.outcomes.OutcomeClass` es.
+:class:`~pgrace.model.exploration.Exploration` of :class:`~pgrace.model.outcomes.OutcomeClass` es.
 
 A run proves only what the scheduler ordered: a statement that reaches the run's database
 past it fails the run with a :class:`~pgrace.errors.CodeError` naming the connection (a
@@ -65,12 +65,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from pgrace.drivers.explore import Exploration
 from pgrace.engine.threads.frames import display_name
 from pgrace.engine.threads.order import Chooser
 from pgrace.engine.threads.runner import CODE_SCHEMA, CodeRunner
 from pgrace.engine.threads.session import SessionCode, TracedConnection
 from pgrace.errors import CodeError
+from pgrace.model.exploration import Exploration
 from pgrace.model.orders.choices import Choices, ChoiceTree, Follow, NamedOrder
 from pgrace.model.outcomes import Observed, OutcomeClass, add_observed, classify, ordered
 from pgrace.model.timeline import Run

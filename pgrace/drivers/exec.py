@@ -5,7 +5,7 @@ Each command runs once per run, its connections through pgrace's proxy
 scheduler lets it go. :func:`run_exec` makes one run (first ready connection first, or
 ``order``); :func:`explore_exec` searches the orders as :func:`~pgrace.drivers.code.explore_code`
 does (reduced by what the server showed each statement touch, or every order), and its
-:class:`~pgrace.drivers.explore.Exploration` is ``pgrace explore``'s, judged by the file's
+:class:`~pgrace.model.exploration.Exploration` is ``pgrace explore``'s, judged by the file's
 checks and their polarity.
 """
 
@@ -17,19 +17,18 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
-from pgrace.drivers.bounded import PCT_RUNS, PREEMPTION_RUNS, Bound, Schedule, pct_order, preemption_search
+from pgrace.drivers.bounded import PCT_RUNS, PREEMPTION_RUNS, Schedule, pct_order, preemption_search
 from pgrace.drivers.code import _explore_reduced, _observed, observed_switches
-from pgrace.drivers.explore import Exploration
 from pgrace.drivers.exploring import choose
 from pgrace.drivers.searches import REDUCED, Exhaustive, Pct, PreemptionBounded, Sample, SearchMode
 from pgrace.engine.proxy.runner import EXEC_SCHEMA, ExecRunner
 from pgrace.engine.proxy.tasks import AsyncSession
 from pgrace.engine.threads.order import Chooser
 from pgrace.errors import OptionError
+from pgrace.model.exploration import Bound, Exploration
 from pgrace.model.orders.choices import Choices, ChoiceTree, Follow, NamedOrder
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import OutcomeClass, add_observed, claim_of, ordered
-from pgrace.model.results import Explored
 from pgrace.model.scenario import Command, PermutationStep, Scenario, merged_commands
 from pgrace.model.timeline import Run
 from pgrace.scratch import scratch_database_with_schema
@@ -147,7 +146,7 @@ def explore_exec(
     if not expected:
         shown = [dataclasses.replace(c, summary=c.summary.replace(" · checks hold", "")) for c in shown]
     if isinstance(search, Sample | PreemptionBounded | Pct):
-        found.classes, found.replayer, found.claim = shown, replay, claim_of(scenario)
+        found.classes, found.replayer, found.claim, found.subject = shown, replay, claim_of(scenario), scenario
         return found
     found = Exploration(
         scenario.name,
@@ -160,19 +159,20 @@ def explore_exec(
         complete=why is None,
         incomplete=why,
         replayer=replay,
+        claim=claim_of(scenario),
+        subject=scenario,
     )
-    found.claim = claim_of(scenario)
     return found
 
 
 def check_exec_bounds(search: SearchMode) -> None:
     """What a search over commands cannot mean, refused before any command starts."""
     if isinstance(search, Sample) and search.size < 1:
-        raise OptionError(f"--max {search.size}: at least one run", "--max")
+        raise OptionError(f"{search.size}: at least one run", "search")
     if isinstance(search, PreemptionBounded) and search.bound < 0:
-        raise OptionError(f"--max-preemptions {search.bound}: K is 0 or more", "--max-preemptions")
+        raise OptionError(f"{search.bound}: K is 0 or more", "search")
     if isinstance(search, Pct) and search.depth < 1:
-        raise OptionError(f"--pct {search.depth}: the depth D is 1 or more", "--pct")
+        raise OptionError(f"{search.depth}: the depth D is 1 or more", "search")
 
 
 class Recorded:
@@ -317,7 +317,7 @@ def explore_commands(
     step_timeout: float = 10.0,
     examples: Iterable[int] | Literal["all"] = (),
     search: SearchMode = REDUCED,
-) -> Explored:
+) -> Exploration:
     """:func:`explore_exec` of the scenario's ``[exec]`` commands and ``NAME=COMMAND`` options (:func:`commands_for`);
     ``examples``: classes whose example is replayed observed."""
     found = explore_exec(
@@ -327,9 +327,8 @@ def explore_commands(
         step_timeout=step_timeout,
         search=search,
     )
-    result = Explored(scenario, found)
     wanted = range(1, len(found.classes) + 1) if examples == "all" else examples
     for n in wanted:
         if 1 <= n <= len(found.classes):
-            result.examples[n] = found.replay(found.classes[n - 1])
-    return result
+            found.examples[n] = found.replay(found.classes[n - 1])
+    return found

@@ -30,19 +30,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgrace.bounds import check_jobs, check_sample
 from pgrace.drivers.exploring import EXPLORE_SCHEMA, choose, explore_options, prepared
-from pgrace.drivers.identity import SearchIdentity
 from pgrace.drivers.searches import REDUCED, Pct, PreemptionBounded, Reduced, Sample, SearchMode, runs_asked
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.options import RunOptions
 from pgrace.errors import OptionError, PgraceError, ScenarioError
+from pgrace.model.exploration import Exploration, SearchIdentity
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import (
-    Claim,
     Observed,
     OutcomeClass,
     add_observed,
@@ -57,112 +55,15 @@ from pgrace.scratch import scratch_database_with_schema
 from pgrace.servers import ServerInfo
 
 if TYPE_CHECKING:
-    from pgrace.drivers.bounded import Bound
+    pass
 
-__all__ = ["Exploration", "explore"]
+__all__ = ["explore"]
 
 WHOLE_SPACE_LIMIT = 100_000  # more interleavings than this are explored only as a sample (--max)
 BATCH = 200  # interleavings per runner (one set of connections); results are classified per batch
 ROOTS_PER_WORKER = 4  # -j reduced: prefixes per worker, taken as each gets free (the first ones take the most runs)
 WORK_PREFIX = "pgrace-explore-"  # the -j workers' shared claims, in a directory named for this process
 PART = 2_000  # interleavings per scratch database and per worker's round: about 10 s at ~5 ms each
-
-
-@dataclass
-class Exploration:
-    """The outcome classes of one variant's interleavings (or of a shard or a sample of them)."""
-
-    scenario: str
-    variant: str
-    space: int
-    explored: int
-    seed: int | None
-    classes: list[OutcomeClass] = field(default_factory=list)
-    shard: tuple[int, int] = (1, 1)
-    runs: int | None = None  # executions actually run (None: one per interleaving explored)
-    complete: bool = True  # False: the space was cut at a limit (code's choice tree); these are the first ones
-    incomplete: str | None = None  # why not complete, in words (code's explorations)
-    repeats: int = 0  # explored interleavings that ran as a lower-numbered one did (retry attempts not sent)
-    bound: Bound | None = None  # a bounded search (--max-preemptions, --pct): what it proves instead
-    claim: Claim = "no bug"  # what the classes must show (pgrace.model.outcomes.claim_of)
-    search: SearchIdentity | None = None  # which search this is a shard of (None: code's, never split)
-    held: tuple[int, ...] | None = None  # the shards of N a merge holds (None: ``shard``'s K alone)
-    origin: str | None = field(default=None, compare=False)  # the file it was read from
-    replayer: Callable[[OutcomeClass], Run] | None = field(default=None, repr=False, compare=False)
-
-    def replay(self, cls: OutcomeClass) -> Run:
-        """The class's example run again, fully observed (waits, rows, holders)."""
-        if self.replayer is None:
-            raise PgraceError("this exploration cannot replay its examples (read back from JSON)")
-        return self.replayer(cls)
-
-    def timeline(self, cls: OutcomeClass) -> str:
-        """The class's example run again, as the text timeline."""
-        from pgrace.render.text import render_text
-
-        return render_text(self.replay(cls))
-
-    @property
-    def shards_held(self) -> tuple[int, ...]:
-        """Which of the search's N shards this holds: K for one shard, those merged for a merge."""
-        return (self.shard[0],) if self.held is None else self.held
-
-    @property
-    def missing(self) -> tuple[int, ...]:
-        """The shards of the search this does not hold: while any is missing, it is a part."""
-        return tuple(k for k in range(1, self.shard[1] + 1) if k not in self.shards_held)
-
-    @property
-    def run_count(self) -> int:
-        return self.explored if self.runs is None else self.runs
-
-    @property
-    def covers_all(self) -> bool:
-        """Every interleaving covered, by a run or by an equivalent one."""
-        return self.bound is None and self.complete and not self.missing and self.explored == self.space
-
-    @property
-    def guarantee(self) -> dict[str, Any]:
-        """Which guarantee the classes carry: every interleaving, a bound's, a seeded sample's, or none (a part)."""
-        if self.bound is not None:
-            return self.bound.to_dict()
-        if self.covers_all:
-            return {"kind": "complete"}
-        if self.seed is not None and not self.missing:
-            return {"kind": "sample", "seed": self.seed}
-        return {"kind": "part"}
-
-    @property
-    def reduced(self) -> bool:
-        """Whether equivalent interleavings were run once (the classes count runs, not interleavings)."""
-        return self.run_count != self.explored
-
-    def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (docs/reference/json.md)."""
-        return {
-            "scenario": self.scenario,
-            "variant": self.variant,
-            "space": self.space,
-            "explored": self.explored,
-            "runs": self.run_count,
-            "complete": self.covers_all or (self.complete and self.shard[1] > 1 and self.seed is None),
-            "guarantee": self.guarantee,
-            "repeats": self.repeats,
-            "seed": self.seed,
-            "claim": self.claim,
-            "passed": self.passed,
-            "search": None if self.search is None else self.search.to_dict(),
-            "shard": {"n": self.shard[1], "held": list(self.shards_held), "missing": list(self.missing)},
-            "classes": [c.to_dict(self.variant) for c in self.classes],
-        }
-
-    @property
-    def passed(self) -> bool:
-        """The variant's claim judged on its classes (explore's verdict and exit code): "bug", some class
-        shows it with no undeclared error (a shard need not: the merge is judged); "no bug", none breaks it."""
-        if self.claim == "bug":
-            return any(c.shows_bug for c in self.classes) or self.shard[1] > 1
-        return not any(c.breaks for c in self.classes)
 
 
 def run_interleavings(
@@ -275,7 +176,7 @@ def explore(
     in one process.
     """
     found = _explore(scenario, server, search, shard, jobs, step_timeout, on_progress)
-    found.claim = claim_of(scenario)
+    found.claim, found.subject = claim_of(scenario), scenario
     return found
 
 

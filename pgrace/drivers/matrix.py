@@ -16,7 +16,7 @@ FOR KEY SHARE on the referenced row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -25,6 +25,7 @@ from pgrace.engine.control import ControlSql
 from pgrace.engine.libpq.runner import run_scenario
 from pgrace.engine.observe.locks import CONFLICTS, ROW_CONFLICTS, ROW_STRENGTHS
 from pgrace.engine.options import RunOptions
+from pgrace.model.matrix import Matrix, MatrixTable, ModePair
 from pgrace.model.scenario import LOCK_MODES, PermutationStep, Scenario, Session, Step
 from pgrace.model.timeline import Run, StepRun
 from pgrace.servers import ServerInfo
@@ -87,56 +88,6 @@ def row_documented_blocks(held: str, requested: str) -> bool:
 
 def table_documented_blocks(held: str, requested: str) -> bool:
     return held in DOCUMENTED_TABLE_CONFLICTS[requested]
-
-
-@dataclass(frozen=True)
-class ModePair:
-    """One measured pair: does ``requested`` wait while another session holds ``held``?"""
-
-    held: str
-    requested: str
-    blocks: bool
-    documented_blocks: bool
-    seen: str = ""  # the lock pgrace saw: what the requester waited for, or what both hold
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "held": self.held,
-            "requested": self.requested,
-            "blocks": self.blocks,
-            "documented_blocks": self.documented_blocks,
-        }
-
-    @property
-    def agrees(self) -> bool:
-        return self.blocks == self.documented_blocks
-
-
-@dataclass
-class MatrixTable:
-    modes: tuple[str, ...]
-    cells: list[ModePair] = field(default_factory=list)
-
-    def cell(self, held: str, requested: str) -> ModePair:
-        return next(c for c in self.cells if c.held == held and c.requested == requested)
-
-    @property
-    def disagreements(self) -> list[ModePair]:
-        return [c for c in self.cells if not c.agrees]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"modes": list(self.modes), "cells": [c.to_dict() for c in self.cells]}
-
-
-@dataclass
-class Matrix:
-    server_version: str
-    server_label: str
-    row: MatrixTable
-    table: MatrixTable
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"server_version": self.server_version, "row": self.row.to_dict(), "table": self.table.to_dict()}
 
 
 def _pairs_scenario(name: str, operations: list[tuple[str, str]]) -> Scenario:

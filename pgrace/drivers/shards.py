@@ -1,6 +1,6 @@
 """Shards of one search read back from JSON and merged: complete only when each of the N is there once.
 
-A shard's JSON says which search it is a shard of (:class:`~pgrace.drivers.identity.SearchIdentity`)
+A shard's JSON says which search it is a shard of (:class:`~pgrace.model.exploration.SearchIdentity`)
 and which of N shards it holds; :func:`merge_explorations` refuses a part of another search
 or a shard held twice (exit 2, naming the file), and a merge missing shards is a part.
 """
@@ -12,9 +12,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pgrace.drivers.explore import Exploration
-from pgrace.drivers.identity import SearchIdentity, scenario_digest
 from pgrace.errors import ScenarioError
+from pgrace.model.exploration import Exploration, SearchIdentity, scenario_digest
 from pgrace.model.orders.space import Space
 from pgrace.model.outcomes import Claim, OutcomeClass, merge_classes, whole_number
 from pgrace.model.scenario import Scenario
@@ -23,7 +22,7 @@ __all__ = ["exploration_from_dict", "merge_explorations", "read_explorations"]
 
 
 def exploration_from_dict(data: dict[str, Any], space: Space, origin: str | None = None) -> Exploration:
-    from pgrace.drivers.bounded import Bound
+    from pgrace.model.exploration import Bound
 
     try:
         classes = [OutcomeClass.from_dict(c, space.preference) for c in data["classes"]]
@@ -97,6 +96,7 @@ def merge_explorations(parts: Sequence[Exploration], scenario: Scenario | None =
         search=first.search,
         held=held,
         claim=first.claim,
+        subject=scenario,
     )
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from pgrace.drivers.one_run import run_in
 from pgrace.engine.options import RunOptions
 from pgrace.errors import ScenarioError, SetupFailed
-from pgrace.model.scenario import Scenario
+from pgrace.model.cases import PreparedCheck
 from pgrace.model.timeline import Run
 from pgrace.scratch import ReusableScratch, scratch_database
 from pgrace.servers import ServerInfo
@@ -146,20 +146,6 @@ def compare_output(actual: str, files: Sequence[Path], actual_name: str = "actua
 
 
 # -- checking a file ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PreparedCheck:
-    """A parsed scenario, its expected files, and how its output is rendered."""
-
-    path: Path
-    scenario: Scenario
-    expected: tuple[Path, ...]
-    render: Callable[[Run], str]
-
-    @property
-    def name(self) -> str:
-        return self.scenario.name
 
 
 @dataclass(frozen=True)

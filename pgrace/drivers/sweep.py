@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pgrace.bounds import check_combinations, check_jobs, check_sample
@@ -25,75 +24,10 @@ from pgrace.errors import OptionError
 from pgrace.frontends import catalog
 from pgrace.model.outcomes import OutcomeClass, add_observed, classify
 from pgrace.model.scenario import Scenario
+from pgrace.model.sweep import Grid, GridPoint
 from pgrace.servers import ServerInfo
 
-__all__ = ["GridPoint", "Sweep", "sweep", "verdict"]
-
-
-@dataclass
-class GridPoint:
-    """One point of the parameter grid: its params, and the outcome classes its interleavings fell into."""
-
-    params: dict[str, str]
-    classes: list[OutcomeClass]
-    variant: str
-    signatures: bool = False  # the checks are the anomaly's signature (kind = "bug"), not invariants
-    guarantee: dict[str, Any] | None = None  # a bounded exploration's (see Exploration.guarantee)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "params": dict(self.params),
-            "verdict": self.verdict,
-            **({"guarantee": self.guarantee} if self.guarantee is not None else {}),
-            "classes": [c.to_dict(self.variant) for c in self.classes],
-        }
-
-    @property
-    def verdict(self) -> str:
-        return verdict(self.classes, self.signatures)
-
-
-@dataclass
-class Sweep:
-    scenario: str
-    variant: str
-    params: dict[str, list[str]]
-    cells: list[GridPoint] = field(default_factory=list)
-    explored: bool = False
-    bound: str = ""  # what each cell's bounded exploration covered: "every schedule with at most 2 preemptions"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The documented JSON shape (docs/reference/json.md)."""
-        return {"scenario": self.scenario, "params": self.params, "cells": [c.to_dict() for c in self.cells]}
-
-
-def verdict(classes: Sequence[OutcomeClass], signatures: bool) -> str:
-    """What a reader wants from a cell, in the words of its checks' polarity.
-
-    Signatures describe the anomaly: it occurs where they hold (and no undeclared error
-    came with it). Invariants must hold: a cell fails where one does not, or where a step
-    raised an error no expectation declares.
-    """
-    total = sum(c.count for c in classes)
-    if classes and all(c.reproduces is None for c in classes):  # no final check: no anomaly is described
-        unexpected = sum(c.count for c in classes if c.unexpected)
-        return "no checks" if not unexpected else f"unexpected errors in {unexpected}/{total}"
-    if not signatures:
-        failing = sum(c.count for c in classes if c.breaks)
-        return "holds" if not failing else f"fails in {failing}/{total}"
-    occurring = sum(c.count for c in classes if c.shows_bug)
-    if occurring:
-        return "occurs" if occurring == total else f"occurs in {occurring}/{total}"
-    if any(c.reproduces for c in classes):
-        codes = sorted({code for c in classes if c.reproduces for code in c.unexpected})
-        return "occurs only with unexpected errors " + "/".join(codes)
-    errors = {code for c in classes for code in c.errors}
-    serialization = sorted(code for code in errors if code.startswith("40"))
-    if serialization:
-        return "prevented by " + "/".join(serialization)
-    if any(c.waits for c in classes):
-        return "prevented by blocking"
-    return "prevented"
+__all__ = ["sweep"]
 
 
 def signatures_of(scenario: Scenario) -> bool:
@@ -138,7 +72,7 @@ def sweep(
     step_timeout: float = 10.0,
     on_cell: Callable[[int, int], None] | None = None,
     on_interleavings: Callable[[int, int], None] | None = None,
-) -> Sweep:
+) -> Grid:
     """Run each loaded combination (see :func:`variants`) on ``server``: a grid of outcome classes.
 
     ``on_cell(done, total)`` follows the combinations, ``on_interleavings(done, total)`` an
@@ -177,7 +111,7 @@ def sweep(
     if on_cell is not None:
         on_cell(len(chosen), len(chosen))
     first = chosen[0][1]
-    return Sweep(first.name, first.variant, params, cells, explore is not None, bound_words(explore))
+    return Grid(first.name, first.variant, params, cells, explore is not None, bound_words(explore))
 
 
 def bound_words(search: SearchMode | None) -> str:

@@ -1,4 +1,4 @@
-"""What `pgrace check` runs and what happened to it: the results its renderers draw.
+"""What `pgrace check` runs and what happened to it: what its renderers draw.
 
 They live below both the check driver (:mod:`pgrace.drivers.check`) and the renderers
 (:mod:`pgrace.render.check`, :mod:`pgrace.render.junit`), so drawing a result never
@@ -7,17 +7,32 @@ imports the machinery that produced it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pgrace.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.servers.info import ServerInfo
 
 if TYPE_CHECKING:
-    from pgrace.drivers.speccheck import PreparedCheck
+    from pgrace.errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class PreparedCheck:
+    """A parsed scenario, its expected files, and how its output is rendered."""
+
+    path: Path
+    scenario: Scenario
+    expected: tuple[Path, ...]
+    render: Callable[[Run], str]
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
 
 
 @dataclass(frozen=True)
@@ -38,7 +53,7 @@ class Case:
 
 
 @dataclass
-class CaseResult:
+class CaseVerdict:
     """What happened to one case on one server."""
 
     case: Case
@@ -63,6 +78,30 @@ class CaseResult:
         return ("ok" if self.ok else "FAIL") + " " + " ".join(steps)
 
 
-def differs_across_servers(results: Sequence[CaseResult]) -> bool:
+def differs_across_servers(verdicts: Sequence[CaseVerdict]) -> bool:
     """True when the same case behaved differently on different servers."""
-    return len({r.signature for r in results}) > 1
+    return len({v.signature for v in verdicts}) > 1
+
+
+@dataclass
+class Checked:
+    """What ``pgrace check`` found: every case's verdict on every server, and the files that could not be read."""
+
+    verdicts: list[CaseVerdict] = field(default_factory=list)
+    invalid: list[ScenarioError] = field(default_factory=list)
+    servers: list[ServerInfo] = field(default_factory=list)
+    updated: int = 0
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for v in self.verdicts if not v.ok)
+
+    @property
+    def ok(self) -> bool:
+        """Every file read, and every case passed on every server."""
+        return not self.invalid and not self.failed
+
+    @property
+    def exit_code(self) -> int:
+        """``pgrace check``'s: 2 when a file could not be read (the others still ran), else 1 when a case failed."""
+        return EXIT_INVALID if self.invalid else EXIT_FAILED if self.failed else EXIT_OK

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pgrace import bounds
-from pgrace.errors import OptionError, ServerUnavailable
+from pgrace.errors import EXIT_FAILED, EXIT_OK, OptionError, ServerUnavailable
 
 SAMPLE_EVERY_S = 0.05
 #: The most of the server's log one client count reads back for its lock waits; a load that logs more is cut.
@@ -71,7 +72,7 @@ class ClientRun:
 
 
 @dataclass
-class LoadResult:
+class LoadSeries:
     """One variant under load: a run per client count (fewer when interrupted)."""
 
     scenario: str
@@ -89,6 +90,24 @@ class LoadResult:
         }
 
 
+@dataclass
+class Loaded:
+    """What ``pgrace load`` found: each variant's measurements, or (with ``emit``) the files written instead."""
+
+    series: list[LoadSeries] = field(default_factory=list)
+    emitted: list[Path] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No invariant was violated at any client count (nothing ran: nothing was)."""
+        return not any(run.violations for one in self.series for run in one.runs)
+
+    @property
+    def exit_code(self) -> int:
+        """``pgrace load``'s: 1 when an invariant was violated."""
+        return EXIT_OK if self.ok else EXIT_FAILED
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """``clients``: one pgbench run per count; ``duration`` seconds each (``-T``), or ``transactions`` per client."""
@@ -99,7 +118,7 @@ class LoadOptions:
     pgbench: str | None = None
     sample_every: float = SAMPLE_EVERY_S
     setup_timeout: float = 60.0  # the scenario's and the load's setup, and the checks, each cut after this
-    on_progress: Callable[[LoadResult, ClientRun], None] | None = None
+    on_progress: Callable[[LoadSeries, ClientRun], None] | None = None
 
     @classmethod
     def asked(
@@ -109,7 +128,7 @@ class LoadOptions:
         transactions: int | None = None,
         setup_timeout: float | None = None,
         pgbench: str | None = None,
-        on_progress: Callable[[LoadResult, ClientRun], None] | None = None,
+        on_progress: Callable[[LoadSeries, ClientRun], None] | None = None,
     ) -> LoadOptions:
         """What a caller asked for, checked as pgbench takes it (whole seconds, whole counts), defaults filled in.
 

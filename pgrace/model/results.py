@@ -1,80 +1,22 @@
-"""What the library's drivers return beyond a single run, for a caller or a renderer to read.
+"""What ``clean`` and ``show`` return, for a caller or a renderer to read.
 
-Kept apart from the drivers so that a renderer names these types without importing the
-runner, and a caller holds everything a format draws in one object.
+Every command's result is a model type, one module each, so that a renderer names it without
+importing the driver that made it: a run's :class:`~pgrace.model.timeline.Run`, explore's
+:mod:`~pgrace.model.exploration`, sweep's :mod:`~pgrace.model.sweep`, check's
+:mod:`~pgrace.model.cases`, load's :mod:`~pgrace.model.load`, matrix's :mod:`~pgrace.model.matrix`,
+minimize's :mod:`~pgrace.model.minimized`, from-log's :mod:`~pgrace.model.fromlog`. Each that judges
+says so in ``ok`` and in ``exit_code``, the code the CLI exits with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pgrace.errors import EXIT_OK
+
 if TYPE_CHECKING:
-    from pgrace.drivers.check import CaseResult
-    from pgrace.drivers.explore import Exploration
-    from pgrace.drivers.load import LoadResult
-    from pgrace.drivers.minimize import Minimized
-    from pgrace.drivers.sweep import Sweep
-    from pgrace.errors import ScenarioError
-    from pgrace.model.outcomes import OutcomeClass
     from pgrace.model.scenario import Scenario
-    from pgrace.model.timeline import Run
-    from pgrace.servers import ServerInfo
-
-
-@dataclass
-class Explored:
-    """An exploration of ``scenario``, and the examples replayed as runs, by class number (from 1)."""
-
-    scenario: Scenario
-    exploration: Exploration
-    examples: dict[int, Run] = field(default_factory=dict)
-    replayed_differently: list[int] = field(default_factory=list)
-    """Classes whose example ended in another class when replayed (a race the schedule does not pin)."""
-    asked_to_minimize: bool = False
-    minimized: Minimized | None = None
-    """With ``minimize``: the first failing class's example, shrunk (see ``pgrace.drivers.minimize``)."""
-    minimized_class: int | None = None
-    """Which class (from 1) was minimized; None with ``minimize`` when no class fails."""
-
-    @property
-    def classes(self) -> list[OutcomeClass]:
-        return self.exploration.classes
-
-
-@dataclass
-class Swept:
-    """One grid per scenario; with examples, each class's example replayed, by (scenario, cell, class)."""
-
-    sweeps: list[Sweep]
-    examples: dict[tuple[int, int, int], Run] = field(default_factory=dict)
-
-
-@dataclass
-class Checked:
-    """Every case's result on every server, and the files that could not be read."""
-
-    results: list[CaseResult]
-    invalid: list[ScenarioError]
-    servers: list[ServerInfo]
-    updated: int = 0
-
-    @property
-    def failed(self) -> int:
-        return sum(1 for r in self.results if not r.ok)
-
-
-@dataclass
-class Loaded:
-    """The variants' measurements under load, or (with ``emit``) the files written instead."""
-
-    results: list[LoadResult] = field(default_factory=list)
-    emitted: list[Path] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not any(run.violations for result in self.results for run in result.runs)
 
 
 @dataclass
@@ -85,6 +27,16 @@ class Cleaned:
     removed: list[str] = field(default_factory=list)
     work_dirs: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Always: what clean left is said (``skipped``: in use by a live run, or not pgrace's), not a failure."""
+        return True
+
+    @property
+    def exit_code(self) -> int:
+        """``pgrace clean``'s: 0 once it swept (a server it cannot reach raises instead)."""
+        return EXIT_OK
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pgrace.errors import EXIT_FAILED, EXIT_OK
+
 if TYPE_CHECKING:
     from pgrace.model.scenario import RowRef
     from pgrace.model.timeline import Outcome, ServerChose, SqlError, StepRun, Wait
@@ -128,7 +130,15 @@ class RunWords:
 
     if TYPE_CHECKING:
 
+        @property
+        def ok(self) -> bool: ...
+
         def step_runs(self) -> list[StepRun]: ...
+
+    @property
+    def exit_code(self) -> int:
+        """What ``pgrace run`` exits with for it, as every command's result says: 0 when ``ok``, else 1."""
+        return EXIT_OK if self.ok else EXIT_FAILED
 
     @property
     def steps(self) -> list[StepRun]:

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from pgrace.errors import ScenarioError
-from pgrace.model.cases import CaseResult, differs_across_servers
+from pgrace.model.cases import CaseVerdict, differs_across_servers
 from pgrace.servers import ServerInfo
 from pgrace.text import visible
 
 if TYPE_CHECKING:
-    from pgrace.model.results import Checked
+    from pgrace.model.cases import Checked
 
 
-def render_results(results: Sequence[CaseResult], with_server: bool = False) -> str:
+def render_results(results: Sequence[CaseVerdict], with_server: bool = False) -> str:
     """``PASS  name  (0.05 s)``, then, for a failure, what was expected against what happened."""
     lines: list[str] = []
     for result in results:
@@ -38,9 +38,9 @@ def render_invalid(error: ScenarioError) -> str:
     return visible(f"INVALID  {' '.join(str(error).split())}\n")
 
 
-def render_matrix(results: Sequence[CaseResult], servers: Sequence[ServerInfo]) -> str:
+def render_matrix(results: Sequence[CaseVerdict], servers: Sequence[ServerInfo]) -> str:
     """One row per case, one column per server (its version in the header); ≠ where they differ."""
-    by_case: dict[tuple[str, str], dict[str, CaseResult]] = {}
+    by_case: dict[tuple[str, str], dict[str, CaseVerdict]] = {}
     for result in results:
         by_case.setdefault((str(result.case.path), result.case.name), {})[result.server.label] = result
     rows = []
@@ -59,7 +59,7 @@ def _header(server: ServerInfo) -> str:
 
 def render_total(checked: Checked, update: bool = False) -> str:
     """``12 checks: 11 passed, 1 failed``, the files not run, and (``update``) the golden timelines written."""
-    results, failed = checked.results, checked.failed
+    results, failed = checked.verdicts, checked.failed
     total = f"{len(results)} checks: {len(results) - failed} passed, {failed} failed"
     if checked.invalid:
         total += f"; {len(checked.invalid)} invalid file{'s' if len(checked.invalid) != 1 else ''} not run"
@@ -71,5 +71,5 @@ def render_total(checked: Checked, update: bool = False) -> str:
 
 def render_summary(checked: Checked, update: bool = False) -> str:
     """The end of a check: the server matrix when there were several servers, then the total."""
-    matrix = render_matrix(checked.results, checked.servers) if len(checked.servers) > 1 else ""
+    matrix = render_matrix(checked.verdicts, checked.servers) if len(checked.servers) > 1 else ""
     return f"{matrix}{render_total(checked, update)}\n"

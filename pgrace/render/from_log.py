@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pgrace.text import visible
 
 if TYPE_CHECKING:
-    from pgrace.drivers.fromlog import FromLog
+    from pgrace.model.fromlog import FromLog
 
 __all__ = ["incident_list", "report_lines"]
 

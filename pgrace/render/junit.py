@@ -11,11 +11,11 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from pgrace.errors import ScenarioError
-from pgrace.model.cases import CaseResult
+from pgrace.model.cases import CaseVerdict
 from pgrace.text import visible
 
 
-def render_junit(results: Sequence[CaseResult], invalid: Sequence[ScenarioError] = ()) -> str:
+def render_junit(results: Sequence[CaseVerdict], invalid: Sequence[ScenarioError] = ()) -> str:
     """The results, and each file that could not be read as an ``<error>`` case of its own suite."""
     root = ET.Element("testsuites", name="pgrace")
     suites: dict[str, ET.Element] = {}

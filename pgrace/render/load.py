@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 from tabulate import tabulate
 
-from pgrace.model.load import MAX_LOG_BYTES, ClientRun, LoadResult
+from pgrace.model.load import MAX_LOG_BYTES, ClientRun, LoadSeries
 from pgrace.render.common import ERROR_COLOUR, OK_COLOUR
 from pgrace.text import json_safe, visible
 
@@ -34,7 +34,7 @@ def _waits(run: ClientRun) -> str:
     return "-" if run.lock_waits is None else str(run.lock_waits) + ("+" if run.lock_waits_cut else "")
 
 
-def _heading(results: list[LoadResult]) -> str:
+def _heading(results: list[LoadSeries]) -> str:
     first = results[0]
     variants = " vs ".join(r.variant for r in results)
     line = f"{first.scenario} ({variants}) under load, PostgreSQL {first.server_version}"
@@ -43,7 +43,7 @@ def _heading(results: list[LoadResult]) -> str:
     return line
 
 
-def render_load_text(results: list[LoadResult]) -> str:
+def render_load_text(results: list[LoadSeries]) -> str:
     """The table; with several variants, one row per client count and each variant's columns side by side."""
     lines = [visible(_heading(results)), ""]
     if len(results) == 1:
@@ -120,13 +120,13 @@ def _where(run: ClientRun) -> str:
     return text
 
 
-def render_load_json(results: list[LoadResult]) -> str:
+def render_load_json(results: list[LoadSeries]) -> str:
     """The load's JSON: one object, or with --compare a list of one per variant."""
     data = [r.to_json() for r in results]
     return json_safe(json.dumps(data[0] if len(data) == 1 else data, indent=2, ensure_ascii=False)) + "\n"
 
 
-def render_load_svg(results: list[LoadResult]) -> str:
+def render_load_svg(results: list[LoadSeries]) -> str:
     """Two panels: throughput against clients, and the most clients waiting on a lock at once."""
     width, panel_h, left, right, top = 760, 260, 70, 24, 56
     counts = sorted({run.clients for result in results for run in result.runs}) or [1]
@@ -196,7 +196,7 @@ def render_load_svg(results: list[LoadResult]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_load_html(results: list[LoadResult]) -> str:
+def render_load_html(results: list[LoadSeries]) -> str:
     """A self-contained page: the plot, the table and every violation."""
     heading = html_escape(visible(_heading(results)))
     body = [f"<h1>{heading}</h1>", f"<figure>{render_load_svg(results)}</figure>"]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgrace.text import visible
 
 if TYPE_CHECKING:
-    from pgrace.drivers.minimize import Minimized
-    from pgrace.render.views import View
+    from pgrace.model.minimized import Minimized
 
 
 def _sizes(counts: dict[str, int]) -> str:
@@ -59,9 +58,12 @@ def render_minimized_text(found: Minimized, timeline: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def minimize_text(found: Minimized, view: View) -> str:
-    return render_minimized_text(found)
+def render_minimized_json(found: Minimized) -> str:
+    return json.dumps(minimized_to_dict(found), indent=2, default=str) + "\n"
 
 
-def minimize_json(found: Minimized, view: View) -> str:
-    return json.dumps(found.to_dict(), indent=2, default=str) + "\n"
+def minimized_to_dict(found: Minimized) -> dict[str, Any]:
+    """The documented JSON shape (docs/reference/json.md): the result's, then the minimized run's timeline."""
+    from pgrace.render.json import run_to_dict
+
+    return {**found.to_dict(), "timeline": run_to_dict(found.timeline) if found.timeline is not None else None}

@@ -22,10 +22,10 @@ from pgrace.render.common import ERROR_COLOUR, OK_COLOUR, one_line, shorten
 from pgrace.text import json_safe, visible, without_controls
 
 if TYPE_CHECKING:
-    from pgrace.drivers.explore import Exploration
-    from pgrace.drivers.matrix import Matrix, MatrixTable, ModePair
-    from pgrace.drivers.sweep import Sweep
+    from pgrace.model.exploration import Exploration
+    from pgrace.model.matrix import Matrix, MatrixTable, ModePair
     from pgrace.model.outcomes import OutcomeClass
+    from pgrace.model.sweep import Grid
 
 
 def step_label(scenario: Scenario, name: str) -> str:
@@ -364,22 +364,22 @@ def _combination_label(params: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
-def _sweep_rows(sweeps: Sequence[Sweep]) -> tuple[list[str], list[list[str]]]:
-    headers = ["scenario", *(_combination_label(c.params) for c in sweeps[0].cells)]
-    rows = [[f"{s.scenario} ({s.variant})", *(c.verdict for c in s.cells)] for s in sweeps]
+def _sweep_rows(grids: Sequence[Grid]) -> tuple[list[str], list[list[str]]]:
+    headers = ["scenario", *(_combination_label(c.params) for c in grids[0].cells)]
+    rows = [[f"{s.scenario} ({s.variant})", *(c.verdict for c in s.cells)] for s in grids]
     return headers, rows
 
 
-def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
-    sweeps = without_controls(list(sweeps))
-    if not sweeps:
+def render_sweep_text(grids: Sequence[Grid]) -> str:
+    grids = without_controls(list(grids))
+    if not grids:
         return ""
-    headers, rows = _sweep_rows(sweeps)
-    how = "every interleaving of each combination" if sweeps[0].explored else "the file's order, once per combination"
-    if sweeps[0].bound:  # never every interleaving: say which schedules
-        how = f"{sweeps[0].bound} of each combination, not every interleaving"
+    headers, rows = _sweep_rows(grids)
+    how = "every interleaving of each combination" if grids[0].explored else "the file's order, once per combination"
+    if grids[0].bound:  # never every interleaving: say which schedules
+        how = f"{grids[0].bound} of each combination, not every interleaving"
     lines = [f"Sweep ({how}):", "", tabulate(rows, headers=headers, disable_numparse=True), ""]
-    for s in sweeps:
+    for s in grids:
         for cell in s.cells:
             for c in cell.classes:
                 retried = f" · retried: {retried_text(c)}" if c.retries else ""
@@ -387,28 +387,28 @@ def render_sweep_text(sweeps: Sequence[Sweep]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_sweep_markdown(sweeps: Sequence[Sweep]) -> str:
-    sweeps = without_controls(list(sweeps))
-    if not sweeps:
+def render_sweep_markdown(grids: Sequence[Grid]) -> str:
+    grids = without_controls(list(grids))
+    if not grids:
         return ""
-    headers, rows = _sweep_rows(sweeps)
+    headers, rows = _sweep_rows(grids)
     lines = ["| " + " | ".join(_md(h) for h in headers) + " |", "|---" * len(headers) + "|"]
     lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
-def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int, int], str]) -> str:
+def render_sweep_html(grids: Sequence[Grid], timelines: Mapping[tuple[int, int, int], str]) -> str:
     """``timelines``: (sweep, cell, class) numbers from 0 → that class's example timeline."""
-    sweeps = without_controls(list(sweeps))
-    if not sweeps:
+    grids = without_controls(list(grids))
+    if not grids:
         return _page("pgrace sweep", "")
-    headers, _ = _sweep_rows(sweeps)
+    headers, _ = _sweep_rows(grids)
     body = [
         "<h1>pgrace sweep</h1>",
         "<table>",
         "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>",
     ]
-    for i, s in enumerate(sweeps):
+    for i, s in enumerate(grids):
         cells = []
         for j, cell in enumerate(s.cells):
             ok = cell.verdict in ("holds",) or cell.verdict.startswith("prevented")
@@ -417,7 +417,7 @@ def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int
             )
         body.append(f"<tr><th>{html.escape(f'{s.scenario} ({s.variant})')}</th>{''.join(cells)}</tr>")
     body.append("</table>")
-    for i, s in enumerate(sweeps):
+    for i, s in enumerate(grids):
         for j, cell in enumerate(s.cells):
             body.append(
                 f'<details id="cell-{i}-{j}"><summary>{html.escape(s.scenario)} '
@@ -432,6 +432,6 @@ def render_sweep_html(sweeps: Sequence[Sweep], timelines: Mapping[tuple[int, int
     return _page("pgrace sweep", "\n".join(body) + "\n")
 
 
-def render_sweep_json(sweeps: Sequence[Sweep]) -> str:
-    data: Any = sweeps[0].to_dict() if len(sweeps) == 1 else [s.to_dict() for s in sweeps]
+def render_sweep_json(grids: Sequence[Grid]) -> str:
+    data: Any = grids[0].to_dict() if len(grids) == 1 else [s.to_dict() for s in grids]
     return json_safe(json.dumps(data, indent=2, ensure_ascii=False)) + "\n"

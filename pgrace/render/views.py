@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgrace.drivers.load import LoadResult
-    from pgrace.drivers.matrix import Matrix
-    from pgrace.model.results import Explored, Swept
+    from pgrace.model.exploration import Exploration
+    from pgrace.model.load import LoadSeries
+    from pgrace.model.matrix import Matrix
+    from pgrace.model.minimized import Minimized
     from pgrace.model.scenario import Scenario
+    from pgrace.model.sweep import Sweep
     from pgrace.model.timeline import Run
     from pgrace.render.text import Style
 
@@ -108,10 +110,17 @@ def compare_markdown(runs: list[Run], view: View) -> str:
 # -- explore, sweep, matrix -----------------------------------------------------------------
 
 
-def explore_text(found: Explored, view: View) -> str:
+def _explored(found: Exploration) -> Scenario:
+    """The scenario variant explored: its checks and steps name what the classes show."""
+    if found.subject is None:
+        raise ValueError(f"an exploration of {found.scenario} without its scenario: code's explorations are not drawn")
+    return found.subject
+
+
+def explore_text(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_text
 
-    text = render_exploration_text(found.exploration, found.scenario)
+    text = render_exploration_text(found, _explored(found))
     if found.minimized is not None:
         from pgrace.render.minimize import render_minimized_text
 
@@ -122,56 +131,58 @@ def explore_text(found: Explored, view: View) -> str:
     return text
 
 
-def explore_json(found: Explored, view: View) -> str:
+def explore_json(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_json
 
     if not found.asked_to_minimize:
-        return render_exploration_json(found.exploration)
+        return render_exploration_json(found)
     import json
 
     from pgrace.text import json_safe
 
-    shown = found.exploration.to_dict()
-    shown["minimized"] = None if found.minimized is None else found.minimized.to_dict()
+    shown = found.to_dict()
+    from pgrace.render.minimize import minimized_to_dict
+
+    shown["minimized"] = None if found.minimized is None else minimized_to_dict(found.minimized)
     shown["minimized_class"] = found.minimized_class
     return json_safe(json.dumps(shown, indent=2, ensure_ascii=False, default=str)) + "\n"
 
 
-def explore_markdown(found: Explored, view: View) -> str:
+def explore_markdown(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_markdown
 
-    return render_exploration_markdown(found.exploration, found.scenario)
+    return render_exploration_markdown(found, _explored(found))
 
 
-def explore_html(found: Explored, view: View) -> str:
+def explore_html(found: Exploration, view: View) -> str:
     from pgrace.render.outcomes import render_exploration_html
 
     timelines = {n: _timeline(run) for n, run in found.examples.items()}
-    return render_exploration_html(found.exploration, found.scenario, timelines)
+    return render_exploration_html(found, _explored(found), timelines)
 
 
-def sweep_text(swept: Swept, view: View) -> str:
+def sweep_text(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_text
 
-    return render_sweep_text(swept.sweeps)
+    return render_sweep_text(swept.grids)
 
 
-def sweep_json(swept: Swept, view: View) -> str:
+def sweep_json(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_json
 
-    return render_sweep_json(swept.sweeps)
+    return render_sweep_json(swept.grids)
 
 
-def sweep_markdown(swept: Swept, view: View) -> str:
+def sweep_markdown(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_markdown
 
-    return render_sweep_markdown(swept.sweeps)
+    return render_sweep_markdown(swept.grids)
 
 
-def sweep_html(swept: Swept, view: View) -> str:
+def sweep_html(swept: Sweep, view: View) -> str:
     from pgrace.render.outcomes import render_sweep_html
 
-    return render_sweep_html(swept.sweeps, {key: _timeline(run) for key, run in swept.examples.items()})
+    return render_sweep_html(swept.grids, {key: _timeline(run) for key, run in swept.examples.items()})
 
 
 def matrix_text(matrix: Matrix, view: View) -> str:
@@ -201,25 +212,40 @@ def matrix_html(matrix: Matrix, view: View) -> str:
 # -- load -----------------------------------------------------------------------------------
 
 
-def load_text(results: list[LoadResult], view: View) -> str:
+def load_text(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_text
 
     return render_load_text(results)
 
 
-def load_json(results: list[LoadResult], view: View) -> str:
+def load_json(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_json
 
     return render_load_json(results)
 
 
-def load_svg(results: list[LoadResult], view: View) -> str:
+def load_svg(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_svg
 
     return render_load_svg(results)
 
 
-def load_html(results: list[LoadResult], view: View) -> str:
+def load_html(results: list[LoadSeries], view: View) -> str:
     from pgrace.render.load import render_load_html
 
     return render_load_html(results)
+
+
+# -- minimize ---------------------------------------------------------------------------------
+
+
+def minimize_text(found: Minimized, view: View) -> str:
+    from pgrace.render.minimize import render_minimized_text
+
+    return render_minimized_text(found)
+
+
+def minimize_json(found: Minimized, view: View) -> str:
+    from pgrace.render.minimize import render_minimized_json
+
+    return render_minimized_json(found)

@@ -102,8 +102,10 @@ class Playback:
             with self.presenter or nullcontext():
                 yield
         except ScenarioFailed as failed:
+            from pgrace.model.timeline import Run
+
             # As isolationtester: what ran until then, then why it stopped (on stderr, exit 1).
-            if failed.run is not None and self.presenter is None:
+            if isinstance(failed.run, Run) and self.presenter is None:
                 self.show(failed.run)
             raise
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from pgrace.cli.terminal.progress import Progress
 from pgrace.errors import ScenarioError
-from pgrace.model.cases import CaseResult
+from pgrace.model.cases import CaseVerdict
 from pgrace.render.check import render_invalid, render_results
 
 
@@ -22,7 +22,7 @@ class CheckStream:
     def invalid(self, error: ScenarioError) -> None:
         self.write(render_invalid(error))
 
-    def result(self, result: CaseResult) -> None:
+    def result(self, result: CaseVerdict) -> None:
         if not self.quiet or not result.ok:
             self.progress.pause()  # the line is drawn again below the result
             self.write(render_results([result], with_server=self.with_server))

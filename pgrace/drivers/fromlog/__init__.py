@@ -9,44 +9,17 @@ run that scenario in a scratch database to see the incident come back.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.incidents import Incident, Listed, find_incidents, reread
+from pgrace.drivers.fromlog.incidents import find_incidents, reread
 from pgrace.drivers.fromlog.records import open_log
 from pgrace.errors import OptionError, ScenarioError
+from pgrace.model.fromlog import FromLog, Incident, Written
 
 if TYPE_CHECKING:
-    from pgrace.drivers.fromlog.verify import Verified
-    from pgrace.drivers.fromlog.writer import Written
-    from pgrace.drivers.minimize import Minimized
     from pgrace.servers import ServerInfo
 
-__all__ = ["FromLog", "from_log"]
-
-
-@dataclass
-class FromLog:
-    """What the logs held, the scenario written for the chosen incident, and whether it reproduced."""
-
-    incidents: list[Listed]
-    lines: int
-    skipped: int = 0
-    unreadable: list[str] = field(default_factory=list)
-    chosen: int | None = None
-    incident: Incident | None = None
-    """The chosen incident, read whole: its processes, waits and statements."""
-    written: Written | None = None
-    verified: Verified | None = None
-    not_checked: str | None = None
-    """Why the scenario, written, could not be run to check it (its exit code is ``not_checked_exit``)."""
-    not_checked_exit: int = 1
-    minimized: Minimized | None = None
-    """With ``minimize``: the reproduced incident shrunk to the smallest scenario that fails the same way."""
-    minimized_text: str | None = None
-    """Its TOML (the written file's header first), read back and run: it fails the same way."""
-    not_minimized: str | None = None
-    """With ``minimize``: why it was not (the incident did not come back, or was not checked)."""
+__all__ = ["from_log"]
 
 
 def from_log(

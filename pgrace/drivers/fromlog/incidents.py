@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pgrace.drivers.fromlog.records import Hit, LogFormat, Record, Scanned
 from pgrace.drivers.fromlog.stream import Group, around, groups
 from pgrace.errors import ScenarioError
+from pgrace.model.fromlog import Incident, Listed, LoggedStatement, LoggedWait
 from pgrace.model.timeline import RELEASE_CAUSES
 
-__all__ = ["Incident", "Listed", "LoggedStatement", "LoggedWait", "find_incidents", "reread"]
+__all__ = ["find_incidents", "reread"]
 
 _WAITING = re.compile(r"process (\d+) still waiting for (.+?) after ([\d.]+) ms")
 _HOLDERS = re.compile(r"Process(?:es)? holding the lock: ([\d, ]+)\. Wait queue: ([\d, ]*)\.")
@@ -42,75 +43,6 @@ MAX_PROCESSES = 32  # sessions of one scenario (a waiter and its holders, a cycl
 BEFORE = 200  # a process's records read before the report (its transaction's statements)
 AFTER = 50  # and after it (how its transaction ended)
 MAX_STEPS = 1_000  # statements of one incident
-
-
-@dataclass
-class LoggedStatement:
-    """One statement of the reproduction: logged (``line``) or inferred from the report (``why``)."""
-
-    pid: int
-    sql: str
-    line: int | None = None
-    why: str = ""
-    xid: str | None = None  # %x on its line: the transaction's xid before it ran ("0": none yet)
-    logged_as: str = ""  # its text as the log wrote it: with $1 where the extended protocol bound a value
-
-
-@dataclass
-class LoggedWait:
-    """One process waiting for others: what it wanted, where (table, tuple), in which statement."""
-
-    waiter: int
-    holders: list[int]
-    lock: str
-    sql: str = ""
-    table: str | None = None
-    ctid: str | None = None
-    after_ms: float | None = None
-    line: int | None = None
-    index: str | None = None  # the unique index the wait went through (an INSERT's conflict), when the log says
-
-
-@dataclass
-class Incident:
-    """A deadlock or a long lock wait, with everything the log said about its processes."""
-
-    kind: str
-    file: str
-    line: int
-    time: str | None
-    database: str | None
-    pids: list[int]
-    names: dict[int, str]
-    waits: list[LoggedWait]
-    victim: int | None = None
-    steps: list[LoggedStatement] = field(default_factory=list)
-    logged: bool = False
-    unsaid: list[str] = field(default_factory=list)
-    open_before: set[int] = field(default_factory=set)  # in a transaction that had written before the log began
-
-    @property
-    def summary(self) -> str:
-        who = ", ".join(self.names[p] for p in self.pids)
-        tables = sorted({w.table for w in self.waits if w.table})
-        on = f" on {', '.join(tables)}" if tables else ""
-        when = f" at {self.time}" if self.time else ""
-        victim = f" (victim: {self.names[self.victim]})" if self.victim is not None else ""
-        return f"{self.file}:{self.line}: {self.kind} of {who}{on}{when}{victim}"
-
-
-@dataclass(frozen=True, slots=True)
-class Listed:
-    """An incident as a list of them shows it: a few hundred bytes, where a whole :class:`Incident` is kilobytes.
-
-    A log of 20,000 incidents is listed in bounded memory; :func:`reread` gives the one written whole.
-    """
-
-    kind: str
-    file: str
-    line: int
-    offset: int  # where its report's line starts in the file
-    summary: str
 
 
 @dataclass

@@ -8,18 +8,17 @@ in which every one held reproduced it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pgrace.drivers.fromlog.incidents import Incident
-from pgrace.drivers.fromlog.writer import OTHERS_TIMEOUT, VICTIM_TIMEOUT, Written, write_scenario
+from pgrace.drivers.fromlog.writer import OTHERS_TIMEOUT, VICTIM_TIMEOUT, write_scenario
 from pgrace.drivers.searches import Sample
+from pgrace.model.fromlog import Incident, Verified, Written
 
 if TYPE_CHECKING:
     from pgrace.model.timeline import Run
     from pgrace.servers import ServerInfo
 
-__all__ = ["Verified", "verification_server", "verify"]
+__all__ = ["verification_server", "verify"]
 
 #: Interleavings tried at most when the file's order does not reproduce (a seeded sample beyond).
 EXPLORE_LIMIT = 200
@@ -30,19 +29,6 @@ VERIFY_SECONDS = 60.0
 
 class _OutOfTime(Exception):
     """Verification's budget ran out between two interleavings."""
-
-
-@dataclass
-class Verified:
-    """Whether the incident came back, what did not, and the order that made it when the file's did not."""
-
-    reproduced: bool
-    failures: list[str] = field(default_factory=list)
-    explored: int = 0
-    order: list[str] | None = None
-    run: Run | None = None
-    out_of_time: float | None = None
-    """The limit, in seconds, verification stopped at before it was done; None: it was done in time."""
 
 
 #: Roles whose members may run programs or read and write files as the server's account.
@@ -108,12 +94,13 @@ def _run(written: Written, source: str, server: ServerInfo, step_timeout: float)
     from pgrace.engine.options import RunOptions
     from pgrace.errors import ScenarioFailed
     from pgrace.frontends.scenario_toml import parse_toml_scenario
+    from pgrace.model.timeline import Run
 
     scenario = parse_toml_scenario(written.text, source)
     try:
         return run_in_scratch(scenario, server, RunOptions(step_timeout=step_timeout))
     except ScenarioFailed as failed:
-        if failed.run is None:
+        if not isinstance(failed.run, Run):
             raise
         failed.run.checks = failed.run.checks or []
         return failed.run

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
-from pgrace.drivers.fromlog.incidents import Incident, LoggedWait
 from pgrace.drivers.fromlog.sqlinfo import Touch, analyse, lock_statement, quoted
+from pgrace.model.fromlog import Incident, LoggedWait, Planned, Written
 from pgrace.text import has_control, json_safe, visible
 
-__all__ = ["Planned", "Written", "write_scenario"]
+__all__ = ["write_scenario"]
 
 #: The victim checks for deadlocks first; the others only long after the cycle is there.
 VICTIM_TIMEOUT = "100ms"
@@ -33,33 +32,6 @@ _BEGAN_UNLOGGED = "inferred: the transaction began before its first logged state
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 _COPIED = "# Copied from the database --dsn names (review them before sharing this file):"
 _TODO_SETUP = "# TODO: the log does not describe the tables: this setup is guessed from the statements"
-
-
-@dataclass
-class Planned:
-    """One step of the written scenario."""
-
-    session: str
-    sql: str
-    name: str = ""
-    note: str = ""
-    inferred: bool = False
-    expect: dict[str, Any] = field(default_factory=dict)
-    pid: int = 0
-
-
-@dataclass
-class Written:
-    """The scenario's text, its steps, and the report of what the log did not say."""
-
-    text: str
-    name: str
-    steps: list[Planned]
-    unsaid: list[str]
-    victim_step: str | None = None
-    wait_steps: dict[str, list[str]] = field(default_factory=dict)
-    copied: list[str] = field(default_factory=list)
-    """Rows the setup holds from the database ``--dsn`` names, one line per table: to review before sharing."""
 
 
 def _word(sql: str) -> str:

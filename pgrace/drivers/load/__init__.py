@@ -29,7 +29,7 @@ from pgrace.drivers.load.run import (
     threads_for,
 )
 from pgrace.drivers.load.script import compose_sql, emit, pgbench_script, setup_sql
-from pgrace.model.load import ClientRun, LoadOptions, LoadResult, NoPgbench, Violation
+from pgrace.model.load import ClientRun, LoadOptions, LoadSeries, NoPgbench, Violation
 
 __all__ = [
     "APP_PREFIX",
@@ -37,7 +37,7 @@ __all__ = [
     "WORK_PREFIX",
     "ClientRun",
     "LoadOptions",
-    "LoadResult",
+    "LoadSeries",
     "NoPgbench",
     "Violation",
     "check_invariants",

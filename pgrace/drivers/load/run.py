@@ -29,7 +29,7 @@ from pgrace.drivers.load.measure import (
 from pgrace.drivers.load.script import pgbench_script, setup_sql
 from pgrace.drivers.load.waits import DEADLOCK_TIMEOUT, log_offset, read_waits
 from pgrace.errors import Interrupted, OptionError, RunAborted, ScenarioError, ScenarioFailed
-from pgrace.model.load import ClientRun, LoadOptions, LoadResult, NoPgbench
+from pgrace.model.load import ClientRun, LoadOptions, LoadSeries, NoPgbench
 from pgrace.model.scenario import Scenario
 from pgrace.servers import ServerInfo, deferred_interrupts
 from pgrace.servers.processes import dies_with_parent, held_temporary_dir, sweep_dead_dirs
@@ -69,7 +69,7 @@ def pgbench_major(pgbench: str) -> int:
 # -- running ---------------------------------------------------------------------------------
 
 
-def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> LoadResult:
+def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> LoadSeries:
     """Run ``scenario``'s load transaction once per client count; a fresh scratch database each time.
 
     Ctrl-C (or SIGTERM) stops pgbench's process group, waits for it, drops the scratch
@@ -81,7 +81,7 @@ def run_load(scenario: Scenario, server: ServerInfo, options: LoadOptions) -> Lo
     major = pgbench_major(pgbench)
     check_machine(max(options.clients, default=0))
     check_room(server, max(options.clients, default=0))
-    result = LoadResult(scenario.name, scenario.variant, server.version)
+    result = LoadSeries(scenario.name, scenario.variant, server.version)
     try:
         for clients in options.clients:
             try:

@@ -31,10 +31,7 @@ from contextlib import ExitStack
 
 from pgrace.drivers.minimize.failure import (
     CHANCY_REPEATS,
-    Failure,
     Kept,
-    Minimized,
-    Trial,
     chancy,
     describe_step,
     failure_of,
@@ -43,16 +40,14 @@ from pgrace.drivers.minimize.failure import (
 from pgrace.drivers.minimize.shrink import Bench, Shrink
 from pgrace.drivers.minimize.statements import split_block
 from pgrace.errors import OptionError, ScenarioError
+from pgrace.model.minimized import Minimized, Trial
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run
 from pgrace.servers import ServerInfo
 
 __all__ = [
     "CHANCY_REPEATS",
-    "Failure",
     "Kept",
-    "Minimized",
-    "Trial",
     "chancy",
     "describe_step",
     "failing_order",

@@ -24,9 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pgrace.drivers.minimize.failure import Failure, Minimized, failure_of
+from pgrace.drivers.minimize.failure import failure_of
 from pgrace.errors import PgraceError, ScenarioError
 from pgrace.model import variables
+from pgrace.model.minimized import Failure, Minimized
 from pgrace.model.scenario import Scenario
 from pgrace.model.values import to_json_value
 from pgrace.servers import ServerInfo

@@ -12,15 +12,14 @@ from pgrace.drivers.minimize.failure import (
     CHANCY_REPEATS,
     ENDS,
     MAX_RUNS,
-    Failure,
     Kept,
-    Trial,
     chancy,
     failure_of,
     short,
 )
 from pgrace.errors import PgraceError, ScenarioFailed
 from pgrace.model import variables
+from pgrace.model.minimized import Failure, Trial
 from pgrace.model.scenario import Scenario
 from pgrace.model.timeline import Run, StepCancelled, StepLaunched
 from pgrace.servers import ServerInfo
