@@ -13,6 +13,7 @@ from proxying import psycopg_withdrawal
 from pgrace import proxy
 from pgrace.drivers.searches import Exhaustive
 from pgrace.engine.proxy import startup
+from pgrace.proxy import AsyncCode
 from pgrace.servers import ServerInfo
 
 SETUP = "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); INSERT INTO accounts VALUES (1, 500)"
@@ -108,6 +109,19 @@ def test_psycopg_async_one_run_in_order(pgrace_server: ServerInfo) -> None:
     assert run.ok
 
 
+def assert_reduced_keeps_500_and_400(sessions: dict[str, AsyncCode], server: ServerInfo) -> None:
+    """alice notes bob's balance in ``seen``: the exhaustive search sees 500 and 400 noted, and the reduced one keeps
+    both classes in fewer runs."""
+    setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
+    final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
+    reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=server)
+    every = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=server, search=Exhaustive())
+    assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
+    assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [(c.final, c.summary) for c in every.classes]
+    assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
+    assert reduced.runs is not None and every.runs is not None and reduced.runs < every.runs, (reduced.runs, every.runs)
+
+
 async def _note_balance(dsn: str) -> None:
     """One prepared statement outside a transaction block: asyncpg's Parse/Describe/Flush opens the implicit
     transaction, and the ACCESS SHARE lock parsing took on accounts is held until the Bind/Execute/Sync after it."""
@@ -127,17 +141,7 @@ def test_a_prepare_is_ordered_by_the_table_lock_it_takes(pgrace_server: ServerIn
     """A prepare reads no row, but its table lock decides who waits for whom: before bob's LOCK TABLE, bob waits
     and alice notes 500; after it, alice's prepare waits for bob's COMMIT and notes 400. The reduced search must
     tell the two apart as the exhaustive one does (a prepare taken to touch nothing misses 400)."""
-    sessions = {"alice": _note_balance, "bob": _lock_and_change}
-    setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
-    final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
-    reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
-    every = proxy.explore_async(
-        sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, search=Exhaustive()
-    )
-    assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
-    assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [(c.final, c.summary) for c in every.classes]
-    assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
-    assert reduced.runs is not None and every.runs is not None and reduced.runs < every.runs
+    assert_reduced_keeps_500_and_400({"alice": _note_balance, "bob": _lock_and_change}, pgrace_server)
 
 
 async def _note_balance_repeatable(dsn: str) -> None:
@@ -157,14 +161,4 @@ async def _change(dsn: str) -> None:
 def test_a_prepare_that_takes_the_snapshot_is_ordered_by_the_commits_around_it(pgrace_server: ServerInfo) -> None:
     """The snapshot is taken while the prepare waits for the rest of its cycle (the backend 'active', reading): bob's
     COMMIT before the prepare, alice notes 400; after it, 500, even when bob commits before alice's INSERT runs."""
-    sessions = {"alice": _note_balance_repeatable, "bob": _change}
-    setup = SETUP + "; CREATE TABLE seen (balance int NOT NULL)"
-    final = "SELECT balance FROM seen ORDER BY balance"  # no physical order: the reduction takes the moves alone
-    reduced = proxy.explore_async(sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server)
-    every = proxy.explore_async(
-        sessions, setup=setup, final=final, expect=[[500]], server=pgrace_server, search=Exhaustive()
-    )
-    assert reduced.complete and every.complete, (reduced.incomplete, every.incomplete)
-    assert {c.final[0] for c in every.classes} == {((500,),), ((400,),)}, [c.summary for c in every.classes]
-    assert sorted(c.key for c in reduced.classes) == sorted(c.key for c in every.classes)
-    assert reduced.runs is not None and every.runs is not None and reduced.runs < every.runs, (reduced.runs, every.runs)
+    assert_reduced_keeps_500_and_400({"alice": _note_balance_repeatable, "bob": _change}, pgrace_server)
