@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -20,8 +21,11 @@ def peer_pid(sock: socket.socket) -> int | None:
         return None
     if far[0] not in ("127.0.0.1", "::1"):
         return None
-    end = tcp_end(far, near)
-    inode = str(end.inode) if end is not None and end.inode else _socket_inode(far[1], near[1])
+    try:
+        end = tcp_end(far, near)
+        inode = str(end.inode) if end is not None and end.inode else None
+    except KernelSilent:
+        inode = _socket_inode(far[1], near[1])
     return None if inode is None else _owner(inode)
 
 
@@ -43,9 +47,13 @@ _NO_COOKIE = 0xFFFFFFFF
 _TCP_ESTABLISHED = 1
 
 
+class KernelSilent(Exception):
+    """The kernel does not answer questions about one socket (no sock_diag here): read its tables instead."""
+
+
 def tcp_end(local: tuple[str, int], remote: tuple[str, int]) -> TcpEnd | None:
     """The end at ``local`` of the TCP connection to ``remote`` (IP address, port), asked of the kernel by its
-    addresses (sock_diag), or None when it has none or cannot be asked.
+    addresses (sock_diag); None when it has no such socket. Raises :class:`KernelSilent` when it cannot be asked.
 
     A hash lookup in the kernel, tens of microseconds: reading ``/proc/net/tcp`` walks every bucket of the
     connection table (a quarter of a million here) and costs milliseconds of kernel time each time.
@@ -57,14 +65,21 @@ def tcp_end(local: tuple[str, int], remote: tuple[str, int]) -> TcpEnd | None:
         request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF)
         request += struct.pack(">HH", local[1], remote[1]) + ours + theirs
         request += struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
-        header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0)
+    except (OSError, ValueError, OverflowError, struct.error):
+        return None  # not an address, nor a port: no socket has it
+    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0)
+    try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as diag:
             diag.send(header + request)
             answer = diag.recv(8192)
-    except (OSError, ValueError, OverflowError, struct.error):
-        return None
-    if len(answer) < 16 + 72 or struct.unpack_from("=H", answer, 4)[0] == _NLMSG_ERROR:
-        return None
+    except OSError as exc:
+        raise KernelSilent(str(exc)) from None
+    if len(answer) >= 20 and struct.unpack_from("=H", answer, 4)[0] == _NLMSG_ERROR:
+        if -struct.unpack_from("=i", answer, 16)[0] == errno.ENOENT:
+            return None
+        raise KernelSilent(os.strerror(-struct.unpack_from("=i", answer, 16)[0]))
+    if len(answer) < 16 + 72:
+        raise KernelSilent("a short answer")
     state = answer[16 + 1]
     unread, unacknowledged, _uid, inode = struct.unpack_from("=IIII", answer, 16 + 56)
     return TcpEnd(inode, state == _TCP_ESTABLISHED and (unread > 0 or unacknowledged > 0))

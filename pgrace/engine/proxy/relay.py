@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
-from pgrace.engine.proxy.peers import clients_of, peer_pid, tcp_end
+from pgrace.engine.proxy.peers import KernelSilent, clients_of, peer_pid, tcp_end
 from pgrace.engine.proxy.steps import GroupedStep, Grouper, Memory, Reply, Statement, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
@@ -230,25 +230,23 @@ class Proxy:
 
     def _in_transit(self, relays: list[_Relay]) -> bool:
         """Whether bytes wait in the kernel's queues at either end of a relay's TCP connection."""
-        for relay in relays:
-            if relay.ends is None:
-                continue
-            near, far = relay.ends
-            ours = tcp_end(near, far)
-            if ours is None:  # a socket the proxy holds open, unknown: the kernel cannot be asked one by one
-                return clients_of(self.port)[1]
-            theirs = tcp_end(far, near)
-            if ours.queued or (theirs is not None and theirs.queued):
-                return True
+        try:
+            for relay in relays:
+                if relay.ends is not None and any(
+                    end is not None and end.queued for end in (tcp_end(*relay.ends), tcp_end(*relay.ends[::-1]))
+                ):
+                    return True
+        except KernelSilent:
+            return clients_of(self.port)[1]
         return False
 
     def client_sockets(self) -> set[int] | None:
-        """The inodes of the clients' ends of the proxy's TCP connections; None when the kernel did not say."""
+        """The inodes of the clients' ends of the proxy's TCP connections; None when the kernel cannot say."""
         with self._lock:
             relays = [relay for relay in self._relays if relay.ends is not None]
-        if any(not relay.client_inode for relay in relays):
+        if any(relay.client_inode is None for relay in relays):
             return None
-        return {relay.client_inode for relay in relays}
+        return {relay.client_inode for relay in relays if relay.client_inode}
 
     def answered(self) -> tuple[tuple[int, int], ...] | None:
         """How often each connection's relay has answered its client (sent it bytes, or closed it); None while
@@ -314,14 +312,17 @@ class _Relay:
         is under way (:meth:`Proxy.answered`). Written by the relay's thread alone."""
         self.ends: tuple[tuple[str, int], tuple[str, int]] | None = None
         """The proxy's end of a TCP connection and the client's (address, port); None on a unix socket."""
-        self.client_inode = 0
-        """The inode of the client's socket, when the kernel says (0: not known)."""
+        self.client_inode: int | None = 0
+        """The inode of the client's socket (0: it has none any more; None: the kernel cannot say)."""
         if client.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 near, far = client.getsockname()[:2], client.getpeername()[:2]
                 self.ends = (near, far)
-                end = tcp_end(far, near)
-                self.client_inode = end.inode if end is not None else 0
+                try:
+                    end = tcp_end(far, near)
+                    self.client_inode = end.inode if end is not None else 0
+                except KernelSilent:
+                    self.client_inode = None
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):
