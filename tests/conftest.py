@@ -50,20 +50,28 @@ def pytest_configure(config: pytest.Config) -> None:
 SHARED_SCOPES = frozenset({"package", "module", "class"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads xdist_group
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Markers from the fixtures a test uses, as it is collected: before ``-m`` deselects by marker, and before
+    xdist's worker reads ``xdist_group`` (in its own ``pytest_collection_modifyitems``) to name the test's group."""
+    if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.server)
+    if item.config.pluginmanager.hasplugin("xdist") and uses_a_shared_fixture(item):
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    grouping = config.pluginmanager.hasplugin("xdist")
-    for item in items:
-        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.server)
-        if grouping and uses_a_shared_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if hasattr(config, "workerinput"):
         # A worker's collection: tests are handed out in its order (after the groups, largest first).
         # The long ones go first, so none is left running alone at the end: those recorded longest
         # first, then the ``slow`` ones.
         took = recorded_durations()
-        items.sort(key=lambda item: (-took.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None))
+        items.sort(key=lambda item: (-took.get(plain_id(item), 0.0), item.get_closest_marker("slow") is None))
+
+
+def plain_id(item: pytest.Item) -> str:
+    """The test's id without the ``@group`` xdist's worker appends to a grouped test's."""
+    group = item.get_closest_marker("xdist_group")
+    return item.nodeid.removesuffix(f"@{group.args[0]}") if group is not None and group.args else item.nodeid
 
 
 @functools.cache

@@ -32,6 +32,8 @@ def test_a_test_of_a_module_scoped_fixture_goes_to_its_modules_worker(
     if request.config.pluginmanager.hasplugin("xdist"):
         group = request.node.get_closest_marker("xdist_group")
         assert group is not None and group.args == ("tests/test_suite_workers.py",)
+    if getattr(request.config.option, "loadgroup", False):  # a worker of --dist loadgroup: the group is in the id
+        assert request.node.nodeid.endswith("@tests/test_suite_workers.py"), "xdist did not group the test"
 
 
 def test_a_test_of_function_and_session_fixtures_goes_to_any_worker(

@@ -25,6 +25,17 @@ if TYPE_CHECKING:
 ISOLATIONTESTER_SLICE_S = 0.01
 FIRST_SLICE_S = 0.0001  # pgrace's own: a wait is seen as soon as it starts
 LAST_SLICE_S = 0.001
+PATIENT_SLICE_S = 0.02  # the longest a poll of something slow to come (a client's start-up) sleeps
+
+
+def backoff(slice_s: float, waited_s: float) -> float:
+    """The poll after a ``slice_s`` one, ``waited_s`` into a wait for news nobody notifies (a process's threads,
+    the kernel's socket tables, the server's statistics): doubling up to a millisecond, then a tenth of the time
+    waited so far, up to 20 ms. A short wait is seen within a millisecond; a long one (an interpreter starting)
+    costs its pollers a few dozen looks a second, not a thousand, on cores the clients need.
+    """
+    return min(slice_s * 2, max(LAST_SLICE_S, min(waited_s / 10, PATIENT_SLICE_S)))
+
 
 S = TypeVar("S")
 

@@ -151,13 +151,13 @@ def effect_of(
     made: dict[str, frozenset[str] | None] = {}
     anywhere = False
     writes = False
-    for statement, kind in zip(statements, kinds, strict=True):
+    for statement, kind, nodes in zip(statements, kinds, node_kinds(text), strict=True):
         if kind in QUIET_STATEMENTS:
             continue
-        writes = writes or any(type(n).__name__ in WRITES | {"DeleteStmt", "FuncCall"} for n in _walk(statement))
-        one = _statement(statement, kind, tables, returned if len(statements) == 1 else None)
+        writes = writes or bool(nodes & (WRITES | {"DeleteStmt", "FuncCall"}))
+        one = _statement(statement, kind, nodes, tables, returned if len(statements) == 1 else None)
         if one is None:
-            anywhere = anywhere or any(type(n).__name__ in WRITES | {"FuncCall"} for n in _walk(statement))
+            anywhere = anywhere or bool(nodes & (WRITES | {"FuncCall"}))
             continue
         for name, keys in one.scans.items():
             scans[name] = _union(scans.get(name, frozenset()), keys)
@@ -174,6 +174,13 @@ def parsed(text: str) -> tuple[Any, ...]:
     import pglast
 
     return tuple(raw.stmt for raw in pglast.parse_sql(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def node_kinds(text: str) -> tuple[frozenset[str], ...]:
+    """The kinds of node in each statement of ``text``, walked once: most of what is asked of a statement at every
+    run of a search is whether some kind of node is in it."""
+    return tuple(frozenset(type(n).__name__ for n in _walk(statement)) for statement in parsed(text))
 
 
 def in_physical_order(text: str, tables: Mapping[str, Shape]) -> bool:
@@ -272,9 +279,11 @@ def _resolve(rv: Any, tables: Mapping[str, Shape]) -> Shape | None:
     return found[0]
 
 
-def _statement(statement: Any, kind: str, tables: Mapping[str, Shape], returned: Any) -> Effect | None:
-    """One statement's effect, or None when it is not one this module narrows."""
-    if any(type(n).__name__ not in ALLOWED for n in _walk(statement)):
+def _statement(
+    statement: Any, kind: str, nodes: frozenset[str], tables: Mapping[str, Shape], returned: Any
+) -> Effect | None:
+    """One statement's effect (``nodes``: the kinds of node in it), or None when it is not one this module narrows."""
+    if not nodes <= ALLOWED:
         return None
     if getattr(statement, "withClause", None) is not None:
         return None

@@ -242,13 +242,15 @@ def _own_pipes(pid: int) -> set[str]:
 def proxy_sockets(port: int) -> dict[int, int]:
     """Client ends of TCP connections to ``port`` on this machine: socket inode -> the client's local port."""
     found: dict[int, int] = {}
+    far = f":{port:04X}"
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        rows: list[str] = []
         with contextlib.suppress(OSError), open(table) as f:
-            next(f, None)
-            for line in f:
-                cols = line.split()
-                if len(cols) > 9 and int(cols[2].rsplit(":", 1)[1], 16) == port:
-                    found[int(cols[9])] = int(cols[1].rsplit(":", 1)[1], 16)
+            rows = f.read().splitlines()[1:]
+        for row in rows:
+            cols = row.split(None, 10)  # up to the inode
+            if len(cols) > 9 and cols[2].endswith(far) and cols[9] != "0":  # 0: no socket holds it (TIME_WAIT)
+                found[int(cols[9])] = int(cols[1].rsplit(":", 1)[1], 16)
     return found
 
 
@@ -279,25 +281,29 @@ def quiet(root: int, proxied: set[int], held: bool, horizon: float) -> str | Non
             return moving
     # A look reads one thread after another: one read asleep may have run since (woken by a thread read later,
     # or by one started meanwhile and not in the look, as a launcher that joins the thread it has just started).
-    # The look holds only if the same threads are there after it and none of them has run in between.
+    # The look holds only if the same threads are there after it and none of them has run in between, nor been
+    # woken (a thread that ended has woken its joiner before it is gone from the list: read after the list).
     if _threads(root) != seen or any(_ran(pid, tid) != before for (pid, tid), before in ran.items()):
         return f"process {root}'s threads, which ran while pgrace looked"
     return None
 
 
 def _ran(pid: int, tid: int) -> str | None:
-    """What a thread has run so far (the scheduler's count of its time on a CPU and of its turns): it changes
-    whenever the thread runs. None: the thread is gone."""
+    """What a thread has run so far (the scheduler's count of its time on a CPU and of its turns), and its state:
+    it changes whenever the thread runs, or is woken and waits for a CPU (runnable, it has not run yet). None: the
+    thread is gone."""
     try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-            return f.read()
+            return state + " " + f.read()
     except FileNotFoundError:
         pass
-    except OSError:
+    except (OSError, IndexError):
         return None
-    try:  # a kernel without scheduler statistics: the context switches, counted in its status
+    try:  # a kernel without scheduler statistics: the state and context switches in its status
         with open(f"/proc/{pid}/task/{tid}/status") as f:
-            return "".join(line for line in f if "ctxt_switches" in line)
+            return "".join(line for line in f if "ctxt_switches" in line or line.startswith("State:"))
     except OSError:
         return None
 

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
-from pgrace.engine.proxy.peers import connected_ports, in_transit, peer_pid
+from pgrace.engine.proxy.peers import KernelSilent, clients_of, peer_pid, tcp_end
 from pgrace.engine.proxy.steps import GroupedStep, Grouper, Memory, Reply, Statement, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
@@ -108,6 +108,8 @@ class Proxy:
         self._relays: set[_Relay] = set()
         self._lock = threading.Lock()
         self._accepting = 0
+        self._accepts = 0
+        """How many accepts have begun: read before and after a look at the backlog, it says none began between."""
         self._numbers = itertools.count(1)
         self._serials = itertools.count(1)
 
@@ -179,6 +181,7 @@ class Proxy:
                         break
                     with self._lock:
                         self._accepting += 1  # counted as starting from the backlog to its relay
+                        self._accepts += 1
                     try:
                         sock, _ = ready.accept()
                         if sock.family == socket.AF_INET:
@@ -205,24 +208,45 @@ class Proxy:
         A client in its start-up (waiting to be accepted, or accepted and not yet answered) waits
         for the proxy, asleep, and its backend may be on the server with its pid not yet known: it
         will send a statement once it has its ReadyForQuery, so until then nobody can tell which
-        sessions are ready. Read from the listeners' backlog, the proxy's own relays and, for
-        connections the backlog no longer shows but no relay has yet, the kernel's TCP table, which
-        also shows bytes sent and not yet read (`peers.in_transit`).
+        sessions are ready. Read from the proxy's own relays and accepts, around a look at the
+        listeners' backlog: a connection that arrives meanwhile is either still in the backlog or
+        being accepted. Bytes sent and not yet read are in the kernel's queues of either end.
         """
         if self.closing.is_set():
             return None
+        with self._lock:
+            relays = list(self._relays)
+            accepting, accepts = self._accepting, self._accepts
+        if accepting > 0 or any(not relay.started_up for relay in relays):
+            return "a client connection's start-up at the proxy"
         if select.select(self._listeners, [], [], 0)[0]:
             return "a client connection the proxy has not accepted yet"
         with self._lock:
-            relays = list(self._relays)
-            accepting = self._accepting
-        if accepting > 0 or any(not relay.started_up for relay in relays):
-            return "a client connection's start-up at the proxy"
-        if connected_ports(self.port) - {relay.peer_port for relay in relays}:
-            return "a client connection the proxy has not accepted yet"
-        if in_transit(self.port):
+            if self._accepts != accepts:
+                return "a client connection the proxy has not accepted yet"
+        if self._in_transit(relays):
             return "bytes on their way between a client and the proxy"
         return None
+
+    def _in_transit(self, relays: list[_Relay]) -> bool:
+        """Whether bytes wait in the kernel's queues at either end of a relay's TCP connection."""
+        try:
+            for relay in relays:
+                if relay.ends is not None and any(
+                    end is not None and end.queued for end in (tcp_end(*relay.ends), tcp_end(*relay.ends[::-1]))
+                ):
+                    return True
+        except KernelSilent:
+            return clients_of(self.port)[1]
+        return False
+
+    def client_sockets(self) -> set[int] | None:
+        """The inodes of the clients' ends of the proxy's TCP connections; None when the kernel cannot say."""
+        with self._lock:
+            relays = [relay for relay in self._relays if relay.ends is not None]
+        if any(relay.client_inode is None for relay in relays):
+            return None
+        return {relay.client_inode for relay in relays if relay.client_inode}
 
     def answered(self) -> tuple[tuple[int, int], ...] | None:
         """How often each connection's relay has answered its client (sent it bytes, or closed it); None while
@@ -282,15 +306,23 @@ class _Relay:
         """The server's FATAL message, when it ends the connection with one."""
         self.started_up = False
         """Its start-up ended: the hooks know it (by its backend pid) and the client has the server's last answer."""
-        self.peer_port: int | None = None
-        """The client's TCP port (its end of the connection), None on a unix socket."""
         self.serial = next(proxy._serials)
         self.answers = 0
         """Counted up before and after each answer to the client (bytes sent, its socket closed): odd while one
         is under way (:meth:`Proxy.answered`). Written by the relay's thread alone."""
+        self.ends: tuple[tuple[str, int], tuple[str, int]] | None = None
+        """The proxy's end of a TCP connection and the client's (address, port); None on a unix socket."""
+        self.client_inode: int | None = 0
+        """The inode of the client's socket (0: it has none any more; None: the kernel cannot say)."""
         if client.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
-                self.peer_port = int(client.getpeername()[1])
+                near, far = client.getsockname()[:2], client.getpeername()[:2]
+                self.ends = (near, far)
+                try:
+                    end = tcp_end(far, near)
+                    self.client_inode = end.inode if end is not None else 0
+                except KernelSilent:
+                    self.client_inode = None
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):

@@ -35,7 +35,7 @@ from pgrace.engine.steps import Recorder, StepBook
 from pgrace.engine.threads.order import Chooser
 from pgrace.engine.threads.waiting import GateWaiting
 from pgrace.engine.transport import Plain
-from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
+from pgrace.engine.waiting import FIRST_SLICE_S, backoff
 from pgrace.errors import ExecError, ScenarioFailed, StepsStuck
 from pgrace.model.scenario import Command, PermutationStep, Scenario, Session, Step, set_by_pgrace
 from pgrace.model.timeline import CheckQueried, Outcome, PermutationStarted, Run, SetupRan, SqlError
@@ -98,7 +98,8 @@ class ExecOrder:
 
         Waited for on the condition (a hook notifies it) and the commands' exits, up to the step timeout.
         """
-        deadline = time.perf_counter() + self.step_timeout
+        since = time.perf_counter()
+        deadline = since + self.step_timeout
         slice_s = FIRST_SLICE_S
         while time.perf_counter() < deadline:
             self._adopt()
@@ -110,7 +111,7 @@ class ExecOrder:
                 break
             with self.cond:
                 self.cond.wait(slice_s)
-            slice_s = min(slice_s * 2, LAST_SLICE_S)
+            slice_s = backoff(slice_s, time.perf_counter() - since)
         else:
             raise StepsStuck(
                 f"for {self.step_timeout:g} s every command waited with no statement held or running: they wait"
@@ -174,7 +175,7 @@ class ExecOrder:
                 )
             with self.cond:
                 self.cond.wait(slice_s)
-            slice_s = min(slice_s * 2, LAST_SLICE_S)
+            slice_s = backoff(slice_s, time.perf_counter() - since)
 
     def _unsettled(self) -> str | None:
         """Who may still act on their own, for people; None when nobody may.
@@ -193,7 +194,10 @@ class ExecOrder:
             return "the proxy is answering a client"
         with self.cond:
             held = [s for s in self.sessions.values() if s.gate.state in ("ready", "running")]
-        proxied = set(proxy_sockets(self.runner.proxy_port)) if held else set()
+        proxied: set[int] = set()
+        if held:
+            known = proxy.client_sockets()
+            proxied = known if known is not None else set(proxy_sockets(self.runner.proxy_port))
         for started in self.hooks.commands:
             if started.exit_code() is not None:
                 continue
@@ -403,9 +407,9 @@ class ExecRunner:
     def _backends_gone(self, order: ExecOrder) -> None:
         """The server's answer that the sessions' backends ended (their locks released) before the checks."""
         pids = [s.pid for s in order.sessions.values()]
-        deadline = time.perf_counter() + self.step_timeout
+        since = time.perf_counter()
         slice_s = FIRST_SLICE_S
-        while pids and time.perf_counter() < deadline:
+        while pids and time.perf_counter() < since + self.step_timeout:
             left = self.observer.execute(
                 "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)", (pids,)
             ).fetchone()
@@ -413,6 +417,7 @@ class ExecRunner:
                 return
             with self.cond:
                 self.cond.wait(slice_s)
+            slice_s = backoff(slice_s, time.perf_counter() - since)
             slice_s = min(slice_s * 2, 0.01)
         if pids:
             raise StepsStuck("the commands' backends did not end after their connections closed", self.scenario.source)
@@ -448,12 +453,12 @@ class ExecRunner:
 
     def _start_ups_ended(self) -> None:
         """Until no connection the proxy accepted is in its start-up (bounded by the step timeout)."""
-        deadline = time.perf_counter() + self.step_timeout
+        since = time.perf_counter()
         slice_s = FIRST_SLICE_S
-        while self.proxy.in_between() and time.perf_counter() < deadline:
+        while self.proxy.in_between() and time.perf_counter() < since + self.step_timeout:
             with self.cond:
                 self.cond.wait(slice_s)  # the hooks notify it when a start-up ends
-            slice_s = min(slice_s * 2, 0.01)
+            slice_s = backoff(slice_s, time.perf_counter() - since)
 
     def _sessions_count(self) -> int:
         """How many sessions the server has counted in the run's database (``pg_stat_database.sessions``)."""
@@ -474,12 +479,12 @@ class ExecRunner:
         """
         assert self.counted is not None
         self.counted += proxied
-        deadline = time.perf_counter() + self.step_timeout
+        since = time.perf_counter()
         slice_s = FIRST_SLICE_S
-        while (now := self._sessions_count()) < self.counted and time.perf_counter() < deadline:
+        while (now := self._sessions_count()) < self.counted and time.perf_counter() < since + self.step_timeout:
             with self.cond:
                 self.cond.wait(slice_s)
-            slice_s = min(slice_s * 2, 0.01)
+            slice_s = backoff(slice_s, time.perf_counter() - since)
         around = now - self.counted
         if around > 0:
             self.counted = now

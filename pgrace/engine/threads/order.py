@@ -21,7 +21,7 @@ from pgrace.engine.threads.frames import raised_at, where_defined
 from pgrace.engine.threads.session import Gate, ThreadSession
 from pgrace.engine.threads.waiting import GateWaiting
 from pgrace.engine.transport import Plain
-from pgrace.engine.waiting import FIRST_SLICE_S, LAST_SLICE_S
+from pgrace.engine.waiting import FIRST_SLICE_S, backoff
 from pgrace.errors import CodeError
 from pgrace.model.scenario import PermutationStep, Scenario, Step
 from pgrace.model.timeline import Outcome, Run, SqlError
@@ -114,7 +114,7 @@ class CodeOrder:
 
         Python running past the step timeout without sending a statement or returning is bad input.
         """
-        slice_s = FIRST_SLICE_S
+        slice_s, since = FIRST_SLICE_S, time.perf_counter()
         while True:
             self.report_raised()
             if self.scheduler.oldest_pending() is not None:
@@ -135,7 +135,7 @@ class CodeOrder:
                     )
             with self.cond:
                 self.cond.wait(slice_s)
-            slice_s = min(slice_s * 2, LAST_SLICE_S)
+            slice_s = backoff(slice_s, time.perf_counter() - since)
 
     def report_raised(self) -> None:
         """An exception that escaped a session's code (not the one a statement raised) is its last outcome."""
