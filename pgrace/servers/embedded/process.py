@@ -20,7 +20,6 @@ _READY_POLL_S = 0.003
 _STARTING_POLL_S = 0.001  # reading postmaster.pid costs microseconds: look often
 _PID_STATUS_LINE = 7  # postmaster.pid's 8th line: "starting", "ready", "stopping", ...
 _STOP_TIMEOUT_S = 10.0
-_REQUIT_S = 1.0  # an immediate shutdown takes milliseconds: past this, the signal was lost
 _ORPHAN_GRACE_S = 2.0  # for a dead postmaster's children to notice and exit
 
 
@@ -215,18 +214,13 @@ def _stop(proc: subprocess.Popen[bytes], data: str) -> None:
     shell still copying the template: SIGQUIT makes it end its copy (see `_spawn`).
     """
     if proc.poll() is None:
-        # A SIGQUIT the shell takes in the moment it becomes postgres is lost with its trap: a
-        # postmaster still up a second later gets it again.
-        for wait_s in (_REQUIT_S, _STOP_TIMEOUT_S):
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGQUIT)
-            try:
-                proc.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-        proc.kill()
-        proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGQUIT)
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         return
     _end_orphans(data)
 
