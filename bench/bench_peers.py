@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from pgrace.engine.proxy.peers import clients_of, tcp_end
+from pgrace.engine.proxy.peers import in_transit, tcp_end
 
 
 def timed(look: Callable[[], object], looks: int) -> tuple[float, float]:
@@ -41,7 +41,7 @@ def main() -> None:
         pairs = [(s.getsockname()[:2], s.getpeername()[:2]) for s in accepted]
 
         def table() -> object:
-            return clients_of(port)
+            return in_transit(port)
 
         def one_by_one() -> object:
             return [(tcp_end(near, far), tcp_end(far, near)) for near, far in pairs]

@@ -105,21 +105,15 @@ def _established() -> Iterator[tuple[int, int, bool]]:
             yield local, remote, parts[4] != "00000000:00000000"
 
 
-def clients_of(port: int) -> tuple[set[int], bool]:
-    """One reading of the tables for a listener on ``port`` (where the kernel cannot be asked one socket at a
-    time): the local ports of the clients' ends of its established connections (accepted or not), and whether
-    bytes are on their way over any of them.
+def in_transit(port: int) -> bool:
+    """Whether bytes are on their way over a TCP connection to ``port``, in either direction, read from the
+    kernel's tables (where it cannot be asked one socket at a time: :func:`tcp_end`).
 
     A client that has just sent a statement, or a reply the proxy has just sent, may sit in a
     socket queue (sent, not yet acknowledged; received, not yet read) while both ends look
     asleep in ``/proc``: the kernel's TCP table shows those queues.
     """
-    ports, moving = set(), False
-    for local, remote, queued in _established():
-        if remote == port:
-            ports.add(local)
-        moving = moving or (queued and port in (local, remote))
-    return ports, moving
+    return any(queued and port in (local, remote) for local, remote, queued in _established())
 
 
 def _socket_inode(port: int, remote: int) -> str | None:

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Protocol
 
 from pgrace.engine.proxy import startup, wire
-from pgrace.engine.proxy.peers import KernelSilent, clients_of, peer_pid, tcp_end
+from pgrace.engine.proxy.peers import KernelSilent, in_transit, peer_pid, tcp_end
 from pgrace.engine.proxy.steps import GroupedStep, Grouper, Memory, Reply, Statement, Tracker, is_copy
 
 __all__ = ["Client", "Hooks", "Proxy", "Refused", "Reply", "Statement"]
@@ -237,7 +237,7 @@ class Proxy:
                 ):
                     return True
         except KernelSilent:
-            return clients_of(self.port)[1]
+            return in_transit(self.port)
         return False
 
     def client_sockets(self) -> set[int] | None:

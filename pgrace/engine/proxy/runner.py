@@ -418,7 +418,6 @@ class ExecRunner:
             with self.cond:
                 self.cond.wait(slice_s)
             slice_s = backoff(slice_s, time.perf_counter() - since)
-            slice_s = min(slice_s * 2, 0.01)
         if pids:
             raise StepsStuck("the commands' backends did not end after their connections closed", self.scenario.source)
 
