@@ -203,8 +203,10 @@ def test_a_server_left_while_still_booting_leaves_nothing_behind() -> None:
 
 _BOOTING_CHILD = textwrap.dedent(
     """
-    import glob, os, time
+    import glob, os, signal, sys, time
     from pgrace.servers.embedded import embedded_booting
+    if sys.argv[1:] == ["background"]:  # as `pgrace ... &` in a script: sh starts it with SIGQUIT ignored
+        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     with embedded_booting():
         print(*glob.glob(f"/dev/shm/pgrace-{os.getpid()}-*"), flush=True)
         time.sleep(60)
@@ -213,12 +215,16 @@ _BOOTING_CHILD = textwrap.dedent(
 
 
 @pytest.mark.server
-def test_a_server_whose_pgrace_is_killed_while_booting_goes_too() -> None:
-    """SIGKILL right after the start: the copying shell gets the parent-death signal and ends its cp."""
+@pytest.mark.parametrize("started", ["foreground", "background"])
+def test_a_server_whose_pgrace_is_killed_while_booting_goes_too(started: str) -> None:
+    """SIGKILL right after the start: the copying shell gets the parent-death signal and ends its cp.
+
+    Also when pgrace itself was started with SIGQUIT ignored, as a shell script's background job is.
+    """
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     for _ in range(3):
         with subprocess.Popen(
-            [sys.executable, "-c", _BOOTING_CHILD],
+            [sys.executable, "-c", _BOOTING_CHILD, started],
             stdout=subprocess.PIPE,
             text=True,
             env=dict(os.environ, PYTHONPATH=pythonpath),

@@ -107,17 +107,21 @@ def _child_env() -> dict[str, str]:
 
 
 def _child_setup(user: _User | None, *, death_signal: bool) -> Callable[[], None]:
-    """Build the preexec_fn: own process group, drop root, then the parent-death signal.
+    """Build the preexec_fn: own process group, default stop signals, drop root, then the parent-death signal.
 
     The death signal must be set after the uid switch, because a credential change
     clears it.  Own process group: a Ctrl-C at the terminal must not reach postgres
-    before we stop it ourselves.
+    before we stop it ourselves.  Default stop signals: a shell script's background job
+    starts with SIGQUIT ignored, and the copying shell cannot trap a signal ignored on
+    entry, so both our stop and the death signal would be lost until postgres took over.
     """
     prctl = libc_prctl() if death_signal else None
     parent = os.getpid()
 
     def setup() -> None:
         os.setpgrp()
+        for stop in (signal.SIGQUIT, signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, signal.SIG_DFL)
         if user is not None:
             os.setgid(user.gid)
             os.setgroups([])
