@@ -283,9 +283,30 @@ def quiet(root: int, proxied: set[int], held: bool, horizon: float) -> str | Non
     # or by one started meanwhile and not in the look, as a launcher that joins the thread it has just started).
     # The look holds only if the same threads are there after it and none of them has run in between, nor been
     # woken (a thread that ended has woken its joiner before it is gone from the list: read after the list).
-    if _threads(root) != seen or any(_ran(pid, tid) != before for (pid, tid), before in ran.items()):
+    # A thread read runnable is not asleep, whatever it is read doing next: a thread preempted just as it went to
+    # sleep is read asleep, off its CPU, and a waker makes it runnable again before it has run, its counts unchanged.
+    # A thread the kernel counts can be missing from /proc's list of them: the count must agree.
+    if (
+        _threads(root) != seen
+        or any(_ran(pid, tid) != before or _runnable(before) for (pid, tid), before in ran.items())
+        or any(_counted(pid) != len(tids) for pid, tids in seen.items())
+    ):
         return f"process {root}'s threads, which ran while pgrace looked"
     return None
+
+
+def _runnable(ran: str | None) -> bool:
+    """Whether :func:`_ran` read the thread running or waiting for a CPU."""
+    return ran is not None and ran.startswith(("R", "State:\tR"))
+
+
+def _counted(pid: int) -> int | None:
+    """How many threads the kernel counts in the process (its ``stat``'s num_threads); None: unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[17])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _ran(pid: int, tid: int) -> str | None:
