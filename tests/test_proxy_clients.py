@@ -90,10 +90,11 @@ def test_libpq_pipeline_with_every_sync_sent_before_any_reply(pgrace_server: Ser
             conn.pipeline_sync()
         assert conn.flush() == 0
         results: list[psycopg.pq.abc.PGresult] = []
-        while len(results) < 6:
-            select.select([conn.socket], [], [], 10)
-            conn.consume_input()
-            while not conn.is_busy() and (result := conn.get_result()) is not None:
+        while len(results) < 6:  # each cycle's rows and its sync; None between them
+            if conn.is_busy():  # wait for bytes only when libpq has none to hand out
+                assert select.select([conn.socket], [], [], 10)[0], "no reply in 10 s"
+                conn.consume_input()
+            elif (result := conn.get_result()) is not None:
                 results.append(result)
         rows = [r.get_value(0, 0) for r in results if r.status == psycopg.pq.ExecStatus.TUPLES_OK]
         assert rows == [b"0", b"10", b"20"]
@@ -495,9 +496,9 @@ def test_an_extended_copy_from_is_one_step_with_the_sync_after_its_copy_done(pgr
             select.select([], [conn.socket], [], 10)
         finished = []
         while True:
-            select.select([conn.socket], [], [], 10)
-            conn.consume_input()
-            if conn.is_busy():
+            if conn.is_busy():  # wait for bytes only when libpq has none to hand out
+                assert select.select([conn.socket], [], [], 10)[0], "no reply in 10 s"
+                conn.consume_input()
                 continue
             result = conn.get_result()
             if result is None:
