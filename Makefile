@@ -20,10 +20,13 @@ install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the
 # make test's worker processes, each with its own embedded server (tests/conftest.py). The tests mostly wait on
 # PostgreSQL, so more workers than CPUs still pays: JOBS=1 runs the suite in one process.
 JOBS ?= 3
+# The thorough tier (tests/tiers.py): whole explorations and soundness comparisons that repeat, at many times the
+# cost, what faster tests check. make test leaves it out; PGRACE_THOROUGH=1 make test runs everything, as CI does.
+TIER := $(if $(filter-out 0,$(PGRACE_THOROUGH)),, and not thorough)
 
-test: install lint docs ## Lint, type-check, build the docs and run the test suite against a real PostgreSQL
-	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not timing and not alone"
-	$(BIN)/pytest -q -p no:xdist -m "timing or alone"
+test: install lint docs ## Lint, type-check, build the docs and run the test suite (PGRACE_THOROUGH=1: all of it)
+	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not timing and not alone$(TIER)"
+	$(BIN)/pytest -q -p no:xdist -m "(timing or alone)$(TIER)"
 
 test-fast: install ## The tests that need no server, corpus, browser or Docker and are quick (no PostgreSQL is started)
 	PGRACE_NO_SERVER=1 $(BIN)/pytest -q -m "not server and not corpus and not browser and not docker and not slow"

@@ -9,6 +9,8 @@ Markers (``--strict-markers``: a misspelt one is an error):
 * ``browser``, ``slow``: needs Chromium, or takes seconds even without a server.
 * ``timing``: asserts a wall-clock bound, which an overloaded machine may miss.
 * ``alone``: must not run beside other tests; ``make test`` runs it with the ``timing`` ones, after the workers.
+* ``thorough``: repeats at many times the cost what a faster test checks (``tests/tiers.py``); ``make test``
+  runs it only under ``PGRACE_THOROUGH=1``, which CI sets.
 
 ``make test-fast`` runs what needs none of them, with ``PGRACE_NO_SERVER`` set: there pgrace
 refuses to start a server, so a test that needs one but is not marked fails loudly.

@@ -4,7 +4,8 @@
 then splices in what broke pgrace before: deep nesting, huge dotted keys, NUL and
 control characters, bytes that are not UTF-8, very long lines and repeated blocks.
 The number of examples per test is PGRACE_FUZZ_EXAMPLES (default per test) times
-PGRACE_FUZZ_SCALE (default 1); bench/bench_fuzz.py raises the scale.
+PGRACE_FUZZ_SCALE: 1 in the thorough tier (CI), a quarter in make test's everyday one;
+bench/bench_fuzz.py raises the scale.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from tiers import THOROUGH
 
 ROOT = Path(__file__).resolve().parents[1]
-SCALE = float(os.environ.get("PGRACE_FUZZ_SCALE", "1"))
+SCALE = float(os.environ.get("PGRACE_FUZZ_SCALE", "1" if THOROUGH else "0.25"))
 DOCUMENTED_EXITS = {0, 1, 2, 3}  # 4 is a bug; 130/143/141 need a signal or a closed pipe
 
 TOML_SEEDS = [p.read_text() for p in sorted((ROOT / "scenarios").glob("*.toml"))]

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from test_code import FINAL, SETUP, _example, withdraw, withdraw_locked
+from tiers import tiered
 
 from pgrace.drivers.code import _runner, explore_code
 from pgrace.drivers.reduce import code_trace, dependent
@@ -101,8 +102,11 @@ EXAMPLES: dict[str, tuple[dict[str, Callable[[Any], object]], str, str]] = {
     "three, one apart": ({"alice": withdraw, "bob": withdraw_locked, "carol": deposit}, f"{SETUP}; {SAVINGS}", BOTH),
 }
 
+#: Three sessions, one on another table: many seconds each, so CI's (everyday: a_session_on_another_table below).
+THREE_SESSIONS = {"an exception, and one apart", "three, one apart"}
 
-@pytest.mark.parametrize("example", list(EXAMPLES))
+
+@pytest.mark.parametrize("example", tiered(EXAMPLES, THREE_SESSIONS))
 def test_reduced_classes_are_every_schedules_classes(pgrace_server: ServerInfo, example: str) -> None:
     sessions, setup, final = EXAMPLES[example]
     reduced, every = both_ways(sessions, pgrace_server, setup, final)

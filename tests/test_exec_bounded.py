@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import cli
 from proxying import psycopg_withdrawal
 
@@ -91,6 +92,7 @@ def test_bounded_options_over_commands_refused_before_any_server() -> None:
         assert said in line, line
 
 
+@pytest.mark.thorough  # the bound over commands is test_a_preemption_bound_of_1_...'s; this adds check's verdicts
 def test_check_over_commands_under_a_preemption_bound(pgrace_server: ServerInfo) -> None:
     """check --explore --max-preemptions over commands: the withdrawals without a lock show the bug variant's lost
     update and fail the fix variant's claim of no bug; each case's line says the bound, not every order."""

@@ -150,6 +150,7 @@ def test_a_blocked_sessions_next_step_is_deferred_not_waited_for(pgrace_server: 
 # -- check --explore ---------------------------------------------------------------------------
 
 
+@pytest.mark.thorough  # every shipped variant; the tests below check check --explore's verdicts one by one
 def test_check_explore_passes_on_the_shipped_scenarios(pgrace_server: ServerInfo) -> None:
     cases = regression.prepare(["scenarios"])
     # a modest seeded sample of each (sleeps make some spaces slow); bench/bench_library.py explores them whole

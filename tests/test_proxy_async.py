@@ -49,6 +49,7 @@ def test_asyncpg_finds_the_lost_update(pgrace_server: ServerInfo) -> None:
     assert proved.runs == 9
 
 
+@pytest.mark.thorough  # psycopg2's late client is the everyday test of a session not yet there
 def test_a_slow_start_up_is_waited_for(pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
     """A connection still in its start-up at the proxy (authentication on a loaded server) belongs to a session
     that will send a statement: the first choice waits for it, so every run follows the order asked for."""

@@ -84,7 +84,7 @@ def sqlalchemy_async(lock: str) -> AsyncCode:
         pytest.param(partial(psycopg_async, pipeline=True), 19, 25, id="psycopg-pipeline", marks=pytest.mark.slow),
         # asyncpg prepares each statement in a step of its own (Parse/Describe/Flush): 6 steps a worker, not 4; a
         # prepare reads no row and takes table locks only, and its fetchval's suspended portal keeps a snapshot.
-        pytest.param(asyncpg_worker, 27, 25, id="asyncpg", marks=pytest.mark.slow),
+        pytest.param(asyncpg_worker, 27, 25, id="asyncpg", marks=[pytest.mark.slow, pytest.mark.thorough]),
         pytest.param(sqlalchemy_async, 7, 13, id="sqlalchemy-async"),
     ],
 )
@@ -102,9 +102,10 @@ def test_async_claim_found_and_cure_proved(
 
 
 @pytest.mark.slow
+@pytest.mark.thorough  # processes of their own: the async clients above are the everyday claim
 @pytest.mark.parametrize(
     ("client", "found_runs", "proved_runs"),
-    [("claim_psycopg.py", 7, 13), ("claim_django.py", 7, 7)],
+    [(client, 7, runs) for client, runs in [("claim_psycopg.py", 13), ("claim_django.py", 7)]],
 )
 def test_exec_claim_found_and_cure_proved(
     pgrace_server: ServerInfo, client: str, found_runs: int, proved_runs: int

@@ -165,6 +165,7 @@ def test_node_lost_update_found_and_its_cure_proved(
 
 
 @pytest.mark.slow
+@pytest.mark.thorough  # a minute; the lost update above is node's everyday test
 def test_node_queue_worker_claims_no_job_twice(
     pgrace_server: ServerInfo, monkeypatch: pytest.MonkeyPatch, node_path: str
 ) -> None:

@@ -170,6 +170,7 @@ def test_the_wait_is_what_pg_locks_shows(
 
 
 @pytest.mark.slow
+@pytest.mark.thorough  # the lost update above is pgjdbc's everyday exploration
 def test_skip_locked_claim_double_claim_found_and_cure_proved(pgrace_server: ServerInfo, classes: Path) -> None:
     """Two Java workers: reading the first pending job claims job 1 twice in some order; FOR UPDATE SKIP LOCKED
     claims each job once in every order, the search complete."""

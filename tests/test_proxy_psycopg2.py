@@ -81,6 +81,7 @@ def busy_cores() -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.thorough  # whole explorations of the late client above, with the cores kept busy
 def test_explorations_with_a_late_client_under_busy_cores_are_complete(
     pgrace_server: ServerInfo, busy_cores: None
 ) -> None:

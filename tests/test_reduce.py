@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from tiers import tiered
 
 from pgrace.cli import main
 from pgrace.drivers.explore import _explore_reduced, explore
@@ -30,6 +31,17 @@ HERE = Path(__file__).parent / "explore"
 SHIPPED = catalog.shipped_names()  # every one, both variants: the acceptance of the reduction
 SHIPPED_VARIANTS = [(name, variant) for name in SHIPPED for variant in catalog.read_scenario(name).variants]
 HARD = ["fk-check", "serializable-three", "advisory-and-ddl"]  # the slower ones are in bench/bench_reduce.py
+#: Comparisons of many seconds each (hundreds of interleavings, run twice): CI runs them, make test the rest.
+LONG = {
+    ("skip-locked-fanout", "fix"),
+    ("ddl-lock-queue", "bug"),
+    ("ddl-lock-queue", "fix"),
+    ("slow-work-under-lock", "bug"),
+    ("slow-work-under-lock", "fix"),
+    ("crashed-worker", "fix"),
+    "serializable-three",
+    "advisory-and-ddl",
+}
 
 
 def _classes(found: object) -> list[str]:
@@ -42,7 +54,9 @@ def _searched(scenario: Scenario, server: ServerInfo) -> Exploration:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "variant"), SHIPPED_VARIANTS)  # a test per variant: the workers share them out
+@pytest.mark.parametrize(
+    ("name", "variant"), tiered(SHIPPED_VARIANTS, LONG)
+)  # a test per variant: the workers share them out
 def test_reduced_classes_are_the_exhaustive_classes_on_shipped_scenarios(
     pgrace_server: ServerInfo, name: str, variant: str
 ) -> None:
@@ -58,7 +72,7 @@ def test_every_shipped_variant_is_compared() -> None:
     assert {name for name, _ in SHIPPED_VARIANTS} == set(SHIPPED) and len(SHIPPED_VARIANTS) > len(SHIPPED)
 
 
-@pytest.mark.parametrize("name", [*HARD, "half-cure", "write-and-commit"])
+@pytest.mark.parametrize("name", tiered([*HARD, "half-cure", "write-and-commit"], LONG))
 def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_server: ServerInfo, name: str) -> None:
     path = HERE / "hard" / f"{name}.toml" if name in HARD else HERE / f"{name}.toml"
     scenario = catalog.read_scenario(str(path))

@@ -101,6 +101,7 @@ def test_times_in_final_rows_classify_by_their_order(pgrace_server: ServerInfo) 
 
 
 @pytest.mark.slow
+@pytest.mark.thorough  # stale-reclaim-two above compares the same queue's classes on a smaller space
 @pytest.mark.parametrize("variant", ["bug", "fix"])
 def test_the_stale_reclaim_queue_takes_a_tenth_of_its_space(pgrace_server: ServerInfo, variant: str) -> None:
     """Three workers of four steps (34,650 interleavings) that reclaim by now() and whose check reads it;

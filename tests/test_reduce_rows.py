@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import tiered
 
 from pgrace.drivers.explore import explore
 from pgrace.drivers.reduce import Access, Move, dependent, executor
@@ -37,13 +38,15 @@ RELATION_RUNS = {
     "share-locks": 108,
 }
 NOT_FEWER = {"skip-locked-one-queue", "upsert-apart"}  # probes: every row of the table counts
+#: Comparisons of many seconds each: CI runs them, make test the rest (the same rules, on fewer runs).
+LONG = {"partitioned", "fk-parent", "skip-locked-one-queue", "unique-inserts", "predicate-moves"}
 
 
 def _classes(found: object) -> list[str]:
     return sorted(c.key for c in found.classes)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("name", sorted(RELATION_RUNS.keys() | NOT_FEWER))
+@pytest.mark.parametrize("name", tiered(sorted(RELATION_RUNS.keys() | NOT_FEWER), LONG))
 def test_rows_told_apart_keep_the_exhaustive_classes(pgrace_server: ServerInfo, name: str) -> None:
     scenario = catalog.read_scenario(str(ROWS / f"{name}.toml"))
     reduced = explore(scenario, pgrace_server)

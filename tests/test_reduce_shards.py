@@ -33,7 +33,7 @@ SHAPES = [
     "half-cure",
     "retry-once",  # a retry loop: split, it is not reduced
     "hard/fk-check",
-    pytest.param("hard/sequence-order", marks=pytest.mark.slow),
+    pytest.param("hard/sequence-order", marks=[pytest.mark.slow, pytest.mark.thorough]),
 ]  # serializable-three is not searched (every order matters); skip-locked-two-queues: below
 
 
@@ -98,6 +98,7 @@ def test_shards_and_workers_find_the_classes_on_hard_shapes(pgrace_server: Serve
 
 
 @pytest.mark.slow
+@pytest.mark.thorough
 def test_shards_and_workers_find_one_searchs_classes_on_two_skip_locked_queues(pgrace_server: ServerInfo) -> None:
     """4,200 interleavings; the one search's classes are every interleaving's (bench/bench_reduce.py, and
     tests/test_reduce_rows.py for one SKIP LOCKED queue)."""
@@ -119,6 +120,7 @@ def test_workers_see_their_own_databases_advisory_locks_only(pgrace_server: Serv
         assert len(one.classes) == {"bug": 2, "fix": 1}[scenario.variant], scenario.variant
 
 
+@pytest.mark.thorough  # the split is checked on small spaces above; this is its 63-million-order case
 def test_workers_of_the_reduced_search_cover_two_lost_updates(pgrace_server: ServerInfo) -> None:
     """63,063,000 interleavings: no exhaustive search to compare with, the one-process reduced one instead."""
     (scenario,) = _variants("two-lost-updates")

@@ -1,5 +1,8 @@
 """How ``make test`` shares the suite out: worker processes for most tests, then the timing tests alone.
 
+Under ``PGRACE_THOROUGH=1`` (as CI runs it) both commands take every test; without it, the
+``thorough`` tier is left out.
+
 A module-scoped fixture (a PostgreSQL 15 server, a built wheel) is made once per worker that
 runs one of its tests, so its tests go to one worker together; the two pytest commands of
 ``make test`` between them run every test, so nothing is left out by the split; and a test that
@@ -10,8 +13,10 @@ the machine.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,9 +58,30 @@ def make_test_commands() -> list[list[str]]:
 def test_make_test_runs_every_test_the_workers_first_then_the_timing_ones_alone() -> None:
     parallel, alone = make_test_commands()
     assert parallel[parallel.index("-n") + 1] == "$(JOBS)" and "loadgroup" in parallel
-    assert parallel[parallel.index("-m") + 1] == "not timing and not alone"
-    assert alone[alone.index("-m") + 1] == "timing or alone" and "no:xdist" in alone  # one process
+    assert parallel[parallel.index("-m") + 1] == "not timing and not alone$(TIER)"
+    assert alone[alone.index("-m") + 1] == "(timing or alone)$(TIER)" and "no:xdist" in alone  # one process
     assert all(not arg.startswith(("-k", "--deselect", "--ignore")) for arg in parallel + alone)
+
+
+@pytest.mark.parametrize(
+    ("thorough", "tier"),
+    [(None, " and not thorough"), ("0", " and not thorough"), ("", " and not thorough"), ("1", "")],
+)
+def test_the_thorough_tier_is_left_out_unless_asked_for(thorough: str | None, tier: str) -> None:
+    """What make would run (``make -n``), with PGRACE_THOROUGH unset, 0, empty or 1."""
+    env = {k: v for k, v in os.environ.items() if k != "PGRACE_THOROUGH" and not k.startswith("MAKE")}
+    if thorough is not None:
+        env["PGRACE_THOROUGH"] = thorough
+    planned = subprocess.run(
+        ["make", "-n", "--no-print-directory", "test"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    markers = [line.split(" -m ", 1)[1] for line in planned.splitlines() if "pytest" in line and " -m " in line]
+    assert markers == [f'"not timing and not alone{tier}"', f'"(timing or alone){tier}"'], planned
 
 
 #: An assertion that bounds how long something took: `assert took < 5`, `assert time.monotonic() - started < 2`.

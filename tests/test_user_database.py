@@ -158,6 +158,7 @@ def snapshot(owner_dsn: str) -> dict[str, object]:
 
 
 @needs_corpus
+@pytest.mark.thorough  # a minute; tests/test_safety.py is the everyday check of a user's database
 def test_every_scenario_and_spec_in_both_modes_leaves_the_users_database_as_it_was(
     lookalike: tuple[str, str],
 ) -> None:
