@@ -77,6 +77,12 @@ def test_a_minimized_race_exports_a_spec_the_real_isolationtester_reproduces_on_
     text, expected = verified_spec(found, each_server, name, tmp_path)
     assert "permutation" in text
     assert any(word in expected for word in ("ERROR:", "<waiting ...>"))
+    # A deadlock's victim is reported waiting at once ("(*)"): when the tester's first look comes after the
+    # victim's deadlock_timeout (a loaded machine), it would print the step finished instead, and the test flap.
+    victims = [step for step, code in found.failure.errors if code == "40P01"]
+    permutation = text.splitlines()[-1]
+    assert (permutation.count("(*)"), len(victims)) == ((1, 1) if name == "deadlock-transfer" else (0, 0)), permutation
+    assert all(f"{victim}: <... completed>" in expected for victim in victims)
 
 
 def test_a_candidate_that_fails_differently_is_never_kept() -> None:

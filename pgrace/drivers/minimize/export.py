@@ -35,6 +35,8 @@ from pgrace.text import has_control, json_safe
 
 __all__ = ["ExportError", "isolationtester", "pytest_text", "spec_text", "toml_text", "verified_spec", "verified_toml"]
 
+DEADLOCK = "40P01"  # deadlock_detected: the SQLSTATE of a deadlock's victim
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 
 
@@ -231,7 +233,11 @@ def spec_text(minimized: Minimized) -> str:  # noqa: C901 - one branch per part 
         for name, check in zip(checks, scenario.checks, strict=True):
             lines.append(f"step {name} {{ {plain(check.sql, f'check {check.description!r}').strip()}; }}")
         out.append("\n".join(lines))
-    out.append("permutation " + " ".join(_spec_name(n) for n in (*minimized.order, *checks)))
+    # A deadlock's victim waits until its own deadlock_timeout ends the wait: whether the tester's first probe
+    # comes before that is the machine's speed. "(*)" reports it waiting at once, on every run and every machine.
+    victims = {step for step, code in minimized.failure.errors if code == DEADLOCK}
+    order = [_spec_name(n) + ("(*)" if n in victims else "") for n in minimized.order]
+    out.append("permutation " + " ".join([*order, *checks]))
     return "\n\n".join(out) + "\n"
 
 
