@@ -8,7 +8,8 @@ NaN-ish numbers, control characters); the options ``-j``, ``--max``, ``--shard``
 small values. Each case must exit 0-3 within its bound with no traceback, run no shell
 command, leave its scenario file as it was and nothing but what ``-o``/``--emit`` asked
 for, and leave the server with no scratch database and no backend. The slice is fixed
-(seed 0, the first CASES cases); the bench runs 3,000 and more.
+(seed 0, the first CASES cases; make test runs the first EVERYDAY, the thorough tier the rest); the bench runs 3,000
+and more.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from tiers import tiered
 
 from bench import bench_fuzz_surfaces as fuzz
 
 CASES = 60
+EVERYDAY = 20
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def lane() -> Iterator[fuzz.Lane]:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("index", range(CASES))
+@pytest.mark.parametrize("index", tiered(range(CASES), range(EVERYDAY, CASES)))
 def test_a_generated_case_ends_cleanly(lane: fuzz.Lane, index: int) -> None:
     case = fuzz.generate(0, index)
     result = lane.run(case)

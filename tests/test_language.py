@@ -208,6 +208,7 @@ def test_a_crashed_session_is_lost_and_its_locks_go_with_it(
 # -- pgrace check without a path -------------------------------------------------------------
 
 
+@pytest.mark.thorough  # every shipped scenario again: test_check runs them every day, by name
 def test_check_without_a_path_runs_the_shipped_scenarios_when_there_is_no_scenarios_folder(
     pgrace_server: ServerInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

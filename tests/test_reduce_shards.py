@@ -32,7 +32,7 @@ SHIPPED = ["lost-update", "deadlock-transfer", "write-skew", "nowait"]  # both v
 SHAPES = [
     "half-cure",
     "retry-once",  # a retry loop: split, it is not reduced
-    "hard/fk-check",
+    pytest.param("hard/fk-check", marks=pytest.mark.thorough),
     pytest.param("hard/sequence-order", marks=[pytest.mark.slow, pytest.mark.thorough]),
 ]  # serializable-three is not searched (every order matters); skip-locked-two-queues: below
 
