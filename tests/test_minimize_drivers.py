@@ -33,6 +33,7 @@ def _plain(sql: str) -> str:
 
 
 @pytest.mark.server
+@pytest.mark.thorough  # a logging server and two minimizations: test_from_log and test_minimize, every day
 def test_a_logged_deadlock_with_unrelated_statements_minimizes_to_its_cycle(tmp_path: Path) -> None:
     """Both transactions also read and write carol's account: only the cycle's statements and rows stay."""
     with real.logging_server("18") as logging:
