@@ -24,6 +24,10 @@ JOBS ?= 4
 # cost, what faster tests check. make test leaves it out; PGRACE_THOROUGH=1 make test runs everything, as CI does.
 TIER := $(if $(filter-out 0,$(PGRACE_THOROUGH)),, and not thorough)
 
+# The suite starts pgrace in hundreds of child processes: each imports it compiled once, not compiled anew, even where
+# PYTHONDONTWRITEBYTECODE is set (the caches go to .venv, out of the tree).
+test: export PYTHONDONTWRITEBYTECODE :=
+test: export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 test: install lint docs ## Lint, type-check, build the docs and run the test suite (PGRACE_THOROUGH=1: all of it)
 	$(BIN)/pytest -q -n $(JOBS) --dist loadgroup -m "not timing and not alone$(TIER)"
 	$(BIN)/pytest -q -p no:xdist -m "(timing or alone)$(TIER)"
