@@ -19,7 +19,7 @@ install: $(BIN)/.installed ## Create the virtualenv in .venv with pgrace and the
 
 # make test's worker processes, each with its own embedded server (tests/conftest.py). The tests mostly wait on
 # PostgreSQL, so more workers than CPUs still pays: JOBS=1 runs the suite in one process.
-JOBS ?= 4
+JOBS ?= 3
 # The thorough tier (tests/tiers.py): whole explorations and soundness comparisons that repeat, at many times the
 # cost, what faster tests check. make test leaves it out; PGRACE_THOROUGH=1 make test runs everything, as CI does.
 TIER := $(if $(filter-out 0,$(PGRACE_THOROUGH)),, and not thorough)
