@@ -190,13 +190,14 @@ def test_node_queue_worker_claims_no_job_twice(
 def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
     pgrace_server: ServerInfo, tmp_path: Path, signum: int
 ) -> None:
-    """pgrace stopped while a command works inside its transaction: the command's process goes with it, and so
-    do its connection, the scratch database and the run's role (after `pgrace clean`, for SIGKILL)."""
+    """pgrace stopped while a command works inside its transaction: the command's processes go with it (the shell
+    and what the shell started), and so do its connection, the scratch database and the run's role (after `pgrace
+    clean`, for SIGKILL)."""
     import psycopg
     from procs import wait_gone
 
     pid_file = tmp_path / "pid"
-    hold = f"alice={sys.executable} {CLIENTS / 'hold.py'} {pid_file}"
+    hold = f"alice={sys.executable} {CLIENTS / 'hold.py'} {pid_file} && true"  # a list: no shell execs into the client
     child = subprocess.Popen(
         [
             sys.executable,

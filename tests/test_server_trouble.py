@@ -25,6 +25,7 @@ from helpers import by_name, text_of, toml_scenario
 from procs import start_blocked_run, wait_gone
 
 from pgrace import api
+from pgrace.cli.exits import lost_server
 from pgrace.cli.terminal.presenter import Presenter
 from pgrace.engine.libpq.runner import Runner
 from pgrace.engine.options import RunOptions
@@ -41,6 +42,7 @@ from pgrace.render.mermaid import render_mermaid
 from pgrace.render.svg import render_svg
 from pgrace.render.text import Style
 from pgrace.scratch import scratch_database
+from pgrace.scratch.databases import aborted_if_lost
 from pgrace.servers import ServerInfo, deferred_interrupts
 
 SETUP = "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20);"
@@ -414,6 +416,39 @@ def test_the_server_killed_mid_run_is_one_line_exit_3_and_nothing_left(monkeypat
     assert wait_gone(postmaster)
     assert not run_dir.exists()
     assert processes_in(run_dir) == []
+
+
+@pytest.mark.server
+def test_pgraces_own_sql_on_a_connection_the_server_ended_aborts_the_run(pgrace_server: ServerInfo) -> None:
+    """Its housekeeping around a run (making the scratch database ready, reading what a run left): exit 3, said."""
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as victim:
+        with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
+        gone = r"the server went away during the run \(terminating connection due to administrator command\)"
+        with pytest.raises(RunAborted, match=gone), aborted_if_lost(pgrace_server):
+            victim.execute("SELECT 1")
+
+
+@pytest.mark.server
+def test_a_connection_the_server_ended_is_exit_3_wherever_pgrace_met_it(pgrace_server: ServerInfo) -> None:
+    """A lost server that no driver said is still the server's doing; a statement's own error, or a connection
+    pgrace closed itself, is a bug's to report (exit 4)."""
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as victim:
+        with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
+        with pytest.raises(psycopg.errors.AdminShutdown) as ended:
+            victim.execute("SELECT 1")
+    assert lost_server(ended.value) == "the server went away (terminating connection due to administrator command)"
+    with (
+        psycopg.connect(pgrace_server.dsn, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.QueryCanceled) as cancelled,
+    ):
+        conn.execute("SET statement_timeout = '1ms'; SELECT pg_sleep(1)")
+    with pytest.raises(psycopg.OperationalError) as closed:
+        conn.execute("SELECT 1")
+    assert lost_server(cancelled.value) is None
+    assert lost_server(closed.value) is None
+    assert lost_server(ValueError("the server went away")) is None
 
 
 class Terminated(Exception):

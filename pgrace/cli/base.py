@@ -19,11 +19,12 @@ import click
 from click.shell_completion import CompletionItem
 
 from pgrace import __version__, bounds
-from pgrace.cli.exits import exit_code_of_interrupt, raise_terminated, report_internal_error
+from pgrace.cli.exits import exit_code_of_interrupt, lost_server, raise_terminated, report_internal_error
 from pgrace.cli.types import Duration, Setting
 from pgrace.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
+    EXIT_NO_SERVER,
     EXIT_SIGTERM,
     OptionError,
     PgraceError,
@@ -95,6 +96,9 @@ class PgraceGroup(click.Group):
         except BrokenPipeError:  # stdout closed early (`pgrace run x | head`): nothing more to say
             ctx.exit(EXIT_BROKEN_PIPE)
         except Exception as exc:
+            if (gone := lost_server(exc)) is not None:
+                click.echo(f"pgrace: {gone}", err=True)
+                ctx.exit(EXIT_NO_SERVER)
             report_internal_error(exc)
             ctx.exit(EXIT_INTERNAL)
         finally:

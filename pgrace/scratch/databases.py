@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 
 import psycopg
 from psycopg import sql
@@ -37,6 +38,17 @@ def _claim_new_name(admin: psycopg.Connection[TupleRow], server: ServerInfo, hin
 
 class NoCreateDb(ServerUnavailable):
     """The role may not create databases (a scratch schema may be allowed instead)."""
+
+
+@contextlib.contextmanager
+def aborted_if_lost(server: ServerInfo) -> Iterator[None]:
+    """pgrace's own SQL around a run: its connection lost meanwhile (the server stopped) ends the run, exit 3."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        said = str(exc).strip()
+        detail = scrub_secrets(said.splitlines()[0] if said else type(exc).__name__, server.dsn)
+        raise RunAborted(f"the server went away during the run ({detail})") from exc
 
 
 def _connect(server: ServerInfo) -> psycopg.Connection[TupleRow]:

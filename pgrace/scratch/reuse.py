@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pgrace.scratch.connections import observer_conninfo
-from pgrace.scratch.databases import _connect, _create, _drop
+from pgrace.scratch.databases import _connect, _create, _drop, aborted_if_lost
 from pgrace.scratch.names import _END_SESSIONS_DEADLINE_S
 from pgrace.scratch.run import ScratchDatabase, scratch_database
 from pgrace.servers import ServerInfo, deferred_interrupts
@@ -82,17 +82,20 @@ class ReusableScratch:
 
         One connection serves every check (a connection costs as much as a small spec).
         """
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.database.dsn, autocommit=True)
-        conn = self._conn
-        deadline = time.monotonic() + _END_SESSIONS_DEADLINE_S
-        others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        while (row := conn.execute(others).fetchone()) and row[0] and time.monotonic() < deadline:
-            time.sleep(0.001)
-        found = [(str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall()]
-        if self.database.role is not None:  # ALTER ROLE CURRENT_USER SET would reach the next spec's sessions
-            row = conn.execute(_ROLE_SETTINGS).fetchone()
-            found.append(("role settings", int(row[0]) if row else 0))
+        with aborted_if_lost(self.server):
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.database.dsn, autocommit=True)
+            conn = self._conn
+            deadline = time.monotonic() + _END_SESSIONS_DEADLINE_S
+            others = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            while (row := conn.execute(others).fetchone()) and row[0] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            found = [(str(name), int(count)) for name, count in conn.execute(_USER_OBJECTS).fetchall()]
+            if self.database.role is not None:  # ALTER ROLE CURRENT_USER SET would reach the next spec's sessions
+                row = conn.execute(_ROLE_SETTINGS).fetchone()
+                found.append(("role settings", int(row[0]) if row else 0))
         return tuple(found)
 
     def close(self) -> None:
@@ -108,7 +111,7 @@ class ReusableScratch:
         name = self.database.name
         admin = _connect(self.server)
         try:
-            with deferred_interrupts():
+            with deferred_interrupts(), aborted_if_lost(self.server):
                 admin = _drop(admin, self.server, name, _admin_dsn(self.database), admin.info.server_version)
                 _create(admin, self.server, name, owner=self.database.role)
                 if self.database.role is not None:

@@ -23,6 +23,7 @@ from pgrace.scratch.databases import (
     _install_pgrowlocks,
     _try_pgrowlocks,
     _until_gone,
+    aborted_if_lost,
 )
 from pgrace.scratch.names import _DROP_LOCK_TIMEOUT, is_scratch_name, scratch_name
 from pgrace.scratch.roles import _create_role, _create_watcher, _drop_role, login_of, watcher_of
@@ -122,11 +123,12 @@ def scratch_database(
             return
         try:
             closed: list[int] = []
-            has_pgrowlocks = _furnish(server, dsn, name, role, with_pgrowlocks, working_schema, closed)
-            if role is not None:
-                watching = login_of(server, watcher_of(role))
-                _create_watcher(admin, server, role, watching)
-            _until_gone(admin, closed)  # a run's sessions find none of pgrace's own backends still exiting
+            with aborted_if_lost(server):
+                has_pgrowlocks = _furnish(server, dsn, name, role, with_pgrowlocks, working_schema, closed)
+                if role is not None:
+                    watching = login_of(server, watcher_of(role))
+                    _create_watcher(admin, server, role, watching)
+                _until_gone(admin, closed)  # a run's sessions find none of pgrace's own backends still exiting
             yield ScratchDatabase(
                 dsn=make_conninfo(dsn, **login) if role else dsn,
                 name=name,
@@ -172,14 +174,10 @@ def _furnish(
     )
     if role is not None:  # the owner makes it, as its own connection would
         make = sql.SQL("SET ROLE {0}; {1}; RESET ROLE").format(sql.Identifier(role), make)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            closed.append(conn.info.backend_pid)
-            has_pgrowlocks = with_pgrowlocks and _install_pgrowlocks(conn)
-            conn.execute(make)
-    except psycopg.OperationalError as exc:  # the server stopped between CREATE DATABASE and here
-        detail = scrub_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc), server.dsn)
-        raise RunAborted(f"the server went away during the run ({detail})") from exc
+    with aborted_if_lost(server), psycopg.connect(dsn, autocommit=True) as conn:  # the server may stop meanwhile
+        closed.append(conn.info.backend_pid)
+        has_pgrowlocks = with_pgrowlocks and _install_pgrowlocks(conn)
+        conn.execute(make)
     return has_pgrowlocks
 
 
@@ -237,7 +235,8 @@ def _scratch_schema(admin: psycopg.Connection[TupleRow], server: ServerInfo, nam
         raise ServerUnavailable(
             f"cannot create scratch schema {name} on {server.label}: {scrub_secrets(str(exc).strip(), server.dsn)}"
         ) from exc
-    row = admin.execute("SELECT to_regproc('pgrowlocks') IS NOT NULL").fetchone()
+    with aborted_if_lost(server):
+        row = admin.execute("SELECT to_regproc('pgrowlocks') IS NOT NULL").fetchone()
     options = conninfo_to_dict(server.dsn).get("options") or ""
     dsn = make_conninfo(server.dsn, options=f"{options} -c search_path={name}".strip())
     try:

@@ -16,8 +16,10 @@ import re
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1
@@ -119,18 +121,70 @@ def libc_prctl() -> Callable[..., int] | None:
     return func
 
 
-def dies_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets ``sig`` when this process dies, even by SIGKILL (Linux)."""
+def dies_with_parent(sig: signal.Signals = signal.SIGKILL, *, group: bool = False) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets ``sig`` when this process dies, even by SIGKILL (Linux).
+
+    The signal reaches the child alone. With ``group`` (a child started with ``start_new_session``), every process of
+    its group dies too, by `the guard <_guard>`: what a shell forks for a command's line, what an npm script starts.
+    The parent says `release_group` once it has stopped the group itself."""
     prctl = libc_prctl()
     parent = os.getpid()
+    guard = _guard() if group else None
 
     def setup() -> None:
+        if guard is not None:  # before exec, so no process of the group ever runs unguarded
+            with contextlib.suppress(OSError):
+                os.write(guard, b"+%d\n" % os.getpid())
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
             if os.getppid() != parent:  # the parent died before the signal was armed
                 os._exit(1)
 
     return setup
+
+
+def release_group(pgid: int) -> None:
+    """Tell the guard that the group ``pgid`` is gone: its number may name someone else's group later."""
+    with _guard_lock:
+        guard = _guard_fd
+    if guard is not None:
+        with contextlib.suppress(OSError):
+            os.write(guard, b"-%d\n" % pgid)
+
+
+#: The guard: a small process that reads group ids from a pipe only this process writes to. The pipe ends when this
+#: process does, however it ends (SIGKILL, too), and the guard then kills every group it was told of and not released.
+_GUARD_SOURCE = """
+import os, signal, sys
+groups = set()
+for line in sys.stdin.buffer:
+    (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
+for pgid in groups:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+_guard_lock = threading.Lock()
+_guard_fd: int | None = None
+_guard_process: subprocess.Popen[bytes] | None = None
+
+
+def _guard() -> int:
+    """The write end of the guard's pipe, the guard started on first use (in its own session: Ctrl-C is not for it)."""
+    global _guard_fd, _guard_process
+    with _guard_lock:
+        if _guard_fd is None or _guard_process is None or _guard_process.poll() is not None:
+            _guard_process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _GUARD_SOURCE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            assert _guard_process.stdin is not None
+            _guard_fd = _guard_process.stdin.fileno()
+        return _guard_fd
 
 
 #: Set by the test suite's fast tier (``make test-fast``): this process and its children may not

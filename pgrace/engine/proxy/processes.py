@@ -69,7 +69,7 @@ from typing import IO, Protocol
 
 from pgrace.errors import ExecError
 from pgrace.model.scenario import Command, set_by_pgrace
-from pgrace.servers.processes import dies_with_parent
+from pgrace.servers.processes import dies_with_parent, release_group
 from pgrace.text import visible
 
 # x86_64 system call numbers: untimed waits, and the timed ones with the argument that says so.
@@ -536,7 +536,7 @@ def start(command: Command, env: Mapping[str, str], cwd: str | None = None) -> S
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=dies_with_parent(),
+            preexec_fn=dies_with_parent(group=True),
         )
     except OSError as exc:  # its folder went away, no /bin/sh: said where the command was given
         raise ExecError(
@@ -575,6 +575,7 @@ def kill(started: Started, grace: float = 1.0) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(started.pid, signal.SIGKILL)  # whatever of the group outlived its leader
     started.proc.wait()
+    release_group(started.pid)
     for reader in started.readers:
         reader.join(grace)
     for pipe in (started.proc.stdout, started.proc.stderr):
