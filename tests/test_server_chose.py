@@ -1,4 +1,4 @@
-"""One COMMIT wakes two waiters and the server, not the scenario, chooses which goes first.
+"""One COMMIT or ROLLBACK wakes two waiters and the server, not the scenario, chooses which goes first.
 
 The overtaken waiter waits for the winner now: pgrace sees it (the observer's reading of
 ``pg_locks``), holds that session's steps back while the others go on, and says on the
@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from click.testing import CliRunner
+from documentation import page
 from fix_recorded import Recorded
 from helpers import by_name
 
@@ -102,11 +103,15 @@ def launch_order(run: Run) -> list[str]:
     return [e.step for e in run.events if isinstance(e, StepLaunched)]
 
 
-def test_a_commit_that_wakes_two_waiters_goes_on_when_the_server_lets_the_other_go_first(
+def test_a_rollback_that_wakes_two_waiters_goes_on_when_the_server_lets_the_other_go_first(
     pgrace_server: ServerInfo,
 ) -> None:
-    """Worker 3 queued first on job 1, so it goes first; the file's next step is worker 2's,
-    whose claim now waits for worker 3: held back, not cancelled at the step timeout."""
+    """Worker 3 queued first on job 1, so it takes the job back; the file's next step is worker 2's,
+    whose claim now waits for worker 3: held back, not cancelled at the step timeout.
+
+    The server's choice is its lock queue's, every time: the first waiter takes the row before
+    it lets the second look at it (a COMMIT that moved the job on would leave both to race for
+    the next row, which a loaded machine decides either way)."""
     run = api.run(catalog.read_scenario(str(QUEUE)), server=pgrace_server, options=FAST)
     steps = by_name(run)
     assert not any(isinstance(e, StepCancelled) for e in run.events)
@@ -116,7 +121,7 @@ def test_a_commit_that_wakes_two_waiters_goes_on_when_the_server_lets_the_other_
         steps["claim2"].seq,
         "worker3",
         steps["claim3"].seq,
-        steps["commit1"].seq,
+        steps["rollback1"].seq,
     )
     assert any("worker3" in w.blocked_by for w in chose.waits)
     assert steps["claim2"].released_by == steps["commit3"].seq  # the winner's COMMIT freed it
@@ -131,9 +136,9 @@ def test_the_server_choosing_the_files_order_is_said_as_well(pgrace_server: Serv
     claim2 = text.index('[[step]]\nsession = "worker2"\nsql = "BEGIN"')
     run1 = text.index('[[step]]\nname = "run1"')
     swapped = text[:claim3] + text[claim2:run1] + text[claim3:claim2] + text[run1:]
-    swapped = swapped.replace('waits_for = "worker1", rows = [[2]]', 'waits_for = "worker2", rows = [[3]]')
-    swapped = swapped.replace('waits_for = "worker3", rows = [[3]]', 'waits_for = "worker1", rows = [[2]]')
-    swapped = swapped.replace('[2, "worker3"], [3, "worker2"]', '[2, "worker2"], [3, "worker3"]')
+    swapped = swapped.replace('waits_for = "worker1", rows = [[1]]', 'waits_for = "worker2", rows = [[2]]')
+    swapped = swapped.replace('waits_for = "worker3", rows = [[2]]', 'waits_for = "worker1", rows = [[1]]')
+    swapped = swapped.replace('[[1, "worker3"], [2, "worker2"]]', '[[1, "worker2"], [2, "worker3"]]')
     run = api.run(parse_toml_scenario(swapped, "swapped.toml"), server=pgrace_server, options=FAST)
     steps = by_name(run)
     assert run.ok, [c for c in run.checks if not c.ok]
@@ -173,10 +178,20 @@ def test_a_golden_timeline_compares_equal_whichever_waiter_the_server_lets_go_fi
         assert result.exit_code == 0, result.output
 
 
+def test_the_guides_example_is_the_recorded_runs_timeline(recorded: Recorded) -> None:
+    example = re.search(
+        r"## When the server chooses\n.*?```text\n(.*?)```", page("guide/waits-and-locks.md"), re.DOTALL
+    )
+    assert example is not None
+    drawn = "\n".join(line.rstrip() for line in render_text(recorded("server-chose", "bug")).splitlines())
+    assert example[1] in drawn + "\n"
+
+
 def test_every_format_says_the_server_chose(recorded: Recorded) -> None:
     run = recorded("server-chose", "bug")
     words = (
-        "⇄ the server chose: worker3's step 4 went first after worker1's COMMIT (step 8); step 6 now waits for worker3"
+        "⇄ the server chose: worker3's step 4 went first after worker1's ROLLBACK (step 8); step 6 now waits for"
+        " worker3"
     )
     assert " ".join(render_text(run, Style(width=400)).split()).count(words) == 1
     assert words in render_markdown(run)
@@ -187,5 +202,7 @@ def test_every_format_says_the_server_chose(recorded: Recorded) -> None:
     assert (chose["went_first"], chose["session"], chose["woken_by"]) == (4, "worker3", 8)
     assert chose["waits_on"][0]["blocked_by"] == ["worker3"]
     golden = render_text(run, GOLDEN_STYLE)
-    assert "\n8    COMMIT\n⇄ the server chose the order after step 8: worker1's COMMIT woke" in golden
+    assert (
+        "\n8    ROLLBACK\n     → ROLLBACK\n⇄ the server chose the order after step 8: worker1's ROLLBACK woke" in golden
+    )
     assert not re.search(r"^9 ", golden, re.MULTILINE) and "↳" not in golden  # the rest is the server's choice

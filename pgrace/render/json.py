@@ -119,7 +119,7 @@ def _release(release: Release | None) -> dict[str, Any] | None:
 
 
 def _chosen(event: ServerChose) -> dict[str, Any]:
-    """A COMMIT woke this step and another, and the server let the other go first: whom it waits for now."""
+    """A COMMIT or ROLLBACK woke this step and another, and the server let the other go first: whom it waits for now."""
     return {
         "went_first": event.winner_seq,
         "session": event.winner,

@@ -249,7 +249,7 @@ def release_phrase(seq: int, release: Release | None, launched: Mapping[int, Ste
 
 
 def chosen_text(event: ServerChose, launched: Mapping[int, StepLaunched], sql_limit: int = 30) -> str:
-    """A COMMIT woke this step and another; the server let the other go first: the same words in every format.
+    """A release woke this step and another; the server let the other go first: the same words in every format.
 
     ``⇄ the server chose: worker3's step 4 went first after worker1's COMMIT (step 8); step 6
     now waits for worker3``. Which row it waits on now is in the JSON: it is timing's, not the scenario's.
