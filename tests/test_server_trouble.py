@@ -451,6 +451,24 @@ def test_a_connection_the_server_ended_is_exit_3_wherever_pgrace_met_it(pgrace_s
     assert lost_server(ValueError("the server went away")) is None
 
 
+def terminated_connection(dsn: str) -> None:
+    """A worker's call that meets a connection the server ended (module level: a worker process imports it)."""
+    with psycopg.connect(dsn, autocommit=True) as victim:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
+        victim.execute("SELECT 1")
+
+
+@pytest.mark.server
+def test_a_worker_that_meets_a_connection_the_server_ended_says_so(pgrace_server: ServerInfo) -> None:
+    """Said in the worker, where the error still knows its connection: exit 3, not a bug."""
+    from pgrace.drivers.workers import run_in_processes
+
+    gone = r"^the server went away during the run \(terminating connection due to administrator command\)$"
+    with pytest.raises(RunAborted, match=gone):
+        run_in_processes([(terminated_connection, (pgrace_server.dsn,))])
+
+
 class Terminated(Exception):
     """What the CLI's SIGTERM handler raises, here without the CLI."""
 

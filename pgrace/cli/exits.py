@@ -28,28 +28,20 @@ def exit_code_of_interrupt(exc: KeyboardInterrupt) -> int:
     return EXIT_SIGTERM if isinstance(by, Terminated) else EXIT_SIGINT
 
 
-_SERVER_ENDED = ("57P01", "57P02", "57P03")  # admin shutdown, crash shutdown, cannot connect now
-
-
 def lost_server(exc: BaseException) -> str | None:
     """The one line for a connection the server ended (it stopped, crashed, or takes none), met anywhere.
 
     pgrace's drivers say so themselves where they expect it; one that reaches the top unsaid is the
-    server's doing all the same (exit 3), not a bug of pgrace's to report. A connection pgrace itself
-    closed, or an error of a statement's, is no such thing.
+    server's doing all the same (exit 3), not a bug of pgrace's to report.
     """
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is None or not isinstance(exc, psycopg.OperationalError):
+    if "psycopg" not in sys.modules:  # no connection was ever made
         return None
-    state = exc.sqlstate
-    broken = exc.pgconn is not None and exc.pgconn.status == psycopg.pq.ConnStatus.BAD
-    if state in _SERVER_ENDED or (state or "").startswith("08") or (state is None and broken):
-        from pgrace.servers import scrub_secrets
-        from pgrace.text import visible
+    from pgrace.engine.sqlerrors import lost_connection
+    from pgrace.servers import scrub_secrets
+    from pgrace.text import visible
 
-        said = str(exc).strip().splitlines()
-        return visible(scrub_secrets(f"the server went away ({said[0] if said else type(exc).__name__})"))
-    return None
+    said = lost_connection(exc)
+    return None if said is None else visible(scrub_secrets(f"the server went away ({said})"))
 
 
 def report_internal_error(exc: BaseException) -> None:

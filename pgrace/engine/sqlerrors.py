@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from psycopg import pq
-from psycopg.errors import Diagnostic, Error
+from psycopg.errors import Diagnostic, Error, OperationalError
 
 from pgrace.model.timeline import Outcome, SqlError
 
 QUERY_CANCELED = "57014"
+SERVER_ENDED = ("57P01", "57P02", "57P03")  # admin shutdown, crash shutdown, cannot connect now
 
 
 def sql_error(diag: Diagnostic, fallback: str, text: str = "") -> SqlError:
@@ -54,6 +55,19 @@ def exception_error(exc: Error) -> SqlError:
     """The error psycopg raised for a statement (its message's first line when the server sent no fields)."""
     said = str(exc).strip()
     return sql_error(exc.diag, first_line(said) if said else type(exc).__name__)
+
+
+def lost_connection(exc: BaseException) -> str | None:
+    """What was said (its first line) when ``exc`` says, by its SQLSTATE, that the server ended the connection or
+    the link failed: it stopped, crashed, takes none (57P01-57P03), or class 08. None for anything else: a
+    statement's own error (a cancel, a lock timeout), or an error without a SQLSTATE, which cannot tell a
+    connection that broke from one pgrace closed itself."""
+    if not isinstance(exc, OperationalError):
+        return None
+    state = exc.sqlstate or ""
+    if state not in SERVER_ENDED and not state.startswith("08"):
+        return None
+    return first_line(str(exc)) or type(exc).__name__
 
 
 def raw_message(message: bytes) -> str:

@@ -133,8 +133,10 @@ def dies_with_parent(sig: signal.Signals = signal.SIGKILL, *, group: bool = Fals
 
     def setup() -> None:
         if guard is not None:  # before exec, so no process of the group ever runs unguarded
+            default = signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a guard killed by someone: start all the same
             with contextlib.suppress(OSError):
                 os.write(guard, b"+%d\n" % os.getpid())
+            signal.signal(signal.SIGPIPE, default)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
             if os.getppid() != parent:  # the parent died before the signal was armed
