@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,7 @@ def test_lost_update_explored(pgrace_server: ServerInfo) -> None:
     assert found.complete
 
 
+@pytest.mark.thorough  # 18 s; test_results' explore --exec cases hold the CLI's exits every day
 def test_cli_explore_finds_the_bug_and_proves_the_cure(pgrace_server: ServerInfo) -> None:
     alice, bob = f"alice={WITHDRAW}", f"bob={WITHDRAW}"
     found = cli("explore", "lost-update", "--exec", alice, "--exec", bob, "--dsn", pgrace_server.dsn)
@@ -186,6 +190,18 @@ def test_node_queue_worker_claims_no_job_twice(
     assert "no class shows the bug" in out
 
 
+@contextlib.contextmanager
+def ended_or_dumped(child: subprocess.Popen[str], dsn: str) -> Iterator[None]:
+    """However the test ends, the pgrace it started has ended too: a failure leaves the next tests a clean server."""
+    try:
+        yield
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+            subprocess.run([sys.executable, "-m", "pgrace", "clean", "--dsn", dsn], check=True, capture_output=True)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
 def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
     pgrace_server: ServerInfo, tmp_path: Path, signum: int
@@ -215,8 +231,9 @@ def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT on a hang prints where each thread was
     )
-    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin, ended_or_dumped(child, pgrace_server.dsn):
         roles = "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pgrace%'"
         (roles_before,) = admin.execute(roles).fetchone() or (0,)
         locked = "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'"
@@ -231,7 +248,12 @@ def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
         during = admin.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'pgrace%'").fetchone()
         assert during == (1,)
         child.send_signal(signum)
-        child.communicate(timeout=30)
+        try:
+            child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)
+            _, stacks = child.communicate()
+            pytest.fail(f"pgrace did not end within 30 s of the signal; its threads:\n{stacks}")
         assert child.returncode == (130 if signum == signal.SIGINT else -signal.SIGKILL)
         assert wait_gone(client), "the command outlived pgrace"
         if signum == signal.SIGKILL:

@@ -84,6 +84,7 @@ def test_reduced_classes_are_the_exhaustive_classes_on_hard_scenarios(pgrace_ser
         assert reduced.run_count == every.space
 
 
+@pytest.mark.thorough  # 560 runs; test_which_shipped_scenarios_have_every_order_matter holds the decision every day
 def test_where_the_text_shows_every_order_to_matter_every_interleaving_is_run(pgrace_server: ServerInfo) -> None:
     """Three SERIALIZABLE transactions past their BEGIN: each pair of steps depends, so no run can stand
     for another; explore runs all 560 without reading footprints, as the search would have run them
