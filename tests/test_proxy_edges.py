@@ -414,3 +414,26 @@ def test_hostile_start_up_packets_end_only_that_connection(pgrace_server: Server
         with psycopg.connect(dsn(proxy, pgrace_server, "after")) as conn:  # the proxy serves the next client
             assert conn.execute("SELECT 1").fetchone() == (1,)
     assert [client.application_name for client in hooks.clients] == ["after"]
+
+
+def test_a_lock_that_a_ctrl_c_left_held_does_not_hang_the_runs_cleanup() -> None:
+    """A KeyboardInterrupt can land just as ``with cond`` acquires (CPython looks for signals between the two): the
+    main thread then holds the lock outside every block. Stopping the hooks gives it up, so a relay thread that
+    needs it to end its connection ends, and the cleanup that joins it does too (seen: a Ctrl-C'd run hung)."""
+    from pgrace.engine.proxy.session import ProxyHooks
+
+    cond = threading.Condition()
+    hooks = ProxyHooks(cond, lambda pid: None, 1.0)
+    cond.acquire()  # what the interrupted `with` left behind
+    ended = threading.Event()
+
+    def relay() -> None:
+        with cond:  # as a relay thread does when its client closes
+            ended.set()
+
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    assert not ended.wait(0.2)  # it waits for the lock this thread holds
+    hooks.stop()
+    assert ended.wait(10), "the relay thread still waits for the lock"
+    thread.join(10)

@@ -160,7 +160,13 @@ class ProxyHooks:
             self.stopping = False
 
     def stop(self) -> None:
-        """The run is over: held statements are refused, their connections end."""
+        """The run is over: held statements are refused, their connections end.
+
+        Called where the calling thread is in no ``with self.cond`` block: whatever it holds of the lock then was
+        left by a KeyboardInterrupt that landed just as a ``with`` acquired it (CPython looks for signals between
+        the two), and every relay thread would wait for it while the run's cleanup joins them. It gives it up.
+        """
+        _disown(self.cond)
         with self.cond:
             self.stopping = True
             for session in self.sessions.values():
@@ -268,3 +274,12 @@ def relay_asleep(tid: int | None) -> bool:
     # Asleep in its selector, not on a lock or Python's GIL: a relay thread that waits for one of those is
     # about to go on (with a statement the client sent, or the start-up's last bytes to send).
     return state == "S" and call.isdigit() and int(call) in SELECTOR_WAITS
+
+
+def _disown(cond: threading.Condition) -> None:
+    """Release every hold the calling thread has on ``cond``'s lock (none: nothing happens)."""
+    while True:
+        try:
+            cond.release()
+        except RuntimeError:  # not (or no longer) this thread's
+            return
