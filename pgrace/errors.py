@@ -153,6 +153,11 @@ class RunAborted(PgraceError):
 
     exit_code = EXIT_NO_SERVER
 
+    @classmethod
+    def server_gone(cls, detail: str) -> RunAborted:
+        """The server stopped or crashed mid-run; ``detail`` is what the connection that met it was told."""
+        return cls(f"the server went away during the run ({detail})")
+
 
 class ExecError(ScenarioError):
     """An ``--exec`` command pgrace cannot order: it reached the run's database around the proxy, or never waited."""

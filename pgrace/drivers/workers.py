@@ -189,7 +189,7 @@ def _outcome(parent: int, payload: bytes) -> tuple[str, Any]:
         from pgrace.engine.sqlerrors import lost_connection
 
         if (gone := lost_connection(exc)) is not None:  # said here: pickled, the error loses its connection's state
-            return "failed", RunAborted(f"the server went away during the run ({gone})")
+            return "failed", RunAborted.server_gone(gone)
         if not isinstance(exc, PgraceError):  # a bug: PGRACE_DEBUG=1 shows where it happened
             import traceback
 

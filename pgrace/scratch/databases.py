@@ -48,7 +48,7 @@ def aborted_if_lost(server: ServerInfo) -> Iterator[None]:
     except psycopg.OperationalError as exc:
         said = str(exc).strip()
         detail = scrub_secrets(said.splitlines()[0] if said else type(exc).__name__, server.dsn)
-        raise RunAborted(f"the server went away during the run ({detail})") from exc
+        raise RunAborted.server_gone(detail) from exc
 
 
 def _connect(server: ServerInfo) -> psycopg.Connection[TupleRow]:

@@ -147,11 +147,10 @@ def dies_with_parent(sig: signal.Signals = signal.SIGKILL, *, group: bool = Fals
 
 def release_group(pgid: int) -> None:
     """Tell the guard that the group ``pgid`` is gone: its number may name someone else's group later."""
-    with _guard_lock:
-        guard = _guard_fd
-    if guard is not None:
+    guard = _guard_process
+    if guard is not None and guard.stdin is not None:
         with contextlib.suppress(OSError):
-            os.write(guard, b"-%d\n" % pgid)
+            os.write(guard.stdin.fileno(), b"-%d\n" % pgid)
 
 
 #: The guard: a small process that reads group ids from a pipe only this process writes to. The pipe ends when this
@@ -168,15 +167,14 @@ for pgid in groups:
         pass
 """
 _guard_lock = threading.Lock()
-_guard_fd: int | None = None
 _guard_process: subprocess.Popen[bytes] | None = None
 
 
 def _guard() -> int:
     """The write end of the guard's pipe, the guard started on first use (in its own session: Ctrl-C is not for it)."""
-    global _guard_fd, _guard_process
+    global _guard_process
     with _guard_lock:
-        if _guard_fd is None or _guard_process is None or _guard_process.poll() is not None:
+        if _guard_process is None or _guard_process.poll() is not None:
             _guard_process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _GUARD_SOURCE],
                 stdin=subprocess.PIPE,
@@ -184,9 +182,8 @@ def _guard() -> int:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
-            assert _guard_process.stdin is not None
-            _guard_fd = _guard_process.stdin.fileno()
-        return _guard_fd
+        assert _guard_process.stdin is not None
+        return _guard_process.stdin.fileno()
 
 
 #: Set by the test suite's fast tier (``make test-fast``): this process and its children may not

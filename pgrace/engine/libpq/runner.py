@@ -175,7 +175,7 @@ class Runner:
             ):
                 pass
         except psycopg.Error:
-            return RunAborted(f"the server went away during the run ({detail})")
+            return RunAborted.server_gone(detail)
         if connection == CONTROL:
             return ControlLost(f"{connection} was lost during the run ({detail})")
         return RunAborted(f"{connection} was lost during the run ({detail})")
