@@ -418,26 +418,28 @@ def test_the_server_killed_mid_run_is_one_line_exit_3_and_nothing_left(monkeypat
     assert processes_in(run_dir) == []
 
 
+def terminated_connection(dsn: str) -> None:
+    """Use a connection the server ended (module level: a -j worker process imports it too)."""
+    with psycopg.connect(dsn, autocommit=True) as victim:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
+        victim.execute("SELECT 1")
+
+
 @pytest.mark.server
 def test_pgraces_own_sql_on_a_connection_the_server_ended_aborts_the_run(pgrace_server: ServerInfo) -> None:
     """Its housekeeping around a run (making the scratch database ready, reading what a run left): exit 3, said."""
-    with psycopg.connect(pgrace_server.dsn, autocommit=True) as victim:
-        with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
-        gone = r"the server went away during the run \(terminating connection due to administrator command\)"
-        with pytest.raises(RunAborted, match=gone), aborted_if_lost(pgrace_server):
-            victim.execute("SELECT 1")
+    gone = r"the server went away during the run \(terminating connection due to administrator command\)"
+    with pytest.raises(RunAborted, match=gone), aborted_if_lost(pgrace_server):
+        terminated_connection(pgrace_server.dsn)
 
 
 @pytest.mark.server
 def test_a_connection_the_server_ended_is_exit_3_wherever_pgrace_met_it(pgrace_server: ServerInfo) -> None:
     """A lost server that no driver said is still the server's doing; a statement's own error, or a connection
     pgrace closed itself, is a bug's to report (exit 4)."""
-    with psycopg.connect(pgrace_server.dsn, autocommit=True) as victim:
-        with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
-        with pytest.raises(psycopg.errors.AdminShutdown) as ended:
-            victim.execute("SELECT 1")
+    with pytest.raises(psycopg.errors.AdminShutdown) as ended:
+        terminated_connection(pgrace_server.dsn)
     assert lost_server(ended.value) == "the server went away (terminating connection due to administrator command)"
     with (
         psycopg.connect(pgrace_server.dsn, autocommit=True) as conn,
@@ -449,14 +451,6 @@ def test_a_connection_the_server_ended_is_exit_3_wherever_pgrace_met_it(pgrace_s
     assert lost_server(cancelled.value) is None
     assert lost_server(closed.value) is None
     assert lost_server(ValueError("the server went away")) is None
-
-
-def terminated_connection(dsn: str) -> None:
-    """A worker's call that meets a connection the server ended (module level: a worker process imports it)."""
-    with psycopg.connect(dsn, autocommit=True) as victim:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
-        victim.execute("SELECT 1")
 
 
 @pytest.mark.server
