@@ -191,7 +191,7 @@ def test_node_queue_worker_claims_no_job_twice(
 
 
 @contextlib.contextmanager
-def ended_or_dumped(child: subprocess.Popen[str], dsn: str) -> Iterator[None]:
+def never_left_running(child: subprocess.Popen[str], dsn: str) -> Iterator[None]:
     """However the test ends, the pgrace it started has ended too: a failure leaves the next tests a clean server."""
     try:
         yield
@@ -233,7 +233,7 @@ def test_a_signal_mid_run_leaves_no_process_connection_database_or_role(
         text=True,
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT on a hang prints where each thread was
     )
-    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin, ended_or_dumped(child, pgrace_server.dsn):
+    with psycopg.connect(pgrace_server.dsn, autocommit=True) as admin, never_left_running(child, pgrace_server.dsn):
         roles = "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'pgrace%'"
         (roles_before,) = admin.execute(roles).fetchone() or (0,)
         locked = "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'"
