@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pgrace.engine.proxy.peers import _socket_inode, in_transit, peer_pid, tcp_end
+from pgrace.engine.proxy.peers import _socket_inode, in_transit, peer_pid, proxy_sockets, tcp_end
 
 
 @contextmanager
@@ -33,9 +33,10 @@ def test_each_end_is_the_socket_the_tcp_table_lists() -> None:
             theirs, ours = tcp_end(client_end, proxy_end), tcp_end(proxy_end, client_end)
             assert theirs is not None and ours is not None and theirs.inode != ours.inode
             # The JVM's IPv6 socket to an IPv4 address is found by the IPv4 addresses the proxy sees.
-            assert str(theirs.inode) == _socket_inode(client_end[1], proxy_end[1]), family
-            assert str(ours.inode) == _socket_inode(proxy_end[1], client_end[1]), family
-            assert peer_pid(accepted) == os.getpid()
+            assert theirs.inode == _socket_inode(client_end[1], proxy_end[1]), family
+            assert ours.inode == _socket_inode(proxy_end[1], client_end[1]), family
+            assert peer_pid(accepted) == os.getpid() == peer_pid(accepted, theirs.inode)
+            assert theirs.inode in proxy_sockets(proxy_end[1]) and ours.inode not in proxy_sockets(proxy_end[1])
 
 
 def test_bytes_sent_and_not_read_are_queued_at_the_end_that_has_not_read_them() -> None:

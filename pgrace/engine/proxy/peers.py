@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 
-def peer_pid(sock: socket.socket) -> int | None:
-    """The client's process id: SO_PEERCRED on a unix socket, else the owner of its TCP port on this machine."""
+def peer_pid(sock: socket.socket, inode: int | None = None) -> int | None:
+    """The client's process id: SO_PEERCRED on a unix socket, else the owner of its TCP port on this machine
+    (``inode``: its socket's, when the caller has asked the kernel already)."""
     try:
         if sock.family == socket.AF_UNIX:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -21,12 +22,13 @@ def peer_pid(sock: socket.socket) -> int | None:
         return None
     if far[0] not in ("127.0.0.1", "::1"):
         return None
-    try:
-        end = tcp_end(far, near)
-        inode = str(end.inode) if end is not None and end.inode else None
-    except KernelSilent:
-        inode = _socket_inode(far[1], near[1])
-    return None if inode is None else _owner(inode)
+    if not inode:
+        try:
+            end = tcp_end(far, near)
+            inode = end.inode if end is not None else None
+        except KernelSilent:
+            inode = _socket_inode(far[1], near[1])
+    return _owner(inode) if inode else None
 
 
 class TcpEnd(NamedTuple):
@@ -85,9 +87,21 @@ def tcp_end(local: tuple[str, int], remote: tuple[str, int]) -> TcpEnd | None:
     return TcpEnd(inode, state == _TCP_ESTABLISHED and (unread > 0 or unacknowledged > 0))
 
 
-def _established() -> Iterator[tuple[int, int, bool]]:
-    """This machine's established TCP connections, from the kernel's tables: local port, remote
-    port, and whether bytes wait in a queue (sent and not acknowledged, or received and not read)."""
+class _TcpRow(NamedTuple):
+    local: int
+    remote: int
+    established: bool
+    queued: bool
+    inode: int
+
+
+def _tcp_table() -> Iterator[_TcpRow]:
+    """This machine's TCP connections, from the kernel's tables (IPv4, then IPv6): ports, state, whether bytes wait
+    in a queue (sent and not acknowledged, or received and not read) and the inode of the socket (0: none holds it).
+
+    Both tables: a dual-stack client (the JVM's sockets are IPv6) reaches an IPv4 listener from an IPv6 socket,
+    listed in ``tcp6`` under the mapped address ``::ffff:127.0.0.1``.
+    """
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -95,14 +109,12 @@ def _established() -> Iterator[tuple[int, int, bool]]:
         except OSError:
             continue
         for row in rows:
-            parts = row.split(None, 5)  # sl, local, remote, state, queues: the rest is never read
-            if len(parts) < 5 or parts[3] != "01":
-                continue
+            parts = row.split(None, 10)  # sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode
             try:
                 local, remote = (int(parts[k].rsplit(":", 1)[1], 16) for k in (1, 2))
+                yield _TcpRow(local, remote, parts[3] == "01", parts[4] != "00000000:00000000", int(parts[9]))
             except (ValueError, IndexError):
                 continue
-            yield local, remote, parts[4] != "00000000:00000000"
 
 
 def in_transit(port: int) -> bool:
@@ -113,30 +125,21 @@ def in_transit(port: int) -> bool:
     socket queue (sent, not yet acknowledged; received, not yet read) while both ends look
     asleep in ``/proc``: the kernel's TCP table shows those queues.
     """
-    return any(queued and port in (local, remote) for local, remote, queued in _established())
+    return any(row.established and row.queued and port in (row.local, row.remote) for row in _tcp_table())
 
 
-def _socket_inode(port: int, remote: int) -> str | None:
-    """The inode of the client's end of a connection (local ``port``, to ``remote``), from the kernel's TCP tables.
-
-    Both tables: a dual-stack client (the JVM's sockets are IPv6) reaches an IPv4 listener from an IPv6
-    socket, listed in ``tcp6`` under the mapped address ``::ffff:127.0.0.1``.
-    """
-    local, far = f":{port:04X}", f":{remote:04X}"
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as lines:
-                next(lines, None)
-                for line in lines:
-                    parts = line.split()
-                    if len(parts) > 9 and parts[1].endswith(local) and parts[2].endswith(far) and parts[9] != "0":
-                        return parts[9]
-        except OSError:
-            continue
-    return None
+def _socket_inode(port: int, remote: int) -> int | None:
+    """The inode of the client's end of a connection (local ``port``, to ``remote``), from the kernel's TCP tables."""
+    return next((row.inode for row in _tcp_table() if (row.local, row.remote) == (port, remote) and row.inode), None)
 
 
-def _owner(inode: str) -> int | None:
+def proxy_sockets(port: int) -> set[int]:
+    """The inodes of the client ends of TCP connections to ``port`` on this machine, from the kernel's TCP tables
+    (a closed end in TIME_WAIT has none)."""
+    return {row.inode for row in _tcp_table() if row.remote == port and row.inode}
+
+
+def _owner(inode: int) -> int | None:
     """The process holding ``socket:[inode]`` open, if this user may look (its own processes, or root)."""
     target = f"socket:[{inode}]"
     for entry in os.listdir("/proc"):

@@ -239,21 +239,6 @@ def _own_pipes(pid: int) -> set[str]:
     return {pipe for pipe, count in seen.items() if count > 1}
 
 
-def proxy_sockets(port: int) -> dict[int, int]:
-    """Client ends of TCP connections to ``port`` on this machine: socket inode -> the client's local port."""
-    found: dict[int, int] = {}
-    far = f":{port:04X}"
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        rows: list[str] = []
-        with contextlib.suppress(OSError), open(table) as f:
-            rows = f.read().splitlines()[1:]
-        for row in rows:
-            cols = row.split(None, 10)  # up to the inode
-            if len(cols) > 9 and cols[2].endswith(far) and cols[9] != "0":  # 0: no socket holds it (TIME_WAIT)
-                found[int(cols[9])] = int(cols[1].rsplit(":", 1)[1], 16)
-    return found
-
-
 def descendants(pid: int) -> list[int]:
     """``pid`` and every process it started that is still its descendant (``/proc/.../children``)."""
     seen, todo = [], [pid]

@@ -337,7 +337,7 @@ class _Relay:
             started = startup.start(self.client_sock, self._wake_read, proxy.closing, proxy.upstream, proxy._cancels)
             self.server_sock, keys = started.server, started.keys
             name = started.parameters.get("application_name") or started.startup.parameters.get("application_name")
-            client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock))
+            client = Client(proxy._number(), name or None, keys.pid, peer_pid(self.client_sock, self.client_inode))
             proxy.hooks.opened(client)
             self.answers += 1
             try:

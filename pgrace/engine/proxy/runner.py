@@ -25,7 +25,8 @@ from pgrace import scratch
 from pgrace.engine.connections import RunConnections
 from pgrace.engine.control import ControlSql, setup_failed
 from pgrace.engine.options import RunOptions
-from pgrace.engine.proxy.processes import Actor, proxy_sockets, start
+from pgrace.engine.proxy.peers import proxy_sockets
+from pgrace.engine.proxy.processes import Actor, start
 from pgrace.engine.proxy.relay import Proxy
 from pgrace.engine.proxy.session import ProxyHooks, ProxySession, relay_asleep
 from pgrace.engine.proxy.tasks import AsyncSession, TaskActor
@@ -197,7 +198,7 @@ class ExecOrder:
         proxied: set[int] = set()
         if held:
             known = proxy.client_sockets()
-            proxied = known if known is not None else set(proxy_sockets(self.runner.proxy_port))
+            proxied = known if known is not None else proxy_sockets(self.runner.proxy_port)
         for started in self.hooks.commands:
             if started.exit_code() is not None:
                 continue
