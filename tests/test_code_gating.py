@@ -323,6 +323,35 @@ def test_nothing_a_run_leaves_on_its_connection_reaches_the_next(pgrace_server: 
     assert seen == [("0", 0, 0, False)] * 3
 
 
+def test_a_lock_that_a_ctrl_c_left_held_does_not_strand_the_sessions(pgrace_server: ServerInfo) -> None:
+    """A KeyboardInterrupt can land just as ``with cond`` acquires (CPython looks for signals between the two): the
+    main thread then holds the scheduler's lock outside every block. The run's cleanup gives it up, so the session
+    threads it releases can take it and end, instead of waiting for it for good."""
+    threads: list[threading.Thread] = []
+
+    def interrupted(ready: list[str]) -> str:
+        threads.extend(s.gate.thread for s in entered.sessions.values() if s.gate.thread is not None)
+        entered.cond.acquire()  # what the interrupted `with` left behind
+        raise KeyboardInterrupt
+
+    with _runner(
+        "interrupted",
+        {"alice": withdraw, "bob": withdraw},
+        pgrace_server,
+        setup=SETUP,
+        final=FINAL,
+        teardown=None,
+        step_timeout=10.0,
+        expect=None,
+    ) as entered:
+        with pytest.raises(KeyboardInterrupt):
+            entered.run_once(interrupted, observe=False)
+        assert len(threads) == 2
+        for thread in threads:
+            thread.join(20)
+            assert not thread.is_alive(), "a session thread still waits for the lock the interrupt left held"
+
+
 def test_an_exploration_that_is_not_complete_says_why(pgrace_server: ServerInfo) -> None:
     sent = [0]
 

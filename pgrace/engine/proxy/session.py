@@ -27,7 +27,7 @@ from psycopg import pq
 from pgrace.engine.proxy.processes import SELECTOR_WAITS, Actor
 from pgrace.engine.proxy.relay import Refused
 from pgrace.engine.sqlerrors import cancelled_by_pgrace
-from pgrace.engine.threads.session import Gate, Request
+from pgrace.engine.threads.session import Gate, Request, release_held
 from pgrace.model.timeline import Outcome, ResultSet, SessionLost, SqlError
 from pgrace.text import visible
 
@@ -162,11 +162,10 @@ class ProxyHooks:
     def stop(self) -> None:
         """The run is over: held statements are refused, their connections end.
 
-        Called where the calling thread is in no ``with self.cond`` block: whatever it holds of the lock then was
-        left by a KeyboardInterrupt that landed just as a ``with`` acquired it (CPython looks for signals between
-        the two), and every relay thread would wait for it while the run's cleanup joins them. It gives it up.
+        Called where the calling thread is in no ``with self.cond`` block: what it holds of the lock then, a
+        Ctrl-C left (:func:`release_held`), is given up, or the relay threads the cleanup joins would wait for it.
         """
-        _disown(self.cond)
+        release_held(self.cond)
         with self.cond:
             self.stopping = True
             for session in self.sessions.values():
@@ -274,12 +273,3 @@ def relay_asleep(tid: int | None) -> bool:
     # Asleep in its selector, not on a lock or Python's GIL: a relay thread that waits for one of those is
     # about to go on (with a statement the client sent, or the start-up's last bytes to send).
     return state == "S" and call.isdigit() and int(call) in SELECTOR_WAITS
-
-
-def _disown(cond: threading.Condition) -> None:
-    """Release every hold the calling thread has on ``cond``'s lock (none: nothing happens)."""
-    while True:
-        try:
-            cond.release()
-        except RuntimeError:  # not (or no longer) this thread's
-            return

@@ -33,6 +33,7 @@ from pgrace.engine.threads.session import (
     TracedCursor,
     TracedServerCursor,
     connections_guarded,
+    release_held,
 )
 from pgrace.errors import CodeError, RunAborted, ScenarioFailed, StepsStuck
 from pgrace.model.scenario import FinalCheck, PermutationStep, Scenario, Session, Step
@@ -170,6 +171,7 @@ class CodeRunner:
                     self.sessions[name].start(fn)
                 met = order.run(checked)
         except BaseException:
+            release_held(self.cond)  # what a Ctrl-C left held, which every session thread joined here would wait for
             self._stop_all(quiet=True)  # the error that ended the run is the one to report
             self._close_sessions()
             raise

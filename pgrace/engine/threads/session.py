@@ -88,6 +88,20 @@ class Gate:
             self.cond.notify_all()
 
 
+def release_held(cond: threading.Condition) -> None:
+    """Give up every hold the calling thread has on ``cond``'s lock (none: nothing happens).
+
+    For a run's cleanup, where the thread is in no ``with cond`` block: a hold then was left by a KeyboardInterrupt
+    that landed just as a ``with`` acquired the lock (CPython looks for signals between the two), and every session
+    thread the cleanup joins would wait for it.
+    """
+    while True:
+        try:
+            cond.release()
+        except RuntimeError:  # not (or no longer) this thread's
+            return
+
+
 GATES: dict[int, Gate] = {}  # thread ident -> the gate of the session running there
 
 
