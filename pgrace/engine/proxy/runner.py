@@ -470,7 +470,8 @@ class ExecRunner:
         """
         if self.control.info.server_version >= 150000:
             for conn in (self.control, self.observer):
-                conn.execute("SELECT pg_catalog.pg_stat_force_next_flush()")
+                with contextlib.suppress(psycopg.errors.InsufficientPrivilege):  # revoked by an administrator
+                    conn.execute("SELECT pg_catalog.pg_stat_force_next_flush()")
         return self._sessions_count()
 
     def _sessions_count(self) -> int:
