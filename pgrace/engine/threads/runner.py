@@ -171,7 +171,6 @@ class CodeRunner:
                     self.sessions[name].start(fn)
                 met = order.run(checked)
         except BaseException:
-            release_held(self.cond)  # what a Ctrl-C left held, which every session thread joined here would wait for
             self._stop_all(quiet=True)  # the error that ended the run is the one to report
             self._close_sessions()
             raise
@@ -190,7 +189,10 @@ class CodeRunner:
         """Release every parked session (it unwinds), wait for them, and leave the connections idle.
 
         A thread still running after its statement was cancelled is stuck (``quiet``: left, as a daemon).
+        Called in no ``with self.cond`` block: what this thread holds of the lock then, a Ctrl-C left
+        (:func:`release_held`), is given up, or every session thread joined here would wait for it.
         """
+        release_held(self.cond)
         with self.cond:
             for session in self.sessions.values():
                 session.gate.stopping = True
